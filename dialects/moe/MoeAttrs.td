@@ -1,0 +1,172 @@
+//===- MoeAttrs.td - layer configuration attributes --------*- tablegen -*-===//
+
+#ifndef MOE_ATTRS_TD
+#define MOE_ATTRS_TD
+
+include "dialects/moe/MoeDialect.td"
+include "mlir/IR/AttrTypeBase.td"
+include "mlir/IR/EnumAttr.td"
+
+//===----------------------------------------------------------------------===//
+// Enums
+//===----------------------------------------------------------------------===//
+
+def Moe_RouterKind : I32EnumAttr<"RouterKind", "how tokens choose experts", [
+  // softmax over all experts, then top-k (Mixtral, Qwen2/3-MoE).
+  I32EnumAttrCase<"SoftmaxTopK", 0, "softmax_topk">,
+  // top-k of the logits, then softmax over the k (GPT-OSS).
+  I32EnumAttrCase<"TopKSoftmax", 1, "topk_softmax">,
+  // sigmoid scores, bias for selection only, grouped top-k (DeepSeek-V3).
+  I32EnumAttrCase<"SigmoidGroupedTopK", 2, "sigmoid_grouped_topk">,
+  // top-k of the logits; sigmoid of the logit scales the expert input
+  // (Llama-4).
+  I32EnumAttrCase<"SigmoidScaleInput", 3, "sigmoid_scale_input">
+]> {
+  let cppNamespace = "::mlir::moe";
+  let genSpecializedAttr = 0;
+}
+
+def Moe_ActivationKind : I32EnumAttr<"ActivationKind", "gated activation", [
+  // silu(gate) * up.
+  I32EnumAttrCase<"SwiGLU", 0, "swiglu">,
+  // GPT-OSS: gate and up clamped to `limit`, gate * sigmoid(alpha * gate) *
+  // (up + 1).
+  I32EnumAttrCase<"ClampedSwiGLU", 1, "clamped_swiglu">
+]> {
+  let cppNamespace = "::mlir::moe";
+  let genSpecializedAttr = 0;
+}
+
+def Moe_QuantKind : I32EnumAttr<"QuantKind", "quantization scheme", [
+  // OCP MX v1.0: 32-element blocks along K, E4M3 data, E8M0 scales.
+  I32EnumAttrCase<"MXFP8", 0, "mxfp8">,
+  // DeepSeek-V3: E4M3 data, f32 scales per 1x128 (activations) or 128x128
+  // (weights) block.
+  I32EnumAttrCase<"FP8Block128", 1, "fp8_block128">
+]> {
+  let cppNamespace = "::mlir::moe";
+  let genSpecializedAttr = 0;
+}
+
+def Moe_ScaleRounding : I32EnumAttr<"ScaleRounding",
+    "how an MXFP8 block scale is rounded to a power of two", [
+  // floor(log2(amax)) - 8, as OCP MX v1.0 specifies; the largest elements may
+  // saturate to 448.
+  I32EnumAttrCase<"Floor", 0, "floor">,
+  // ceil(log2(amax / 448)): never saturates.
+  I32EnumAttrCase<"Ceil", 1, "ceil">
+]> {
+  let cppNamespace = "::mlir::moe";
+  let genSpecializedAttr = 0;
+}
+
+//===----------------------------------------------------------------------===//
+// Parameters
+//===----------------------------------------------------------------------===//
+
+// A real number written as a decimal literal.
+class Moe_RealParameter<string default>
+    : APFloatParameter<"a real number"> {
+  let defaultValue = "::llvm::APFloat(" # default # ")";
+  let parser = "::mlir::moe::parseReal($_parser)";
+  let printer = "::mlir::moe::printReal($_printer, $_self)";
+}
+
+// `true` or `false`.
+def Moe_BoolParameter : AttrParameter<"bool", "true or false"> {
+  let defaultValue = "false";
+  let parser = "::mlir::moe::parseBool($_parser)";
+  let printer = "$_printer << ($_self ? \"true\" : \"false\")";
+}
+
+class Moe_CountParameter<string desc, string default = "">
+    : AttrParameter<"int64_t", desc> {
+  let defaultValue = default;
+}
+
+//===----------------------------------------------------------------------===//
+// Attributes
+//===----------------------------------------------------------------------===//
+
+class Moe_Attr<string name, string attrMnemonic> : AttrDef<Moe_Dialect, name> {
+  let mnemonic = attrMnemonic;
+  let assemblyFormat = "`<` struct(params) `>`";
+  let genVerifyDecl = 1;
+}
+
+def Moe_RouterAttr : Moe_Attr<"Router", "router"> {
+  let summary = "how a token's experts and their weights are chosen";
+  let description = [{
+    `kind` selects the scoring and selection; `renormalize` divides the k
+    weights by their sum (softmax_topk, sigmoid_grouped_topk); `n_group` and
+    `topk_group` restrict selection to the best groups of experts
+    (sigmoid_grouped_topk); every weight is multiplied by `scaling`.
+  }];
+  let parameters = (ins
+    EnumParameter<Moe_RouterKind>:$kind,
+    Moe_BoolParameter:$renormalize,
+    Moe_CountParameter<"groups of experts", "1">:$n_group,
+    Moe_CountParameter<"groups a token may use", "1">:$topk_group,
+    Moe_RealParameter<"1.0">:$scaling
+  );
+  let extraClassDeclaration = [{
+    /// Checks the router against a layer's expert count and top-k.
+    ::llvm::LogicalResult
+    verifyFor(::llvm::function_ref<::mlir::InFlightDiagnostic()> emitError,
+              int64_t experts, int64_t topK) const;
+  }];
+}
+
+def Moe_ActivationAttr : Moe_Attr<"Activation", "activation"> {
+  let summary = "the gated activation between the two expert matmuls";
+  let parameters = (ins
+    EnumParameter<Moe_ActivationKind>:$kind,
+    Moe_RealParameter<"1.702">:$alpha,
+    Moe_RealParameter<"7.0">:$limit
+  );
+}
+
+def Moe_QuantAttr : Moe_Attr<"Quant", "quant"> {
+  let summary = "a block-scaled FP8 quantization scheme";
+  let parameters = (ins
+    EnumParameter<Moe_QuantKind>:$kind,
+    DefaultValuedParameter<"::mlir::moe::ScaleRounding",
+                           "::mlir::moe::ScaleRounding::Floor",
+                           "MXFP8 scale rounding">:$rounding
+  );
+  let extraClassDeclaration = [{
+    /// Elements along K that share one scale.
+    int64_t getBlockSize() const;
+    /// The element type of the scales.
+    ::mlir::Type getScaleType() const;
+  }];
+}
+
+def Moe_ConfigAttr : Moe_Attr<"Config", "config"> {
+  let summary = "the configuration of one MoE layer";
+  let description = [{
+    `experts`, `top_k`, `hidden` and `intermediate` are the routed experts'
+    sizes; `shared_intermediate` is the total width of the shared experts (0
+    for none) and `shared_gate` whether a sigmoid gate scales their output
+    (Qwen2-MoE). `quant`, when present, quantizes the expert matmuls. With
+    `ep_size` > 1 each rank holds `experts / ep_size` experts.
+  }];
+  let parameters = (ins
+    Moe_CountParameter<"routed experts">:$experts,
+    Moe_CountParameter<"experts per token">:$top_k,
+    Moe_CountParameter<"hidden size">:$hidden,
+    Moe_CountParameter<"expert intermediate size">:$intermediate,
+    AttrParameter<"::mlir::moe::RouterAttr", "router">:$router,
+    AttrParameter<"::mlir::moe::ActivationAttr", "activation">:$activation,
+    Moe_CountParameter<"shared experts' intermediate size", "0">:$shared_intermediate,
+    Moe_BoolParameter:$shared_gate,
+    OptionalParameter<"::mlir::moe::QuantAttr", "quantization">:$quant,
+    Moe_CountParameter<"expert-parallel ranks", "1">:$ep_size
+  );
+  let extraClassDeclaration = [{
+    /// Experts held by one rank.
+    int64_t getLocalExperts() const { return getExperts() / getEpSize(); }
+  }];
+}
+
+#endif // MOE_ATTRS_TD

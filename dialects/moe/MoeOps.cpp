@@ -1,0 +1,491 @@
+//===- MoeOps.cpp - moe dialect operations --------------------------------===//
+//
+// Every verifier rule names the operand, the dimension and what it means, so
+// a user can tell which weight or config value is wrong.
+//
+//===----------------------------------------------------------------------===//
+
+#include "dialects/moe/MoeOps.h"
+
+#include "mlir/IR/TypeUtilities.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+
+#define GET_OP_CLASSES
+#include "dialects/moe/MoeOps.cpp.inc"
+
+namespace {
+/// A dimension a verifier expects. Token and row counts may be dynamic and
+/// zero; every other size must be static and positive, because kernels are
+/// specialized on it.
+struct Dim {
+  int64_t size; // ShapedType::kDynamic: any size.
+  StringRef meaning;
+  bool isCount;
+};
+} // namespace
+
+static constexpr int64_t kAny = ShapedType::kDynamic;
+
+static Dim size(int64_t size, StringRef meaning) {
+  return {size, meaning, false};
+}
+static Dim count(int64_t size, StringRef meaning) {
+  return {size, meaning, true};
+}
+
+static std::string formatShape(ArrayRef<int64_t> shape) {
+  std::string text = "[";
+  llvm::raw_string_ostream os(text);
+  llvm::interleave(
+      shape, os,
+      [&](int64_t d) {
+        if (ShapedType::isDynamic(d))
+          os << "?";
+        else
+          os << d;
+      },
+      ", ");
+  return text + "]";
+}
+
+/// Checks `value`'s shape against `dims`.
+static LogicalResult checkShape(Operation *op, StringRef name, Value value,
+                                ArrayRef<Dim> dims) {
+  auto type = cast<RankedTensorType>(value.getType());
+  if (type.getRank() != static_cast<int64_t>(dims.size())) {
+    auto diag = op->emitOpError()
+                << name << " must have rank " << dims.size() << " (";
+    llvm::interleave(
+        dims, diag, [&](const Dim &d) { diag << d.meaning; }, " x ");
+    return diag << "), but has type " << type;
+  }
+  for (auto [i, dim] : llvm::enumerate(dims)) {
+    int64_t actual = type.getDimSize(i);
+    if (ShapedType::isDynamic(actual)) {
+      if (!dim.isCount)
+        return op->emitOpError() << name << " dimension " << i << " ("
+                                 << dim.meaning << ") must be static";
+      continue;
+    }
+    if (!dim.isCount && actual < 1)
+      return op->emitOpError() << name << " dimension " << i << " ("
+                               << dim.meaning << ") must be positive";
+    if (!ShapedType::isDynamic(dim.size) && actual != dim.size)
+      return op->emitOpError()
+             << name << " dimension " << i << " (" << dim.meaning
+             << ") must be " << dim.size << ", but is " << actual;
+  }
+  return success();
+}
+
+static ArrayRef<int64_t> shapeOf(Value value) {
+  return cast<RankedTensorType>(value.getType()).getShape();
+}
+static Type elementTypeOf(Value value) {
+  return cast<RankedTensorType>(value.getType()).getElementType();
+}
+
+/// The scheme whose scales have element type `scaleType`.
+static QuantAttr schemeOfScales(MLIRContext *ctx, Type scaleType) {
+  return QuantAttr::get(ctx,
+                        isa<Float8E8M0FNUType>(scaleType)
+                            ? QuantKind::MXFP8
+                            : QuantKind::FP8Block128,
+                        ScaleRounding::Floor);
+}
+
+/// Checks that `scales` fit `data` under `quant`; FP8 block-128 weights may
+/// use one scale per 128 x 128 block when `allowSquareBlocks`.
+static LogicalResult checkScales(Operation *op, StringRef name, Value scales,
+                                 ArrayRef<int64_t> dataShape, QuantAttr quant,
+                                 bool allowSquareBlocks) {
+  auto type = cast<RankedTensorType>(scales.getType());
+  Type expectedElement = quant.getScaleType();
+  StringRef scheme = stringifyQuantKind(quant.getKind());
+  if (type.getElementType() != expectedElement)
+    return op->emitOpError()
+           << name << " must hold " << expectedElement << " scales for "
+           << scheme << ", but holds " << type.getElementType();
+  SmallVector<SmallVector<int64_t>> candidates = {
+      getScaleShape(quant, dataShape, /*squareBlocks=*/false)};
+  if (allowSquareBlocks && quant.getKind() == QuantKind::FP8Block128 &&
+      dataShape.size() >= 2)
+    candidates.push_back(getScaleShape(quant, dataShape, true));
+  for (const auto &shape : candidates)
+    if (succeeded(verifyCompatibleShape(type.getShape(), shape)))
+      return success();
+  auto diag = op->emitOpError()
+              << name << " must have shape " << formatShape(candidates[0]);
+  if (candidates.size() > 1)
+    diag << " or " << formatShape(candidates[1]) << " (128 x 128 blocks)";
+  return diag << " for " << scheme << " blocks of " << quant.getBlockSize()
+              << " along the last dimension of " << formatShape(dataShape)
+              << ", but has " << formatShape(type.getShape());
+}
+
+static LogicalResult requireTogether(Operation *op, Value a, StringRef aName,
+                                     Value b, StringRef bName) {
+  if (static_cast<bool>(a) != static_cast<bool>(b))
+    return op->emitOpError()
+           << aName << " and " << bName << " must be given together";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// LayerOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult LayerOp::verify() {
+  ConfigAttr config = getConfig();
+  int64_t experts = config.getExperts(), local = config.getLocalExperts();
+  int64_t hidden = config.getHidden(), inter = config.getIntermediate();
+  int64_t sharedInter = config.getSharedIntermediate();
+  Operation *op = getOperation();
+
+  if (failed(checkShape(op, "hidden_states", getHiddenStates(),
+                        {count(kAny, "tokens"), size(hidden, "hidden")})))
+    return failure();
+  int64_t tokens = shapeOf(getHiddenStates())[0];
+  if (failed(checkShape(op, "result", getOut(),
+                        {count(tokens, "tokens"), size(hidden, "hidden")})) ||
+      failed(checkShape(op, "router_weight", getRouterWeight(),
+                        {size(experts, "experts"), size(hidden, "hidden")})))
+    return failure();
+  if (getRouterBias() && failed(checkShape(op, "router_bias", getRouterBias(),
+                                           {size(experts, "experts")})))
+    return failure();
+
+  if (failed(checkShape(op, "w13", getW13(),
+                        {size(local, "local experts"),
+                         size(2 * inter, "gate and up rows"),
+                         size(hidden, "hidden")})) ||
+      failed(checkShape(op, "w2", getW2(),
+                        {size(local, "local experts"), size(hidden, "hidden"),
+                         size(inter, "intermediate")})))
+    return failure();
+
+  // Expert weights: bf16, or FP8 with the config's scales.
+  Type weightType = elementTypeOf(getW13());
+  if (weightType != elementTypeOf(getW2()))
+    return emitOpError() << "w13 and w2 must have the same element type, but "
+                            "are "
+                         << weightType << " and " << elementTypeOf(getW2());
+  if (failed(requireTogether(op, getW13Scale(), "w13_scale", getW2Scale(),
+                             "w2_scale")))
+    return failure();
+  QuantAttr quant = config.getQuant();
+  if (isa<Float8E4M3FNType>(weightType)) {
+    if (!quant)
+      return emitOpError() << "f8E4M3FN expert weights need a quant scheme "
+                              "in the config";
+    if (!getW13Scale())
+      return emitOpError() << "f8E4M3FN expert weights need "
+                              "scales(w13_scale, w2_scale)";
+    if (failed(checkScales(op, "w13_scale", getW13Scale(), shapeOf(getW13()),
+                           quant, true)) ||
+        failed(checkScales(op, "w2_scale", getW2Scale(), shapeOf(getW2()),
+                           quant, true)))
+      return failure();
+  } else if (getW13Scale()) {
+    return emitOpError() << "weight scales are given, but the expert weights "
+                            "are "
+                         << weightType << ", not f8E4M3FN";
+  }
+
+  if (failed(requireTogether(op, getW13Bias(), "w13_bias", getW2Bias(),
+                             "w2_bias")))
+    return failure();
+  if (getW13Bias() &&
+      (failed(checkShape(op, "w13_bias", getW13Bias(),
+                         {size(local, "local experts"),
+                          size(2 * inter, "gate and up rows")})) ||
+       failed(
+           checkShape(op, "w2_bias", getW2Bias(),
+                      {size(local, "local experts"), size(hidden, "hidden")}))))
+    return failure();
+
+  if (failed(requireTogether(op, getSharedW13(), "shared_w13", getSharedW2(),
+                             "shared_w2")))
+    return failure();
+  if (sharedInter > 0 && !getSharedW13())
+    return emitOpError() << "the config has shared experts "
+                            "(shared_intermediate = "
+                         << sharedInter
+                         << "), but no shared(shared_w13, shared_w2) weights";
+  if (sharedInter == 0 && getSharedW13())
+    return emitOpError() << "shared expert weights are given, but the config "
+                            "has no shared experts (shared_intermediate = 0)";
+  if (getSharedW13() &&
+      (failed(checkShape(op, "shared_w13", getSharedW13(),
+                         {size(2 * sharedInter, "shared gate and up rows"),
+                          size(hidden, "hidden")})) ||
+       failed(checkShape(op, "shared_w2", getSharedW2(),
+                         {size(hidden, "hidden"),
+                          size(sharedInter, "shared intermediate")}))))
+    return failure();
+  if (config.getSharedGate() != static_cast<bool>(getSharedGate()))
+    return emitOpError() << (config.getSharedGate()
+                                 ? "the config has shared_gate = true, but no "
+                                   "shared gate weight is given"
+                                 : "a shared gate weight is given, but the "
+                                   "config has shared_gate = false");
+  if (getSharedGate() &&
+      failed(checkShape(op, "shared_gate", getSharedGate(),
+                        {size(1, "one gate"), size(hidden, "hidden")})))
+    return failure();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// AttentionOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult AttentionOp::verify() {
+  Operation *op = getOperation();
+  if (failed(checkShape(op, "query", getQuery(),
+                        {count(kAny, "batch"), count(kAny, "query positions"),
+                         size(kAny, "query heads"), size(kAny, "head size")})))
+    return failure();
+  ArrayRef<int64_t> q = shapeOf(getQuery());
+  if (failed(
+          checkShape(op, "key", getKey(),
+                     {count(q[0], "batch"), count(kAny, "key positions"),
+                      size(kAny, "key/value heads"), size(q[3], "head size")})))
+    return failure();
+  ArrayRef<int64_t> k = shapeOf(getKey());
+  if (failed(checkShape(op, "value", getValue(),
+                        {count(q[0], "batch"), count(k[1], "key positions"),
+                         size(k[2], "key/value heads"),
+                         size(kAny, "value head size")})) ||
+      failed(checkShape(op, "result", getOut(),
+                        {count(q[0], "batch"), count(q[1], "query positions"),
+                         size(q[2], "query heads"),
+                         size(shapeOf(getValue())[3], "value head size")})))
+    return failure();
+  if (q[2] % k[2] != 0)
+    return emitOpError() << "query heads (" << q[2]
+                         << ") must be a multiple of key/value heads (" << k[2]
+                         << ")";
+  if (auto scale = getScale();
+      scale && !(scale->convertToDouble() > 0.0 &&
+                 std::isfinite(scale->convertToDouble())))
+    return emitOpError() << "scale must be a positive finite number";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// RouteOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult RouteOp::verify() {
+  Operation *op = getOperation();
+  if (failed(checkShape(op, "hidden_states", getHiddenStates(),
+                        {count(kAny, "tokens"), size(kAny, "hidden")})))
+    return failure();
+  int64_t tokens = shapeOf(getHiddenStates())[0];
+  int64_t hidden = shapeOf(getHiddenStates())[1];
+  if (failed(checkShape(op, "router_weight", getRouterWeight(),
+                        {size(kAny, "experts"), size(hidden, "hidden")})))
+    return failure();
+  int64_t experts = shapeOf(getRouterWeight())[0];
+  if (getBias() &&
+      failed(checkShape(op, "bias", getBias(), {size(experts, "experts")})))
+    return failure();
+  if (failed(checkShape(op, "expert_ids", getExpertIds(),
+                        {count(tokens, "tokens"), size(kAny, "top-k")})))
+    return failure();
+  int64_t topK = shapeOf(getExpertIds())[1];
+  if (failed(checkShape(op, "weights", getWeights(),
+                        {count(tokens, "tokens"), size(topK, "top-k")})))
+    return failure();
+  if (topK > experts)
+    return emitOpError() << "top-k (" << topK
+                         << ") must not exceed the number of experts ("
+                         << experts << ")";
+  return getRouter().verifyFor([&] { return emitOpError(); }, experts, topK);
+}
+
+//===----------------------------------------------------------------------===//
+// DispatchOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult DispatchOp::verify() {
+  Operation *op = getOperation();
+  if (getAlign() < 1)
+    return emitOpError() << "align must be at least 1, but is " << getAlign();
+  if (failed(checkShape(op, "hidden_states", getHiddenStates(),
+                        {count(kAny, "tokens"), size(kAny, "hidden")})))
+    return failure();
+  int64_t tokens = shapeOf(getHiddenStates())[0];
+  int64_t hidden = shapeOf(getHiddenStates())[1];
+  if (failed(checkShape(op, "expert_ids", getExpertIds(),
+                        {count(tokens, "tokens"), size(kAny, "top-k")})))
+    return failure();
+  int64_t topK = shapeOf(getExpertIds())[1];
+  if (getScale() &&
+      (failed(checkShape(op, "scale", getScale(),
+                         {count(tokens, "tokens"), size(topK, "top-k")}))))
+    return failure();
+  if (failed(checkShape(op, "dispatched", getDispatched(),
+                        {count(kAny, "rows"), size(hidden, "hidden")})) ||
+      failed(checkShape(op, "tokens_per_expert", getTokensPerExpert(),
+                        {size(kAny, "experts")})))
+    return failure();
+  int64_t experts = shapeOf(getTokensPerExpert())[0];
+  if (failed(checkShape(op, "expert_offsets", getExpertOffsets(),
+                        {size(experts + 1, "experts + 1")})) ||
+      failed(checkShape(op, "rows", getRows(),
+                        {count(tokens, "tokens"), size(topK, "top-k")})))
+    return failure();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// QuantizeOp / DequantizeOp
+//===----------------------------------------------------------------------===//
+
+/// Shared by quantize and dequantize: `data` and `real` have one shape and
+/// `scales` fit it.
+static LogicalResult verifyQuantPair(Operation *op, Value real,
+                                     StringRef realName, Value data,
+                                     Value scales, QuantAttr scheme) {
+  ArrayRef<int64_t> shape = shapeOf(data);
+  if (shape.empty())
+    return op->emitOpError() << "quantized data must have rank 1 or more";
+  if (failed(verifyCompatibleShape(shapeOf(real), shape)))
+    return op->emitOpError()
+           << realName << " shape " << formatShape(shapeOf(real))
+           << " differs from the quantized data's " << formatShape(shape);
+  if (ShapedType::isDynamic(shape.back()) || shape.back() < 1)
+    return op->emitOpError() << "the quantized (last) dimension must be "
+                                "static and positive";
+  return checkScales(op, "scales", scales, shape, scheme, true);
+}
+
+LogicalResult QuantizeOp::verify() {
+  return verifyQuantPair(getOperation(), getInput(), "input", getData(),
+                         getScales(), getScheme());
+}
+
+LogicalResult DequantizeOp::verify() {
+  return verifyQuantPair(getOperation(), getOutput(), "output", getData(),
+                         getScales(), getScheme());
+}
+
+//===----------------------------------------------------------------------===//
+// GroupedMatmulOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult GroupedMatmulOp::verify() {
+  Operation *op = getOperation();
+  bool grouped = static_cast<bool>(getTokensPerExpert());
+  if (failed(requireTogether(op, getTokensPerExpert(), "tokens_per_expert",
+                             getExpertOffsets(), "expert_offsets")) ||
+      failed(requireTogether(op, getLhsScale(), "lhs_scale", getRhsScale(),
+                             "rhs_scale")) ||
+      failed(checkShape(op, "lhs", getLhs(),
+                        {count(kAny, "rows"), size(kAny, "K")})))
+    return failure();
+  int64_t rows = shapeOf(getLhs())[0], k = shapeOf(getLhs())[1];
+
+  int64_t experts = 0;
+  if (grouped) {
+    if (failed(
+            checkShape(op, "rhs", getRhs(),
+                       {size(kAny, "experts"), size(kAny, "N"), size(k, "K")})))
+      return failure();
+    experts = shapeOf(getRhs())[0];
+    if (failed(checkShape(op, "tokens_per_expert", getTokensPerExpert(),
+                          {size(experts, "experts")})) ||
+        failed(checkShape(op, "expert_offsets", getExpertOffsets(),
+                          {size(experts + 1, "experts + 1")})))
+      return failure();
+  } else if (failed(checkShape(op, "rhs", getRhs(),
+                               {size(kAny, "N"), size(k, "K")}))) {
+    return failure();
+  }
+  int64_t n = shapeOf(getRhs())[grouped ? 1 : 0];
+
+  Type lhsType = elementTypeOf(getLhs()), rhsType = elementTypeOf(getRhs());
+  if (lhsType != rhsType)
+    return emitOpError() << "lhs and rhs must have the same element type, but "
+                            "are "
+                         << lhsType << " and " << rhsType;
+  if (isa<Float8E4M3FNType>(lhsType) != static_cast<bool>(getLhsScale()))
+    return emitOpError() << (getLhsScale()
+                                 ? "scales are given for bf16 operands"
+                                 : "f8E4M3FN operands need scales(lhs_scale, "
+                                   "rhs_scale)");
+  if (getLhsScale()) {
+    Type scaleType = elementTypeOf(getLhsScale());
+    if (scaleType != elementTypeOf(getRhsScale()))
+      return emitOpError() << "lhs_scale and rhs_scale must use one scheme, "
+                              "but hold "
+                           << scaleType << " and "
+                           << elementTypeOf(getRhsScale());
+    QuantAttr scheme = schemeOfScales(getContext(), scaleType);
+    if (failed(checkScales(op, "lhs_scale", getLhsScale(), shapeOf(getLhs()),
+                           scheme, false)) ||
+        failed(checkScales(op, "rhs_scale", getRhsScale(), shapeOf(getRhs()),
+                           scheme, true)))
+      return failure();
+  }
+
+  if (getBias()) {
+    SmallVector<Dim> dims;
+    if (grouped)
+      dims.push_back(size(experts, "experts"));
+    dims.push_back(size(n, "N"));
+    if (failed(checkShape(op, "bias", getBias(), dims)))
+      return failure();
+  }
+  int64_t outN = n;
+  if (getActivation()) {
+    if (n % 2 != 0)
+      return emitOpError() << "a gated activation needs an even N (gate "
+                              "columns, then up columns), but N is "
+                           << n;
+    outN = n / 2;
+  }
+  if (failed(checkShape(op, "result", getOut(),
+                        {count(rows, "rows"), size(outN, "N")})))
+    return failure();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// CombineOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult CombineOp::verify() {
+  Operation *op = getOperation();
+  if (failed(checkShape(op, "expert_out", getExpertOut(),
+                        {count(kAny, "rows"), size(kAny, "hidden")})) ||
+      failed(checkShape(op, "rows", getRows(),
+                        {count(kAny, "tokens"), size(kAny, "top-k")})))
+    return failure();
+  int64_t hidden = shapeOf(getExpertOut())[1];
+  int64_t tokens = shapeOf(getRows())[0], topK = shapeOf(getRows())[1];
+  if (getWeights() &&
+      (failed(checkShape(op, "weights", getWeights(),
+                         {count(tokens, "tokens"), size(topK, "top-k")}))))
+    return failure();
+  if (getGate() && !getShared())
+    return emitOpError() << "a gate needs the shared experts' output";
+  if (getShared() &&
+      (failed(checkShape(op, "shared", getShared(),
+                         {count(tokens, "tokens"), size(hidden, "hidden")}))))
+    return failure();
+  if (getGate() &&
+      (failed(checkShape(op, "gate", getGate(),
+                         {count(tokens, "tokens"), size(1, "one gate")}))))
+    return failure();
+  if (failed(checkShape(op, "result", getOut(),
+                        {count(tokens, "tokens"), size(hidden, "hidden")})))
+    return failure();
+  return success();
+}

@@ -1,0 +1,246 @@
+//===- MoeOps.td - moe dialect operations ------------------*- tablegen -*-===//
+
+#ifndef MOE_OPS_TD
+#define MOE_OPS_TD
+
+include "dialects/moe/MoeAttrs.td"
+include "mlir/IR/OpBase.td"
+include "mlir/IR/CommonTypeConstraints.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+// Element types. Ranks and sizes are checked by the verifiers, which say which
+// dimension is wrong and what it means.
+def Moe_Activations : RankedTensorOf<[BF16]>;
+def Moe_Weights : RankedTensorOf<[BF16, F8E4M3FN]>;
+def Moe_RealTensor : RankedTensorOf<[BF16, F32]>;
+def Moe_F32Tensor : RankedTensorOf<[F32]>;
+def Moe_IndexTensor : RankedTensorOf<[I32]>;
+def Moe_QuantData : RankedTensorOf<[F8E4M3FN]>;
+def Moe_Scales : RankedTensorOf<[F8E8M0FNU, F32]>;
+def Moe_MatmulInput : RankedTensorOf<[BF16, F8E4M3FN]>;
+
+//===----------------------------------------------------------------------===//
+// L0: whole layers
+//===----------------------------------------------------------------------===//
+
+def Moe_LayerOp : Moe_Op<"layer", [Pure, AttrSizedOperandSegments]> {
+  let summary = "one whole MoE layer";
+  let description = [{
+    Routes each token of `hidden_states` [T, H] to `top_k` of the config's
+    experts, runs them and sums their outputs, weighted by the router, with
+    the shared experts' output.
+
+    Weights: `router_weight` [E, H], `router_bias` [E] (DeepSeek's score
+    correction bias, GPT-OSS's router bias), `w13` [El, 2I, H] (gate rows, then
+    up rows) and `w2` [El, H, I], where El = E / ep_size. With a `quant`
+    config the expert weights may be given already quantized (`f8E4M3FN`)
+    with `scales(w13_scale, w2_scale)`; bf16 weights are then quantized by
+    the layer. `biases` are GPT-OSS's [El, 2I] and [El, H]; `shared` holds
+    [2Is, H], [H, Is] and, with `shared_gate`, the gate [1, H].
+
+    ```mlir
+    %out = moe.layer %x router(%rw) experts(%w13, %w2)
+             {config = #moe.config<experts = 8, top_k = 2, hidden = 4096,
+                intermediate = 14336,
+                router = #moe.router<kind = softmax_topk, renormalize = true>,
+                activation = #moe.activation<kind = swiglu>>}
+             : (...) -> tensor<?x4096xbf16>
+    ```
+  }];
+  let arguments = (ins
+    Moe_Activations:$hidden_states,
+    Moe_RealTensor:$router_weight,
+    Optional<Moe_F32Tensor>:$router_bias,
+    Moe_Weights:$w13,
+    Moe_Weights:$w2,
+    Optional<Moe_Scales>:$w13_scale,
+    Optional<Moe_Scales>:$w2_scale,
+    Optional<Moe_RealTensor>:$w13_bias,
+    Optional<Moe_RealTensor>:$w2_bias,
+    Optional<Moe_Activations>:$shared_w13,
+    Optional<Moe_Activations>:$shared_w2,
+    Optional<Moe_Activations>:$shared_gate,
+    Moe_ConfigAttr:$config
+  );
+  let results = (outs Moe_Activations:$out);
+  let assemblyFormat = [{
+    $hidden_states `router` `(` $router_weight (`,` $router_bias^)? `)`
+    `experts` `(` $w13 `,` $w2 `)`
+    (`scales` `(` $w13_scale^ `,` $w2_scale `)`)?
+    (`biases` `(` $w13_bias^ `,` $w2_bias `)`)?
+    (`shared` `(` $shared_w13^ `,` $shared_w2 (`,` $shared_gate^)? `)`)?
+    attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Moe_AttentionOp : Moe_Op<"attention", [Pure]> {
+  let summary = "scaled dot-product attention with grouped query heads";
+  let description = [{
+    `query` [B, Sq, Hq, D], `key` [B, Skv, Hkv, D], `value` [B, Skv, Hkv, Dv]
+    give [B, Sq, Hq, Dv]; query head h reads key/value head h / (Hq / Hkv).
+    `scale` defaults to 1/sqrt(D). With `causal`, query i sees keys up to
+    i + Skv - Sq (the mask is aligned to the end of the keys).
+  }];
+  let arguments = (ins
+    Moe_Activations:$query,
+    Moe_Activations:$key,
+    Moe_Activations:$value,
+    UnitAttr:$causal,
+    OptionalAttr<F32Attr>:$scale
+  );
+  let results = (outs Moe_Activations:$out);
+  let assemblyFormat = [{
+    $query `,` $key `,` $value attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// L1: the steps of a layer
+//===----------------------------------------------------------------------===//
+
+def Moe_RouteOp : Moe_Op<"route", [Pure]> {
+  let summary = "router logits, scores and each token's top-k experts";
+  let description = [{
+    Computes the logits `hidden_states` [T, H] x `router_weight`^T [E, H] in
+    f32 and from them, as `router` says, each token's `top_k` expert ids and
+    weights; k is the second dimension of the results. `bias` [E] is added to
+    the logits, except for sigmoid_grouped_topk, where it is added to the
+    scores for selection only.
+  }];
+  let arguments = (ins
+    Moe_Activations:$hidden_states,
+    Moe_RealTensor:$router_weight,
+    Optional<Moe_F32Tensor>:$bias,
+    Moe_RouterAttr:$router
+  );
+  let results = (outs Moe_IndexTensor:$expert_ids, Moe_F32Tensor:$weights);
+  let assemblyFormat = [{
+    $hidden_states `,` $router_weight (`bias` $bias^)? attr-dict `:`
+    functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Moe_DispatchOp : Moe_Op<"dispatch", [Pure]> {
+  let summary = "scatter tokens into an expert-major buffer";
+  let description = [{
+    Copies each token of `hidden_states` [T, H] once for each of its
+    `expert_ids` [T, k] into `dispatched` [R, H], expert by expert and, within
+    an expert, in token order. Each expert's rows start at a multiple of
+    `align`; rows between experts are zero. `tokens_per_expert` [E] counts the
+    rows of each expert, `expert_offsets` [E + 1] gives where each starts
+    (the last entry is R) and `rows` [T, k] where each (token, choice) went,
+    or -1 for ids outside [0, E). With `scale`, a row is the token times its
+    weight, rounded to bf16 (Llama-4).
+  }];
+  let arguments = (ins
+    Moe_Activations:$hidden_states,
+    Moe_IndexTensor:$expert_ids,
+    Optional<Moe_F32Tensor>:$scale,
+    DefaultValuedAttr<I64Attr, "1">:$align
+  );
+  let results = (outs
+    Moe_Activations:$dispatched,
+    Moe_IndexTensor:$tokens_per_expert,
+    Moe_IndexTensor:$expert_offsets,
+    Moe_IndexTensor:$rows
+  );
+  let assemblyFormat = [{
+    $hidden_states `,` $expert_ids (`scale` $scale^)? attr-dict `:`
+    functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Moe_QuantizeOp : Moe_Op<"quantize", [Pure]> {
+  let summary = "block-scaled FP8 quantization along the last dimension";
+  let description = [{
+    Splits the last dimension (K) of `input` into blocks of the scheme's size
+    (the last block may be partial) and gives E4M3 `data` of the input's shape
+    and one `scales` entry per block: [..., ceil(K/32)] `f8E8M0FNU` for
+    MXFP8, [..., ceil(K/128)] `f32` for FP8 block-128, whose weights may also
+    share one scale per 128 x 128 block: [..., ceil(N/128), ceil(K/128)].
+    input = data * scale, up to rounding.
+  }];
+  let arguments = (ins Moe_RealTensor:$input, Moe_QuantAttr:$scheme);
+  let results = (outs Moe_QuantData:$data, Moe_Scales:$scales);
+  let assemblyFormat = [{
+    $input attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Moe_DequantizeOp : Moe_Op<"dequantize", [Pure]> {
+  let summary = "data times its block scales";
+  let description = [{
+    The inverse of `moe.quantize`, with the same shapes and scheme.
+  }];
+  let arguments = (ins Moe_QuantData:$data, Moe_Scales:$scales,
+                       Moe_QuantAttr:$scheme);
+  let results = (outs Moe_RealTensor:$output);
+  let assemblyFormat = [{
+    $data `,` $scales attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Moe_GroupedMatmulOp : Moe_Op<"grouped_matmul",
+                                 [Pure, AttrSizedOperandSegments]> {
+  let summary = "one matmul per expert over its rows, with an epilogue";
+  let description = [{
+    With `groups(tokens_per_expert, expert_offsets)`, rows
+    [offset[e], offset[e] + count[e]) of `lhs` [R, K] are multiplied by
+    `rhs`[e]^T ([E, N, K]); other rows of the result are zero. Without groups
+    `rhs` is [N, K] and every row uses it. f32 accumulation; `bias` ([E, N],
+    or [N]) is added, then `activation`, if present, combines gate columns
+    [0, N/2) with up columns [N/2, N) into N/2 columns. FP8 operands take
+    `scales(lhs_scale, rhs_scale)` laid out as `moe.quantize` gives them.
+  }];
+  let arguments = (ins
+    Moe_MatmulInput:$lhs,
+    Moe_MatmulInput:$rhs,
+    Optional<Moe_IndexTensor>:$tokens_per_expert,
+    Optional<Moe_IndexTensor>:$expert_offsets,
+    Optional<Moe_Scales>:$lhs_scale,
+    Optional<Moe_Scales>:$rhs_scale,
+    Optional<Moe_RealTensor>:$bias,
+    OptionalAttr<Moe_ActivationAttr>:$activation
+  );
+  let results = (outs Moe_RealTensor:$out);
+  let assemblyFormat = [{
+    $lhs `,` $rhs
+    (`groups` `(` $tokens_per_expert^ `,` $expert_offsets `)`)?
+    (`scales` `(` $lhs_scale^ `,` $rhs_scale `)`)?
+    (`bias` $bias^)?
+    attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Moe_CombineOp : Moe_Op<"combine", [Pure, AttrSizedOperandSegments]> {
+  let summary = "gather expert outputs back to tokens and sum them";
+  let description = [{
+    out[t] = sum over j of weights[t, j] * expert_out[rows[t, j]] (all ones
+    without `weights`; rows < 0 add nothing), in f32, plus the shared
+    experts' output `shared` [T, H], scaled by sigmoid(`gate` [T, 1]) when
+    given; rounded to bf16 once.
+  }];
+  let arguments = (ins
+    Moe_RealTensor:$expert_out,
+    Moe_IndexTensor:$rows,
+    Optional<Moe_F32Tensor>:$weights,
+    Optional<Moe_RealTensor>:$shared,
+    Optional<Moe_RealTensor>:$gate
+  );
+  let results = (outs Moe_Activations:$out);
+  let assemblyFormat = [{
+    $expert_out `,` $rows (`weights` $weights^)?
+    (`shared` $shared^ (`gate` $gate^)?)?
+    attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+#endif // MOE_OPS_TD

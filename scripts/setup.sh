@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what a fresh machine lacks to build and test moe-compiler; does nothing when all is there.
+set -euo pipefail
+
+debs=(libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools libfabric-dev libgtest-dev
+      ninja-build lld cmake)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+# Python packages the tests use (bit-exact float8/E8M0 references, tensor files).
+py=${PYTHON:-python3}
+if ! "$py" -c 'import numpy, ml_dtypes, safetensors' 2>/dev/null; then
+  echo "setup: installing numpy ml_dtypes safetensors"
+  "$py" -m pip install -q numpy ml_dtypes safetensors
+fi

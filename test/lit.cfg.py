@@ -1,0 +1,21 @@
+# lit configuration for moe-compiler's FileCheck tests.
+import os
+
+import lit.formats
+from lit.llvm import llvm_config
+
+config.name = "moe-compiler"
+config.test_format = lit.formats.ShTest(not llvm_config.use_lit_shell)
+config.suffixes = [".mlir", ".test"]
+config.excludes = ["lit.cfg.py", "lit.site.cfg.py", "CMakeLists.txt", "unit",
+                   "transport", "Inputs"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.moe_obj_root, "test")
+
+config.substitutions.append(("%moe_src_root", config.moe_src_root))
+config.substitutions.append(("%python", config.python_executable))
+
+llvm_config.with_system_environment(["HOME", "PATH", "PYTHONPATH"])
+llvm_config.use_default_substitutions()
+llvm_config.add_tool_substitutions(
+    ["moe-opt"], [config.moe_tools_dir, config.llvm_tools_dir])

@@ -1,0 +1,19 @@
+//===- moe-opt.cpp - the moe dialect and passes, mlir-opt style -----------===//
+
+#include "dialects/moe/MoeOps.h"
+#include "passes/Passes.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
+#include "mlir/Tools/mlir-opt/MlirOptMain.h"
+
+int main(int argc, char **argv) {
+  mlir::DialectRegistry registry;
+  registry.insert<mlir::moe::MoeDialect, mlir::func::FuncDialect,
+                  mlir::arith::ArithDialect, mlir::tensor::TensorDialect>();
+  mlir::moe::registerMoePasses();
+  return mlir::asMainReturnCode(mlir::MlirOptMain(
+      argc, argv, "moe-compiler optimizer: the moe dialect and its passes\n",
+      registry));
+}
