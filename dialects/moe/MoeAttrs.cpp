@@ -18,6 +18,14 @@ using namespace mlir::moe;
 #include "dialects/moe/MoeAttrs.cpp.inc"
 
 FailureOr<APFloat> mlir::moe::parseReal(AsmParser &parser) {
+  // Integers are accepted too: `limit = 7` is as clear as `limit = 7.0`.
+  int64_t integer;
+  OptionalParseResult parsedInteger = parser.parseOptionalInteger(integer);
+  if (parsedInteger.has_value()) {
+    if (failed(*parsedInteger))
+      return failure();
+    return APFloat(static_cast<double>(integer));
+  }
   double value;
   if (parser.parseFloat(value))
     return failure();
@@ -163,7 +171,8 @@ SmallVector<int64_t> mlir::moe::getScaleShape(QuantAttr quant,
   if (shape.empty())
     return shape;
   shape.back() = blocks(shape.back());
-  if (squareBlocks && shape.size() >= 2)
+  if (squareBlocks && quant.getKind() == QuantKind::FP8Block128 &&
+      shape.size() >= 2)
     shape[shape.size() - 2] = blocks(shape[shape.size() - 2]);
   return shape;
 }

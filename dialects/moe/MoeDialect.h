@@ -26,8 +26,8 @@ FailureOr<bool> parseBool(AsmParser &parser);
 
 namespace mlir::moe {
 /// The scales `quant` gives data of `dataShape`: one per block along the last
-/// dimension, or, with `squareBlocks` (FP8 block-128 weights), one per
-/// 128 x 128 block of the last two. Dynamic sizes stay dynamic.
+/// dimension, or, with `squareBlocks` under FP8 block-128 (weights), one
+/// per 128 x 128 block of the last two. Dynamic sizes stay dynamic.
 SmallVector<int64_t> getScaleShape(QuantAttr quant, ArrayRef<int64_t> dataShape,
                                    bool squareBlocks);
 } // namespace mlir::moe

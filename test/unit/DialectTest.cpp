@@ -5,6 +5,7 @@
 
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
 #include "mlir/Pass/PassManager.h"
 
 #include <gtest/gtest.h>
@@ -32,8 +33,9 @@ protected:
     auto activation = ActivationAttr::get(&context, ActivationKind::SwiGLU,
                                           APFloat(1.702), APFloat(7.0));
     auto config = ConfigAttr::getChecked(
-        UnknownLoc::get(&context), &context, experts, topK, 64, 32, router,
-        activation, 0, false, QuantAttr(), epSize);
+        UnknownLoc::get(&context), &context, experts, topK, int64_t{64},
+        int64_t{32}, router, activation, int64_t{0}, false, QuantAttr(),
+        epSize);
     EXPECT_EQ(static_cast<bool>(config), message.empty());
     return message;
   }
@@ -78,7 +80,7 @@ TEST_F(MoeDialectTest, ConfigRejectsImpossibleRouting) {
   EXPECT_NE(configError(256, 8, router(RouterKind::SigmoidGroupedTopK, 7, 4))
                 .find("n_group (7) must divide the number of experts (256)"),
             std::string::npos);
-  EXPECT_NE(configError(64, 8, router(RouterKind::SigmoidGroupedTopK, 8, 1))
+  EXPECT_NE(configError(64, 9, router(RouterKind::SigmoidGroupedTopK, 8, 1))
                 .find("exceeds the 8 experts"),
             std::string::npos);
   EXPECT_NE(configError(8, 2, router(RouterKind::SoftmaxTopK), 3)

@@ -1,0 +1,407 @@
+// RUN: moe-opt %s -split-input-file -verify-diagnostics
+
+func.func @f(%x: tensor<2x?x8xbf16>, %rw: tensor<4x8xbf16>) {
+  // expected-error @+1 {{hidden_states must have rank 2 (tokens x hidden), but has type 'tensor<2x?x8xbf16>'}}
+  %i, %w = moe.route %x, %rw {router = #moe.router<kind = softmax_topk>} : (tensor<2x?x8xbf16>, tensor<4x8xbf16>) -> (tensor<?x2xi32>, tensor<?x2xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x16xbf16>) {
+  // expected-error @+1 {{router_weight dimension 1 (hidden) must be 8, but is 16}}
+  %i, %w = moe.route %x, %rw {router = #moe.router<kind = softmax_topk>} : (tensor<?x8xbf16>, tensor<4x16xbf16>) -> (tensor<?x2xi32>, tensor<?x2xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %b: tensor<3xf32>) {
+  // expected-error @+1 {{bias dimension 0 (experts) must be 4, but is 3}}
+  %i, %w = moe.route %x, %rw bias %b {router = #moe.router<kind = softmax_topk>} : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<3xf32>) -> (tensor<?x2xi32>, tensor<?x2xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<5x8xbf16>, %rw: tensor<4x8xbf16>) {
+  // expected-error @+1 {{expert_ids dimension 0 (tokens) must be 5, but is 6}}
+  %i, %w = moe.route %x, %rw {router = #moe.router<kind = softmax_topk>} : (tensor<5x8xbf16>, tensor<4x8xbf16>) -> (tensor<6x2xi32>, tensor<5x2xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>) {
+  // expected-error @+1 {{expert_ids dimension 1 (top-k) must be static}}
+  %i, %w = moe.route %x, %rw {router = #moe.router<kind = softmax_topk>} : (tensor<?x8xbf16>, tensor<4x8xbf16>) -> (tensor<?x?xi32>, tensor<?x2xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>) {
+  // expected-error @+1 {{weights dimension 1 (top-k) must be 2, but is 3}}
+  %i, %w = moe.route %x, %rw {router = #moe.router<kind = softmax_topk>} : (tensor<?x8xbf16>, tensor<4x8xbf16>) -> (tensor<?x2xi32>, tensor<?x3xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>) {
+  // expected-error @+1 {{top-k (5) must not exceed the number of experts (4)}}
+  %i, %w = moe.route %x, %rw {router = #moe.router<kind = softmax_topk>} : (tensor<?x8xbf16>, tensor<4x8xbf16>) -> (tensor<?x5xi32>, tensor<?x5xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>) {
+  // expected-error @+1 {{router n_group (3) must divide the number of experts (4)}}
+  %i, %w = moe.route %x, %rw {router = #moe.router<kind = sigmoid_grouped_topk, n_group = 3>} : (tensor<?x8xbf16>, tensor<4x8xbf16>) -> (tensor<?x2xi32>, tensor<?x2xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) {
+  // expected-error @+1 {{align must be at least 1, but is 0}}
+  %d:4 = moe.dispatch %x, %ids {align = 0} : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<?x8xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x2xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<3x8xbf16>, %ids: tensor<2x2xi32>) {
+  // expected-error @+1 {{expert_ids dimension 0 (tokens) must be 3, but is 2}}
+  %d:4 = moe.dispatch %x, %ids : (tensor<3x8xbf16>, tensor<2x2xi32>) -> (tensor<?x8xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<3x2xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>, %s: tensor<?x1xf32>) {
+  // expected-error @+1 {{scale dimension 1 (top-k) must be 2, but is 1}}
+  %d:4 = moe.dispatch %x, %ids scale %s : (tensor<?x8xbf16>, tensor<?x2xi32>, tensor<?x1xf32>) -> (tensor<?x8xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x2xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) {
+  // expected-error @+1 {{dispatched dimension 1 (hidden) must be 8, but is 4}}
+  %d:4 = moe.dispatch %x, %ids : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<?x4xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x2xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) {
+  // expected-error @+1 {{tokens_per_expert dimension 0 (experts) must be static}}
+  %d:4 = moe.dispatch %x, %ids : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<?x8xbf16>, tensor<?xi32>, tensor<5xi32>, tensor<?x2xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) {
+  // expected-error @+1 {{expert_offsets dimension 0 (experts + 1) must be 5, but is 4}}
+  %d:4 = moe.dispatch %x, %ids : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<?x8xbf16>, tensor<4xi32>, tensor<4xi32>, tensor<?x2xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) {
+  // expected-error @+1 {{rows must have rank 2 (tokens x top-k), but has type 'tensor<?xi32>'}}
+  %d:4 = moe.dispatch %x, %ids : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<?x8xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<bf16>) {
+  // expected-error @+1 {{quantized data must have rank 1 or more}}
+  %d, %s = moe.quantize %x {scheme = #moe.quant<kind = mxfp8>} : (tensor<bf16>) -> (tensor<f8E4M3FN>, tensor<f8E8M0FNU>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x64xbf16>) {
+  // expected-error @+1 {{input shape [?, 64] differs from the quantized data's [?, 32]}}
+  %d, %s = moe.quantize %x {scheme = #moe.quant<kind = mxfp8>} : (tensor<?x64xbf16>) -> (tensor<?x32xf8E4M3FN>, tensor<?x1xf8E8M0FNU>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<4x?xbf16>) {
+  // expected-error @+1 {{the quantized (last) dimension must be static and positive}}
+  %d, %s = moe.quantize %x {scheme = #moe.quant<kind = mxfp8>} : (tensor<4x?xbf16>) -> (tensor<4x?xf8E4M3FN>, tensor<4x?xf8E8M0FNU>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x65xbf16>) {
+  // expected-error @+1 {{scales must have shape [?, 3] for mxfp8 blocks of 32 along the last dimension of [?, 65], but has [?, 2]}}
+  %d, %s = moe.quantize %x {scheme = #moe.quant<kind = mxfp8>} : (tensor<?x65xbf16>) -> (tensor<?x65xf8E4M3FN>, tensor<?x2xf8E8M0FNU>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x128xbf16>) {
+  // expected-error @+1 {{scales must hold 'f32' scales for fp8_block128, but holds 'f8E8M0FNU'}}
+  %d, %s = moe.quantize %x {scheme = #moe.quant<kind = fp8_block128>} : (tensor<?x128xbf16>) -> (tensor<?x128xf8E4M3FN>, tensor<?x1xf8E8M0FNU>)
+  return
+}
+
+// -----
+
+func.func @f(%d: tensor<2x32xf8E4M3FN>, %s: tensor<2x1xf8E8M0FNU>) {
+  // expected-error @+1 {{output shape [2, 64] differs from the quantized data's [2, 32]}}
+  %r = moe.dequantize %d, %s {scheme = #moe.quant<kind = mxfp8>} : (tensor<2x32xf8E4M3FN>, tensor<2x1xf8E8M0FNU>) -> tensor<2x64xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x?xbf16>, %b: tensor<4x32x64xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>) {
+  // expected-error @+1 {{lhs dimension 1 (K) must be static}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) : (tensor<?x?xbf16>, tensor<4x32x64xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x32xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>) {
+  // expected-error @+1 {{rhs dimension 2 (K) must be 64, but is 32}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) : (tensor<?x64xbf16>, tensor<4x32x32xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x64xbf16>, %c: tensor<3xi32>, %o: tensor<5xi32>) {
+  // expected-error @+1 {{tokens_per_expert dimension 0 (experts) must be 4, but is 3}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) : (tensor<?x64xbf16>, tensor<4x32x64xbf16>, tensor<3xi32>, tensor<5xi32>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x64xbf16>, %c: tensor<4xi32>, %o: tensor<4xi32>) {
+  // expected-error @+1 {{expert_offsets dimension 0 (experts + 1) must be 5, but is 4}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) : (tensor<?x64xbf16>, tensor<4x32x64xbf16>, tensor<4xi32>, tensor<4xi32>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x64xbf16>) {
+  // expected-error @+1 {{rhs must have rank 2 (N x K), but has type 'tensor<4x32x64xbf16>'}}
+  %y = moe.grouped_matmul %a, %b : (tensor<?x64xbf16>, tensor<4x32x64xbf16>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x64xf8E4M3FN>, %c: tensor<4xi32>, %o: tensor<5xi32>) {
+  // expected-error @+1 {{lhs and rhs must have the same element type, but are 'bf16' and 'f8E4M3FN'}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) : (tensor<?x64xbf16>, tensor<4x32x64xf8E4M3FN>, tensor<4xi32>, tensor<5xi32>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xf8E4M3FN>, %b: tensor<4x32x64xf8E4M3FN>, %c: tensor<4xi32>, %o: tensor<5xi32>) {
+  // expected-error @+1 {{f8E4M3FN operands need scales(lhs_scale, rhs_scale)}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) : (tensor<?x64xf8E4M3FN>, tensor<4x32x64xf8E4M3FN>, tensor<4xi32>, tensor<5xi32>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x64xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>, %as: tensor<?x2xf8E8M0FNU>, %bs: tensor<4x32x2xf8E8M0FNU>) {
+  // expected-error @+1 {{scales are given for bf16 operands}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) scales(%as, %bs) : (tensor<?x64xbf16>, tensor<4x32x64xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x2xf8E8M0FNU>, tensor<4x32x2xf8E8M0FNU>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xf8E4M3FN>, %b: tensor<4x32x64xf8E4M3FN>, %c: tensor<4xi32>, %o: tensor<5xi32>, %as: tensor<?x2xf8E8M0FNU>, %bs: tensor<4x32x1xf32>) {
+  // expected-error @+1 {{lhs_scale and rhs_scale must use one scheme, but hold 'f8E8M0FNU' and 'f32'}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) scales(%as, %bs) : (tensor<?x64xf8E4M3FN>, tensor<4x32x64xf8E4M3FN>, tensor<4xi32>, tensor<5xi32>, tensor<?x2xf8E8M0FNU>, tensor<4x32x1xf32>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xf8E4M3FN>, %b: tensor<4x32x64xf8E4M3FN>, %c: tensor<4xi32>, %o: tensor<5xi32>, %as: tensor<?x2xf32>, %bs: tensor<4x1x1xf32>) {
+  // expected-error @+1 {{lhs_scale must have shape [?, 1] for fp8_block128 blocks of 128 along the last dimension of [?, 64], but has [?, 2]}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) scales(%as, %bs) : (tensor<?x64xf8E4M3FN>, tensor<4x32x64xf8E4M3FN>, tensor<4xi32>, tensor<5xi32>, tensor<?x2xf32>, tensor<4x1x1xf32>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xf8E4M3FN>, %b: tensor<4x32x64xf8E4M3FN>, %c: tensor<4xi32>, %o: tensor<5xi32>, %as: tensor<?x2xf8E8M0FNU>, %bs: tensor<4x32x1xf8E8M0FNU>) {
+  // expected-error @+1 {{rhs_scale must have shape [4, 32, 2] for mxfp8 blocks of 32 along the last dimension of [4, 32, 64], but has [4, 32, 1]}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) scales(%as, %bs) : (tensor<?x64xf8E4M3FN>, tensor<4x32x64xf8E4M3FN>, tensor<4xi32>, tensor<5xi32>, tensor<?x2xf8E8M0FNU>, tensor<4x32x1xf8E8M0FNU>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x64xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>, %bias: tensor<4x64xf32>) {
+  // expected-error @+1 {{bias dimension 1 (N) must be 32, but is 64}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) bias %bias : (tensor<?x64xbf16>, tensor<4x32x64xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<4x64xf32>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x33x64xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>) {
+  // expected-error @+1 {{a gated activation needs an even N (gate columns, then up columns), but N is 33}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) {activation = #moe.activation<kind = swiglu>} : (tensor<?x64xbf16>, tensor<4x33x64xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<?x16xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x64xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>) {
+  // expected-error @+1 {{result dimension 1 (N) must be 16, but is 32}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) {activation = #moe.activation<kind = swiglu>} : (tensor<?x64xbf16>, tensor<4x32x64xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x64xbf16>, %c: tensor<4xi32>) {
+  // expected-error @+1 {{tokens_per_expert and expert_offsets must be given together}}
+  %y = "moe.grouped_matmul"(%a, %b, %c) <{operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0>}> : (tensor<?x64xbf16>, tensor<4x32x64xbf16>, tensor<4xi32>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xf8E4M3FN>, %b: tensor<32x64xf8E4M3FN>, %s: tensor<?x2xf8E8M0FNU>) {
+  // expected-error @+1 {{lhs_scale and rhs_scale must be given together}}
+  %y = "moe.grouped_matmul"(%a, %b, %s) <{operandSegmentSizes = array<i32: 1, 1, 0, 0, 1, 0, 0>}> : (tensor<?x64xf8E4M3FN>, tensor<32x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%e: tensor<8xbf16>, %r: tensor<?x2xi32>) {
+  // expected-error @+1 {{expert_out must have rank 2 (rows x hidden), but has type 'tensor<8xbf16>'}}
+  %y = moe.combine %e, %r : (tensor<8xbf16>, tensor<?x2xi32>) -> tensor<?x8xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%e: tensor<?x8xbf16>, %r: tensor<?x?xi32>) {
+  // expected-error @+1 {{rows dimension 1 (top-k) must be static}}
+  %y = moe.combine %e, %r : (tensor<?x8xbf16>, tensor<?x?xi32>) -> tensor<?x8xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%e: tensor<?x8xbf16>, %r: tensor<?x2xi32>, %w: tensor<?x1xf32>) {
+  // expected-error @+1 {{weights dimension 1 (top-k) must be 2, but is 1}}
+  %y = moe.combine %e, %r weights %w : (tensor<?x8xbf16>, tensor<?x2xi32>, tensor<?x1xf32>) -> tensor<?x8xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%e: tensor<?x8xbf16>, %r: tensor<?x2xi32>, %s: tensor<?x16xbf16>) {
+  // expected-error @+1 {{shared dimension 1 (hidden) must be 8, but is 16}}
+  %y = moe.combine %e, %r shared %s : (tensor<?x8xbf16>, tensor<?x2xi32>, tensor<?x16xbf16>) -> tensor<?x8xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%e: tensor<?x8xbf16>, %r: tensor<?x2xi32>, %s: tensor<?x8xbf16>, %g: tensor<?x8xbf16>) {
+  // expected-error @+1 {{gate dimension 1 (one gate) must be 1, but is 8}}
+  %y = moe.combine %e, %r shared %s gate %g : (tensor<?x8xbf16>, tensor<?x2xi32>, tensor<?x8xbf16>, tensor<?x8xbf16>) -> tensor<?x8xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%e: tensor<?x8xbf16>, %r: tensor<2x2xi32>) {
+  // expected-error @+1 {{result dimension 0 (tokens) must be 2, but is 3}}
+  %y = moe.combine %e, %r : (tensor<?x8xbf16>, tensor<2x2xi32>) -> tensor<3x8xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%e: tensor<?x8xbf16>, %r: tensor<?x2xi32>, %g: tensor<?x1xbf16>) {
+  // expected-error @+1 {{a gate needs the shared experts' output}}
+  %y = "moe.combine"(%e, %r, %g) <{operandSegmentSizes = array<i32: 1, 1, 0, 0, 1>}> : (tensor<?x8xbf16>, tensor<?x2xi32>, tensor<?x1xbf16>) -> tensor<?x8xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%q: tensor<?x8x64xbf16>, %k: tensor<1x?x2x64xbf16>, %v: tensor<1x?x2x32xbf16>) {
+  // expected-error @+1 {{query must have rank 4 (batch x query positions x query heads x head size), but has type 'tensor<?x8x64xbf16>'}}
+  %o = moe.attention %q, %k, %v : (tensor<?x8x64xbf16>, tensor<1x?x2x64xbf16>, tensor<1x?x2x32xbf16>) -> tensor<1x?x8x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%q: tensor<1x?x8x64xbf16>, %k: tensor<1x?x2x32xbf16>, %v: tensor<1x?x2x32xbf16>) {
+  // expected-error @+1 {{key dimension 3 (head size) must be 64, but is 32}}
+  %o = moe.attention %q, %k, %v : (tensor<1x?x8x64xbf16>, tensor<1x?x2x32xbf16>, tensor<1x?x2x32xbf16>) -> tensor<1x?x8x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%q: tensor<1x?x8x64xbf16>, %k: tensor<2x?x2x64xbf16>, %v: tensor<1x?x2x32xbf16>) {
+  // expected-error @+1 {{key dimension 0 (batch) must be 1, but is 2}}
+  %o = moe.attention %q, %k, %v : (tensor<1x?x8x64xbf16>, tensor<2x?x2x64xbf16>, tensor<1x?x2x32xbf16>) -> tensor<1x?x8x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%q: tensor<1x?x8x64xbf16>, %k: tensor<1x?x2x64xbf16>, %v: tensor<1x?x4x32xbf16>) {
+  // expected-error @+1 {{value dimension 2 (key/value heads) must be 2, but is 4}}
+  %o = moe.attention %q, %k, %v : (tensor<1x?x8x64xbf16>, tensor<1x?x2x64xbf16>, tensor<1x?x4x32xbf16>) -> tensor<1x?x8x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%q: tensor<1x?x8x64xbf16>, %k: tensor<1x?x2x64xbf16>, %v: tensor<1x?x2x32xbf16>) {
+  // expected-error @+1 {{result dimension 3 (value head size) must be 32, but is 64}}
+  %o = moe.attention %q, %k, %v : (tensor<1x?x8x64xbf16>, tensor<1x?x2x64xbf16>, tensor<1x?x2x32xbf16>) -> tensor<1x?x8x64xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%q: tensor<1x?x8x64xbf16>, %k: tensor<1x?x3x64xbf16>, %v: tensor<1x?x3x32xbf16>) {
+  // expected-error @+1 {{query heads (8) must be a multiple of key/value heads (3)}}
+  %o = moe.attention %q, %k, %v : (tensor<1x?x8x64xbf16>, tensor<1x?x3x64xbf16>, tensor<1x?x3x32xbf16>) -> tensor<1x?x8x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%q: tensor<1x?x8x64xbf16>, %k: tensor<1x?x2x64xbf16>, %v: tensor<1x?x2x32xbf16>) {
+  // expected-error @+1 {{scale must be a positive finite number}}
+  %o = moe.attention %q, %k, %v {scale = -1.0 : f32} : (tensor<1x?x8x64xbf16>, tensor<1x?x2x64xbf16>, tensor<1x?x2x32xbf16>) -> tensor<1x?x8x32xbf16>
+  return
+}
