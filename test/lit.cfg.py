@@ -16,6 +16,7 @@ config.substitutions.append(("%moe_src_root", config.moe_src_root))
 config.substitutions.append(("%python", config.python_executable))
 
 llvm_config.with_system_environment(["HOME", "PATH", "PYTHONPATH"])
+llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 llvm_config.use_default_substitutions()
 llvm_config.add_tool_substitutions(
-    ["moe-opt"], [config.moe_tools_dir, config.llvm_tools_dir])
+    ["moe-opt", "moe-compile"], [config.moe_tools_dir, config.llvm_tools_dir])

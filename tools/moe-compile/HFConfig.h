@@ -1,0 +1,19 @@
+//===- HFConfig.h - MoE layers from HuggingFace config.json ----*- C++ -*-===//
+
+#ifndef MOE_TOOLS_MOE_COMPILE_HFCONFIG_H
+#define MOE_TOOLS_MOE_COMPILE_HFCONFIG_H
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/OwningOpRef.h"
+
+namespace mlir::moe {
+/// Builds a module holding one function, `name` (default:
+/// `<model_type>_moe`), whose body is the MoE layer
+/// that the HuggingFace `config.json` text describes, read the way the
+/// model's own code reads it. Returns null after emitting a diagnostic at
+/// `path` that names the missing or unsupported field.
+OwningOpRef<ModuleOp> importHFConfig(MLIRContext &context, StringRef path,
+                                     StringRef json, StringRef name);
+} // namespace mlir::moe
+
+#endif // MOE_TOOLS_MOE_COMPILE_HFCONFIG_H
