@@ -1,0 +1,122 @@
+//===- AllToAll.cpp - All-to-all with a size per peer (MoE dispatch) ------===//
+//
+// Step 1: every rank writes its row of byte counts into slot [rank] of every
+// rank's count matrix. Step 2: with the whole matrix known, every rank derives
+// where its bytes go in each receiver (packed by source rank) and writes
+// them. Each step's arrivals are counted under their own counter: a write of
+// the next call's step 1 may overtake this call's step 2 on the wire.
+//
+//===----------------------------------------------------------------------===//
+#include "Communicator.h"
+
+namespace moe::transport {
+
+Status Communicator::allToAllV(const uint64_t *sendOffsets,
+                               const uint64_t *sendBytes, uint64_t *recvOffsets,
+                               uint64_t *recvBytes, int timeoutMs) {
+  if (Status status = checkUsable(); status.failed())
+    return status;
+  if (!sendOffsets || !sendBytes || !recvOffsets || !recvBytes)
+    return makeError(MOE_TRANSPORT_ERR_INVALID_ARGUMENT,
+                     "all-to-all: offset and size arrays must not be null");
+  for (int peer = 0; peer < worldSize_; ++peer)
+    if (sendOffsets[peer] > sendRegion_.bytes ||
+        sendBytes[peer] > sendRegion_.bytes - sendOffsets[peer])
+      return makeError(MOE_TRANSPORT_ERR_OUT_OF_BOUNDS,
+                       "all-to-all: %llu bytes at offset %llu for rank %d run "
+                       "past the send buffer (%zu bytes)",
+                       (unsigned long long)sendBytes[peer],
+                       (unsigned long long)sendOffsets[peer], peer,
+                       sendRegion_.bytes);
+
+  Clock::time_point deadline = deadlineAfter(timeoutMs);
+  // Once step 1 has started, ranks disagree on what arrived if this rank
+  // stops early: later calls must fail too rather than miscount.
+  auto abandon = [&](Status status) {
+    fail(status);
+    return status;
+  };
+  // Peers in a rotated order so that not every rank targets rank 0 first.
+  auto peerAt = [&](int step) { return (rank_ + step) % worldSize_; };
+
+  uint64_t *row = countsOut();
+  for (int peer = 0; peer < worldSize_; ++peer)
+    row[peer] = sendBytes[peer];
+  for (int step = 0; step < worldSize_; ++step) {
+    moe_transport_command_t command = {};
+    command.kind = kWriteControl;
+    command.peer = static_cast<uint32_t>(peerAt(step));
+    command.length = worldSize_ * sizeof(uint64_t);
+    command.remote_offset = countsInOffset(rank_);
+    command.counter = MOE_TRANSPORT_COUNTER_ALLTOALL_COUNTS;
+    if (Status status = enqueue(command, deadline, timeoutMs); status.failed())
+      return abandon(status);
+  }
+  for (uint64_t &expected : expectedCounts_)
+    ++expected;
+  if (Status status =
+          waitForAll(MOE_TRANSPORT_COUNTER_ALLTOALL_COUNTS, expectedCounts_,
+                     deadline, timeoutMs, "all-to-all counts");
+      status.failed())
+    return abandon(status);
+
+  // bytesFrom(source, target): what source sends target.
+  const uint64_t *matrix = countsIn();
+  auto bytesFrom = [&](int source, int target) {
+    return matrix[static_cast<size_t>(source) * worldSize_ + target];
+  };
+  // Every rank sees the same matrix, so every rank rejects an overflow alike.
+  for (int target = 0; target < worldSize_; ++target) {
+    uint64_t total = 0;
+    for (int source = 0; source < worldSize_; ++source)
+      total += bytesFrom(source, target);
+    if (total > peers_[target].recv_bytes)
+      return makeError(MOE_TRANSPORT_ERR_OUT_OF_BOUNDS,
+                       "all-to-all: rank %d would receive %llu bytes but its "
+                       "receive buffer holds %llu",
+                       target, (unsigned long long)total,
+                       (unsigned long long)peers_[target].recv_bytes);
+  }
+  uint64_t offset = 0;
+  for (int source = 0; source < worldSize_; ++source) {
+    recvOffsets[source] = offset;
+    recvBytes[source] = bytesFrom(source, rank_);
+    offset += recvBytes[source];
+  }
+
+  for (int step = 0; step < worldSize_; ++step) {
+    int peer = peerAt(step);
+    uint64_t remoteOffset = 0;
+    for (int source = 0; source < rank_; ++source)
+      remoteOffset += bytesFrom(source, peer);
+    // At least one write per peer, so a receiver of nothing still hears.
+    uint64_t sent = 0;
+    size_t chunks = chunkCount(sendBytes[peer]);
+    for (size_t chunk = 0; chunk < chunks; ++chunk) {
+      moe_transport_command_t command = {};
+      command.kind = MOE_TRANSPORT_CMD_WRITE;
+      command.peer = static_cast<uint32_t>(peer);
+      command.src_offset = sendOffsets[peer] + sent;
+      command.length = std::min(chunkBytes_, sendBytes[peer] - sent);
+      command.remote_offset = remoteOffset + sent;
+      command.counter = MOE_TRANSPORT_COUNTER_ALLTOALL_PAYLOAD;
+      if (Status status = enqueue(command, deadline, timeoutMs);
+          status.failed())
+        return abandon(status);
+      sent += command.length;
+    }
+  }
+  for (int source = 0; source < worldSize_; ++source)
+    expectedPayload_[source] += chunkCount(bytesFrom(source, rank_));
+  if (Status status =
+          waitForAll(MOE_TRANSPORT_COUNTER_ALLTOALL_PAYLOAD, expectedPayload_,
+                     deadline, timeoutMs, "all-to-all payload");
+      status.failed())
+    return abandon(status);
+  // The caller may refill the send buffer (and our count row) on return.
+  if (Status status = flush(timeoutMs); status.failed())
+    return abandon(status);
+  return Status::ok();
+}
+
+} // namespace moe::transport

@@ -1,0 +1,199 @@
+//===- Communicator.h - One rank: buffers, fabric and proxy ----*- C++ -*-===//
+//
+// The producer side (the C API's caller; a kernel in production) posts
+// commands and waits on counters. The proxy thread (Proxy.cpp) is the only
+// user of the endpoint once it runs: it issues writes, reads the CQ, counts
+// arrivals per source rank, sends heartbeats and declares silent peers lost.
+// The two sides share only the ring and the atomics marked "shared".
+//
+//===----------------------------------------------------------------------===//
+#ifndef MOE_TRANSPORT_COMMUNICATOR_H
+#define MOE_TRANSPORT_COMMUNICATOR_H
+
+#include "Fabric.h"
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace moe::transport {
+
+using Clock = std::chrono::steady_clock;
+
+/// Command kind for the library's own region; never accepted from callers.
+constexpr uint32_t kWriteControl = 0x100;
+
+/// The 32-bit immediate: source rank, what the write means, and for data the
+/// counter it is counted under.
+enum class ImmediateKind : uint32_t { Data = 1, Barrier = 2, Heartbeat = 3 };
+
+inline uint32_t encodeImmediate(uint32_t source, ImmediateKind kind,
+                                uint32_t counter) {
+  return source << 16 | static_cast<uint32_t>(kind) << 12 | counter;
+}
+
+/// Yields first, then sleeps longer the longer a poll loop has been idle,
+/// so many ranks can share a few cores without a busy loop starving them.
+void idlePause(Clock::duration idleFor);
+
+class Communicator {
+public:
+  static Status open(const moe_transport_config_t &config,
+                     std::unique_ptr<Communicator> &out);
+  ~Communicator();
+  /// Stops the proxy; false if it is stuck in a provider call that never
+  /// returns (a peer died holding a lock), in which case nothing may be freed.
+  bool stopProxy();
+
+  moe_transport_peer_info_t localInfo() const;
+  Status connect(const moe_transport_peer_info_t *peers);
+  Status bootstrap(const char *host, int port, int listenFd);
+
+  // Producer side.
+  Status post(const moe_transport_command_t &command, int timeoutMs);
+  uint64_t arrivals(int peer, uint32_t counter) const;
+  Status waitArrivals(int peer, uint32_t counter, uint64_t target,
+                      int timeoutMs);
+  Status flush(int timeoutMs);
+  Status barrier(int timeoutMs);
+  Status allToAllV(const uint64_t *sendOffsets, const uint64_t *sendBytes,
+                   uint64_t *recvOffsets, uint64_t *recvBytes, int timeoutMs);
+
+  int rank() const { return rank_; }
+  int worldSize() const { return worldSize_; }
+  const Fabric &fabric() const { return fabric_; }
+  void *sendBuffer() const { return sendRegion_.base; }
+  void *recvBuffer() const { return recvRegion_.base; }
+  moe_transport_ring_t *ring() { return &ring_; }
+
+private:
+  Communicator() = default;
+
+  Status checkUsable() const;
+  Status validate(const moe_transport_command_t &command) const;
+  /// Validates and enqueues, waiting for ring space until deadline.
+  Status enqueue(const moe_transport_command_t &command,
+                 Clock::time_point deadline, int timeoutMs);
+  Clock::time_point deadlineAfter(int timeoutMs) const;
+  int effectiveTimeout(int timeoutMs) const {
+    return timeoutMs < 0 ? timeoutMs_ : timeoutMs;
+  }
+  /// Polls ready() until it holds, the communicator fails, or the deadline.
+  template <typename Ready, typename DescribeTimeout>
+  Status waitFor(Clock::time_point deadline, Ready ready,
+                 DescribeTimeout describeTimeout);
+  /// Waits until every peer's arrivals under counter reach expected[peer].
+  Status waitForAll(uint32_t counter, const std::vector<uint64_t> &expected,
+                    Clock::time_point deadline, int timeoutMs,
+                    const char *what);
+  /// Records the first failure; later waits report it.
+  void fail(const Status &status);
+  /// Fails the communicator if the proxy has made no progress for the peer
+  /// timeout, naming the peer it is stuck on or a local peer that is gone.
+  void checkProxyAlive(Clock::time_point now);
+  /// A peer on this host whose process no longer exists, or -1.
+  int deadLocalPeer() const;
+  Status failure() const;
+  std::atomic<uint64_t> &arrivalCounter(int peer, uint32_t counter) const {
+    return arrivals_[static_cast<size_t>(peer) * MOE_TRANSPORT_NUM_COUNTERS +
+                     counter];
+  }
+  uint64_t *countsOut() const {
+    return static_cast<uint64_t *>(controlRegion_.base);
+  }
+  uint64_t *countsIn() const { return countsOut() + worldSize_; }
+  uint64_t countsInOffset(int source) const {
+    return (worldSize_ + static_cast<uint64_t>(source) * worldSize_) *
+           sizeof(uint64_t);
+  }
+  size_t chunkCount(uint64_t bytes) const {
+    return bytes == 0 ? 1 : (bytes + chunkBytes_ - 1) / chunkBytes_;
+  }
+
+  // Proxy thread (Proxy.cpp).
+  struct Operation {
+    fi_context2 context; // first: the provider hands back its address
+    int peer;
+  };
+  void runProxy();
+  bool pollCompletions();
+  bool issueCommands();
+  bool issueParts();
+  /// Posts one write; false if the endpoint is busy and it must be retried.
+  bool issueWrite(int peer, const Region &source, uint64_t srcOffset,
+                  uint64_t length, bool toControl, uint64_t remoteOffset,
+                  uint32_t immediate);
+  void copyToSelf(const moe_transport_command_t &command);
+  void sendHeartbeats(Clock::time_point now);
+  void checkPeers(Clock::time_point now);
+  void markLost(int peer, const std::string &why);
+
+  // Configuration and resources.
+  int rank_ = 0;
+  int worldSize_ = 0;
+  int timeoutMs_ = 0;
+  int peerTimeoutMs_ = 0;
+  uint64_t chunkBytes_ = 0;
+  Fabric fabric_;
+  Region sendRegion_, recvRegion_, controlRegion_;
+  std::vector<void *> ownedBuffers_;
+  std::vector<moe_transport_peer_info_t> peers_;
+  std::vector<moe_transport_command_t> slots_;
+  bool connected_ = false;
+
+  // Shared between producer and proxy ("host-mapped").
+  moe_transport_ring_t ring_ = {};
+  std::atomic<uint64_t> commandsCompleted_{0};
+  std::unique_ptr<std::atomic<uint64_t>[]> arrivals_;
+  std::unique_ptr<std::atomic<uint64_t>[]> barriers_;
+  std::unique_ptr<std::atomic<bool>[]> lost_;
+  std::atomic<int> failedCode_{MOE_TRANSPORT_OK};
+  mutable std::mutex failureMutex_;
+  Status failure_;
+  std::atomic<bool> stopProxy_{false};
+  std::atomic<bool> proxyExited_{false};
+  std::thread proxy_;
+  // When the proxy last went round its loop, and whom it is calling into.
+  std::atomic<int64_t> proxyTickNs_{0};
+  std::atomic<int> proxyWritingTo_{-1};
+
+  // Producer only.
+  uint64_t commandsPosted_ = 0;
+  uint64_t barrierGeneration_ = 0;
+  std::vector<uint64_t> expectedCounts_, expectedPayload_;
+
+  // Proxy only.
+  moe_transport_command_t current_ = {};
+  bool hasCurrent_ = false;
+  int nextPart_ = 0;
+  uint64_t commandsConsumed_ = 0;
+  std::vector<Operation> operations_;
+  std::vector<Operation *> freeOperations_;
+  std::vector<Clock::time_point> lastHeard_;
+  Clock::time_point lastHeartbeat_;
+};
+
+template <typename Ready, typename DescribeTimeout>
+Status Communicator::waitFor(Clock::time_point deadline, Ready ready,
+                             DescribeTimeout describeTimeout) {
+  Clock::time_point start = Clock::now();
+  for (;;) {
+    // Success first: data that landed before a failure still counts.
+    if (ready())
+      return Status::ok();
+    if (failedCode_.load(std::memory_order_acquire) != MOE_TRANSPORT_OK)
+      return failure();
+    Clock::time_point now = Clock::now();
+    checkProxyAlive(now);
+    if (now >= deadline)
+      return Status::error(MOE_TRANSPORT_ERR_TIMEOUT, describeTimeout());
+    idlePause(now - start);
+  }
+}
+
+} // namespace moe::transport
+
+#endif // MOE_TRANSPORT_COMMUNICATOR_H

@@ -1,0 +1,401 @@
+//===- MultiRankTest.cpp - Ranks as processes on loopback -----------------===//
+//
+// The parent never initializes libfabric (so FI_PROVIDER set in a child takes
+// effect); every rank is a forked child that reports through the Board.
+//
+//===----------------------------------------------------------------------===//
+#include "RankHarness.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+using namespace moe::transport::testing;
+
+namespace {
+
+/// A rank that fails a transport call reports the status and the message.
+#define RANK_CHECK(context, call)                                              \
+  do {                                                                         \
+    moe_transport_status_t status_ = (call);                                   \
+    if (status_ != MOE_TRANSPORT_OK)                                           \
+      return (context).fail(status_, "rank %d: %s: %s", (context).rank, #call, \
+                            moe_transport_last_error());                       \
+  } while (0)
+
+struct AllToAllRun {
+  int iterations;
+  uint64_t maxBytes; // per peer
+  uint32_t ringCapacity;
+};
+
+/// Runs all-to-alls with per-peer random sizes and checks every byte.
+int allToAllRank(RankContext &context, const Provider &provider,
+                 const AllToAllRun &run) {
+  int world = context.worldSize, me = context.rank;
+  moe_transport_config_t config;
+  moe_transport_config_init(&config);
+  config.send_bytes = world * run.maxBytes + 1;
+  config.recv_bytes = world * run.maxBytes + 1;
+  config.ring_capacity = run.ringCapacity;
+  config.timeout_ms = 20000;
+  moe_transport_t *transport = nullptr;
+  RANK_CHECK(context, context.open(provider, config, &transport));
+  auto *send = static_cast<uint8_t *>(moe_transport_send_buffer(transport));
+  auto *recv = static_cast<uint8_t *>(moe_transport_recv_buffer(transport));
+  std::vector<uint64_t> sendOffsets(world), sendBytes(world),
+      recvOffsets(world), recvBytes(world);
+  const uint64_t seed = 0x5eed;
+  for (int iteration = 0; iteration < run.iterations; ++iteration) {
+    for (int peer = 0; peer < world; ++peer) {
+      sendOffsets[peer] = peer * run.maxBytes;
+      sendBytes[peer] = payloadSize(seed, iteration, me, peer, run.maxBytes);
+      for (uint64_t i = 0; i < sendBytes[peer]; ++i)
+        send[sendOffsets[peer] + i] = payloadByte(me, peer, iteration, i);
+    }
+    RANK_CHECK(context, moe_transport_alltoallv(
+                            transport, sendOffsets.data(), sendBytes.data(),
+                            recvOffsets.data(), recvBytes.data(), -1));
+    uint64_t packed = 0;
+    for (int source = 0; source < world; ++source) {
+      uint64_t expected =
+          payloadSize(seed, iteration, source, me, run.maxBytes);
+      if (recvBytes[source] != expected || recvOffsets[source] != packed)
+        return context.fail(
+            kCheckFailed,
+            "rank %d iteration %d: from rank %d got %llu bytes "
+            "at %llu, expected %llu at %llu",
+            me, iteration, source, (unsigned long long)recvBytes[source],
+            (unsigned long long)recvOffsets[source],
+            (unsigned long long)expected, (unsigned long long)packed);
+      for (uint64_t i = 0; i < expected; ++i)
+        if (recv[packed + i] != payloadByte(source, me, iteration, i))
+          return context.fail(kCheckFailed,
+                              "rank %d iteration %d: byte %llu from rank %d "
+                              "is wrong",
+                              me, iteration, (unsigned long long)i, source);
+      packed += expected;
+    }
+    context.board->progress[me].fetch_add(1);
+  }
+  RANK_CHECK(context, moe_transport_barrier(transport, -1));
+  moe_transport_close(transport);
+  return 0;
+}
+
+void expectAllSucceeded(const std::vector<RankOutcome> &outcomes) {
+  for (size_t rank = 0; rank < outcomes.size(); ++rank) {
+    EXPECT_FALSE(outcomes[rank].timedOut) << "rank " << rank << " hung";
+    EXPECT_EQ(outcomes[rank].exitCode, 0)
+        << "rank " << rank << ": " << outcomes[rank].message;
+  }
+}
+
+class ProviderTest : public ::testing::TestWithParam<Provider> {};
+
+std::string providerName(const ::testing::TestParamInfo<Provider> &info) {
+  return info.param.label;
+}
+
+//===--- all-to-all with random per-peer sizes ----------------------------===//
+
+class AllToAllTest
+    : public ::testing::TestWithParam<std::tuple<Provider, int>> {};
+
+TEST_P(AllToAllTest, RandomSizesArriveByteForByte) {
+  Provider provider = std::get<0>(GetParam());
+  int ranks = std::get<1>(GetParam());
+  AllToAllRun run = {8, 48 * 1024, 64};
+  expectAllSucceeded(runRanks(ranks, ranks, 60000, [&](RankContext &context) {
+    return allToAllRank(context, provider, run);
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Transport, AllToAllTest,
+    ::testing::Combine(::testing::Values(kTcp, kShm),
+                       ::testing::Values(2, 4, 8)),
+    [](const ::testing::TestParamInfo<std::tuple<Provider, int>> &info) {
+      return std::string(std::get<0>(info.param).label) + "_" +
+             std::to_string(std::get<1>(info.param)) + "ranks";
+    });
+
+//===--- stress: many iterations through a small ring ---------------------===//
+
+TEST_P(ProviderTest, ThousandsOfAllToAllsThroughASmallRing) {
+  Provider provider = GetParam();
+  // A ring of 4 commands is full most of the time; iterations overlap on the
+  // wire, so next-iteration counts overtake this iteration's payload.
+  AllToAllRun run = {2000, 192, 4};
+  std::vector<RankOutcome> outcomes =
+      runRanks(4, 4, 60000, [&](RankContext &context) {
+        return allToAllRank(context, provider, run);
+      });
+  expectAllSucceeded(outcomes);
+}
+
+//===--- raw writes through the ring: none lost, none duplicated ----------===//
+
+TEST_P(ProviderTest, RingDeliversEveryWriteExactlyOnce) {
+  Provider provider = GetParam();
+  constexpr int kRanks = 3;
+  constexpr uint64_t kWrites = 1500; // per peer
+  constexpr uint32_t kCounter = 5;
+  auto tag = [](int source, int target, uint64_t index) {
+    return (uint64_t(source) << 48) | (uint64_t(target) << 32) | (index + 1);
+  };
+  expectAllSucceeded(runRanks(kRanks, kRanks, 60000, [&](RankContext &context) {
+    int me = context.rank;
+    moe_transport_config_t config;
+    moe_transport_config_init(&config);
+    config.send_bytes = kRanks * kWrites * sizeof(uint64_t);
+    config.recv_bytes = kRanks * kWrites * sizeof(uint64_t);
+    config.ring_capacity = 8;
+    config.timeout_ms = 20000;
+    moe_transport_t *transport = nullptr;
+    RANK_CHECK(context, context.open(provider, config, &transport));
+    auto *send = static_cast<uint64_t *>(moe_transport_send_buffer(transport));
+    auto *recv = static_cast<uint64_t *>(moe_transport_recv_buffer(transport));
+    for (int peer = 0; peer < kRanks; ++peer)
+      for (uint64_t k = 0; k < kWrites; ++k)
+        send[peer * kWrites + k] = tag(me, peer, k);
+    // Interleave peers so the ring holds writes to all of them at once.
+    for (uint64_t k = 0; k < kWrites; ++k)
+      for (int step = 0; step < kRanks; ++step) {
+        int peer = (me + step) % kRanks;
+        RANK_CHECK(context,
+                   moe_transport_write(
+                       transport, peer, (peer * kWrites + k) * sizeof(uint64_t),
+                       sizeof(uint64_t), (me * kWrites + k) * sizeof(uint64_t),
+                       kCounter, -1));
+      }
+    for (int peer = 0; peer < kRanks; ++peer)
+      RANK_CHECK(context, moe_transport_wait_arrivals(transport, peer, kCounter,
+                                                      kWrites, -1));
+    RANK_CHECK(context, moe_transport_flush(transport, -1));
+    RANK_CHECK(context, moe_transport_barrier(transport, -1));
+    RANK_CHECK(context, moe_transport_barrier(transport, -1));
+    for (int source = 0; source < kRanks; ++source) {
+      uint64_t arrived = moe_transport_arrivals(transport, source, kCounter);
+      if (arrived != kWrites)
+        return context.fail(kCheckFailed,
+                            "rank %d: %llu writes from rank %d, expected %llu",
+                            me, (unsigned long long)arrived, source,
+                            (unsigned long long)kWrites);
+      for (uint64_t k = 0; k < kWrites; ++k)
+        if (recv[source * kWrites + k] != tag(source, me, k))
+          return context.fail(kCheckFailed,
+                              "rank %d: write %llu from rank %d missing", me,
+                              (unsigned long long)k, source);
+    }
+    moe_transport_close(transport);
+    return 0;
+  }));
+}
+
+//===--- addresses handed in by the caller --------------------------------===//
+
+TEST_P(ProviderTest, ConnectsWithAddressesHandedIn) {
+  Provider provider = GetParam();
+  constexpr int kRanks = 2;
+  expectAllSucceeded(runRanks(kRanks, kRanks, 30000, [&](RankContext &context) {
+    if (context.listenFd >= 0)
+      close(context.listenFd);
+    moe_transport_config_t config;
+    moe_transport_config_init(&config);
+    config.rank = context.rank;
+    config.world_size = kRanks;
+    config.provider = provider.name;
+    config.domain = provider.domain;
+    config.send_bytes = config.recv_bytes = 4096;
+    config.timeout_ms = 10000;
+    moe_transport_t *transport = nullptr;
+    RANK_CHECK(context, moe_transport_open(&config, &transport));
+    RANK_CHECK(context, moe_transport_local_info(
+                            transport, &context.board->infos[context.rank]));
+    context.board->infoPublished[context.rank].store(1);
+    for (int peer = 0; peer < kRanks; ++peer)
+      while (!context.board->infoPublished[peer].load())
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    RANK_CHECK(context, moe_transport_connect(transport, context.board->infos));
+    int peer = 1 - context.rank;
+    auto *send = static_cast<uint32_t *>(moe_transport_send_buffer(transport));
+    auto *recv = static_cast<uint32_t *>(moe_transport_recv_buffer(transport));
+    send[0] = 0xC0FFEE00u + context.rank;
+    RANK_CHECK(context, moe_transport_write(transport, peer, 0, 4, 16, 2, -1));
+    RANK_CHECK(context, moe_transport_wait_arrivals(transport, peer, 2, 1, -1));
+    if (recv[4] != 0xC0FFEE00u + peer)
+      return context.fail(kCheckFailed, "rank %d read 0x%x", context.rank,
+                          recv[4]);
+    RANK_CHECK(context, moe_transport_barrier(transport, -1));
+    moe_transport_close(transport);
+    return 0;
+  }));
+}
+
+//===--- faults
+//-------------------------------------------------------------===//
+
+TEST_P(ProviderTest, KilledRankIsNamedByEverySurvivor) {
+  Provider provider = GetParam();
+  constexpr int kRanks = 4, kVictim = 2;
+  std::chrono::steady_clock::time_point killedAt;
+  std::vector<RankOutcome> outcomes = runRanks(
+      kRanks, kRanks, 30000,
+      [&](RankContext &context) {
+        moe_transport_config_t config;
+        moe_transport_config_init(&config);
+        config.send_bytes = config.recv_bytes = kRanks * 1024;
+        config.timeout_ms = 8000;
+        config.peer_timeout_ms = 1000;
+        moe_transport_t *transport = nullptr;
+        RANK_CHECK(context, context.open(provider, config, &transport));
+        std::vector<uint64_t> offsets(kRanks), bytes(kRanks, 512),
+            recvOffsets(kRanks), recvBytes(kRanks);
+        for (int peer = 0; peer < kRanks; ++peer)
+          offsets[peer] = peer * 1024;
+        // Run until the victim's death stops us; the error is the result.
+        for (;;) {
+          moe_transport_status_t status =
+              moe_transport_alltoallv(transport, offsets.data(), bytes.data(),
+                                      recvOffsets.data(), recvBytes.data(), -1);
+          if (status != MOE_TRANSPORT_OK) {
+            context.fail(status, "%s", moe_transport_last_error());
+            moe_transport_close(transport);
+            return static_cast<int>(status);
+          }
+          context.board->progress[context.rank].fetch_add(1);
+        }
+      },
+      [&](const std::vector<pid_t> &pids, Board &board) {
+        // Kill the victim once every rank is well into the run.
+        auto giveUp =
+            std::chrono::steady_clock::now() + std::chrono::seconds(15);
+        for (;;) {
+          bool allRunning = true;
+          for (int rank = 0; rank < kRanks; ++rank)
+            allRunning &= board.progress[rank].load() >= 20;
+          if (allRunning || std::chrono::steady_clock::now() > giveUp)
+            break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+        kill(pids[kVictim], SIGKILL);
+        killedAt = std::chrono::steady_clock::now();
+      });
+  auto elapsed = std::chrono::steady_clock::now() - killedAt;
+  // Detection takes the peer timeout; a proxy stuck in shm adds the bounded
+  // close (2 s).
+  EXPECT_LT(elapsed, std::chrono::seconds(8));
+  EXPECT_EQ(outcomes[kVictim].exitCode, -1) << "the victim was not killed";
+  for (int rank = 0; rank < kRanks; ++rank) {
+    if (rank == kVictim)
+      continue;
+    EXPECT_FALSE(outcomes[rank].timedOut) << "rank " << rank << " hung";
+    EXPECT_EQ(outcomes[rank].exitCode, MOE_TRANSPORT_ERR_PEER_LOST)
+        << "rank " << rank << ": " << outcomes[rank].message;
+    EXPECT_NE(outcomes[rank].message.find("peer rank 2"), std::string::npos)
+        << "rank " << rank << ": " << outcomes[rank].message;
+  }
+}
+
+TEST(BootstrapTest, RankThatNeverConnectsIsNamed) {
+  // A world of 3 where rank 2 never starts.
+  auto start = std::chrono::steady_clock::now();
+  std::vector<RankOutcome> outcomes =
+      runRanks(3, 2, 20000, [&](RankContext &context) {
+        moe_transport_config_t config;
+        moe_transport_config_init(&config);
+        config.send_bytes = config.recv_bytes = 4096;
+        config.timeout_ms = 1500;
+        moe_transport_t *transport = nullptr;
+        moe_transport_status_t status = context.open(kTcp, config, &transport);
+        context.fail(status, "%s", moe_transport_last_error());
+        moe_transport_close(transport);
+        return static_cast<int>(status);
+      });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(8));
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(outcomes[rank].exitCode, MOE_TRANSPORT_ERR_BOOTSTRAP)
+        << outcomes[rank].message;
+    EXPECT_NE(outcomes[rank].message.find("rank 2 never connected"),
+              std::string::npos)
+        << outcomes[rank].message;
+  }
+}
+
+TEST(BootstrapTest, NoRootTimesOut) {
+  // Rank 1 of 2 alone: rank 0 never listens on the (closed) port.
+  std::vector<RankOutcome> outcomes =
+      runRanks(2, 2, 20000, [&](RankContext &context) {
+        if (context.rank == 0) {
+          close(context.listenFd);
+          return 0;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        moe_transport_config_t config;
+        moe_transport_config_init(&config);
+        config.send_bytes = config.recv_bytes = 4096;
+        config.timeout_ms = 500;
+        moe_transport_t *transport = nullptr;
+        moe_transport_status_t status = context.open(kTcp, config, &transport);
+        context.fail(status, "%s", moe_transport_last_error());
+        moe_transport_close(transport);
+        return static_cast<int>(status);
+      });
+  EXPECT_EQ(outcomes[1].exitCode, MOE_TRANSPORT_ERR_BOOTSTRAP);
+  EXPECT_NE(outcomes[1].message.find("rank 0 not reachable"), std::string::npos)
+      << outcomes[1].message;
+}
+
+//===--- provider selection
+//-------------------------------------------------===//
+
+/// Opens a world of one with provider and FI_PROVIDER as given and reports
+/// the provider libfabric picked as the message.
+std::string pickedProvider(const char *provider, const char *environment) {
+  std::vector<RankOutcome> outcomes =
+      runRanks(1, 1, 20000, [&](RankContext &context) {
+        close(context.listenFd);
+        if (environment)
+          setenv("FI_PROVIDER", environment, 1);
+        else
+          unsetenv("FI_PROVIDER");
+        moe_transport_config_t config;
+        moe_transport_config_init(&config);
+        config.provider = provider;
+        config.send_bytes = config.recv_bytes = 4096;
+        moe_transport_t *transport = nullptr;
+        RANK_CHECK(context, moe_transport_open(&config, &transport));
+        context.fail(0, "%s", moe_transport_provider(transport));
+        moe_transport_close(transport);
+        return 0;
+      });
+  EXPECT_EQ(outcomes[0].exitCode, 0) << outcomes[0].message;
+  return outcomes[0].message;
+}
+
+TEST(ProviderSelectionTest, HonoursFiProvider) {
+  EXPECT_EQ(pickedProvider(nullptr, "shm"), "shm");
+  EXPECT_EQ(pickedProvider(nullptr, "tcp;ofi_rxm"), "tcp;ofi_rxm");
+}
+
+TEST(ProviderSelectionTest, DefaultPrefersProductionThenTcp) {
+  std::string picked = pickedProvider(nullptr, nullptr);
+  EXPECT_TRUE(picked == "efa" || picked == "verbs;ofi_rxm" ||
+              picked == "tcp;ofi_rxm")
+      << picked;
+}
+
+TEST(ProviderSelectionTest, ConfigOverridesDefault) {
+  EXPECT_EQ(pickedProvider("shm", nullptr), "shm");
+}
+
+INSTANTIATE_TEST_SUITE_P(Transport, ProviderTest, ::testing::Values(kTcp, kShm),
+                         providerName);
+
+} // namespace

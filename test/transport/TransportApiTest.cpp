@@ -1,0 +1,240 @@
+//===- TransportApiTest.cpp - The C API in one process (world of one) -----===//
+//
+// A world of one still goes through fabric set-up, registration, the ring
+// and the proxy; multi-rank behaviour is in MultiRankTest.cpp.
+//
+//===----------------------------------------------------------------------===//
+#include "moe_transport.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+struct Provider {
+  const char *label;
+  const char *name;
+  const char *domain;
+};
+
+bool contains(const std::string &text, const char *part) {
+  return text.find(part) != std::string::npos;
+}
+
+class TransportApiTest : public ::testing::TestWithParam<Provider> {
+protected:
+  moe_transport_config_t config(size_t bytes, uint32_t ringCapacity = 0) {
+    moe_transport_config_t config;
+    moe_transport_config_init(&config);
+    config.provider = GetParam().name;
+    config.domain = GetParam().domain;
+    config.send_bytes = config.recv_bytes = bytes;
+    config.ring_capacity = ringCapacity;
+    config.timeout_ms = 10000;
+    return config;
+  }
+
+  /// A connected world of one.
+  moe_transport_t *openSelf(const moe_transport_config_t &config) {
+    moe_transport_t *transport = nullptr;
+    EXPECT_EQ(moe_transport_open(&config, &transport), MOE_TRANSPORT_OK)
+        << moe_transport_last_error();
+    if (!transport)
+      return nullptr;
+    moe_transport_peer_info_t self;
+    EXPECT_EQ(moe_transport_local_info(transport, &self), MOE_TRANSPORT_OK);
+    EXPECT_EQ(moe_transport_connect(transport, &self), MOE_TRANSPORT_OK)
+        << moe_transport_last_error();
+    return transport;
+  }
+};
+
+TEST_P(TransportApiTest, OpensTheRequestedProvider) {
+  moe_transport_config_t settings = config(4096);
+  moe_transport_t *transport = openSelf(settings);
+  ASSERT_NE(transport, nullptr);
+  EXPECT_STREQ(moe_transport_provider(transport), GetParam().name);
+  EXPECT_EQ(moe_transport_rank(transport), 0);
+  EXPECT_EQ(moe_transport_world_size(transport), 1);
+  int hmem = moe_transport_hmem_supported(transport);
+  EXPECT_TRUE(hmem == 0 || hmem == 1);
+  RecordProperty("hmem", hmem);
+  moe_transport_close(transport);
+}
+
+TEST_P(TransportApiTest, RejectsBadConfig) {
+  moe_transport_t *transport = nullptr;
+  moe_transport_config_t settings = config(4096);
+  settings.rank = 1;
+  EXPECT_EQ(moe_transport_open(&settings, &transport),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(moe_transport_last_error(), "rank 1 is outside"));
+  EXPECT_EQ(transport, nullptr);
+
+  settings = config(4096, /*ringCapacity=*/12);
+  EXPECT_EQ(moe_transport_open(&settings, &transport),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(moe_transport_last_error(), "power of two"));
+
+  settings = config(0);
+  EXPECT_EQ(moe_transport_open(&settings, &transport),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+
+  settings = config(4096);
+  settings.provider = "no-such-provider";
+  EXPECT_EQ(moe_transport_open(&settings, &transport),
+            MOE_TRANSPORT_ERR_FABRIC);
+  EXPECT_TRUE(contains(moe_transport_last_error(), "no-such-provider"))
+      << moe_transport_last_error();
+}
+
+TEST_P(TransportApiTest, RejectsUseBeforeConnect) {
+  moe_transport_config_t settings = config(4096);
+  moe_transport_t *transport = nullptr;
+  ASSERT_EQ(moe_transport_open(&settings, &transport), MOE_TRANSPORT_OK);
+  EXPECT_EQ(moe_transport_write(transport, 0, 0, 8, 0, 2, 0),
+            MOE_TRANSPORT_ERR_STATE);
+  EXPECT_TRUE(contains(moe_transport_last_error(), "not connected"));
+  moe_transport_close(transport);
+}
+
+TEST_P(TransportApiTest, RejectsBadCommandsBeforeTheRing) {
+  moe_transport_config_t settings = config(4096);
+  moe_transport_t *transport = openSelf(settings);
+  ASSERT_NE(transport, nullptr);
+  moe_transport_ring_t *ring = moe_transport_command_ring(transport);
+  uint64_t headBefore = ring->head;
+
+  EXPECT_EQ(moe_transport_write(transport, 1, 0, 8, 0, 2, 0),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(moe_transport_last_error(), "peer 1 is out of range"))
+      << moe_transport_last_error();
+  EXPECT_EQ(moe_transport_write(transport, -1, 0, 8, 0, 2, 0),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moe_transport_write(transport, 0, 4090, 8, 0, 2, 0),
+            MOE_TRANSPORT_ERR_OUT_OF_BOUNDS);
+  EXPECT_TRUE(contains(moe_transport_last_error(), "past the send buffer"));
+  EXPECT_EQ(moe_transport_write(transport, 0, 0, 8, 4092, 2, 0),
+            MOE_TRANSPORT_ERR_OUT_OF_BOUNDS);
+  EXPECT_TRUE(contains(moe_transport_last_error(), "rank 0's receive buffer"));
+  // Offsets that would wrap around 64 bits.
+  EXPECT_EQ(moe_transport_write(transport, 0, ~0ull - 2, 8, 0, 2, 0),
+            MOE_TRANSPORT_ERR_OUT_OF_BOUNDS);
+  EXPECT_EQ(
+      moe_transport_write(transport, 0, 0, 8, 0, MOE_TRANSPORT_NUM_COUNTERS, 0),
+      MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(moe_transport_last_error(), "counter"));
+  moe_transport_command_t unknown = {};
+  unknown.kind = 77;
+  EXPECT_EQ(moe_transport_post(transport, &unknown, 0),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(moe_transport_wait_arrivals(transport, 3, 0, 1, 0),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  std::vector<uint64_t> offsets = {4000}, bytes = {200}, out1(1), out2(1);
+  EXPECT_EQ(moe_transport_alltoallv(transport, offsets.data(), bytes.data(),
+                                    out1.data(), out2.data(), 0),
+            MOE_TRANSPORT_ERR_OUT_OF_BOUNDS);
+  EXPECT_EQ(moe_transport_post(nullptr, &unknown, 0),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+
+  // Nothing reached the ring, and the communicator is still healthy.
+  EXPECT_EQ(ring->head, headBefore);
+  EXPECT_EQ(moe_transport_barrier(transport, -1), MOE_TRANSPORT_OK)
+      << moe_transport_last_error();
+  moe_transport_close(transport);
+}
+
+TEST_P(TransportApiTest, WaitTimesOutNamingThePeer) {
+  moe_transport_config_t settings = config(4096);
+  moe_transport_t *transport = openSelf(settings);
+  ASSERT_NE(transport, nullptr);
+  EXPECT_EQ(moe_transport_wait_arrivals(transport, 0, 4, 1, 50),
+            MOE_TRANSPORT_ERR_TIMEOUT);
+  EXPECT_TRUE(contains(moe_transport_last_error(), "rank 0"));
+  EXPECT_TRUE(contains(moe_transport_last_error(), "0 of 1"));
+  moe_transport_close(transport);
+}
+
+TEST_P(TransportApiTest, FullRingRejectsAndLosesNothingAccepted) {
+  // Two slots and 1 MiB copies: the producer outruns the proxy.
+  constexpr size_t kBytes = 1 << 20;
+  moe_transport_config_t settings = config(kBytes, /*ringCapacity=*/2);
+  moe_transport_t *transport = openSelf(settings);
+  ASSERT_NE(transport, nullptr);
+  uint64_t accepted = 0, rejected = 0;
+  for (int i = 0; i < 2000 && rejected < 50; ++i) {
+    moe_transport_status_t status =
+        moe_transport_write(transport, 0, 0, kBytes, 0, 3, 0);
+    if (status == MOE_TRANSPORT_OK) {
+      ++accepted;
+    } else {
+      ASSERT_EQ(status, MOE_TRANSPORT_ERR_RING_FULL);
+      EXPECT_TRUE(contains(moe_transport_last_error(), "ring full"));
+      ++rejected;
+    }
+  }
+  EXPECT_GT(rejected, 0u);
+  ASSERT_EQ(moe_transport_wait_arrivals(transport, 0, 3, accepted, -1),
+            MOE_TRANSPORT_OK);
+  ASSERT_EQ(moe_transport_flush(transport, -1), MOE_TRANSPORT_OK);
+  EXPECT_EQ(moe_transport_arrivals(transport, 0, 3), accepted);
+  moe_transport_close(transport);
+}
+
+TEST_P(TransportApiTest, SelfAllToAllCopiesAndPacks) {
+  moe_transport_config_t settings = config(4096);
+  moe_transport_t *transport = openSelf(settings);
+  ASSERT_NE(transport, nullptr);
+  auto *send = static_cast<uint8_t *>(moe_transport_send_buffer(transport));
+  auto *recv = static_cast<uint8_t *>(moe_transport_recv_buffer(transport));
+  for (int iteration = 0; iteration < 3; ++iteration) {
+    uint64_t offset = 100 + iteration, bytes = 1000 + 7 * iteration;
+    for (uint64_t i = 0; i < bytes; ++i)
+      send[offset + i] = static_cast<uint8_t>(i * 31 + iteration);
+    uint64_t recvOffset = 99, recvBytes = 99;
+    ASSERT_EQ(moe_transport_alltoallv(transport, &offset, &bytes, &recvOffset,
+                                      &recvBytes, -1),
+              MOE_TRANSPORT_OK)
+        << moe_transport_last_error();
+    EXPECT_EQ(recvOffset, 0u);
+    EXPECT_EQ(recvBytes, bytes);
+    EXPECT_EQ(memcmp(recv, send + offset, bytes), 0);
+  }
+  moe_transport_close(transport);
+}
+
+TEST_P(TransportApiTest, LastErrorIsPerThread) {
+  moe_transport_config_t settings = config(4096);
+  moe_transport_t *transport = openSelf(settings);
+  ASSERT_NE(transport, nullptr);
+  EXPECT_EQ(moe_transport_write(transport, 5, 0, 8, 0, 2, 0),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  std::string otherThread = "unset";
+  std::thread([&] { otherThread = moe_transport_last_error(); }).join();
+  EXPECT_EQ(otherThread, "");
+  EXPECT_TRUE(contains(moe_transport_last_error(), "peer 5"));
+  EXPECT_EQ(moe_transport_barrier(transport, -1), MOE_TRANSPORT_OK);
+  EXPECT_STREQ(moe_transport_last_error(), "");
+  moe_transport_close(transport);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transport, TransportApiTest,
+                         ::testing::Values(Provider{"tcp", "tcp;ofi_rxm", "lo"},
+                                           Provider{"shm", "shm", nullptr}),
+                         [](const ::testing::TestParamInfo<Provider> &info) {
+                           return std::string(info.param.label);
+                         });
+
+TEST(TransportStatusTest, NamesEveryStatus) {
+  EXPECT_STREQ(moe_transport_status_name(MOE_TRANSPORT_OK), "ok");
+  EXPECT_STREQ(moe_transport_status_name(MOE_TRANSPORT_ERR_PEER_LOST),
+               "peer lost");
+  EXPECT_STREQ(moe_transport_status_name(MOE_TRANSPORT_ERR_RING_FULL),
+               "command ring full");
+}
+
+} // namespace
