@@ -1,5 +1,6 @@
 //===- moe-opt.cpp - the moe dialect and passes, mlir-opt style -----------===//
 
+#include "codegen/cpu/Passes.h"
 #include "dialects/moe/MoeOps.h"
 #include "passes/Passes.h"
 
@@ -11,8 +12,12 @@
 int main(int argc, char **argv) {
   mlir::DialectRegistry registry;
   registry.insert<mlir::moe::MoeDialect, mlir::func::FuncDialect,
-                  mlir::arith::ArithDialect, mlir::tensor::TensorDialect>();
+                  mlir::arith::ArithDialect, mlir::tensor::TensorDialect,
+                  mlir::math::MathDialect, mlir::memref::MemRefDialect,
+                  mlir::scf::SCFDialect>();
   mlir::moe::registerMoePasses();
+  mlir::moe::cpu::registerCpuPasses();
+  mlir::moe::cpu::registerCpuPipelines();
   return mlir::asMainReturnCode(mlir::MlirOptMain(
       argc, argv, "moe-compiler optimizer: the moe dialect and its passes\n",
       registry));

@@ -1,0 +1,658 @@
+//===- LowerToLoops.cpp - L1 moe ops to loops on buffers ------------------===//
+//
+// The CPU reference backend. Each L1 op becomes plain scalar loops, written
+// for clarity rather than speed, in the arithmetic docs/numerics.md defines:
+// f32 accumulation, router math in f32, bf16 rounding where a deployed kernel
+// stores a value.
+//
+//===----------------------------------------------------------------------===//
+
+#include "codegen/cpu/Passes.h"
+
+#include "dialects/moe/MoeOps.h"
+
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+#include <cmath>
+#include <functional>
+
+namespace mlir::moe::cpu {
+#define GEN_PASS_DEF_LOWERTOLOOPS
+#include "codegen/cpu/Passes.h.inc"
+} // namespace mlir::moe::cpu
+
+using namespace mlir;
+using namespace mlir::moe;
+
+namespace {
+/// The buffer type holding a tensor: FP8 codes live in i8.
+MemRefType bufferType(Type type) {
+  auto tensor = cast<RankedTensorType>(type);
+  Type element = tensor.getElementType();
+  if (isa<Float8E4M3FNType, Float8E8M0FNUType>(element))
+    element = IntegerType::get(type.getContext(), 8);
+  return MemRefType::get(tensor.getShape(), element);
+}
+
+/// Emits loops and scalar arithmetic at one insertion point.
+class Emitter {
+public:
+  Emitter(OpBuilder &b, Location loc) : b(b), loc(loc) {}
+
+  Value index(int64_t value) {
+    return arith::ConstantIndexOp::create(b, loc, value);
+  }
+  Value f32(double value) {
+    return arith::ConstantOp::create(b, loc, b.getF32FloatAttr(value));
+  }
+  Value i32(int64_t value) {
+    return arith::ConstantOp::create(b, loc, b.getI32IntegerAttr(value));
+  }
+  Value dim(Value buffer, int64_t i) {
+    return memref::DimOp::create(b, loc, buffer, i);
+  }
+  Value toIndex(Value i32Value) {
+    return arith::IndexCastOp::create(b, loc, b.getIndexType(), i32Value);
+  }
+  Value toI32(Value indexValue) {
+    return arith::IndexCastOp::create(b, loc, b.getI32Type(), indexValue);
+  }
+
+  /// A buffer of `type`, its dynamic sizes given in order.
+  Value alloc(MemRefType type, ValueRange dynamicSizes = {}) {
+    Value buffer = memref::AllocOp::create(b, loc, type, dynamicSizes);
+    allocations.push_back(buffer);
+    return buffer;
+  }
+  void fill(Value buffer, Value value) {
+    auto type = cast<MemRefType>(buffer.getType());
+    SmallVector<Value> ivs;
+    std::function<void(int64_t)> nest = [&](int64_t d) {
+      if (d == type.getRank()) {
+        memref::StoreOp::create(b, loc, value, buffer, ivs);
+        return;
+      }
+      forEach(index(0), dim(buffer, d), [&](Value iv) {
+        ivs.push_back(iv);
+        nest(d + 1);
+        ivs.pop_back();
+      });
+    };
+    nest(0);
+  }
+
+  /// for (iv = lb; iv < ub; ++iv) body(iv)
+  void forEach(Value lb, Value ub, function_ref<void(Value)> body) {
+    scf::ForOp::create(b, loc, lb, ub, index(1), ValueRange{},
+                       [&](OpBuilder &nested, Location, Value iv, ValueRange) {
+                         OpBuilder::InsertionGuard guard(b);
+                         b.setInsertionPoint(nested.getInsertionBlock(),
+                                             nested.getInsertionPoint());
+                         body(iv);
+                         scf::YieldOp::create(b, loc);
+                       });
+  }
+
+  /// A loop carrying `init`; body returns the next values.
+  SmallVector<Value>
+  reduce(Value lb, Value ub, ValueRange init,
+         function_ref<SmallVector<Value>(Value, ValueRange)> body) {
+    auto loop = scf::ForOp::create(
+        b, loc, lb, ub, index(1), init,
+        [&](OpBuilder &nested, Location, Value iv, ValueRange carried) {
+          OpBuilder::InsertionGuard guard(b);
+          b.setInsertionPoint(nested.getInsertionBlock(),
+                              nested.getInsertionPoint());
+          scf::YieldOp::create(b, loc, body(iv, carried));
+        });
+    return SmallVector<Value>(loop.getResults());
+  }
+
+  /// if (condition) body()
+  void ifThen(Value condition, function_ref<void()> body) {
+    auto op = scf::IfOp::create(b, loc, condition, /*withElseRegion=*/false);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(&op.getThenRegion().front());
+    body();
+  }
+
+  /// An element as f32, whatever the buffer's float type.
+  Value load(Value buffer, ValueRange indices) {
+    Value value = memref::LoadOp::create(b, loc, buffer, indices);
+    if (!value.getType().isF32())
+      value = arith::ExtFOp::create(b, loc, b.getF32Type(), value);
+    return value;
+  }
+  /// Stores an f32, rounded to nearest even if the buffer is narrower.
+  void store(Value value, Value buffer, ValueRange indices) {
+    Type element = cast<MemRefType>(buffer.getType()).getElementType();
+    if (element != value.getType())
+      value = arith::TruncFOp::create(b, loc, element, value);
+    memref::StoreOp::create(b, loc, value, buffer, indices);
+  }
+  Value loadRaw(Value buffer, ValueRange indices) {
+    return memref::LoadOp::create(b, loc, buffer, indices);
+  }
+  void storeRaw(Value value, Value buffer, ValueRange indices) {
+    memref::StoreOp::create(b, loc, value, buffer, indices);
+  }
+
+  Value add(Value x, Value y) { return arith::AddFOp::create(b, loc, x, y); }
+  Value sub(Value x, Value y) { return arith::SubFOp::create(b, loc, x, y); }
+  Value mul(Value x, Value y) { return arith::MulFOp::create(b, loc, x, y); }
+  Value div(Value x, Value y) { return arith::DivFOp::create(b, loc, x, y); }
+  Value exp(Value x) { return math::ExpOp::create(b, loc, x); }
+  Value sigmoid(Value x) {
+    return div(f32(1.0), add(f32(1.0), exp(arith::NegFOp::create(b, loc, x))));
+  }
+  Value fgt(Value x, Value y) {
+    return arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OGT, x, y);
+  }
+  Value select(Value c, Value x, Value y) {
+    return arith::SelectOp::create(b, loc, c, x, y);
+  }
+  Value minf(Value x, Value y) {
+    return arith::MinimumFOp::create(b, loc, x, y);
+  }
+  Value maxf(Value x, Value y) {
+    return arith::MaximumFOp::create(b, loc, x, y);
+  }
+  Value iadd(Value x, Value y) { return arith::AddIOp::create(b, loc, x, y); }
+  Value icmp(arith::CmpIPredicate p, Value x, Value y) {
+    return arith::CmpIOp::create(b, loc, p, x, y);
+  }
+  Value andi(Value x, Value y) { return arith::AndIOp::create(b, loc, x, y); }
+  Value ori(Value x, Value y) { return arith::OrIOp::create(b, loc, x, y); }
+
+  /// Sum over k in [0, K) of lhs[lhsRow, k] * rhs[rhsIndex..., k], in f32.
+  Value dot(Value lhs, Value lhsRow, Value rhs, ValueRange rhsPrefix,
+            int64_t k) {
+    return reduce(
+        index(0), index(k), {f32(0.0)},
+        [&](Value kk, ValueRange acc) -> SmallVector<Value> {
+          SmallVector<Value> rhsIndex(rhsPrefix);
+          rhsIndex.push_back(kk);
+          Value product = mul(load(lhs, {lhsRow, kk}), load(rhs, rhsIndex));
+          return {add(acc[0], product)};
+        })[0];
+  }
+
+  /// The index in [lb, ub) whose `key` is largest among those `eligible`
+  /// says; ties and NaN keys go to the lowest index. -1 if none is eligible.
+  Value argmax(Value lb, Value ub, function_ref<Value(Value)> key,
+               function_ref<Value(Value)> eligible) {
+    auto result =
+        reduce(lb, ub, {i32(-1), f32(0.0)},
+               [&](Value iv, ValueRange acc) -> SmallVector<Value> {
+                 Value value = key(iv);
+                 Value none = icmp(arith::CmpIPredicate::slt, acc[0], i32(0));
+                 Value better =
+                     andi(eligible(iv), ori(none, fgt(value, acc[1])));
+                 return {select(better, toI32(iv), acc[0]),
+                         select(better, value, acc[1])};
+               });
+    return result[0];
+  }
+
+  OpBuilder &b;
+  Location loc;
+  SmallVector<Value> allocations;
+};
+
+/// Lowers the L1 ops of one function, in order, into a new function on
+/// buffers.
+class FunctionLowering {
+public:
+  explicit FunctionLowering(Emitter &emit) : e(emit) {}
+
+  LogicalResult lower(Operation *op) {
+    return TypeSwitch<Operation *, LogicalResult>(op)
+        .Case([&](RouteOp route) { return lowerRoute(route); })
+        .Case([&](DispatchOp dispatch) { return lowerDispatch(dispatch); })
+        .Case([&](GroupedMatmulOp matmul) { return lowerMatmul(matmul); })
+        .Case([&](CombineOp combine) { return lowerCombine(combine); })
+        .Case([&](LayerOp layer) {
+          return layer.emitOpError()
+                 << "must be decomposed first (run moe-decompose)";
+        })
+        .Default([&](Operation *other) {
+          return other->emitOpError()
+                 << "is not supported by the CPU reference backend";
+        });
+  }
+
+  /// Buffers of values computed so far; results returned by the function
+  /// are written straight into the caller's output buffers.
+  IRMapping buffers;
+  DenseMap<Value, Value> outputBuffers;
+
+private:
+  Value buffer(Value tensor) { return buffers.lookupOrNull(tensor); }
+
+  /// The buffer a result goes into: the caller's, or a new one.
+  Value resultBuffer(Value result, ValueRange dynamicSizes) {
+    Value buffer = outputBuffers.lookup(result);
+    if (!buffer)
+      buffer = e.alloc(bufferType(result.getType()), dynamicSizes);
+    buffers.map(result, buffer);
+    return buffer;
+  }
+
+  LogicalResult lowerRoute(RouteOp op);
+  LogicalResult lowerDispatch(DispatchOp op);
+  LogicalResult lowerMatmul(GroupedMatmulOp op);
+  LogicalResult lowerCombine(CombineOp op);
+
+  Emitter &e;
+};
+} // namespace
+
+LogicalResult FunctionLowering::lowerRoute(RouteOp op) {
+  RouterAttr router = op.getRouter();
+  RouterKind kind = router.getKind();
+  Value hidden = buffer(op.getHiddenStates());
+  Value weight = buffer(op.getRouterWeight());
+  Value bias = op.getBias() ? buffer(op.getBias()) : Value();
+  auto weightType = cast<MemRefType>(weight.getType());
+  int64_t experts = weightType.getDimSize(0), h = weightType.getDimSize(1);
+  int64_t topK =
+      cast<RankedTensorType>(op.getExpertIds().getType()).getDimSize(1);
+  Value tokens = e.dim(hidden, 0);
+  Value ids = resultBuffer(op.getExpertIds(), {tokens});
+  Value weights = resultBuffer(op.getWeights(), {tokens});
+
+  // Per-token scratch: `score` gives the weights, `choice` ranks experts.
+  Type f32 = e.b.getF32Type(), i8 = e.b.getI8Type();
+  Value score = e.alloc(MemRefType::get({experts}, f32));
+  Value choice = e.alloc(MemRefType::get({experts}, f32));
+  Value taken = e.alloc(MemRefType::get({experts}, i8));
+  int64_t nGroup = router.getNGroup();
+  Value groupScore, groupTaken;
+  if (nGroup > 1) {
+    groupScore = e.alloc(MemRefType::get({nGroup}, f32));
+    groupTaken = e.alloc(MemRefType::get({nGroup}, i8));
+  }
+  Value zero8 = arith::ConstantOp::create(e.b, e.loc, e.b.getI8IntegerAttr(0));
+  Value one8 = arith::ConstantOp::create(e.b, e.loc, e.b.getI8IntegerAttr(1));
+  auto isFree = [&](Value flags) {
+    return [&, flags](Value iv) {
+      return e.icmp(arith::CmpIPredicate::eq, e.loadRaw(flags, {iv}), zero8);
+    };
+  };
+
+  e.forEach(e.index(0), tokens, [&](Value t) {
+    e.forEach(e.index(0), e.index(experts), [&](Value x) {
+      Value logit = e.dot(hidden, t, weight, {x}, h);
+      if (bias && kind != RouterKind::SigmoidGroupedTopK)
+        logit = e.add(logit, e.load(bias, {x}));
+      Value s =
+          kind == RouterKind::SigmoidGroupedTopK ? e.sigmoid(logit) : logit;
+      e.storeRaw(s, score, {x});
+      // DeepSeek selects by score plus the correction bias.
+      e.storeRaw(bias && kind == RouterKind::SigmoidGroupedTopK
+                     ? e.add(s, e.load(bias, {x}))
+                     : s,
+                 choice, {x});
+      e.storeRaw(zero8, taken, {x});
+    });
+
+    if (kind == RouterKind::SoftmaxTopK) {
+      // Softmax over all experts, max-subtracted; it ranks as the logits do.
+      Value max = e.reduce(e.index(0), e.index(experts), {e.f32(-INFINITY)},
+                           [&](Value x, ValueRange acc) -> SmallVector<Value> {
+                             return {e.maxf(acc[0], e.loadRaw(score, {x}))};
+                           })[0];
+      Value sum = e.reduce(e.index(0), e.index(experts), {e.f32(0.0)},
+                           [&](Value x, ValueRange acc) -> SmallVector<Value> {
+                             Value p = e.exp(e.sub(e.loadRaw(score, {x}), max));
+                             e.storeRaw(p, score, {x});
+                             return {e.add(acc[0], p)};
+                           })[0];
+      e.forEach(e.index(0), e.index(experts), [&](Value x) {
+        Value p = e.div(e.loadRaw(score, {x}), sum);
+        e.storeRaw(p, score, {x});
+        e.storeRaw(p, choice, {x});
+      });
+    }
+
+    if (nGroup > 1) {
+      // Each group scores by the sum of its two best choices; experts outside
+      // the best topk_group groups compete with a choice score of 0, as in
+      // HF transformers' DeepseekV3TopkRouter.
+      int64_t perGroup = experts / nGroup;
+      e.forEach(e.index(0), e.index(nGroup), [&](Value g) {
+        Value first = arith::MulIOp::create(e.b, e.loc, g, e.index(perGroup));
+        Value last = e.iadd(first, e.index(perGroup));
+        auto top2 =
+            e.reduce(first, last, {e.f32(-INFINITY), e.f32(-INFINITY)},
+                     [&](Value x, ValueRange acc) -> SmallVector<Value> {
+                       Value v = e.loadRaw(choice, {x});
+                       Value beatsFirst = e.fgt(v, acc[0]);
+                       Value second =
+                           e.select(beatsFirst, acc[0],
+                                    e.select(e.fgt(v, acc[1]), v, acc[1]));
+                       return {e.select(beatsFirst, v, acc[0]), second};
+                     });
+        e.storeRaw(e.add(top2[0], top2[1]), groupScore, {g});
+        e.storeRaw(zero8, groupTaken, {g});
+      });
+      e.forEach(e.index(0), e.index(router.getTopkGroup()), [&](Value) {
+        Value best = e.argmax(
+            e.index(0), e.index(nGroup),
+            [&](Value g) { return e.loadRaw(groupScore, {g}); },
+            isFree(groupTaken));
+        e.storeRaw(one8, groupTaken, {e.toIndex(best)});
+      });
+      e.forEach(e.index(0), e.index(experts), [&](Value x) {
+        Value g = arith::DivUIOp::create(e.b, e.loc, x, e.index(perGroup));
+        Value masked =
+            e.icmp(arith::CmpIPredicate::eq, e.loadRaw(groupTaken, {g}), zero8);
+        e.storeRaw(e.select(masked, e.f32(0.0), e.loadRaw(choice, {x})), choice,
+                   {x});
+      });
+    }
+
+    // Top-k by choice score, in descending order.
+    e.forEach(e.index(0), e.index(topK), [&](Value j) {
+      Value best = e.toIndex(e.argmax(
+          e.index(0), e.index(experts),
+          [&](Value x) { return e.loadRaw(choice, {x}); }, isFree(taken)));
+      e.storeRaw(one8, taken, {best});
+      e.storeRaw(e.toI32(best), ids, {t, j});
+      Value w = e.loadRaw(score, {best});
+      if (kind == RouterKind::SigmoidScaleInput)
+        w = e.sigmoid(w);
+      e.storeRaw(w, weights, {t, j});
+    });
+
+    // GPT-OSS: softmax over the k chosen logits.
+    if (kind == RouterKind::TopKSoftmax) {
+      Value max =
+          e.reduce(e.index(0), e.index(topK), {e.f32(-INFINITY)},
+                   [&](Value j, ValueRange acc) -> SmallVector<Value> {
+                     return {e.maxf(acc[0], e.loadRaw(weights, {t, j}))};
+                   })[0];
+      e.forEach(e.index(0), e.index(topK), [&](Value j) {
+        e.storeRaw(e.exp(e.sub(e.loadRaw(weights, {t, j}), max)), weights,
+                   {t, j});
+      });
+    }
+    bool normalize = router.getRenormalize() || kind == RouterKind::TopKSoftmax;
+    double scaling = router.getScaling().convertToDouble();
+    if (normalize || scaling != 1.0) {
+      Value sum = e.reduce(e.index(0), e.index(topK), {e.f32(0.0)},
+                           [&](Value j, ValueRange acc) -> SmallVector<Value> {
+                             return {e.add(acc[0], e.loadRaw(weights, {t, j}))};
+                           })[0];
+      // DeepSeek guards the sum against zero.
+      if (kind == RouterKind::SigmoidGroupedTopK)
+        sum = e.add(sum, e.f32(1e-20));
+      e.forEach(e.index(0), e.index(topK), [&](Value j) {
+        Value w = e.loadRaw(weights, {t, j});
+        if (normalize)
+          w = e.div(w, sum);
+        if (scaling != 1.0)
+          w = e.mul(w, e.f32(scaling));
+        e.storeRaw(w, weights, {t, j});
+      });
+    }
+  });
+  return success();
+}
+
+LogicalResult FunctionLowering::lowerDispatch(DispatchOp op) {
+  Value hidden = buffer(op.getHiddenStates());
+  Value ids = buffer(op.getExpertIds());
+  Value scale = op.getScale() ? buffer(op.getScale()) : Value();
+  int64_t experts =
+      cast<RankedTensorType>(op.getTokensPerExpert().getType()).getDimSize(0);
+  int64_t topK = cast<RankedTensorType>(op.getRows().getType()).getDimSize(1);
+  int64_t h = cast<MemRefType>(hidden.getType()).getDimSize(1);
+  int64_t align = op.getAlign();
+  Value tokens = e.dim(hidden, 0);
+  Value counts = resultBuffer(op.getTokensPerExpert(), {});
+  Value offsets = resultBuffer(op.getExpertOffsets(), {});
+  Value rows = resultBuffer(op.getRows(), {tokens});
+  auto isLocal = [&](Value id) {
+    return e.andi(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
+                  e.icmp(arith::CmpIPredicate::slt, id, e.i32(experts)));
+  };
+
+  // Count, then lay experts out back to back, each start aligned.
+  e.fill(counts, e.i32(0));
+  e.forEach(e.index(0), tokens, [&](Value t) {
+    e.forEach(e.index(0), e.index(topK), [&](Value j) {
+      Value id = e.loadRaw(ids, {t, j});
+      e.ifThen(isLocal(id), [&] {
+        Value x = e.toIndex(id);
+        e.storeRaw(e.iadd(e.loadRaw(counts, {x}), e.i32(1)), counts, {x});
+      });
+    });
+  });
+  Value total = e.reduce(
+      e.index(0), e.index(experts), {e.i32(0)},
+      [&](Value x, ValueRange acc) -> SmallVector<Value> {
+        e.storeRaw(acc[0], offsets, {x});
+        Value count = e.loadRaw(counts, {x});
+        Value padded = arith::MulIOp::create(
+            e.b, e.loc,
+            arith::CeilDivUIOp::create(e.b, e.loc, count, e.i32(align)),
+            e.i32(align));
+        return {e.iadd(acc[0], padded)};
+      })[0];
+  e.storeRaw(total, offsets, {e.index(experts)});
+
+  Value dispatched = resultBuffer(op.getDispatched(), {e.toIndex(total)});
+  e.fill(dispatched, arith::ConstantOp::create(
+                         e.b, e.loc, e.b.getZeroAttr(e.b.getBF16Type())));
+  // Fill each expert's rows in token order; `cursor` is the next free row.
+  Value cursor = e.alloc(MemRefType::get({experts}, e.b.getI32Type()));
+  e.forEach(e.index(0), e.index(experts),
+            [&](Value x) { e.storeRaw(e.loadRaw(offsets, {x}), cursor, {x}); });
+  e.forEach(e.index(0), tokens, [&](Value t) {
+    e.forEach(e.index(0), e.index(topK), [&](Value j) {
+      Value id = e.loadRaw(ids, {t, j});
+      e.storeRaw(e.i32(-1), rows, {t, j});
+      e.ifThen(isLocal(id), [&] {
+        Value x = e.toIndex(id);
+        Value row = e.loadRaw(cursor, {x});
+        e.storeRaw(e.iadd(row, e.i32(1)), cursor, {x});
+        e.storeRaw(row, rows, {t, j});
+        Value r = e.toIndex(row);
+        e.forEach(e.index(0), e.index(h), [&](Value c) {
+          if (!scale) {
+            e.storeRaw(e.loadRaw(hidden, {t, c}), dispatched, {r, c});
+            return;
+          }
+          e.store(e.mul(e.load(hidden, {t, c}), e.load(scale, {t, j})),
+                  dispatched, {r, c});
+        });
+      });
+    });
+  });
+  return success();
+}
+
+LogicalResult FunctionLowering::lowerMatmul(GroupedMatmulOp op) {
+  if (op.getLhsScale())
+    return op.emitOpError()
+           << "on FP8 operands is not supported by the CPU reference backend";
+  Value lhs = buffer(op.getLhs()), rhs = buffer(op.getRhs());
+  Value bias = op.getBias() ? buffer(op.getBias()) : Value();
+  bool grouped = static_cast<bool>(op.getTokensPerExpert());
+  auto rhsType = cast<MemRefType>(rhs.getType());
+  int64_t n = rhsType.getDimSize(rhsType.getRank() - 2);
+  int64_t k = rhsType.getDimSize(rhsType.getRank() - 1);
+  ActivationAttr activation = op.getActivationAttr();
+  int64_t outN = activation ? n / 2 : n;
+  Value rowCount = e.dim(lhs, 0);
+  Value out = resultBuffer(op.getOut(), {rowCount});
+
+  // out[r, c] for rows [first, last) that use expert `expert` (or none).
+  auto rowsOf = [&](Value first, Value last, Value expert) {
+    SmallVector<Value> prefix;
+    if (expert)
+      prefix.push_back(expert);
+    e.forEach(first, last, [&](Value r) {
+      e.forEach(e.index(0), e.index(outN), [&](Value c) {
+        auto column = [&](Value col) {
+          SmallVector<Value> rhsPrefix(prefix);
+          rhsPrefix.push_back(col);
+          Value acc = e.dot(lhs, r, rhs, rhsPrefix, k);
+          if (bias)
+            acc = e.add(acc, e.load(bias, rhsPrefix));
+          return acc;
+        };
+        if (!activation) {
+          e.store(column(c), out, {r, c});
+          return;
+        }
+        Value gate = column(c);
+        Value up = column(e.iadd(c, e.index(outN)));
+        Value result;
+        if (activation.getKind() == ActivationKind::SwiGLU) {
+          result = e.mul(e.mul(gate, e.sigmoid(gate)), up);
+        } else {
+          // GPT-OSS: gate clamped above, up on both sides, (up + 1) * glu.
+          double limit = activation.getLimit().convertToDouble();
+          double alpha = activation.getAlpha().convertToDouble();
+          gate = e.minf(gate, e.f32(limit));
+          up = e.maxf(e.minf(up, e.f32(limit)), e.f32(-limit));
+          Value glu = e.mul(gate, e.sigmoid(e.mul(gate, e.f32(alpha))));
+          result = e.mul(e.add(up, e.f32(1.0)), glu);
+        }
+        e.store(result, out, {r, c});
+      });
+    });
+  };
+
+  if (!grouped) {
+    rowsOf(e.index(0), rowCount, Value());
+    return success();
+  }
+  // Rows outside every expert's segment (alignment padding) are zero.
+  e.fill(out, arith::ConstantOp::create(
+                  e.b, e.loc,
+                  e.b.getZeroAttr(
+                      cast<MemRefType>(out.getType()).getElementType())));
+  Value counts = buffer(op.getTokensPerExpert());
+  Value offsets = buffer(op.getExpertOffsets());
+  e.forEach(e.index(0), e.index(rhsType.getDimSize(0)), [&](Value x) {
+    Value first = e.toIndex(e.loadRaw(offsets, {x}));
+    Value last = e.iadd(first, e.toIndex(e.loadRaw(counts, {x})));
+    rowsOf(first, last, x);
+  });
+  return success();
+}
+
+LogicalResult FunctionLowering::lowerCombine(CombineOp op) {
+  Value expertOut = buffer(op.getExpertOut()), rows = buffer(op.getRows());
+  Value weights = op.getWeights() ? buffer(op.getWeights()) : Value();
+  Value shared = op.getShared() ? buffer(op.getShared()) : Value();
+  Value gate = op.getGate() ? buffer(op.getGate()) : Value();
+  int64_t h = cast<MemRefType>(expertOut.getType()).getDimSize(1);
+  int64_t topK = cast<MemRefType>(rows.getType()).getDimSize(1);
+  Value tokens = e.dim(rows, 0);
+  Value out = resultBuffer(op.getOut(), {tokens});
+
+  e.forEach(e.index(0), tokens, [&](Value t) {
+    Value gateScale = gate ? e.sigmoid(e.load(gate, {t, e.index(0)})) : Value();
+    e.forEach(e.index(0), e.index(h), [&](Value c) {
+      Value sum =
+          e.reduce(e.index(0), e.index(topK), {e.f32(0.0)},
+                   [&](Value j, ValueRange acc) -> SmallVector<Value> {
+                     Value row = e.loadRaw(rows, {t, j});
+                     Value valid =
+                         e.icmp(arith::CmpIPredicate::sge, row, e.i32(0));
+                     // Rows of -1 read row 0 and are discarded by the select.
+                     Value safe = e.toIndex(e.select(valid, row, e.i32(0)));
+                     Value term = e.load(expertOut, {safe, c});
+                     if (weights)
+                       term = e.mul(term, e.loadRaw(weights, {t, j}));
+                     return {e.select(valid, e.add(acc[0], term), acc[0])};
+                   })[0];
+      if (shared) {
+        Value s = e.load(shared, {t, c});
+        sum = e.add(sum, gate ? e.mul(s, gateScale) : s);
+      }
+      e.store(sum, out, {t, c});
+    });
+  });
+  return success();
+}
+
+namespace {
+struct LowerToLoopsPass
+    : public moe::cpu::impl::LowerToLoopsBase<LowerToLoopsPass> {
+  void runOnOperation() override {
+    SmallVector<func::FuncOp> funcs;
+    for (auto func : getOperation().getOps<func::FuncOp>())
+      if (!func.isExternal() && hasMoeOps(func))
+        funcs.push_back(func);
+    for (func::FuncOp func : funcs)
+      if (failed(lowerFunction(func)))
+        return signalPassFailure();
+  }
+
+  static bool hasMoeOps(func::FuncOp func) {
+    return func
+        .walk([](Operation *op) {
+          return isa<MoeDialect>(op->getDialect()) ? WalkResult::interrupt()
+                                                   : WalkResult::advance();
+        })
+        .wasInterrupted();
+  }
+
+  /// Rewrites `func` on tensors into a function of the same name on buffers,
+  /// results becoming trailing output arguments.
+  LogicalResult lowerFunction(func::FuncOp func) {
+    if (!func.getBody().hasOneBlock())
+      return func.emitOpError() << "must have a single block to be lowered";
+    FunctionType type = func.getFunctionType();
+    SmallVector<Type> argTypes;
+    for (Type t :
+         llvm::concat<const Type>(type.getInputs(), type.getResults())) {
+      if (!isa<RankedTensorType>(t))
+        return func.emitOpError()
+               << "takes and returns only ranked tensors here, not " << t;
+      argTypes.push_back(bufferType(t));
+    }
+    OpBuilder b(func);
+    auto lowered = func::FuncOp::create(b, func.getLoc(), func.getName(),
+                                        b.getFunctionType(argTypes, {}));
+    Block *entry = lowered.addEntryBlock();
+    b.setInsertionPointToStart(entry);
+    Emitter emitter(b, func.getLoc());
+    FunctionLowering lowering(emitter);
+    Block &body = func.getBody().front();
+    for (auto [old, now] :
+         llvm::zip(body.getArguments(), entry->getArguments()))
+      lowering.buffers.map(old, now);
+    auto ret = cast<func::ReturnOp>(body.getTerminator());
+    unsigned numInputs = type.getNumInputs();
+    for (auto [i, value] : llvm::enumerate(ret.getOperands())) {
+      if (!value.getDefiningOp() || lowering.outputBuffers.count(value))
+        return func.emitOpError()
+               << "must return distinct values computed by moe ops";
+      lowering.outputBuffers[value] = entry->getArgument(numInputs + i);
+    }
+    for (Operation &op : body.without_terminator()) {
+      emitter.loc = op.getLoc();
+      if (failed(lowering.lower(&op))) {
+        lowered.erase();
+        return failure();
+      }
+    }
+    for (Value buffer : emitter.allocations)
+      memref::DeallocOp::create(b, func.getLoc(), buffer);
+    func::ReturnOp::create(b, func.getLoc());
+    lowered->setAttrs(func->getAttrs());
+    lowered.setFunctionType(b.getFunctionType(argTypes, {}));
+    lowered->removeAttr(func.getArgAttrsAttrName());
+    lowered->removeAttr(func.getResAttrsAttrName());
+    func.erase();
+    return success();
+  }
+};
+} // namespace

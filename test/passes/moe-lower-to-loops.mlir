@@ -1,0 +1,78 @@
+// RUN: moe-opt %s -split-input-file -moe-lower-to-loops -verify-diagnostics | FileCheck %s
+// RUN: moe-opt %s -split-input-file -moe-cpu-to-llvm -verify-diagnostics | FileCheck %s --check-prefix=LLVM
+
+// A decomposed layer becomes one function on buffers; the result is written
+// into a trailing output argument and scratch buffers are freed.
+// CHECK-LABEL: func.func @layer(
+// CHECK-SAME: %[[X:[^:]*]]: memref<?x8xbf16>, %[[RW:[^:]*]]: memref<4x8xbf16>, %[[W13:[^:]*]]: memref<4x16x8xbf16>, %[[W2:[^:]*]]: memref<4x8x8xbf16>, %[[OUT:[^:]*]]: memref<?x8xbf16>)
+// CHECK-NOT: -> tensor
+// CHECK: %[[T:.*]] = memref.dim %[[X]], %{{.*}} : memref<?x8xbf16>
+// CHECK: %[[IDS:.*]] = memref.alloc(%[[T]]) : memref<?x2xi32>
+// CHECK: %[[WTS:.*]] = memref.alloc(%[[T]]) : memref<?x2xf32>
+// Router: logits in f32 from bf16 operands, softmax, top-k.
+// CHECK: scf.for
+// CHECK: arith.extf %{{.*}} : bf16 to f32
+// CHECK: math.exp
+// Dispatch: the expert-major buffer is sized by the computed offsets.
+// CHECK: %[[ROWS:.*]] = memref.alloc(%{{.*}}) : memref<?x8xbf16>
+// Expert matmuls round the activation and the expert rows to bf16.
+// CHECK: arith.truncf %{{.*}} : f32 to bf16
+// Combine writes into the caller's buffer.
+// CHECK: memref.store %{{.*}}, %[[OUT]]
+// CHECK: memref.dealloc %[[IDS]]
+// CHECK: return
+// CHECK-NOT: moe.
+// LLVM: llvm.func @malloc
+// LLVM: llvm.func @layer(
+// LLVM-NOT: moe.
+// LLVM-NOT: memref.
+// LLVM-NOT: scf.
+func.func @layer(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x8xbf16>, %w2: tensor<4x8x8xbf16>) -> tensor<?x8xbf16> {
+  %ids, %w = moe.route %x, %rw {router = #moe.router<kind = softmax_topk, renormalize = true>} : (tensor<?x8xbf16>, tensor<4x8xbf16>) -> (tensor<?x2xi32>, tensor<?x2xf32>)
+  %d, %c, %o, %r = moe.dispatch %x, %ids : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<?x8xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x2xi32>)
+  %h = moe.grouped_matmul %d, %w13 groups(%c, %o) {activation = #moe.activation<kind = swiglu>} : (tensor<?x8xbf16>, tensor<4x16x8xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<?x8xbf16>
+  %y = moe.grouped_matmul %h, %w2 groups(%c, %o) : (tensor<?x8xbf16>, tensor<4x8x8xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<?x8xbf16>
+  %out = moe.combine %y, %r weights %w : (tensor<?x8xbf16>, tensor<?x2xi32>, tensor<?x2xf32>) -> tensor<?x8xbf16>
+  return %out : tensor<?x8xbf16>
+}
+
+// -----
+
+// Functions without moe ops are left alone.
+// CHECK-LABEL: func.func @untouched(%{{.*}}: tensor<4xf32>) -> tensor<4xf32>
+func.func @untouched(%x: tensor<4xf32>) -> tensor<4xf32> {
+  return %x : tensor<4xf32>
+}
+
+// -----
+
+func.func @not_decomposed(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x8xbf16>, %w2: tensor<4x8x8xbf16>) -> tensor<?x8xbf16> {
+  // expected-error @+1 {{must be decomposed first (run moe-decompose)}}
+  %0 = moe.layer %x router(%rw) experts(%w13, %w2) {config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>>}
+      : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<4x16x8xbf16>, tensor<4x8x8xbf16>) -> tensor<?x8xbf16>
+  return %0 : tensor<?x8xbf16>
+}
+
+// -----
+
+func.func @fp8_matmul(%a: tensor<?x64xf8E4M3FN>, %b: tensor<32x64xf8E4M3FN>, %as: tensor<?x2xf8E8M0FNU>, %bs: tensor<32x2xf8E8M0FNU>) -> tensor<?x32xbf16> {
+  // expected-error @+1 {{on FP8 operands is not supported by the CPU reference backend}}
+  %0 = moe.grouped_matmul %a, %b scales(%as, %bs) : (tensor<?x64xf8E4M3FN>, tensor<32x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>, tensor<32x2xf8E8M0FNU>) -> tensor<?x32xbf16>
+  return %0 : tensor<?x32xbf16>
+}
+
+// -----
+
+func.func @quantize(%x: tensor<?x64xbf16>) -> (tensor<?x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>) {
+  // expected-error @+1 {{is not supported by the CPU reference backend}}
+  %d, %s = moe.quantize %x {scheme = #moe.quant<kind = mxfp8>} : (tensor<?x64xbf16>) -> (tensor<?x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>)
+  return %d, %s : tensor<?x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>
+}
+
+// -----
+
+func.func @returns_argument(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) -> tensor<?x8xbf16> {
+  %d, %c, %o, %r = moe.dispatch %x, %ids : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<?x8xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x2xi32>)
+  // expected-error @-2 {{must return distinct values computed by moe ops}}
+  return %x : tensor<?x8xbf16>
+}
