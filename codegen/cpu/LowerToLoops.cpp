@@ -9,13 +9,15 @@
 
 #include "codegen/cpu/Passes.h"
 
+#include "codegen/cpu/Emitter.h"
+#include "codegen/cpu/FP8.h"
+
 #include "dialects/moe/MoeOps.h"
 
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 #include <cmath>
-#include <functional>
 
 namespace mlir::moe::cpu {
 #define GEN_PASS_DEF_LOWERTOLOOPS
@@ -24,182 +26,9 @@ namespace mlir::moe::cpu {
 
 using namespace mlir;
 using namespace mlir::moe;
+using namespace mlir::moe::cpu;
 
 namespace {
-/// The buffer type holding a tensor: FP8 codes live in i8.
-MemRefType bufferType(Type type) {
-  auto tensor = cast<RankedTensorType>(type);
-  Type element = tensor.getElementType();
-  if (isa<Float8E4M3FNType, Float8E8M0FNUType>(element))
-    element = IntegerType::get(type.getContext(), 8);
-  return MemRefType::get(tensor.getShape(), element);
-}
-
-/// Emits loops and scalar arithmetic at one insertion point.
-class Emitter {
-public:
-  Emitter(OpBuilder &b, Location loc) : b(b), loc(loc) {}
-
-  Value index(int64_t value) {
-    return arith::ConstantIndexOp::create(b, loc, value);
-  }
-  Value f32(double value) {
-    return arith::ConstantOp::create(b, loc, b.getF32FloatAttr(value));
-  }
-  Value i32(int64_t value) {
-    return arith::ConstantOp::create(b, loc, b.getI32IntegerAttr(value));
-  }
-  Value dim(Value buffer, int64_t i) {
-    return memref::DimOp::create(b, loc, buffer, i);
-  }
-  Value toIndex(Value i32Value) {
-    return arith::IndexCastOp::create(b, loc, b.getIndexType(), i32Value);
-  }
-  Value toI32(Value indexValue) {
-    return arith::IndexCastOp::create(b, loc, b.getI32Type(), indexValue);
-  }
-
-  /// A buffer of `type`, its dynamic sizes given in order.
-  Value alloc(MemRefType type, ValueRange dynamicSizes = {}) {
-    Value buffer = memref::AllocOp::create(b, loc, type, dynamicSizes);
-    allocations.push_back(buffer);
-    return buffer;
-  }
-  void fill(Value buffer, Value value) {
-    auto type = cast<MemRefType>(buffer.getType());
-    SmallVector<Value> ivs;
-    std::function<void(int64_t)> nest = [&](int64_t d) {
-      if (d == type.getRank()) {
-        memref::StoreOp::create(b, loc, value, buffer, ivs);
-        return;
-      }
-      forEach(index(0), dim(buffer, d), [&](Value iv) {
-        ivs.push_back(iv);
-        nest(d + 1);
-        ivs.pop_back();
-      });
-    };
-    nest(0);
-  }
-
-  /// for (iv = lb; iv < ub; ++iv) body(iv)
-  void forEach(Value lb, Value ub, function_ref<void(Value)> body) {
-    scf::ForOp::create(b, loc, lb, ub, index(1), ValueRange{},
-                       [&](OpBuilder &nested, Location, Value iv, ValueRange) {
-                         OpBuilder::InsertionGuard guard(b);
-                         b.setInsertionPoint(nested.getInsertionBlock(),
-                                             nested.getInsertionPoint());
-                         body(iv);
-                         scf::YieldOp::create(b, loc);
-                       });
-  }
-
-  /// A loop carrying `init`; body returns the next values.
-  SmallVector<Value>
-  reduce(Value lb, Value ub, ValueRange init,
-         function_ref<SmallVector<Value>(Value, ValueRange)> body) {
-    auto loop = scf::ForOp::create(
-        b, loc, lb, ub, index(1), init,
-        [&](OpBuilder &nested, Location, Value iv, ValueRange carried) {
-          OpBuilder::InsertionGuard guard(b);
-          b.setInsertionPoint(nested.getInsertionBlock(),
-                              nested.getInsertionPoint());
-          scf::YieldOp::create(b, loc, body(iv, carried));
-        });
-    return SmallVector<Value>(loop.getResults());
-  }
-
-  /// if (condition) body()
-  void ifThen(Value condition, function_ref<void()> body) {
-    auto op = scf::IfOp::create(b, loc, condition, /*withElseRegion=*/false);
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(&op.getThenRegion().front());
-    body();
-  }
-
-  /// An element as f32, whatever the buffer's float type.
-  Value load(Value buffer, ValueRange indices) {
-    Value value = memref::LoadOp::create(b, loc, buffer, indices);
-    if (!value.getType().isF32())
-      value = arith::ExtFOp::create(b, loc, b.getF32Type(), value);
-    return value;
-  }
-  /// Stores an f32, rounded to nearest even if the buffer is narrower.
-  void store(Value value, Value buffer, ValueRange indices) {
-    Type element = cast<MemRefType>(buffer.getType()).getElementType();
-    if (element != value.getType())
-      value = arith::TruncFOp::create(b, loc, element, value);
-    memref::StoreOp::create(b, loc, value, buffer, indices);
-  }
-  Value loadRaw(Value buffer, ValueRange indices) {
-    return memref::LoadOp::create(b, loc, buffer, indices);
-  }
-  void storeRaw(Value value, Value buffer, ValueRange indices) {
-    memref::StoreOp::create(b, loc, value, buffer, indices);
-  }
-
-  Value add(Value x, Value y) { return arith::AddFOp::create(b, loc, x, y); }
-  Value sub(Value x, Value y) { return arith::SubFOp::create(b, loc, x, y); }
-  Value mul(Value x, Value y) { return arith::MulFOp::create(b, loc, x, y); }
-  Value div(Value x, Value y) { return arith::DivFOp::create(b, loc, x, y); }
-  Value exp(Value x) { return math::ExpOp::create(b, loc, x); }
-  Value sigmoid(Value x) {
-    return div(f32(1.0), add(f32(1.0), exp(arith::NegFOp::create(b, loc, x))));
-  }
-  Value fgt(Value x, Value y) {
-    return arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OGT, x, y);
-  }
-  Value select(Value c, Value x, Value y) {
-    return arith::SelectOp::create(b, loc, c, x, y);
-  }
-  Value minf(Value x, Value y) {
-    return arith::MinimumFOp::create(b, loc, x, y);
-  }
-  Value maxf(Value x, Value y) {
-    return arith::MaximumFOp::create(b, loc, x, y);
-  }
-  Value iadd(Value x, Value y) { return arith::AddIOp::create(b, loc, x, y); }
-  Value icmp(arith::CmpIPredicate p, Value x, Value y) {
-    return arith::CmpIOp::create(b, loc, p, x, y);
-  }
-  Value andi(Value x, Value y) { return arith::AndIOp::create(b, loc, x, y); }
-  Value ori(Value x, Value y) { return arith::OrIOp::create(b, loc, x, y); }
-
-  /// Sum over k in [0, K) of lhs[lhsRow, k] * rhs[rhsIndex..., k], in f32.
-  Value dot(Value lhs, Value lhsRow, Value rhs, ValueRange rhsPrefix,
-            int64_t k) {
-    return reduce(
-        index(0), index(k), {f32(0.0)},
-        [&](Value kk, ValueRange acc) -> SmallVector<Value> {
-          SmallVector<Value> rhsIndex(rhsPrefix);
-          rhsIndex.push_back(kk);
-          Value product = mul(load(lhs, {lhsRow, kk}), load(rhs, rhsIndex));
-          return {add(acc[0], product)};
-        })[0];
-  }
-
-  /// The index in [lb, ub) whose `key` is largest among those `eligible`
-  /// says; ties and NaN keys go to the lowest index. -1 if none is eligible.
-  Value argmax(Value lb, Value ub, function_ref<Value(Value)> key,
-               function_ref<Value(Value)> eligible) {
-    auto result =
-        reduce(lb, ub, {i32(-1), f32(0.0)},
-               [&](Value iv, ValueRange acc) -> SmallVector<Value> {
-                 Value value = key(iv);
-                 Value none = icmp(arith::CmpIPredicate::slt, acc[0], i32(0));
-                 Value better =
-                     andi(eligible(iv), ori(none, fgt(value, acc[1])));
-                 return {select(better, toI32(iv), acc[0]),
-                         select(better, value, acc[1])};
-               });
-    return result[0];
-  }
-
-  OpBuilder &b;
-  Location loc;
-  SmallVector<Value> allocations;
-};
-
 /// Lowers the L1 ops of one function, in order, into a new function on
 /// buffers.
 class FunctionLowering {
@@ -212,6 +41,10 @@ public:
         .Case([&](DispatchOp dispatch) { return lowerDispatch(dispatch); })
         .Case([&](GroupedMatmulOp matmul) { return lowerMatmul(matmul); })
         .Case([&](CombineOp combine) { return lowerCombine(combine); })
+        .Case([&](QuantizeOp quantize) { return lowerQuantize(quantize); })
+        .Case([&](DequantizeOp dequantize) {
+          return lowerDequantize(dequantize);
+        })
         .Case([&](LayerOp layer) {
           return layer.emitOpError()
                  << "must be decomposed first (run moe-decompose)";
@@ -243,6 +76,30 @@ private:
   LogicalResult lowerDispatch(DispatchOp op);
   LogicalResult lowerMatmul(GroupedMatmulOp op);
   LogicalResult lowerCombine(CombineOp op);
+  LogicalResult lowerQuantize(QuantizeOp op);
+  LogicalResult lowerDequantize(DequantizeOp op);
+
+  /// The dynamic sizes of `value`'s buffer type, read off `like`.
+  SmallVector<Value> dynamicSizes(Value value, Value like) {
+    SmallVector<Value> sizes;
+    for (auto [i, size] :
+         llvm::enumerate(cast<RankedTensorType>(value.getType()).getShape()))
+      if (ShapedType::isDynamic(size))
+        sizes.push_back(e.dim(like, i));
+    return sizes;
+  }
+  /// A scale as f32, from its E8M0 code or as stored.
+  Value loadScale(Value scales, ValueRange indices) {
+    Value raw = e.loadRaw(scales, indices);
+    return raw.getType().isInteger(8) ? decodeE8M0(e, raw) : raw;
+  }
+  /// Calls body(prefix, rows, rowBlock, kBlockIndex) for every scale block of
+  /// a rank-2 or rank-3 quantized buffer: `prefix` is the leading (expert)
+  /// index, if any; `rowsPerBlock` is 1 or 128.
+  void forEachBlock(
+      Value data, int64_t rowsPerBlock, int64_t kBlock,
+      function_ref<void(ArrayRef<Value>, Value, Value, Value, Value, Value)>
+          body);
 
   Emitter &e;
 };
@@ -475,9 +332,6 @@ LogicalResult FunctionLowering::lowerDispatch(DispatchOp op) {
 }
 
 LogicalResult FunctionLowering::lowerMatmul(GroupedMatmulOp op) {
-  if (op.getLhsScale())
-    return op.emitOpError()
-           << "on FP8 operands is not supported by the CPU reference backend";
   Value lhs = buffer(op.getLhs()), rhs = buffer(op.getRhs());
   Value bias = op.getBias() ? buffer(op.getBias()) : Value();
   bool grouped = static_cast<bool>(op.getTokensPerExpert());
@@ -488,6 +342,48 @@ LogicalResult FunctionLowering::lowerMatmul(GroupedMatmulOp op) {
   int64_t outN = activation ? n / 2 : n;
   Value rowCount = e.dim(lhs, 0);
   Value out = resultBuffer(op.getOut(), {rowCount});
+  Value lhsScale = op.getLhsScale() ? buffer(op.getLhsScale()) : Value();
+  Value rhsScale = op.getRhsScale() ? buffer(op.getRhsScale()) : Value();
+  // FP8: products of decoded codes summed per K block in f32, then scaled by
+  // both operands' block scales into the accumulator.
+  int64_t kBlock = 0, rhsScaleRows = 1;
+  if (lhsScale) {
+    auto rhsScaleShape = cast<MemRefType>(rhsScale.getType()).getShape();
+    rhsScaleRows = rhsScaleShape[rhsScaleShape.size() - 2] == n ? 1 : 128;
+    kBlock = cast<MemRefType>(lhsScale.getType()).getElementType().isInteger(8)
+                 ? 32
+                 : 128;
+  }
+  auto dot = [&](Value r, ArrayRef<Value> rhsPrefix) -> Value {
+    if (!lhsScale)
+      return e.dot(lhs, r, rhs, rhsPrefix, k);
+    SmallVector<Value> scalePrefix(rhsPrefix);
+    if (rhsScaleRows != 1)
+      scalePrefix.back() = arith::DivUIOp::create(
+          e.b, e.loc, scalePrefix.back(), e.index(rhsScaleRows));
+    int64_t blocks = llvm::divideCeil(k, kBlock);
+    return e.reduce(
+        e.index(0), e.index(blocks), {e.f32(0.0)},
+        [&](Value kb, ValueRange acc) -> SmallVector<Value> {
+          Value first = arith::MulIOp::create(e.b, e.loc, kb, e.index(kBlock));
+          Value last = arith::MinUIOp::create(
+              e.b, e.loc, e.iadd(first, e.index(kBlock)), e.index(k));
+          Value partial =
+              e.reduce(first, last, {e.f32(0.0)},
+                       [&](Value kk, ValueRange sum) -> SmallVector<Value> {
+                         SmallVector<Value> rhsIndex(rhsPrefix);
+                         rhsIndex.push_back(kk);
+                         Value a = decodeE4M3(e, e.loadRaw(lhs, {r, kk}));
+                         Value b = decodeE4M3(e, e.loadRaw(rhs, rhsIndex));
+                         return {e.add(sum[0], e.mul(a, b))};
+                       })[0];
+          SmallVector<Value> scaleIndex(scalePrefix);
+          scaleIndex.push_back(kb);
+          Value scale = e.mul(loadScale(lhsScale, {r, kb}),
+                              loadScale(rhsScale, scaleIndex));
+          return {e.add(acc[0], e.mul(partial, scale))};
+        })[0];
+  };
 
   // out[r, c] for rows [first, last) that use expert `expert` (or none).
   auto rowsOf = [&](Value first, Value last, Value expert) {
@@ -499,7 +395,7 @@ LogicalResult FunctionLowering::lowerMatmul(GroupedMatmulOp op) {
         auto column = [&](Value col) {
           SmallVector<Value> rhsPrefix(prefix);
           rhsPrefix.push_back(col);
-          Value acc = e.dot(lhs, r, rhs, rhsPrefix, k);
+          Value acc = dot(r, rhsPrefix);
           if (bias)
             acc = e.add(acc, e.load(bias, rhsPrefix));
           return acc;
@@ -579,6 +475,155 @@ LogicalResult FunctionLowering::lowerCombine(CombineOp op) {
       e.store(sum, out, {t, c});
     });
   });
+  return success();
+}
+
+void FunctionLowering::forEachBlock(
+    Value data, int64_t rowsPerBlock, int64_t kBlock,
+    function_ref<void(ArrayRef<Value>, Value, Value, Value, Value, Value)>
+        body) {
+  auto type = cast<MemRefType>(data.getType());
+  int64_t rank = type.getRank();
+  auto blocks = [&](Value prefixValue) {
+    SmallVector<Value> prefix;
+    if (prefixValue)
+      prefix.push_back(prefixValue);
+    Value rows = e.dim(data, rank - 2);
+    Value rowBlocks =
+        arith::CeilDivUIOp::create(e.b, e.loc, rows, e.index(rowsPerBlock));
+    int64_t k = type.getDimSize(rank - 1);
+    e.forEach(e.index(0), rowBlocks, [&](Value rb) {
+      Value firstRow =
+          arith::MulIOp::create(e.b, e.loc, rb, e.index(rowsPerBlock));
+      Value lastRow = arith::MinUIOp::create(
+          e.b, e.loc, e.iadd(firstRow, e.index(rowsPerBlock)), rows);
+      e.forEach(e.index(0), e.index(llvm::divideCeil(k, kBlock)),
+                [&](Value kb) {
+                  Value firstCol =
+                      arith::MulIOp::create(e.b, e.loc, kb, e.index(kBlock));
+                  body(prefix, rb, kb, firstRow, lastRow, firstCol);
+                });
+    });
+  };
+  if (rank == 3)
+    e.forEach(e.index(0), e.dim(data, 0), [&](Value x) { blocks(x); });
+  else
+    blocks(Value());
+}
+
+LogicalResult FunctionLowering::lowerQuantize(QuantizeOp op) {
+  Value input = buffer(op.getInput());
+  auto inputType = cast<MemRefType>(input.getType());
+  int64_t rank = inputType.getRank();
+  if (rank != 2 && rank != 3)
+    return op.emitOpError() << "of rank " << rank
+                            << " is not supported by the CPU reference "
+                               "backend (ranks 2 and 3 are)";
+  QuantAttr scheme = op.getScheme();
+  Value data = resultBuffer(op.getData(), dynamicSizes(op.getData(), input));
+  auto scaleShape = cast<RankedTensorType>(op.getScales().getType()).getShape();
+  bool square = scheme.getKind() == QuantKind::FP8Block128 &&
+                scaleShape[rank - 2] != inputType.getDimSize(rank - 2);
+  SmallVector<Value> scaleSizes;
+  if (ShapedType::isDynamic(scaleShape[0]))
+    scaleSizes.push_back(e.dim(input, 0));
+  Value scales = resultBuffer(op.getScales(), scaleSizes);
+  int64_t kBlock = scheme.getBlockSize(), k = inputType.getDimSize(rank - 1);
+  bool mx = scheme.getKind() == QuantKind::MXFP8;
+
+  forEachBlock(
+      input, square ? 128 : 1, kBlock,
+      [&](ArrayRef<Value> prefix, Value rb, Value kb, Value firstRow,
+          Value lastRow, Value firstCol) {
+        Value lastCol = arith::MinUIOp::create(
+            e.b, e.loc, e.iadd(firstCol, e.index(kBlock)), e.index(k));
+        auto at = [&](Value r, Value c) {
+          SmallVector<Value> index(prefix);
+          index.append({r, c});
+          return index;
+        };
+        // amax ignores NaN; MXFP8 marks a block holding NaN or inf instead.
+        auto stats = e.reduce(
+            firstRow, lastRow, {e.f32(0.0), e.f32(0.0)},
+            [&](Value r, ValueRange acc) -> SmallVector<Value> {
+              return e.reduce(
+                  firstCol, lastCol, acc,
+                  [&](Value c, ValueRange inner) -> SmallVector<Value> {
+                    Value x = math::AbsFOp::create(e.b, e.loc,
+                                                   e.load(input, at(r, c)));
+                    Value special = arith::CmpFOp::create(
+                        e.b, e.loc, arith::CmpFPredicate::UGE, x,
+                        e.f32(INFINITY));
+                    return {arith::MaxNumFOp::create(e.b, e.loc, inner[0], x),
+                            e.select(special, e.f32(1.0), inner[1])};
+                  });
+            });
+        Value amax = stats[0];
+        SmallVector<Value> scaleIndex(prefix);
+        scaleIndex.append({rb, kb});
+        Value multiplier;
+        if (mx) {
+          Value special = e.fgt(stats[1], e.f32(0.0));
+          Value exponent =
+              e.select(special, e.i32(0),
+                       mxScaleExponent(e, amax, scheme.getRounding()));
+          Value code =
+              e.select(special, e.i32(0xFF), e.iadd(exponent, e.i32(127)));
+          e.storeRaw(arith::TruncIOp::create(e.b, e.loc, e.b.getI8Type(), code),
+                     scales, scaleIndex);
+          multiplier =
+              exp2(e, arith::SubIOp::create(e.b, e.loc, e.i32(0), exponent));
+        } else {
+          Value scale =
+              e.div(arith::MaxNumFOp::create(e.b, e.loc, amax, e.f32(1e-4)),
+                    e.f32(448.0));
+          e.storeRaw(scale, scales, scaleIndex);
+          multiplier = scale;
+        }
+        e.forEach(firstRow, lastRow, [&](Value r) {
+          e.forEach(firstCol, lastCol, [&](Value c) {
+            Value x = e.load(input, at(r, c));
+            // MXFP8 multiplies by 2^-e (exact); FP8 block-128 divides in f32.
+            Value scaled = mx ? e.mul(x, multiplier) : e.div(x, multiplier);
+            e.storeRaw(encodeE4M3(e, scaled), data, at(r, c));
+          });
+        });
+      });
+  return success();
+}
+
+LogicalResult FunctionLowering::lowerDequantize(DequantizeOp op) {
+  Value data = buffer(op.getData()), scales = buffer(op.getScales());
+  auto dataType = cast<MemRefType>(data.getType());
+  int64_t rank = dataType.getRank();
+  if (rank != 2 && rank != 3)
+    return op.emitOpError() << "of rank " << rank
+                            << " is not supported by the CPU reference "
+                               "backend (ranks 2 and 3 are)";
+  QuantAttr scheme = op.getScheme();
+  Value out = resultBuffer(op.getOutput(), dynamicSizes(op.getOutput(), data));
+  auto scaleType = cast<MemRefType>(scales.getType());
+  bool square = scheme.getKind() == QuantKind::FP8Block128 &&
+                scaleType.getDimSize(rank - 2) != dataType.getDimSize(rank - 2);
+  int64_t kBlock = scheme.getBlockSize(), k = dataType.getDimSize(rank - 1);
+  forEachBlock(data, square ? 128 : 1, kBlock,
+               [&](ArrayRef<Value> prefix, Value rb, Value kb, Value firstRow,
+                   Value lastRow, Value firstCol) {
+                 SmallVector<Value> scaleIndex(prefix);
+                 scaleIndex.append({rb, kb});
+                 Value scale = loadScale(scales, scaleIndex);
+                 Value lastCol = arith::MinUIOp::create(
+                     e.b, e.loc, e.iadd(firstCol, e.index(kBlock)), e.index(k));
+                 e.forEach(firstRow, lastRow, [&](Value r) {
+                   e.forEach(firstCol, lastCol, [&](Value c) {
+                     SmallVector<Value> index(prefix);
+                     index.append({r, c});
+                     e.store(
+                         e.mul(decodeE4M3(e, e.loadRaw(data, index)), scale),
+                         out, index);
+                   });
+                 });
+               });
   return success();
 }
 

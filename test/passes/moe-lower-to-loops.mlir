@@ -55,18 +55,26 @@ func.func @not_decomposed(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: ten
 
 // -----
 
-func.func @fp8_matmul(%a: tensor<?x64xf8E4M3FN>, %b: tensor<32x64xf8E4M3FN>, %as: tensor<?x2xf8E8M0FNU>, %bs: tensor<32x2xf8E8M0FNU>) -> tensor<?x32xbf16> {
-  // expected-error @+1 {{on FP8 operands is not supported by the CPU reference backend}}
-  %0 = moe.grouped_matmul %a, %b scales(%as, %bs) : (tensor<?x64xf8E4M3FN>, tensor<32x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>, tensor<32x2xf8E8M0FNU>) -> tensor<?x32xbf16>
-  return %0 : tensor<?x32xbf16>
+// FP8: codes live in i8 buffers; MXFP8 scales are E8M0 codes.
+// CHECK-LABEL: func.func @fp8(
+// CHECK-SAME: memref<?x64xbf16>, %{{[^:]*}}: memref<32x64xi8>, %{{[^:]*}}: memref<32x2xi8>, %{{[^:]*}}: memref<?x32xf32>)
+// CHECK: memref.alloc(%{{.*}}) : memref<?x64xi8>
+// CHECK: memref.alloc(%{{.*}}) : memref<?x2xi8>
+// CHECK: arith.bitcast %{{.*}} : f32 to i32
+// CHECK: arith.trunci %{{.*}} : i32 to i8
+// CHECK: memref.store %{{.*}}, %{{.*}} : memref<?x32xf32>
+func.func @fp8(%x: tensor<?x64xbf16>, %b: tensor<32x64xf8E4M3FN>, %bs: tensor<32x2xf8E8M0FNU>) -> tensor<?x32xf32> {
+  %d, %s = moe.quantize %x {scheme = #moe.quant<kind = mxfp8>} : (tensor<?x64xbf16>) -> (tensor<?x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>)
+  %0 = moe.grouped_matmul %d, %b scales(%s, %bs) : (tensor<?x64xf8E4M3FN>, tensor<32x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>, tensor<32x2xf8E8M0FNU>) -> tensor<?x32xf32>
+  return %0 : tensor<?x32xf32>
 }
 
 // -----
 
-func.func @quantize(%x: tensor<?x64xbf16>) -> (tensor<?x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>) {
+func.func @attention(%q: tensor<1x4x2x8xbf16>, %k: tensor<1x4x2x8xbf16>, %v: tensor<1x4x2x8xbf16>) -> tensor<1x4x2x8xbf16> {
   // expected-error @+1 {{is not supported by the CPU reference backend}}
-  %d, %s = moe.quantize %x {scheme = #moe.quant<kind = mxfp8>} : (tensor<?x64xbf16>) -> (tensor<?x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>)
-  return %d, %s : tensor<?x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>
+  %0 = moe.attention %q, %k, %v : (tensor<1x4x2x8xbf16>, tensor<1x4x2x8xbf16>, tensor<1x4x2x8xbf16>) -> tensor<1x4x2x8xbf16>
+  return %0 : tensor<1x4x2x8xbf16>
 }
 
 // -----

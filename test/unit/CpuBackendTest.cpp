@@ -10,6 +10,7 @@
 #include "dialects/moe/MoeOps.h"
 #include "passes/Passes.h"
 #include "test/reference/Layer.h"
+#include "test/reference/Quantize.h"
 
 #include "mlir/ExecutionEngine/CRunnerUtils.h"
 #include "mlir/ExecutionEngine/ExecutionEngine.h"
@@ -82,19 +83,85 @@ std::string tensorType(const std::vector<int64_t> &shape, bool isF32,
   return text + (isF32 ? "f32>" : "bf16>");
 }
 
+/// A buffer the JIT-compiled function reads or writes: row-major data.
+struct Buffer {
+  void *data;
+  std::vector<int64_t> shape;
+};
+
+/// Decomposes, lowers and JIT-compiles `source`; null (with the error
+/// printed) on failure.
+std::unique_ptr<ExecutionEngine> compile(const std::string &source) {
+  static bool initialized = [] {
+    llvm::InitializeNativeTarget();
+    llvm::InitializeNativeTargetAsmPrinter();
+    return true;
+  }();
+  (void)initialized;
+  DialectRegistry registry;
+  registerBuiltinDialectTranslation(registry);
+  registerLLVMDialectTranslation(registry);
+  // The engine holds its own LLVM IR: the MLIR context may go.
+  MLIRContext context(registry);
+  context.loadDialect<mlir::moe::MoeDialect, func::FuncDialect>();
+  OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(source, &context);
+  if (!module)
+    return nullptr;
+  PassManager pm(&context);
+  pm.addPass(mlir::moe::createDecompose());
+  mlir::moe::cpu::buildLowerToLLVMPipeline(pm);
+  if (failed(pm.run(*module)))
+    return nullptr;
+  ExecutionEngineOptions options;
+  options.transformer = makeOptimizingTransformer(2, 0, nullptr);
+  auto engine = ExecutionEngine::create(*module, options);
+  if (!engine) {
+    llvm::errs() << llvm::toString(engine.takeError()) << "\n";
+    return nullptr;
+  }
+  return std::move(*engine);
+}
+
+/// Calls the C interface of `name` with one strided memref descriptor per
+/// buffer: {allocated, aligned, offset, sizes..., strides...}.
+bool call(ExecutionEngine &engine, const std::string &name,
+          const std::vector<Buffer> &buffers) {
+  std::vector<std::vector<int64_t>> descriptors;
+  for (const Buffer &buffer : buffers) {
+    auto address = reinterpret_cast<int64_t>(buffer.data);
+    std::vector<int64_t> d = {address, address, 0};
+    d.insert(d.end(), buffer.shape.begin(), buffer.shape.end());
+    std::vector<int64_t> strides(buffer.shape.size());
+    int64_t stride = 1;
+    for (int64_t r = int64_t(buffer.shape.size()) - 1; r >= 0; --r) {
+      strides[r] = stride;
+      stride *= buffer.shape[r];
+    }
+    d.insert(d.end(), strides.begin(), strides.end());
+    descriptors.push_back(std::move(d));
+  }
+  std::vector<void *> pointers, packed;
+  for (auto &d : descriptors)
+    pointers.push_back(d.data());
+  for (void *&p : pointers)
+    packed.push_back(&p);
+  llvm::Error error = engine.invokePacked("_mlir_ciface_" + name, packed);
+  if (error) {
+    llvm::errs() << llvm::toString(std::move(error)) << "\n";
+    return false;
+  }
+  return true;
+}
+
 struct Case {
   const char *name;
   LayerConfig config;
   bool routerBias = false, expertBiases = false;
+  /// The config's quant scheme, e.g. "<kind = mxfp8>"; empty for bf16.
+  std::string quant = "";
 };
 
-class CpuBackendTest : public ::testing::TestWithParam<Case> {
-protected:
-  static void SetUpTestSuite() {
-    llvm::InitializeNativeTarget();
-    llvm::InitializeNativeTargetAsmPrinter();
-  }
-};
+class CpuBackendTest : public ::testing::TestWithParam<Case> {};
 
 std::string routerText(const LayerConfig &c) {
   static const char *kinds[] = {"softmax_topk", "topk_softmax",
@@ -163,64 +230,27 @@ TEST_P(CpuBackendTest, MatchesTheFloat64Reference) {
                  ", limit = " + std::to_string(c.limit) + ">"
            : std::string("<kind = swiglu>")) +
       (is > 0 ? ", shared_intermediate = " + std::to_string(is) : "") +
-      (c.sharedGate ? ", shared_gate = true" : "") + ">} : (" + types +
+      (c.sharedGate ? ", shared_gate = true" : "") +
+      (tc.quant.empty() ? "" : ", quant = " + tc.quant) + ">} : (" + types +
       ") -> " + out;
   std::string source = "func.func @layer(" + args + ") -> " + out +
                        " attributes {llvm.emit_c_interface} {\n  " + layer +
                        "\n  return %out : " + out + "\n}\n";
 
-  DialectRegistry registry;
-  registerBuiltinDialectTranslation(registry);
-  registerLLVMDialectTranslation(registry);
-  MLIRContext context(registry);
-  context.loadDialect<mlir::moe::MoeDialect, func::FuncDialect>();
-  OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(source, &context);
-  ASSERT_TRUE(module) << source;
-  PassManager pm(&context);
-  pm.addPass(mlir::moe::createDecompose());
-  mlir::moe::cpu::buildLowerToLLVMPipeline(pm);
-  ASSERT_TRUE(succeeded(pm.run(*module)));
-  ExecutionEngineOptions options;
-  options.transformer = makeOptimizingTransformer(2, 0, nullptr);
-  auto engine = ExecutionEngine::create(*module, options);
-  ASSERT_TRUE(static_cast<bool>(engine)) << llvm::toString(engine.takeError());
+  auto engine = compile(source);
+  ASSERT_TRUE(engine) << source;
 
   for (int64_t tokens : {0, 1, 37}) {
     Input hidden = randomInput(rng, {tokens, h}, 1.0);
     std::vector<uint16_t> output(tokens * h, 0x7FC0); // poisoned: NaN
 
-    // Descriptors for the C interface: one per argument, then the output.
-    std::vector<std::vector<int64_t>> shapes = {hidden.shape};
-    std::vector<void *> data = {hidden.bf16.data()};
-    for (auto &[name, in] : weights) {
-      shapes.push_back(in.shape);
-      data.push_back(in.isF32 ? static_cast<void *>(in.f32.data())
-                              : static_cast<void *>(in.bf16.data()));
-    }
-    shapes.push_back({tokens, h});
-    data.push_back(output.data());
-    std::vector<std::vector<int64_t>> descriptors;
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      // {allocated, aligned, offset, sizes..., strides...} as 64-bit words.
-      std::vector<int64_t> d = {reinterpret_cast<int64_t>(data[i]),
-                                reinterpret_cast<int64_t>(data[i]), 0};
-      d.insert(d.end(), shapes[i].begin(), shapes[i].end());
-      int64_t stride = 1;
-      std::vector<int64_t> strides(shapes[i].size());
-      for (int64_t r = int64_t(shapes[i].size()) - 1; r >= 0; --r) {
-        strides[r] = stride;
-        stride *= shapes[i][r];
-      }
-      d.insert(d.end(), strides.begin(), strides.end());
-      descriptors.push_back(std::move(d));
-    }
-    std::vector<void *> pointers, packed;
-    for (auto &d : descriptors)
-      pointers.push_back(d.data());
-    for (void *&p : pointers)
-      packed.push_back(&p);
-    llvm::Error error = (*engine)->invokePacked("_mlir_ciface_layer", packed);
-    ASSERT_FALSE(static_cast<bool>(error)) << llvm::toString(std::move(error));
+    std::vector<Buffer> buffers = {{hidden.bf16.data(), hidden.shape}};
+    for (auto &[name, in] : weights)
+      buffers.push_back({in.isF32 ? static_cast<void *>(in.f32.data())
+                                  : static_cast<void *>(in.bf16.data()),
+                         in.shape});
+    buffers.push_back({output.data(), {tokens, h}});
+    ASSERT_TRUE(call(*engine, "layer", buffers));
 
     ::moe::ref::LayerTensors t;
     t.hiddenStates = hidden.values;
@@ -245,11 +275,16 @@ TEST_P(CpuBackendTest, MatchesTheFloat64Reference) {
       norm += expected[i] * expected[i];
     }
     double relative = tokens ? std::sqrt(diff / norm) : 0.0;
-    // The backend rounds to bf16 four times on the way (activation, expert
-    // rows, shared output, result), each within 2^-9 relative; f32 versus
-    // f64 accumulation adds far less. 1e-2 leaves room for that and nothing
-    // like a wrong expert or weight.
-    EXPECT_LT(relative, 1e-2) << tc.name << " at " << tokens << " tokens";
+    // bf16: the backend rounds to bf16 four times on the way (activation,
+    // expert rows, shared output, result), each within 2^-9 relative; f32
+    // versus f64 accumulation adds far less. 1e-2 leaves room for that and
+    // nothing like a wrong expert or weight. FP8: E4M3 keeps 3 mantissa
+    // bits, so each quantized operand is off by up to 2^-4 relative (about
+    // 3.6% RMS); four quantized operands (two per matmul) give about
+    // sqrt(4) x 3.6% = 7%, which is what runs show. 0.15 is twice that and
+    // still far from a wrong expert or scale (errors near 100%).
+    double bound = tc.quant.empty() ? 1e-2 : 0.15;
+    EXPECT_LT(relative, bound) << tc.name << " at " << tokens << " tokens";
     std::printf("%s, %ld tokens: relative error %.2e\n", tc.name,
                 static_cast<long>(tokens), relative);
   }
@@ -288,6 +323,11 @@ static std::vector<Case> cases() {
   LayerConfig llama4 = config(Router::SigmoidScaleInput, 8, 1);
   llama4.sharedIntermediate = 32;
   all.push_back({"llama4", llama4});
+  all.push_back({"mixtral_mxfp8", mixtral, false, false, "<kind = mxfp8>"});
+  all.push_back({"qwen2_moe_mxfp8_ceil", qwen2, false, false,
+                 "<kind = mxfp8, rounding = ceil>"});
+  all.push_back({"deepseek_v3_fp8_block128", deepseek, true, false,
+                 "<kind = fp8_block128>"});
   return all;
 }
 
@@ -295,3 +335,226 @@ INSTANTIATE_TEST_SUITE_P(Layers, CpuBackendTest, ::testing::ValuesIn(cases()),
                          [](const auto &info) {
                            return std::string(info.param.name);
                          });
+
+namespace {
+/// Wide-range values with the awkward ones quantizers get wrong: zeros,
+/// exact 448s, values past 448, tiny values, NaN and infinities.
+std::vector<float> awkwardMatrix(std::mt19937 &rng, int64_t rows,
+                                 int64_t cols) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-30, 30);
+  std::vector<float> m(rows * cols);
+  for (float &v : m)
+    v = std::ldexp(normal(rng), exponent(rng) / 3);
+  for (int64_t c = 0; c < cols; ++c) {
+    m[0 * cols + c] = 0.0f;
+    m[1 * cols + c] = c % 2 ? 448.0f : -448.0f;
+    m[2 * cols + c] = 464.0f + c;
+    m[3 * cols + c] = std::ldexp(1.0f, -130) * (c + 1);
+  }
+  m[4 * cols + 5] = std::nanf("");
+  m[5 * cols + 40] = INFINITY;
+  m[6 * cols + 70] = -INFINITY;
+  return m;
+}
+
+std::string quantizeSource(const std::string &shape, const std::string &data,
+                           const std::string &scales,
+                           const std::string &scheme) {
+  return "func.func @q(%x: tensor<" + shape + "xf32>) -> (tensor<" + data +
+         "xf8E4M3FN>, tensor<" + scales +
+         ">) attributes {llvm.emit_c_interface} {\n"
+         "  %d, %s = moe.quantize %x {scheme = #moe.quant<" +
+         scheme + ">} : (tensor<" + shape + "xf32>) -> (tensor<" + data +
+         "xf8E4M3FN>, tensor<" + scales + ">)\n  return %d, %s : tensor<" +
+         data + "xf8E4M3FN>, tensor<" + scales + ">\n}\n";
+}
+} // namespace
+
+// The backend's quantizers equal the reference ones bit for bit, which are
+// themselves checked against ml_dtypes (test/reference).
+TEST(CpuBackendQuantize, MatchesTheReferenceQuantizersBitForBit) {
+  std::mt19937 rng(7);
+  int64_t rows = 37, cols = 100;
+  std::vector<float> m = awkwardMatrix(rng, rows, cols);
+  using ::moe::ref::ScaleRounding;
+  for (auto [scheme, rounding] :
+       {std::pair<const char *, ScaleRounding>{"kind = mxfp8",
+                                               ScaleRounding::Floor},
+        {"kind = mxfp8, rounding = ceil", ScaleRounding::Ceil}}) {
+    auto engine =
+        compile(quantizeSource("?x100", "?x100", "?x4xf8E8M0FNU", scheme));
+    ASSERT_TRUE(engine);
+    std::vector<uint8_t> data(rows * cols, 0xAA), scales(rows * 4, 0xAA);
+    ASSERT_TRUE(call(*engine, "q",
+                     {{m.data(), {rows, cols}},
+                      {data.data(), {rows, cols}},
+                      {scales.data(), {rows, 4}}}));
+    auto expected = ::moe::ref::quantizeMXFP8(m, rows, cols, rounding);
+    EXPECT_EQ(data, expected.data) << scheme;
+    EXPECT_EQ(scales, expected.e8m0) << scheme;
+  }
+
+  // FP8 block-128: activations in 1 x 128 blocks...
+  auto act = compile(
+      quantizeSource("?x100", "?x100", "?x1xf32", "kind = fp8_block128"));
+  ASSERT_TRUE(act);
+  std::vector<uint8_t> data(rows * cols);
+  std::vector<float> scales(rows);
+  ASSERT_TRUE(call(*act, "q",
+                   {{m.data(), {rows, cols}},
+                    {data.data(), {rows, cols}},
+                    {scales.data(), {rows, 1}}}));
+  auto expected = ::moe::ref::quantizeFP8Block128(m, rows, cols, 1);
+  EXPECT_EQ(data, expected.data);
+  for (int64_t r = 0; r < rows; ++r)
+    EXPECT_TRUE(scales[r] == expected.f32Scales[r] ||
+                (std::isnan(scales[r]) && std::isnan(expected.f32Scales[r])))
+        << r;
+
+  // ...and weights [experts, N, K] in 128 x 128 blocks.
+  int64_t experts = 2, n = 130, k = 300;
+  std::vector<float> w = awkwardMatrix(rng, experts * n, k);
+  auto weight = compile(quantizeSource("2x130x300", "2x130x300", "2x2x3xf32",
+                                       "kind = fp8_block128"));
+  ASSERT_TRUE(weight);
+  std::vector<uint8_t> wData(experts * n * k);
+  std::vector<float> wScales(experts * 2 * 3);
+  ASSERT_TRUE(call(*weight, "q",
+                   {{w.data(), {experts, n, k}},
+                    {wData.data(), {experts, n, k}},
+                    {wScales.data(), {experts, 2, 3}}}));
+  for (int64_t x = 0; x < experts; ++x) {
+    std::vector<float> slice(w.begin() + x * n * k,
+                             w.begin() + (x + 1) * n * k);
+    auto ref = ::moe::ref::quantizeFP8Block128(slice, n, k, 128);
+    EXPECT_TRUE(
+        std::equal(ref.data.begin(), ref.data.end(), wData.begin() + x * n * k))
+        << "expert " << x;
+    for (int64_t i = 0; i < 6; ++i)
+      EXPECT_TRUE(
+          wScales[x * 6 + i] == ref.f32Scales[i] ||
+          (std::isnan(wScales[x * 6 + i]) && std::isnan(ref.f32Scales[i])))
+          << "expert " << x << " block " << i;
+  }
+}
+
+TEST(CpuBackendQuantize, DequantizeInvertsTheCodes) {
+  std::vector<uint8_t> data(256);
+  for (int i = 0; i < 256; ++i)
+    data[i] = static_cast<uint8_t>(i);
+  std::vector<uint8_t> scales = {127 - 3, 127 + 2, 0, 0xFF, 127, 127, 127, 127};
+  auto engine = compile(
+      "func.func @dq(%d: tensor<1x256xf8E4M3FN>, %s: tensor<1x8xf8E8M0FNU>) "
+      "-> tensor<1x256xf32> attributes {llvm.emit_c_interface} {\n"
+      "  %r = moe.dequantize %d, %s {scheme = #moe.quant<kind = mxfp8>} : "
+      "(tensor<1x256xf8E4M3FN>, tensor<1x8xf8E8M0FNU>) -> tensor<1x256xf32>\n"
+      "  return %r : tensor<1x256xf32>\n}\n");
+  ASSERT_TRUE(engine);
+  std::vector<float> out(256);
+  ASSERT_TRUE(call(*engine, "dq",
+                   {{data.data(), {1, 256}},
+                    {scales.data(), {1, 8}},
+                    {out.data(), {1, 256}}}));
+  for (int i = 0; i < 256; ++i) {
+    double expected = ::moe::ref::decodeE4M3(data[i]) *
+                      ::moe::ref::decodeE8M0(scales[i / 32]);
+    if (std::isnan(expected))
+      EXPECT_TRUE(std::isnan(out[i])) << i;
+    else
+      EXPECT_EQ(out[i], static_cast<float>(expected)) << i;
+  }
+}
+
+// An FP8 grouped matmul equals the float64 product of the decoded operands
+// to f32 accumulation accuracy, for both scale layouts.
+TEST(CpuBackendQuantize, FP8GroupedMatmulMatchesFloat64) {
+  std::mt19937 rng(11);
+  int64_t experts = 3, n = 40, k = 300, rows = 20;
+  std::vector<int32_t> counts = {7, 0, 11}, offsets = {0, 8, 8, 20};
+  std::uniform_int_distribution<int> code(0, 0x7E), sign(0, 1);
+  auto codes = [&](int64_t count) {
+    std::vector<uint8_t> v(count);
+    for (uint8_t &c : v)
+      c = static_cast<uint8_t>(code(rng) | (sign(rng) << 7));
+    return v;
+  };
+  std::vector<uint8_t> a = codes(rows * k), b = codes(experts * n * k);
+  for (auto [scaleType, kBlock, squareRhs] :
+       {std::tuple<const char *, int64_t, bool>{"f8E8M0FNU", 32, false},
+        {"f32", 128, false},
+        {"f32", 128, true}}) {
+    int64_t kBlocks = (k + kBlock - 1) / kBlock;
+    int64_t rhsScaleRows = squareRhs ? (n + 127) / 128 : n;
+    bool e8m0 = std::string(scaleType) == "f8E8M0FNU";
+    std::uniform_int_distribution<int> exponent(120, 134);
+    std::uniform_real_distribution<float> real(0.01f, 2.0f);
+    std::vector<uint8_t> aScale8(rows * kBlocks),
+        bScale8(experts * rhsScaleRows * kBlocks);
+    std::vector<float> aScale32(aScale8.size()), bScale32(bScale8.size());
+    for (auto *v : {&aScale8, &bScale8})
+      for (uint8_t &s : *v)
+        s = static_cast<uint8_t>(exponent(rng));
+    for (auto *v : {&aScale32, &bScale32})
+      for (float &s : *v)
+        s = real(rng);
+    auto scaleAt = [&](bool lhs, int64_t i) -> double {
+      return e8m0 ? ::moe::ref::decodeE8M0(lhs ? aScale8[i] : bScale8[i])
+                  : (lhs ? aScale32[i] : bScale32[i]);
+    };
+    auto t = [](std::vector<int64_t> shape, const std::string &element) {
+      std::string text = "tensor<";
+      for (int64_t d : shape)
+        text += (d < 0 ? std::string("?") : std::to_string(d)) + "x";
+      return text + element + ">";
+    };
+    std::string types = t({-1, k}, "f8E4M3FN") + ", " +
+                        t({experts, n, k}, "f8E4M3FN") + ", " +
+                        t({experts}, "i32") + ", " + t({experts + 1}, "i32") +
+                        ", " + t({-1, kBlocks}, scaleType) + ", " +
+                        t({experts, rhsScaleRows, kBlocks}, scaleType);
+    std::string source =
+        "func.func @mm(%a: " + t({-1, k}, "f8E4M3FN") +
+        ", %b: " + t({experts, n, k}, "f8E4M3FN") +
+        ", %c: " + t({experts}, "i32") + ", %o: " + t({experts + 1}, "i32") +
+        ", %as: " + t({-1, kBlocks}, scaleType) +
+        ", %bs: " + t({experts, rhsScaleRows, kBlocks}, scaleType) + ") -> " +
+        t({-1, n}, "f32") + " attributes {llvm.emit_c_interface} {\n" +
+        "  %y = moe.grouped_matmul %a, %b groups(%c, %o) scales(%as, %bs) : (" +
+        types + ") -> " + t({-1, n}, "f32") +
+        "\n  return %y : " + t({-1, n}, "f32") + "\n}\n";
+    auto engine = compile(source);
+    ASSERT_TRUE(engine) << source;
+    std::vector<float> out(rows * n, NAN);
+    void *as = e8m0 ? static_cast<void *>(aScale8.data()) : aScale32.data();
+    void *bs = e8m0 ? static_cast<void *>(bScale8.data()) : bScale32.data();
+    ASSERT_TRUE(call(*engine, "mm",
+                     {{a.data(), {rows, k}},
+                      {b.data(), {experts, n, k}},
+                      {counts.data(), {experts}},
+                      {offsets.data(), {experts + 1}},
+                      {as, {rows, kBlocks}},
+                      {bs, {experts, rhsScaleRows, kBlocks}},
+                      {out.data(), {rows, n}}}));
+    double diff = 0, norm = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      // Rows 7 and 19 are alignment padding.
+      int64_t x = r < 7 ? 0 : (r >= 8 && r < 19 ? 2 : -1);
+      for (int64_t c = 0; c < n; ++c) {
+        double expected = 0;
+        if (x >= 0)
+          for (int64_t kk = 0; kk < k; ++kk) {
+            int64_t kb = kk / kBlock;
+            int64_t sr = squareRhs ? c / 128 : c;
+            expected += ::moe::ref::decodeE4M3(a[r * k + kk]) *
+                        ::moe::ref::decodeE4M3(b[(x * n + c) * k + kk]) *
+                        scaleAt(true, r * kBlocks + kb) *
+                        scaleAt(false, (x * rhsScaleRows + sr) * kBlocks + kb);
+          }
+        diff += (out[r * n + c] - expected) * (out[r * n + c] - expected);
+        norm += expected * expected;
+      }
+    }
+    EXPECT_LT(std::sqrt(diff / norm), 1e-6) << scaleType;
+  }
+}

@@ -1,0 +1,189 @@
+//===- Emitter.h - scalar loop building for the CPU backend -----*- C++ -*-===//
+
+#ifndef MOE_CODEGEN_CPU_EMITTER_H
+#define MOE_CODEGEN_CPU_EMITTER_H
+
+#include "codegen/cpu/Passes.h"
+
+#include <cmath>
+#include <functional>
+
+namespace mlir::moe::cpu {
+
+/// The buffer type holding a tensor: FP8 codes live in i8.
+inline MemRefType bufferType(Type type) {
+  auto tensor = cast<RankedTensorType>(type);
+  Type element = tensor.getElementType();
+  if (isa<Float8E4M3FNType, Float8E8M0FNUType>(element))
+    element = IntegerType::get(type.getContext(), 8);
+  return MemRefType::get(tensor.getShape(), element);
+}
+
+/// Emits loops and scalar arithmetic at one insertion point.
+class Emitter {
+public:
+  Emitter(OpBuilder &b, Location loc) : b(b), loc(loc) {}
+
+  Value index(int64_t value) {
+    return arith::ConstantIndexOp::create(b, loc, value);
+  }
+  Value f32(double value) {
+    return arith::ConstantOp::create(b, loc, b.getF32FloatAttr(value));
+  }
+  Value i32(int64_t value) {
+    return arith::ConstantOp::create(b, loc, b.getI32IntegerAttr(value));
+  }
+  Value dim(Value buffer, int64_t i) {
+    return memref::DimOp::create(b, loc, buffer, i);
+  }
+  Value toIndex(Value i32Value) {
+    return arith::IndexCastOp::create(b, loc, b.getIndexType(), i32Value);
+  }
+  Value toI32(Value indexValue) {
+    return arith::IndexCastOp::create(b, loc, b.getI32Type(), indexValue);
+  }
+
+  /// A buffer of `type`, its dynamic sizes given in order.
+  Value alloc(MemRefType type, ValueRange dynamicSizes = {}) {
+    Value buffer = memref::AllocOp::create(b, loc, type, dynamicSizes);
+    allocations.push_back(buffer);
+    return buffer;
+  }
+  void fill(Value buffer, Value value) {
+    auto type = cast<MemRefType>(buffer.getType());
+    SmallVector<Value> ivs;
+    std::function<void(int64_t)> nest = [&](int64_t d) {
+      if (d == type.getRank()) {
+        memref::StoreOp::create(b, loc, value, buffer, ivs);
+        return;
+      }
+      forEach(index(0), dim(buffer, d), [&](Value iv) {
+        ivs.push_back(iv);
+        nest(d + 1);
+        ivs.pop_back();
+      });
+    };
+    nest(0);
+  }
+
+  /// for (iv = lb; iv < ub; ++iv) body(iv)
+  void forEach(Value lb, Value ub, function_ref<void(Value)> body) {
+    scf::ForOp::create(b, loc, lb, ub, index(1), ValueRange{},
+                       [&](OpBuilder &nested, Location, Value iv, ValueRange) {
+                         OpBuilder::InsertionGuard guard(b);
+                         b.setInsertionPoint(nested.getInsertionBlock(),
+                                             nested.getInsertionPoint());
+                         body(iv);
+                         scf::YieldOp::create(b, loc);
+                       });
+  }
+
+  /// A loop carrying `init`; body returns the next values.
+  SmallVector<Value>
+  reduce(Value lb, Value ub, ValueRange init,
+         function_ref<SmallVector<Value>(Value, ValueRange)> body) {
+    auto loop = scf::ForOp::create(
+        b, loc, lb, ub, index(1), init,
+        [&](OpBuilder &nested, Location, Value iv, ValueRange carried) {
+          OpBuilder::InsertionGuard guard(b);
+          b.setInsertionPoint(nested.getInsertionBlock(),
+                              nested.getInsertionPoint());
+          scf::YieldOp::create(b, loc, body(iv, carried));
+        });
+    return SmallVector<Value>(loop.getResults());
+  }
+
+  /// if (condition) body()
+  void ifThen(Value condition, function_ref<void()> body) {
+    auto op = scf::IfOp::create(b, loc, condition, /*withElseRegion=*/false);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(&op.getThenRegion().front());
+    body();
+  }
+
+  /// An element as f32, whatever the buffer's float type.
+  Value load(Value buffer, ValueRange indices) {
+    Value value = memref::LoadOp::create(b, loc, buffer, indices);
+    if (!value.getType().isF32())
+      value = arith::ExtFOp::create(b, loc, b.getF32Type(), value);
+    return value;
+  }
+  /// Stores an f32, rounded to nearest even if the buffer is narrower.
+  void store(Value value, Value buffer, ValueRange indices) {
+    Type element = cast<MemRefType>(buffer.getType()).getElementType();
+    if (element != value.getType())
+      value = arith::TruncFOp::create(b, loc, element, value);
+    memref::StoreOp::create(b, loc, value, buffer, indices);
+  }
+  Value loadRaw(Value buffer, ValueRange indices) {
+    return memref::LoadOp::create(b, loc, buffer, indices);
+  }
+  void storeRaw(Value value, Value buffer, ValueRange indices) {
+    memref::StoreOp::create(b, loc, value, buffer, indices);
+  }
+
+  Value add(Value x, Value y) { return arith::AddFOp::create(b, loc, x, y); }
+  Value sub(Value x, Value y) { return arith::SubFOp::create(b, loc, x, y); }
+  Value mul(Value x, Value y) { return arith::MulFOp::create(b, loc, x, y); }
+  Value div(Value x, Value y) { return arith::DivFOp::create(b, loc, x, y); }
+  Value exp(Value x) { return math::ExpOp::create(b, loc, x); }
+  Value sigmoid(Value x) {
+    return div(f32(1.0), add(f32(1.0), exp(arith::NegFOp::create(b, loc, x))));
+  }
+  Value fgt(Value x, Value y) {
+    return arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OGT, x, y);
+  }
+  Value select(Value c, Value x, Value y) {
+    return arith::SelectOp::create(b, loc, c, x, y);
+  }
+  Value minf(Value x, Value y) {
+    return arith::MinimumFOp::create(b, loc, x, y);
+  }
+  Value maxf(Value x, Value y) {
+    return arith::MaximumFOp::create(b, loc, x, y);
+  }
+  Value iadd(Value x, Value y) { return arith::AddIOp::create(b, loc, x, y); }
+  Value icmp(arith::CmpIPredicate p, Value x, Value y) {
+    return arith::CmpIOp::create(b, loc, p, x, y);
+  }
+  Value andi(Value x, Value y) { return arith::AndIOp::create(b, loc, x, y); }
+  Value ori(Value x, Value y) { return arith::OrIOp::create(b, loc, x, y); }
+
+  /// Sum over k in [0, K) of lhs[lhsRow, k] * rhs[rhsIndex..., k], in f32.
+  Value dot(Value lhs, Value lhsRow, Value rhs, ValueRange rhsPrefix,
+            int64_t k) {
+    return reduce(
+        index(0), index(k), {f32(0.0)},
+        [&](Value kk, ValueRange acc) -> SmallVector<Value> {
+          SmallVector<Value> rhsIndex(rhsPrefix);
+          rhsIndex.push_back(kk);
+          Value product = mul(load(lhs, {lhsRow, kk}), load(rhs, rhsIndex));
+          return {add(acc[0], product)};
+        })[0];
+  }
+
+  /// The index in [lb, ub) whose `key` is largest among those `eligible`
+  /// says; ties and NaN keys go to the lowest index. -1 if none is eligible.
+  Value argmax(Value lb, Value ub, function_ref<Value(Value)> key,
+               function_ref<Value(Value)> eligible) {
+    auto result =
+        reduce(lb, ub, {i32(-1), f32(0.0)},
+               [&](Value iv, ValueRange acc) -> SmallVector<Value> {
+                 Value value = key(iv);
+                 Value none = icmp(arith::CmpIPredicate::slt, acc[0], i32(0));
+                 Value better =
+                     andi(eligible(iv), ori(none, fgt(value, acc[1])));
+                 return {select(better, toI32(iv), acc[0]),
+                         select(better, value, acc[1])};
+               });
+    return result[0];
+  }
+
+  OpBuilder &b;
+  Location loc;
+  SmallVector<Value> allocations;
+};
+
+} // namespace mlir::moe::cpu
+
+#endif // MOE_CODEGEN_CPU_EMITTER_H
