@@ -19,4 +19,4 @@ llvm_config.with_system_environment(["HOME", "PATH", "PYTHONPATH"])
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 llvm_config.use_default_substitutions()
 llvm_config.add_tool_substitutions(
-    ["moe-opt", "moe-compile", "moe-quantize-reference"], [config.moe_tools_dir, config.llvm_tools_dir])
+    ["moe-opt", "moe-compile", "moe-exec", "moe-reference", "moe-quantize-reference"], [config.moe_tools_dir, config.llvm_tools_dir])

@@ -281,7 +281,8 @@ OwningOpRef<ModuleOp> mlir::moe::importHFConfig(MLIRContext &context,
 
   std::string funcName = name.str();
   if (funcName.empty()) {
-    funcName = (*modelType + "_moe").str();
+    funcName = modelType->ends_with("_moe") ? modelType->str()
+                                            : (*modelType + "_moe").str();
     for (char &c : funcName)
       if (!llvm::isAlnum(c))
         c = '_';

@@ -8,8 +8,9 @@
 
 namespace mlir::moe {
 /// Builds a module holding one function, `name` (default:
-/// `<model_type>_moe`), whose body is the MoE layer
-/// that the HuggingFace `config.json` text describes, read the way the
+/// `<model_type>_moe`,
+/// or the model type itself when it ends in `_moe`), whose body is the MoE
+/// layer that the HuggingFace `config.json` text describes, read the way the
 /// model's own code reads it. Returns null after emitting a diagnostic at
 /// `path` that names the missing or unsupported field.
 OwningOpRef<ModuleOp> importHFConfig(MLIRContext &context, StringRef path,

@@ -5,12 +5,16 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "codegen/cpu/Passes.h"
+#include "codegen/host/Host.h"
 #include "dialects/moe/MoeOps.h"
+#include "passes/Passes.h"
 #include "tools/moe-compile/HFConfig.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/InitLLVM.h"
@@ -21,7 +25,8 @@ using namespace mlir;
 namespace cl = llvm::cl;
 
 namespace {
-enum class Emit { MLIR };
+enum class Emit { SharedLibrary, MLIR };
+enum class Target { CPU };
 
 cl::OptionCategory category("moe-compile options");
 cl::opt<std::string> inputFile(cl::Positional, cl::desc("[LAYER.mlir]"),
@@ -38,15 +43,81 @@ cl::opt<std::string>
               cl::desc("Name of the layer's function when built from a "
                        "config (default: <model_type>_moe)"),
               cl::value_desc("name"), cl::cat(category));
-cl::opt<Emit> emit("emit", cl::desc("What to write"),
-                   cl::values(clEnumValN(Emit::MLIR, "mlir",
-                                         "the verified layer in the moe "
-                                         "dialect")),
-                   cl::init(Emit::MLIR), cl::cat(category));
-cl::opt<std::string> outputFile("o", cl::desc("Output file (default: stdout)"),
-                                cl::value_desc("file"), cl::init("-"),
-                                cl::cat(category));
+cl::opt<Emit> emit(
+    "emit", cl::desc("What to write"),
+    cl::values(clEnumValN(Emit::SharedLibrary, "so",
+                          "a shared library exporting moe_<name>_forward and "
+                          "moe_layer_info, with a C header beside it "
+                          "(default)"),
+               clEnumValN(Emit::MLIR, "mlir",
+                          "the verified layer in the moe dialect")),
+    cl::init(Emit::SharedLibrary), cl::cat(category));
+cl::opt<Target> target("target", cl::desc("What the library runs on"),
+                       cl::values(clEnumValN(Target::CPU, "cpu",
+                                             "the host CPU, through the "
+                                             "reference backend (default)")),
+                       cl::init(Target::CPU), cl::cat(category));
+cl::opt<std::string>
+    outputFile("o",
+               cl::desc("Output file: libNAME.so for --emit=so (required), "
+                        "else default stdout"),
+               cl::value_desc("file"), cl::init("-"), cl::cat(category));
 } // namespace
+
+/// Lowers the module's one layer function and writes the library and its
+/// header.
+static bool compileSharedLibrary(ModuleOp module) {
+  if (outputFile == "-") {
+    llvm::errs() << "moe-compile: --emit=so needs -o libNAME.so\n";
+    return false;
+  }
+  SmallVector<func::FuncOp> layers;
+  for (auto func : module.getOps<func::FuncOp>())
+    if (!func.getOps<moe::LayerOp>().empty())
+      layers.push_back(func);
+  if (layers.size() != 1) {
+    emitError(module.getLoc()) << "a library holds one layer function, but "
+                                  "the input has "
+                               << layers.size();
+    return false;
+  }
+  func::FuncOp func = layers.front();
+  std::string name = func.getName().str();
+  if (name.empty() || llvm::isDigit(name[0]) || !llvm::all_of(name, [](char c) {
+        return llvm::isAlnum(c) || c == '_';
+      })) {
+    func.emitOpError() << "name '" << name
+                       << "' is not a C identifier (use --name)";
+    return false;
+  }
+  FailureOr<SmallVector<moe::host::ArgInfo>> args =
+      moe::host::describeLayer(func);
+  if (failed(args))
+    return false;
+  moe::ConfigAttr config = (*func.getOps<moe::LayerOp>().begin()).getConfig();
+
+  PassManager pm(module.getContext());
+  pm.addPass(moe::createDecompose());
+  moe::cpu::buildLowerToLLVMPipeline(pm);
+  if (failed(pm.run(module)) ||
+      failed(moe::host::addEntryPoints(module, name, *args, config)) ||
+      failed(moe::host::emitSharedLibrary(module, outputFile)))
+    return false;
+
+  StringRef stem = outputFile;
+  stem.consume_back(".so");
+  std::string headerPath = (stem + ".h").str();
+  std::string error;
+  std::unique_ptr<llvm::ToolOutputFile> header =
+      openOutputFile(headerPath, &error);
+  if (!header) {
+    llvm::errs() << "moe-compile: " << error << "\n";
+    return false;
+  }
+  header->os() << moe::host::headerText(name, *args);
+  header->keep();
+  return true;
+}
 
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
@@ -55,9 +126,9 @@ int main(int argc, char **argv) {
       argc, argv,
       "moe-compile: build one MoE layer from the moe dialect or a "
       "HuggingFace config.json\n\n"
-      "  moe-compile LAYER.mlir [-o OUT.mlir]\n"
-      "  moe-compile --from-hf-config config.json [--name NAME] "
-      "[-o OUT.mlir]\n");
+      "  moe-compile LAYER.mlir -o libNAME.so\n"
+      "  moe-compile --from-hf-config config.json [--name NAME] -o libNAME.so\n"
+      "  moe-compile ... --emit=mlir [-o OUT.mlir]\n");
 
   if (inputFile.empty() == hfConfig.empty()) {
     llvm::errs() << "moe-compile: give either a LAYER.mlir file or "
@@ -87,6 +158,8 @@ int main(int argc, char **argv) {
   }
   if (!module)
     return 1;
+  if (emit == Emit::SharedLibrary)
+    return compileSharedLibrary(*module) ? 0 : 1;
 
   std::unique_ptr<llvm::ToolOutputFile> output =
       openOutputFile(outputFile, &error);

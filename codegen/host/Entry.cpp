@@ -1,0 +1,240 @@
+//===- Entry.cpp - C entry point and metadata of a compiled layer ---------===//
+//
+// moe_<name>_forward(void *const *args, int64_t tokens) calls the lowered
+// layer with one row-major buffer per argument (outputs last) whose token
+// dimension is `tokens`. moe_layer_info() returns the layer's description as
+// JSON, so a runner needs neither the header nor MLIR.
+//
+//===----------------------------------------------------------------------===//
+
+#include "codegen/host/Host.h"
+
+#include "dialects/moe/MoeOps.h"
+
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "llvm/Support/JSON.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+
+static FailureOr<std::string> dtypeName(Type type) {
+  if (type.isBF16())
+    return std::string("BF16");
+  if (type.isF16())
+    return std::string("F16");
+  if (type.isF32())
+    return std::string("F32");
+  if (isa<Float8E4M3FNType>(type))
+    return std::string("F8_E4M3");
+  if (isa<Float8E8M0FNUType>(type))
+    return std::string("F8_E8M0");
+  if (type.isInteger(32))
+    return std::string("I32");
+  return failure();
+}
+
+/// An argument's description; only a leading token dimension may be dynamic.
+static FailureOr<host::ArgInfo> describe(Operation *where, StringRef name,
+                                         Type type, bool isOutput) {
+  auto tensor = dyn_cast<RankedTensorType>(type);
+  FailureOr<std::string> dtype = tensor ? dtypeName(tensor.getElementType())
+                                        : FailureOr<std::string>(failure());
+  if (failed(dtype))
+    return where->emitOpError() << "cannot pass " << type << " as '" << name
+                                << "' through the C entry point";
+  host::ArgInfo info{name.str(), *dtype, {}, isOutput};
+  for (auto [i, size] : llvm::enumerate(tensor.getShape())) {
+    if (ShapedType::isDynamic(size) && i != 0)
+      return where->emitOpError()
+             << "'" << name << "' may have a dynamic size only in its first "
+             << "(token) dimension";
+    info.shape.push_back(ShapedType::isDynamic(size) ? -1 : size);
+  }
+  return info;
+}
+
+FailureOr<SmallVector<host::ArgInfo>> host::describeLayer(func::FuncOp func) {
+  SmallVector<LayerOp> layers(func.getOps<LayerOp>());
+  if (layers.size() != 1)
+    return func.emitOpError() << "must hold exactly one moe.layer to be "
+                                 "compiled, but holds "
+                              << layers.size();
+  LayerOp layer = layers.front();
+  // The ABI names each argument after the layer operand it feeds.
+  std::pair<StringRef, Value> operands[] = {
+      {"hidden_states", layer.getHiddenStates()},
+      {"router_weight", layer.getRouterWeight()},
+      {"router_bias", layer.getRouterBias()},
+      {"w13", layer.getW13()},
+      {"w2", layer.getW2()},
+      {"w13_scale", layer.getW13Scale()},
+      {"w2_scale", layer.getW2Scale()},
+      {"w13_bias", layer.getW13Bias()},
+      {"w2_bias", layer.getW2Bias()},
+      {"shared_w13", layer.getSharedW13()},
+      {"shared_w2", layer.getSharedW2()},
+      {"shared_gate", layer.getSharedGate()},
+  };
+  SmallVector<StringRef> names(func.getNumArguments());
+  for (auto [name, value] : operands) {
+    if (!value)
+      continue;
+    auto arg = dyn_cast<BlockArgument>(value);
+    if (!arg || arg.getOwner() != &func.getBody().front() ||
+        !names[arg.getArgNumber()].empty())
+      return layer.emitOpError() << "operand '" << name
+                                 << "' must be its own function argument to "
+                                    "be compiled";
+    names[arg.getArgNumber()] = name;
+  }
+  auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
+  if (ret.getNumOperands() != 1 || ret.getOperand(0) != layer.getResult())
+    return func.emitOpError() << "must return the layer's result";
+
+  SmallVector<ArgInfo> args;
+  for (auto [i, name] : llvm::enumerate(names)) {
+    if (name.empty())
+      return func.emitOpError() << "argument " << i
+                                << " does not feed the "
+                                   "layer";
+    FailureOr<ArgInfo> info =
+        describe(func, name, func.getArgument(i).getType(), false);
+    if (failed(info))
+      return failure();
+    args.push_back(*info);
+  }
+  FailureOr<ArgInfo> out = describe(func, "out", layer.getType(), true);
+  if (failed(out))
+    return failure();
+  args.push_back(*out);
+  return args;
+}
+
+/// The layer's configuration, as a runner or a reference needs it.
+static llvm::json::Object configJson(ConfigAttr config) {
+  RouterAttr router = config.getRouter();
+  ActivationAttr activation = config.getActivation();
+  llvm::json::Object object{
+      {"experts", config.getExperts()},
+      {"top_k", config.getTopK()},
+      {"hidden", config.getHidden()},
+      {"intermediate", config.getIntermediate()},
+      {"router", stringifyRouterKind(router.getKind())},
+      {"renormalize", router.getRenormalize()},
+      {"n_group", router.getNGroup()},
+      {"topk_group", router.getTopkGroup()},
+      {"scaling", router.getScaling().convertToDouble()},
+      {"activation", stringifyActivationKind(activation.getKind())},
+      {"alpha", activation.getAlpha().convertToDouble()},
+      {"limit", activation.getLimit().convertToDouble()},
+      {"shared_intermediate", config.getSharedIntermediate()},
+      {"shared_gate", config.getSharedGate()},
+      {"ep_size", config.getEpSize()}};
+  if (QuantAttr quant = config.getQuant()) {
+    object["quant"] = stringifyQuantKind(quant.getKind());
+    object["rounding"] = stringifyScaleRounding(quant.getRounding());
+  } else {
+    object["quant"] = nullptr;
+  }
+  return object;
+}
+
+static std::string infoJson(StringRef name, ArrayRef<host::ArgInfo> args,
+                            ConfigAttr config) {
+  llvm::json::Array list;
+  for (const host::ArgInfo &arg : args)
+    list.push_back(llvm::json::Object{{"name", arg.name},
+                                      {"dtype", arg.dtype},
+                                      {"shape", llvm::json::Array(arg.shape)},
+                                      {"output", arg.isOutput}});
+  llvm::json::Object info{{"abi_version", 1},
+                          {"name", name},
+                          {"forward", ("moe_" + name + "_forward").str()},
+                          {"target", "cpu"},
+                          {"config", configJson(config)},
+                          {"args", std::move(list)}};
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << llvm::json::Value(std::move(info));
+  return text;
+}
+
+LogicalResult host::addEntryPoints(ModuleOp module, StringRef name,
+                                   ArrayRef<ArgInfo> args, ConfigAttr config) {
+  auto layer = module.lookupSymbol<LLVM::LLVMFuncOp>(name);
+  if (!layer)
+    return module.emitError() << "no lowered function '" << name << "'";
+  MLIRContext *ctx = module.getContext();
+  Location loc = layer.getLoc();
+  OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
+  Type ptr = LLVM::LLVMPointerType::get(ctx), i64 = b.getI64Type();
+  Type i32 = b.getI32Type();
+
+  auto forward =
+      LLVM::LLVMFuncOp::create(b, loc, ("moe_" + name + "_forward").str(),
+                               LLVM::LLVMFunctionType::get(i32, {ptr, i64}));
+  Block *entry = forward.addEntryBlock(b);
+  b.setInsertionPointToStart(entry);
+  Value argv = entry->getArgument(0), tokens = entry->getArgument(1);
+  auto constant = [&](int64_t v) -> Value {
+    return LLVM::ConstantOp::create(b, loc, i64, b.getI64IntegerAttr(v));
+  };
+  // Each buffer becomes a memref descriptor: pointer twice, offset 0, sizes,
+  // row-major strides (static: only the leading size is dynamic).
+  SmallVector<Value> operands;
+  for (auto [i, arg] : llvm::enumerate(args)) {
+    Value slot = LLVM::GEPOp::create(b, loc, ptr, ptr, argv,
+                                     ArrayRef<LLVM::GEPArg>{int32_t(i)});
+    Value data = LLVM::LoadOp::create(b, loc, ptr, slot);
+    operands.append({data, data, constant(0)});
+    for (int64_t size : arg.shape)
+      operands.push_back(size < 0 ? tokens : constant(size));
+    SmallVector<int64_t> strides(arg.shape.size(), 1);
+    for (int64_t d = int64_t(arg.shape.size()) - 2; d >= 0; --d)
+      strides[d] = strides[d + 1] * arg.shape[d + 1];
+    for (int64_t stride : strides)
+      operands.push_back(constant(stride));
+  }
+  if (layer.getNumArguments() != operands.size())
+    return layer.emitOpError()
+           << "takes " << layer.getNumArguments()
+           << " values, but the layer's buffers give " << operands.size();
+  LLVM::CallOp::create(b, loc, layer, operands);
+  // Only the entry points are the library's interface.
+  layer.setLinkage(LLVM::Linkage::Internal);
+  LLVM::ReturnOp::create(
+      b, loc, LLVM::ConstantOp::create(b, loc, i32, b.getI32IntegerAttr(0)));
+
+  b.setInsertionPointToEnd(module.getBody());
+  auto info = LLVM::LLVMFuncOp::create(b, loc, "moe_layer_info",
+                                       LLVM::LLVMFunctionType::get(ptr, {}));
+  b.setInsertionPointToStart(info.addEntryBlock(b));
+  std::string json = infoJson(name, args, config);
+  json.push_back('\0');
+  Value text = LLVM::createGlobalString(loc, b, "moe_layer_info_json", json,
+                                        LLVM::Linkage::Internal);
+  LLVM::ReturnOp::create(b, loc, text);
+  return success();
+}
+
+std::string host::headerText(StringRef name, ArrayRef<ArgInfo> args) {
+  std::string guard = ("MOE_" + name.upper() + "_H");
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << "/* " << name << ": a compiled MoE layer (moe-compile). */\n"
+     << "#ifndef " << guard << "\n#define " << guard << "\n\n"
+     << "#include <stdint.h>\n\n#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n"
+     << "/* args[i] points to row-major data; -1 is the token count.\n";
+  for (auto [i, arg] : llvm::enumerate(args)) {
+    os << " *   args[" << i << "] " << arg.name << " " << arg.dtype << " [";
+    llvm::interleave(arg.shape, os, ", ");
+    os << "]" << (arg.isOutput ? " (output)" : "") << "\n";
+  }
+  os << " * Returns 0 on success. */\n"
+     << "int32_t moe_" << name
+     << "_forward(void *const *args, int64_t tokens);\n\n"
+     << "/* The arguments above as JSON. */\n"
+     << "const char *moe_layer_info(void);\n\n"
+     << "#ifdef __cplusplus\n}\n#endif\n\n#endif\n";
+  return text;
+}

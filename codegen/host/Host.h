@@ -1,0 +1,47 @@
+//===- Host.h - a compiled layer's host side and artifact -------*- C++ -*-===//
+//
+// What moe-compile adds around a lowered layer: a C entry point and a
+// metadata query (Entry.cpp), then the object and the shared library
+// (Artifact.cpp). The ABI is in runtime/moe_layer.h.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_CODEGEN_HOST_HOST_H
+#define MOE_CODEGEN_HOST_HOST_H
+
+#include "dialects/moe/MoeDialect.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinOps.h"
+
+#include <string>
+
+namespace mlir::moe::host {
+
+/// One argument of a compiled layer, in call order; outputs come last.
+struct ArgInfo {
+  std::string name;           // The moe.layer operand it feeds, or "out".
+  std::string dtype;          // Safetensors dtype name: BF16, F32, ...
+  SmallVector<int64_t> shape; // -1 for the token dimension.
+  bool isOutput = false;
+};
+
+/// Describes the arguments and results of `func`, which must hold one
+/// moe.layer fed directly by its arguments and return its result.
+FailureOr<SmallVector<ArgInfo>> describeLayer(func::FuncOp func);
+
+/// Adds `moe_<name>_forward` and `moe_layer_info` (the arguments and
+/// `config` as JSON) to `module`, already in the LLVM dialect, around the
+/// lowered function `name`.
+LogicalResult addEntryPoints(ModuleOp module, StringRef name,
+                             ArrayRef<ArgInfo> args, ConfigAttr config);
+
+/// The C header declaring what addEntryPoints adds.
+std::string headerText(StringRef name, ArrayRef<ArgInfo> args);
+
+/// Translates `module` to LLVM IR, optimizes it for the host CPU, and links
+/// it into the shared library `path` with the system's C compiler driver.
+LogicalResult emitSharedLibrary(ModuleOp module, StringRef path);
+
+} // namespace mlir::moe::host
+
+#endif // MOE_CODEGEN_HOST_HOST_H

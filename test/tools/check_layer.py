@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Runs a compiled layer through moe-exec on random inputs and compares its
+output with moe-reference, the float64 C++ reference of the same layer.
+
+Prints the relative error ||out - ref|| / ||ref|| and fails above --bound.
+"""
+import argparse
+import ctypes
+import json
+import os
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+
+DTYPES = {"BF16": (ml_dtypes.bfloat16, 2), "F32": (np.float32, 4)}
+
+
+def write_safetensors(path, tensors):
+    header, blobs, offset = {}, [], 0
+    for name, (dtype, array) in tensors.items():
+        data = np.ascontiguousarray(array).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(array.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-(8 + len(text)) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text + b"".join(blobs))
+
+
+def read_safetensors(path):
+    raw = open(path, "rb").read()
+    size = int.from_bytes(raw[:8], "little")
+    out = {}
+    for name, info in json.loads(raw[8:8 + size]).items():
+        begin, end = info["data_offsets"]
+        dtype = DTYPES[info["dtype"]][0]
+        out[name] = np.frombuffer(raw[8 + size + begin:8 + size + end],
+                                  dtype).reshape(info["shape"])
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("library")
+    ap.add_argument("--exec", dest="moe_exec", required=True)
+    ap.add_argument("--reference", required=True)
+    ap.add_argument("--tokens", type=int, required=True)
+    ap.add_argument("--bound", type=float, required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--inputs-only", action="store_true",
+                    help="write in.safetensors and stop (for error tests)")
+    ap.add_argument("--drop", help="leave this input out")
+    ap.add_argument("--extra", help="add an input of this name")
+    ap.add_argument("--as-f32", help="store this input as F32")
+    ap.add_argument("--widen", help="add a column to this input")
+    opts = ap.parse_args()
+
+    lib = ctypes.CDLL(os.path.abspath(opts.library))
+    lib.moe_layer_info.restype = ctypes.c_char_p
+    info = json.loads(lib.moe_layer_info().decode())
+    rng = np.random.default_rng(opts.seed)
+    inputs = {}
+    for arg in info["args"]:
+        if arg["output"]:
+            continue
+        shape = [opts.tokens if d < 0 else d for d in arg["shape"]]
+        name = arg["name"]
+        if name == "hidden_states":
+            scale = 1.0
+        elif "bias" in name:
+            scale = 0.3
+        else:
+            scale = 1.0 / np.sqrt(shape[-1])
+        values = rng.standard_normal(shape) * scale
+        inputs[name] = (arg["dtype"], values.astype(DTYPES[arg["dtype"]][0]))
+
+    if opts.drop:
+        del inputs[opts.drop]
+    if opts.extra:
+        inputs[opts.extra] = ("F32", np.zeros([2], np.float32))
+    if opts.as_f32:
+        inputs[opts.as_f32] = ("F32", inputs[opts.as_f32][1].astype(np.float32))
+    if opts.widen:
+        dtype, array = inputs[opts.widen]
+        inputs[opts.widen] = (dtype, np.concatenate(
+            [array, array[..., :1]], axis=-1))
+    os.makedirs(opts.workdir, exist_ok=True)
+    paths = {k: os.path.join(opts.workdir, k + ".safetensors")
+             for k in ("in", "out", "ref")}
+    write_safetensors(paths["in"], inputs)
+    if opts.inputs_only:
+        return 0
+    subprocess.run([opts.moe_exec, opts.library, "--inputs", paths["in"],
+                    "--outputs", paths["out"]], check=True)
+    subprocess.run([opts.reference, opts.library, paths["in"], paths["ref"]],
+                   check=True)
+    out = read_safetensors(paths["out"])["out"].astype(np.float64)
+    ref = read_safetensors(paths["ref"])["out"].astype(np.float64)
+    if out.shape != ref.shape or not np.all(np.isfinite(out)):
+        print(f"FAIL: output shape {out.shape} (reference {ref.shape}) or "
+              f"non-finite values")
+        return 1
+    norm = np.linalg.norm(ref)
+    error = np.linalg.norm(out - ref) / norm if norm > 0 else 0.0
+    print(f"{info['name']}, {opts.tokens} tokens: relative error {error:.2e} "
+          f"(bound {opts.bound:g})")
+    return 0 if error <= opts.bound else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+//===- moe-exec.cpp - run a compiled layer on safetensors inputs ----------===//
+//
+// moe-exec libNAME.so --inputs in.safetensors --outputs out.safetensors
+// [--repeat N]. Reads the layer's description from the library itself, checks
+// every input against it by name, dtype and shape, runs the layer and writes
+// its outputs. No MLIR or LLVM inside: it ships with the runtime.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/Json.h"
+#include "runtime/Safetensors.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <dlfcn.h>
+#include <set>
+#include <string>
+#include <vector>
+
+using namespace moe::rt;
+
+namespace {
+const char *kUsage =
+    "usage: moe-exec LIBRARY.so --inputs IN.safetensors --outputs "
+    "OUT.safetensors [--repeat N]\n"
+    "\n"
+    "Runs a layer compiled by moe-compile. IN holds one tensor per input the\n"
+    "layer takes, named as its header says (hidden_states [T, H] bf16,\n"
+    "router_weight, w13, w2, ...); T may be 0. OUT receives the outputs\n"
+    "(out [T, H] bf16). --repeat N runs the layer N times and prints the mean\n"
+    "time per run.\n";
+
+int fail(const std::string &message) {
+  std::fprintf(stderr, "moe-exec: %s\n", message.c_str());
+  return 1;
+}
+
+std::string shapeText(const std::vector<int64_t> &shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    text += (i ? ", " : "") +
+            (shape[i] < 0 ? std::string("T") : std::to_string(shape[i]));
+  return text + "]";
+}
+
+struct Arg {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape; // -1: the token count
+  bool isOutput;
+};
+
+/// Reads the layer's arguments from its JSON description.
+bool parseInfo(const char *text, std::string &forward, std::vector<Arg> &args,
+               std::string &error) {
+  Json info;
+  if (!parseJson(text, text + std::strlen(text), info, error))
+    return false;
+  const Json *version = info.get("abi_version");
+  const Json *symbol = info.get("forward");
+  const Json *list = info.get("args");
+  if (!version || !version->isInteger || version->integer != 1 || !symbol ||
+      symbol->kind != Json::String || !list || list->kind != Json::Array) {
+    error = "the library's layer description is not ABI version 1";
+    return false;
+  }
+  forward = symbol->text;
+  for (const Json &item : list->items) {
+    const Json *name = item.get("name"), *dtype = item.get("dtype");
+    const Json *shape = item.get("shape"), *output = item.get("output");
+    Arg arg;
+    if (!name || !dtype || !shape || !output || shape->kind != Json::Array ||
+        !parseDType(dtype->text, arg.dtype)) {
+      error = "the library's layer description has a malformed argument";
+      return false;
+    }
+    arg.name = name->text;
+    arg.isOutput = output->boolean;
+    for (const Json &dim : shape->items)
+      arg.shape.push_back(dim.integer);
+    args.push_back(std::move(arg));
+  }
+  return true;
+}
+} // namespace
+
+int main(int argc, char **argv) {
+  std::string library, inputPath, outputPath;
+  long repeat = 1;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](std::string &into) {
+      if (i + 1 >= argc)
+        return false;
+      into = argv[++i];
+      return true;
+    };
+    std::string text;
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--inputs") {
+      if (!value(inputPath))
+        return fail("--inputs needs a file");
+    } else if (a == "--outputs") {
+      if (!value(outputPath))
+        return fail("--outputs needs a file");
+    } else if (a == "--repeat") {
+      char *end = nullptr;
+      if (!value(text) || (repeat = std::strtol(text.c_str(), &end, 10)) < 1 ||
+          *end != '\0')
+        return fail("--repeat needs a positive integer");
+    } else if (!a.empty() && a[0] == '-') {
+      return fail("unknown option '" + a + "'\n" + kUsage);
+    } else if (library.empty()) {
+      library = a;
+    } else {
+      return fail("more than one library given\n" + std::string(kUsage));
+    }
+  }
+  if (library.empty() || inputPath.empty() || outputPath.empty())
+    return fail(std::string("missing arguments\n") + kUsage);
+
+  // dlopen searches the library path for bare names: name the file itself.
+  if (library.find('/') == std::string::npos)
+    library = "./" + library;
+  void *handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle)
+    return fail(std::string("cannot load ") + dlerror());
+  auto info =
+      reinterpret_cast<const char *(*)()>(dlsym(handle, "moe_layer_info"));
+  if (!info)
+    return fail(library + " is not a layer compiled by moe-compile (no "
+                          "moe_layer_info)");
+  std::string forwardName, error;
+  std::vector<Arg> args;
+  if (!parseInfo(info(), forwardName, args, error))
+    return fail(library + ": " + error);
+  auto forward = reinterpret_cast<int32_t (*)(void *const *, int64_t)>(
+      dlsym(handle, forwardName.c_str()));
+  if (!forward)
+    return fail(library + " lacks its entry point " + forwardName);
+
+  auto inputs = SafetensorsFile::read(inputPath, error);
+  if (!inputs)
+    return fail(error);
+
+  // Match inputs by name; the token count comes from the first that has it.
+  int64_t tokens = -1;
+  std::string tokensFrom;
+  std::vector<std::vector<uint8_t>> storage(args.size());
+  std::set<std::string> used;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const Arg &arg = args[i];
+    if (arg.isOutput)
+      continue;
+    const TensorInfo *tensor = inputs->find(arg.name);
+    if (!tensor)
+      return fail("input '" + arg.name + "' is missing from " + inputPath);
+    used.insert(arg.name);
+    if (tensor->dtype != arg.dtype)
+      return fail("input '" + arg.name + "' is " + dtypeName(tensor->dtype) +
+                  ", but the layer takes " + dtypeName(arg.dtype));
+    bool fits = tensor->shape.size() == arg.shape.size();
+    for (size_t d = 0; fits && d < arg.shape.size(); ++d) {
+      if (arg.shape[d] >= 0) {
+        fits = tensor->shape[d] == arg.shape[d];
+      } else if (tokens < 0) {
+        tokens = tensor->shape[d];
+        tokensFrom = arg.name;
+      } else if (tensor->shape[d] != tokens) {
+        return fail("input '" + arg.name + "' has " +
+                    std::to_string(tensor->shape[d]) + " tokens, but '" +
+                    tokensFrom + "' has " + std::to_string(tokens));
+      }
+    }
+    if (!fits)
+      return fail("input '" + arg.name + "' has shape " +
+                  shapeText(tensor->shape) + ", but the layer takes " +
+                  shapeText(arg.shape));
+    // Copied: the file's data need not be aligned for its dtype.
+    const uint8_t *data = inputs->data(*tensor);
+    storage[i].assign(data, data + tensor->bytes);
+  }
+  for (const TensorInfo &tensor : inputs->tensors())
+    if (!used.count(tensor.name)) {
+      std::string takes;
+      for (const Arg &arg : args)
+        if (!arg.isOutput)
+          takes += (takes.empty() ? "" : ", ") + arg.name;
+      return fail("unexpected tensor '" + tensor.name + "' in " + inputPath +
+                  " (the layer takes " + takes + ")");
+    }
+  if (tokens < 0)
+    tokens = 0;
+
+  std::vector<void *> pointers(args.size());
+  std::vector<TensorToWrite> outputs;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].isOutput) {
+      size_t bytes = dtypeSize(args[i].dtype);
+      std::vector<int64_t> shape = args[i].shape;
+      for (int64_t &d : shape)
+        bytes *= static_cast<size_t>(d = d < 0 ? tokens : d);
+      storage[i].assign(bytes, 0);
+      outputs.push_back({args[i].name, args[i].dtype, shape, nullptr});
+    }
+    // Empty tensors still get a valid, unread address.
+    storage[i].reserve(1);
+    pointers[i] = storage[i].data();
+  }
+  for (size_t i = 0, o = 0; i < args.size(); ++i)
+    if (args[i].isOutput)
+      outputs[o++].data = storage[i].data();
+
+  auto start = std::chrono::steady_clock::now();
+  for (long run = 0; run < repeat; ++run)
+    if (int32_t status = forward(pointers.data(), tokens))
+      return fail(forwardName + " failed with status " +
+                  std::to_string(status));
+  if (repeat > 1) {
+    double us = std::chrono::duration<double, std::micro>(
+                    std::chrono::steady_clock::now() - start)
+                    .count();
+    std::printf("%s: %ld runs, %lld tokens, %.1f us per run\n",
+                forwardName.c_str(), repeat, static_cast<long long>(tokens),
+                us / double(repeat));
+  }
+  if (!writeSafetensors(outputPath, outputs, error))
+    return fail(error);
+  return 0;
+}
