@@ -3,13 +3,18 @@
 // moe-reference LIBRARY.so IN.safetensors OUT.safetensors: reads the layer's
 // configuration from the library's description (nothing else of it is used)
 // and writes the float64 reference output, as F32 "out", for the inputs a
-// run of moe-exec takes.
+// run of moe-exec takes. FP8 weights are decoded with their scales; the
+// layer's own quantization of activations is not modelled, so compare with
+// a bound that allows for it. FP8 weights are decoded with their scales; the
+// layer's own quantization of activations is not modelled, so compare with
+// a bound that allows for it.
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/Json.h"
 #include "runtime/Safetensors.h"
 #include "test/reference/Layer.h"
+#include "test/reference/Quantize.h"
 
 #include <cstdio>
 #include <cstring>
@@ -116,8 +121,33 @@ int main(int argc, char **argv) {
       {"shared_gate", &t.sharedGate}};
   int64_t tokens = 0;
   for (const rt::TensorInfo &tensor : inputs->tensors()) {
-    if (!slots.count(tensor.name) ||
-        (tensor.dtype != rt::DType::BF16 && tensor.dtype != rt::DType::F32))
+    if (tensor.name.size() > 6 &&
+        tensor.name.compare(tensor.name.size() - 6, 6, "_scale") == 0)
+      continue; // Read with its weight.
+    if (!slots.count(tensor.name))
+      return fail("cannot use input '" + tensor.name + "'");
+    if (tensor.dtype == rt::DType::F8_E4M3) {
+      // FP8 weights stored with f32 scales per 128 x 128 (or 1 x 128) block.
+      const rt::TensorInfo *scale = inputs->find(tensor.name + "_scale");
+      if (!scale || scale->dtype != rt::DType::F32 ||
+          tensor.shape.size() != 3 || scale->shape.size() != 3)
+        return fail("FP8 input '" + tensor.name + "' needs F32 scales '" +
+                    tensor.name + "_scale'");
+      std::vector<double> scales = values(*inputs, *scale);
+      int64_t n = tensor.shape[1], k = tensor.shape[2];
+      int64_t rowBlock = scale->shape[1] == n ? 1 : 128;
+      int64_t nb = scale->shape[1], kb = scale->shape[2];
+      std::vector<double> &out = *slots[tensor.name];
+      out.resize(tensor.numElements());
+      const uint8_t *codes = inputs->data(tensor);
+      for (int64_t i = 0; i < int64_t(out.size()); ++i) {
+        int64_t x = i / (n * k), r = (i / k) % n, c = i % k;
+        out[i] = ref::decodeE4M3(codes[i]) *
+                 scales[(x * nb + r / rowBlock) * kb + c / 128];
+      }
+      continue;
+    }
+    if (tensor.dtype != rt::DType::BF16 && tensor.dtype != rt::DType::F32)
       return fail("cannot use input '" + tensor.name + "'");
     *slots[tensor.name] = values(*inputs, tensor);
     if (tensor.name == "hidden_states")

@@ -14,7 +14,29 @@ import sys
 import ml_dtypes
 import numpy as np
 
-DTYPES = {"BF16": (ml_dtypes.bfloat16, 2), "F32": (np.float32, 4)}
+DTYPES = {"BF16": (ml_dtypes.bfloat16, 2), "F32": (np.float32, 4),
+          "F8_E4M3": (ml_dtypes.float8_e4m3fn, 1)}
+
+
+def quantize_blocks(values, scale_shape):
+    """FP8 weights as DeepSeek-V3 stores them: E4M3 codes and one f32 scale
+    (amax / 448) per 128 x 128 block, or per 1 x 128 when the scale has a row
+    per weight row."""
+    experts, n, k = values.shape
+    row_block = 1 if scale_shape[1] == n else 128
+    scales = np.zeros(scale_shape, np.float32)
+    codes = np.zeros(values.shape, ml_dtypes.float8_e4m3fn)
+    for x in range(experts):
+        for rb in range(scale_shape[1]):
+            for cb in range(scale_shape[2]):
+                rows = slice(rb * row_block, (rb + 1) * row_block)
+                cols = slice(cb * 128, (cb + 1) * 128)
+                tile = values[x, rows, cols].astype(np.float32)
+                scale = max(np.abs(tile).max(), 1e-4) / np.float32(448)
+                scales[x, rb, cb] = scale
+                codes[x, rows, cols] = (tile / scale).astype(
+                    ml_dtypes.float8_e4m3fn)
+    return codes, scales
 
 
 def write_safetensors(path, tensors):
@@ -65,8 +87,9 @@ def main():
     info = json.loads(lib.moe_layer_info().decode())
     rng = np.random.default_rng(opts.seed)
     inputs = {}
+    shapes = {a["name"]: a["shape"] for a in info["args"]}
     for arg in info["args"]:
-        if arg["output"]:
+        if arg["output"] or arg["name"] in inputs:
             continue
         shape = [opts.tokens if d < 0 else d for d in arg["shape"]]
         name = arg["name"]
@@ -77,6 +100,11 @@ def main():
         else:
             scale = 1.0 / np.sqrt(shape[-1])
         values = rng.standard_normal(shape) * scale
+        if arg["dtype"] == "F8_E4M3":
+            codes, scales = quantize_blocks(values, shapes[name + "_scale"])
+            inputs[name] = ("F8_E4M3", codes)
+            inputs[name + "_scale"] = ("F32", scales)
+            continue
         inputs[name] = (arg["dtype"], values.astype(DTYPES[arg["dtype"]][0]))
 
     if opts.drop:

@@ -197,9 +197,34 @@ static LogicalResult readFields(FieldReader &reader, StringRef modelType,
   return success();
 }
 
-OwningOpRef<ModuleOp> mlir::moe::importHFConfig(MLIRContext &context,
-                                                StringRef path, StringRef text,
-                                                StringRef name) {
+/// The scheme `quantization_config` asks for: FP8 with 128 x 128 weight
+/// blocks (DeepSeek-V3, Kimi-K2) is taken as stored; anything else is
+/// reported and the layer takes bf16 weights.
+static QuantAttr configuredQuant(MLIRContext &context, const json::Object &root,
+                                 Location loc) {
+  const json::Object *quant = root.getObject("quantization_config");
+  if (!quant)
+    return {};
+  std::optional<StringRef> method = quant->getString("quant_method");
+  const json::Array *blocks = quant->getArray("weight_block_size");
+  bool block128 = blocks && blocks->size() == 2 &&
+                  llvm::all_of(*blocks, [](const json::Value &v) {
+                    return v.getAsInteger() == 128;
+                  });
+  if (method == "fp8" && block128)
+    return QuantAttr::get(&context, QuantKind::FP8Block128,
+                          ScaleRounding::Floor);
+  emitWarning(loc) << "config.json: quantization_config (quant_method '"
+                   << method.value_or("?")
+                   << "') is not supported: the layer takes bf16 weights "
+                      "(--quant chooses a scheme)";
+  return {};
+}
+
+OwningOpRef<ModuleOp>
+mlir::moe::importHFConfig(MLIRContext &context, StringRef path, StringRef text,
+                          StringRef name,
+                          std::optional<QuantAttr> quantOverride) {
   context.loadDialect<MoeDialect, func::FuncDialect>();
   Location loc = FileLineColLoc::get(&context, path, 1, 1);
   llvm::Expected<json::Value> parsed = json::parse(text);
@@ -229,6 +254,12 @@ OwningOpRef<ModuleOp> mlir::moe::importHFConfig(MLIRContext &context,
     modelType = "llama4_text";
   }
 
+  // Stored weights are FP8 only when the config says so; a scheme chosen on
+  // the command line quantizes bf16 weights in the layer.
+  QuantAttr quant =
+      quantOverride.value_or(configuredQuant(context, *object, loc));
+  bool fp8Weights = !quantOverride && quant;
+
   FieldReader reader(*object, *modelType, loc);
   LayerFields f;
   if (failed(readFields(reader, *modelType, f)))
@@ -248,7 +279,7 @@ OwningOpRef<ModuleOp> mlir::moe::importHFConfig(MLIRContext &context,
     return nullptr;
   ConfigAttr config = ConfigAttr::getChecked(
       emitErrorFn, &context, f.experts, f.topK, f.hidden, f.intermediate,
-      router, activation, f.sharedIntermediate, f.sharedGate, QuantAttr(),
+      router, activation, f.sharedIntermediate, f.sharedGate, quant,
       int64_t{1});
   if (!config)
     return nullptr;
@@ -265,8 +296,17 @@ OwningOpRef<ModuleOp> mlir::moe::importHFConfig(MLIRContext &context,
                                 tensor({e, h}, bf16)};
   if (f.routerBias)
     argTypes.push_back(tensor({e}, b.getF32Type()));
-  argTypes.push_back(tensor({e, 2 * i, h}, bf16));
-  argTypes.push_back(tensor({e, h, i}, bf16));
+  Type weightType = fp8Weights ? b.getType<Float8E4M3FNType>() : bf16;
+  argTypes.push_back(tensor({e, 2 * i, h}, weightType));
+  argTypes.push_back(tensor({e, h, i}, weightType));
+  if (fp8Weights) {
+    // One f32 scale per 128 x 128 block, as the checkpoint stores them.
+    auto blocks = [](int64_t size) -> int64_t {
+      return llvm::divideCeil(size, 128);
+    };
+    argTypes.push_back(tensor({e, blocks(2 * i), blocks(h)}, b.getF32Type()));
+    argTypes.push_back(tensor({e, blocks(h), blocks(i)}, b.getF32Type()));
+  }
   if (f.expertBiases) {
     argTypes.push_back(tensor({e, 2 * i}, bf16));
     argTypes.push_back(tensor({e, h}, bf16));
@@ -300,11 +340,12 @@ OwningOpRef<ModuleOp> mlir::moe::importHFConfig(MLIRContext &context,
   };
   Value routerBias = take(f.routerBias);
   Value w13 = take(true), w2 = take(true);
+  Value w13Scale = take(fp8Weights), w2Scale = take(fp8Weights);
   Value w13Bias = take(f.expertBiases), w2Bias = take(f.expertBiases);
   Value sharedW13 = take(is > 0), sharedW2 = take(is > 0);
   Value sharedGate = take(f.sharedGate);
   auto layer = LayerOp::create(b, loc, outType, args[0], args[1], routerBias,
-                               w13, w2, Value(), Value(), w13Bias, w2Bias,
+                               w13, w2, w13Scale, w2Scale, w13Bias, w2Bias,
                                sharedW13, sharedW2, sharedGate, config);
   func::ReturnOp::create(b, loc, layer.getResult());
   if (failed(verify(*module)))

@@ -3,6 +3,7 @@
 #ifndef MOE_TOOLS_MOE_COMPILE_HFCONFIG_H
 #define MOE_TOOLS_MOE_COMPILE_HFCONFIG_H
 
+#include "dialects/moe/MoeDialect.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"
 
@@ -12,9 +13,12 @@ namespace mlir::moe {
 /// or the model type itself when it ends in `_moe`), whose body is the MoE
 /// layer that the HuggingFace `config.json` text describes, read the way the
 /// model's own code reads it. Returns null after emitting a diagnostic at
-/// `path` that names the missing or unsupported field.
-OwningOpRef<ModuleOp> importHFConfig(MLIRContext &context, StringRef path,
-                                     StringRef json, StringRef name);
+/// `path` that names the missing or unsupported field. `quant`, when given,
+/// replaces what the config's quantization_config says (a null attribute
+/// for none); the weights are then bf16 and quantized by the layer.
+OwningOpRef<ModuleOp>
+importHFConfig(MLIRContext &context, StringRef path, StringRef json,
+               StringRef name, std::optional<QuantAttr> quant = std::nullopt);
 } // namespace mlir::moe
 
 #endif // MOE_TOOLS_MOE_COMPILE_HFCONFIG_H

@@ -27,6 +27,7 @@ namespace cl = llvm::cl;
 namespace {
 enum class Emit { SharedLibrary, MLIR };
 enum class Target { CPU };
+enum class Quant { Auto, None, MXFP8, MXFP8Ceil, FP8Block128 };
 
 cl::OptionCategory category("moe-compile options");
 cl::opt<std::string> inputFile(cl::Positional, cl::desc("[LAYER.mlir]"),
@@ -52,6 +53,23 @@ cl::opt<Emit> emit(
                clEnumValN(Emit::MLIR, "mlir",
                           "the verified layer in the moe dialect")),
     cl::init(Emit::SharedLibrary), cl::cat(category));
+cl::opt<Quant> quant(
+    "quant", cl::desc("Quantization of a layer built from a config"),
+    cl::values(
+        clEnumValN(Quant::Auto, "auto",
+                   "as the config's quantization_config says: FP8 128x128 "
+                   "blocks are taken as stored, others are reported and the "
+                   "layer stays bf16 (default)"),
+        clEnumValN(Quant::None, "none", "bf16 throughout"),
+        clEnumValN(Quant::MXFP8, "mxfp8",
+                   "MXFP8, scales rounded down (OCP MX v1.0); bf16 weights "
+                   "quantized by the layer"),
+        clEnumValN(Quant::MXFP8Ceil, "mxfp8-ceil",
+                   "MXFP8, scales rounded up (never saturates)"),
+        clEnumValN(Quant::FP8Block128, "fp8-block128",
+                   "FP8 with f32 scales per 128 elements (DeepSeek-V3); bf16 "
+                   "weights quantized by the layer")),
+    cl::init(Quant::Auto), cl::cat(category));
 cl::opt<Target> target("target", cl::desc("What the library runs on"),
                        cl::values(clEnumValN(Target::CPU, "cpu",
                                              "the host CPU, through the "
@@ -130,6 +148,11 @@ int main(int argc, char **argv) {
       "  moe-compile --from-hf-config config.json [--name NAME] -o libNAME.so\n"
       "  moe-compile ... --emit=mlir [-o OUT.mlir]\n");
 
+  if (hfConfig.empty() && quant != Quant::Auto) {
+    llvm::errs() << "moe-compile: --quant applies to --from-hf-config; a "
+                    ".mlir layer carries its own quant config\n";
+    return 1;
+  }
   if (inputFile.empty() == hfConfig.empty()) {
     llvm::errs() << "moe-compile: give either a LAYER.mlir file or "
                     "--from-hf-config config.json (see --help)\n";
@@ -151,7 +174,28 @@ int main(int argc, char **argv) {
   SourceMgrDiagnosticHandler diagnostics(sourceMgr, &context);
   OwningOpRef<ModuleOp> module;
   if (!hfConfig.empty()) {
-    module = moe::importHFConfig(context, path, input->getBuffer(), layerName);
+    std::optional<moe::QuantAttr> scheme;
+    auto make = [&](moe::QuantKind kind, moe::ScaleRounding rounding) {
+      return moe::QuantAttr::get(&context, kind, rounding);
+    };
+    switch (quant) {
+    case Quant::Auto:
+      break;
+    case Quant::None:
+      scheme = moe::QuantAttr();
+      break;
+    case Quant::MXFP8:
+      scheme = make(moe::QuantKind::MXFP8, moe::ScaleRounding::Floor);
+      break;
+    case Quant::MXFP8Ceil:
+      scheme = make(moe::QuantKind::MXFP8, moe::ScaleRounding::Ceil);
+      break;
+    case Quant::FP8Block128:
+      scheme = make(moe::QuantKind::FP8Block128, moe::ScaleRounding::Floor);
+      break;
+    }
+    module = moe::importHFConfig(context, path, input->getBuffer(), layerName,
+                                 scheme);
   } else {
     sourceMgr.AddNewSourceBuffer(std::move(input), llvm::SMLoc());
     module = parseSourceFile<ModuleOp>(sourceMgr, &context);
