@@ -511,19 +511,32 @@ void FunctionLowering::forEachBlock(
     blocks(Value());
 }
 
+/// Rows per scale block of quantized `data`: 128 for FP8 block-128 weights
+/// stored in 128 x 128 blocks, else 1. The backend handles ranks 2 and 3.
+static FailureOr<int64_t> scaleRowsPerBlock(Operation *op, MemRefType data,
+                                            ArrayRef<int64_t> scaleShape,
+                                            QuantAttr scheme) {
+  int64_t rank = data.getRank();
+  if (rank != 2 && rank != 3)
+    return op->emitOpError() << "of rank " << rank
+                             << " is not supported by the CPU reference "
+                                "backend (ranks 2 and 3 are)";
+  bool square = scheme.getKind() == QuantKind::FP8Block128 &&
+                scaleShape[rank - 2] != data.getDimSize(rank - 2);
+  return square ? 128 : 1;
+}
+
 LogicalResult FunctionLowering::lowerQuantize(QuantizeOp op) {
   Value input = buffer(op.getInput());
   auto inputType = cast<MemRefType>(input.getType());
   int64_t rank = inputType.getRank();
-  if (rank != 2 && rank != 3)
-    return op.emitOpError() << "of rank " << rank
-                            << " is not supported by the CPU reference "
-                               "backend (ranks 2 and 3 are)";
+  auto scaleShape = cast<RankedTensorType>(op.getScales().getType()).getShape();
+  FailureOr<int64_t> rowsPerBlock =
+      scaleRowsPerBlock(op, inputType, scaleShape, op.getScheme());
+  if (failed(rowsPerBlock))
+    return failure();
   QuantAttr scheme = op.getScheme();
   Value data = resultBuffer(op.getData(), dynamicSizes(op.getData(), input));
-  auto scaleShape = cast<RankedTensorType>(op.getScales().getType()).getShape();
-  bool square = scheme.getKind() == QuantKind::FP8Block128 &&
-                scaleShape[rank - 2] != inputType.getDimSize(rank - 2);
   SmallVector<Value> scaleSizes;
   if (ShapedType::isDynamic(scaleShape[0]))
     scaleSizes.push_back(e.dim(input, 0));
@@ -532,7 +545,7 @@ LogicalResult FunctionLowering::lowerQuantize(QuantizeOp op) {
   bool mx = scheme.getKind() == QuantKind::MXFP8;
 
   forEachBlock(
-      input, square ? 128 : 1, kBlock,
+      input, *rowsPerBlock, kBlock,
       [&](ArrayRef<Value> prefix, Value rb, Value kb, Value firstRow,
           Value lastRow, Value firstCol) {
         Value lastCol = arith::MinUIOp::create(
@@ -596,17 +609,15 @@ LogicalResult FunctionLowering::lowerDequantize(DequantizeOp op) {
   Value data = buffer(op.getData()), scales = buffer(op.getScales());
   auto dataType = cast<MemRefType>(data.getType());
   int64_t rank = dataType.getRank();
-  if (rank != 2 && rank != 3)
-    return op.emitOpError() << "of rank " << rank
-                            << " is not supported by the CPU reference "
-                               "backend (ranks 2 and 3 are)";
+  FailureOr<int64_t> rowsPerBlock = scaleRowsPerBlock(
+      op, dataType, cast<MemRefType>(scales.getType()).getShape(),
+      op.getScheme());
+  if (failed(rowsPerBlock))
+    return failure();
   QuantAttr scheme = op.getScheme();
   Value out = resultBuffer(op.getOutput(), dynamicSizes(op.getOutput(), data));
-  auto scaleType = cast<MemRefType>(scales.getType());
-  bool square = scheme.getKind() == QuantKind::FP8Block128 &&
-                scaleType.getDimSize(rank - 2) != dataType.getDimSize(rank - 2);
   int64_t kBlock = scheme.getBlockSize(), k = dataType.getDimSize(rank - 1);
-  forEachBlock(data, square ? 128 : 1, kBlock,
+  forEachBlock(data, *rowsPerBlock, kBlock,
                [&](ArrayRef<Value> prefix, Value rb, Value kb, Value firstRow,
                    Value lastRow, Value firstCol) {
                  SmallVector<Value> scaleIndex(prefix);
