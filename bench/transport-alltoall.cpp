@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 #include "moe_transport.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>

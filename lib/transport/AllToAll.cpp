@@ -8,8 +8,11 @@
 //
 //===----------------------------------------------------------------------===//
 #include "Communicator.h"
+#include "TestHooks.h"
 
 namespace moe::transport {
+
+void (*allToAllStepHookForTesting)(int rank, int step) = nullptr;
 
 Status Communicator::allToAllV(const uint64_t *sendOffsets,
                                const uint64_t *sendBytes, uint64_t *recvOffsets,
@@ -20,8 +23,7 @@ Status Communicator::allToAllV(const uint64_t *sendOffsets,
     return makeError(MOE_TRANSPORT_ERR_INVALID_ARGUMENT,
                      "all-to-all: offset and size arrays must not be null");
   for (int peer = 0; peer < worldSize_; ++peer)
-    if (sendOffsets[peer] > sendRegion_.bytes ||
-        sendBytes[peer] > sendRegion_.bytes - sendOffsets[peer])
+    if (!inBounds(sendOffsets[peer], sendBytes[peer], sendRegion_.bytes))
       return makeError(MOE_TRANSPORT_ERR_OUT_OF_BOUNDS,
                        "all-to-all: %llu bytes at offset %llu for rank %d run "
                        "past the send buffer (%zu bytes)",
@@ -60,22 +62,31 @@ Status Communicator::allToAllV(const uint64_t *sendOffsets,
       status.failed())
     return abandon(status);
 
+  // Copy the matrix out at once and use only the copy. The live region is
+  // not ours for long: a peer that already has our step-2 bytes finishes this
+  // call and its next call's step 1 overwrites its row here, while we may
+  // still be computing offsets for peers we have not written to yet.
+  const std::vector<uint64_t> matrix(
+      countsIn(), countsIn() + static_cast<size_t>(worldSize_) * worldSize_);
   // bytesFrom(source, target): what source sends target.
-  const uint64_t *matrix = countsIn();
   auto bytesFrom = [&](int source, int target) {
     return matrix[static_cast<size_t>(source) * worldSize_ + target];
   };
   // Every rank sees the same matrix, so every rank rejects an overflow alike.
+  // Checking the sum for wrap-around also bounds every partial sum below.
   for (int target = 0; target < worldSize_; ++target) {
     uint64_t total = 0;
+    bool wrapped = false;
     for (int source = 0; source < worldSize_; ++source)
-      total += bytesFrom(source, target);
-    if (total > peers_[target].recv_bytes)
-      return makeError(MOE_TRANSPORT_ERR_OUT_OF_BOUNDS,
-                       "all-to-all: rank %d would receive %llu bytes but its "
-                       "receive buffer holds %llu",
-                       target, (unsigned long long)total,
-                       (unsigned long long)peers_[target].recv_bytes);
+      wrapped |=
+          __builtin_add_overflow(total, bytesFrom(source, target), &total);
+    if (wrapped || total > peers_[target].recv_bytes)
+      return makeError(
+          MOE_TRANSPORT_ERR_OUT_OF_BOUNDS,
+          "all-to-all: rank %d would receive %s bytes but its "
+          "receive buffer holds %llu",
+          target, wrapped ? "more than 2^64" : std::to_string(total).c_str(),
+          (unsigned long long)peers_[target].recv_bytes);
   }
   uint64_t offset = 0;
   for (int source = 0; source < worldSize_; ++source) {
@@ -85,6 +96,8 @@ Status Communicator::allToAllV(const uint64_t *sendOffsets,
   }
 
   for (int step = 0; step < worldSize_; ++step) {
+    if (allToAllStepHookForTesting)
+      allToAllStepHookForTesting(rank_, step);
     int peer = peerAt(step);
     uint64_t remoteOffset = 0;
     for (int source = 0; source < rank_; ++source)
@@ -114,7 +127,7 @@ Status Communicator::allToAllV(const uint64_t *sendOffsets,
       status.failed())
     return abandon(status);
   // The caller may refill the send buffer (and our count row) on return.
-  if (Status status = flush(timeoutMs); status.failed())
+  if (Status status = flushUntil(deadline, timeoutMs); status.failed())
     return abandon(status);
   return Status::ok();
 }

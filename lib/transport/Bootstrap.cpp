@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -66,7 +67,7 @@ bool sendAll(int fd, const void *data, size_t length,
     if (!waitReady(fd, POLLOUT, deadline))
       return false;
     ssize_t sent = send(fd, bytes, length, MSG_NOSIGNAL);
-    if (sent < 0 && errno == EINTR)
+    if (sent < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
       continue;
     if (sent <= 0)
       return false;
@@ -82,7 +83,8 @@ bool receiveAll(int fd, void *data, size_t length, Clock::time_point deadline) {
     if (!waitReady(fd, POLLIN, deadline))
       return false;
     ssize_t received = recv(fd, bytes, length, 0);
-    if (received < 0 && errno == EINTR)
+    if (received < 0 &&
+        (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
       continue;
     if (received <= 0)
       return false;
@@ -110,6 +112,32 @@ Status resolve(const char *host, int port, sockaddr_storage &address,
   return Status::ok();
 }
 
+bool setNonBlocking(int fd) {
+  int flags = fcntl(fd, F_GETFL, 0);
+  return flags >= 0 && fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
+}
+
+/// One connection attempt that gives up at the deadline: a blocking
+/// connect() can take the kernel's SYN retries (minutes) when rank 0's host
+/// does not answer. 0 on success, else an errno value.
+int connectBefore(int fd, const sockaddr_storage &address, socklen_t length,
+                  Clock::time_point deadline) {
+  if (!setNonBlocking(fd))
+    return errno;
+  if (connect(fd, reinterpret_cast<const sockaddr *>(&address), length) == 0)
+    return 0;
+  // EINTR: the connection still proceeds asynchronously, as EINPROGRESS.
+  if (errno != EINPROGRESS && errno != EINTR)
+    return errno;
+  if (!waitReady(fd, POLLOUT, deadline))
+    return ETIMEDOUT;
+  int error = 0;
+  socklen_t size = sizeof(error);
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0)
+    return errno;
+  return error;
+}
+
 /// Connects to rank 0, retrying while it is not listening yet.
 Status connectToRoot(const char *host, int port, Clock::time_point deadline,
                      int timeoutMs, int &fd) {
@@ -122,12 +150,13 @@ Status connectToRoot(const char *host, int port, Clock::time_point deadline,
     if (fd < 0)
       return makeError(MOE_TRANSPORT_ERR_BOOTSTRAP, "bootstrap: socket: %s",
                        strerror(errno));
-    if (connect(fd, reinterpret_cast<sockaddr *>(&address), length) == 0) {
+    // The socket stays non-blocking: sends and receives poll first.
+    int error = connectBefore(fd, address, length, deadline);
+    if (error == 0) {
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       return Status::ok();
     }
-    int error = errno;
     ::close(fd);
     fd = -1;
     if (remainingMs(deadline) == 0)
@@ -149,6 +178,9 @@ Status runRoot(const char *host, int port, int listenFd, int worldSize,
         status.failed())
       return status;
   }
+  // A client that resets between poll() and accept() must not leave us
+  // blocked in accept() past the deadline.
+  setNonBlocking(listenFd);
   all.assign(worldSize, moe_transport_peer_info_t{});
   all[0] = mine;
   std::vector<int> clients(worldSize, -1);
@@ -156,18 +188,18 @@ Status runRoot(const char *host, int port, int listenFd, int worldSize,
   Status status = Status::ok();
   while (joined < worldSize && !status.failed()) {
     if (!waitReady(listenFd, POLLIN, deadline)) {
-      std::string missing;
-      for (int rank = 1; rank < worldSize; ++rank)
-        if (clients[rank] < 0)
-          missing +=
-              (missing.empty() ? "rank " : ", rank ") + std::to_string(rank);
+      std::string missing = joinRanks(worldSize, [&](int rank) {
+        return rank > 0 && clients[rank] < 0 ? format("rank %d", rank)
+                                             : std::string();
+      });
       status = makeError(MOE_TRANSPORT_ERR_BOOTSTRAP,
                          "bootstrap: %s never connected to rank 0 (port %d) "
                          "within %d ms",
                          missing.c_str(), port, timeoutMs);
       break;
     }
-    int client = accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC);
+    int client =
+        accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (client < 0)
       continue;
     Hello hello;

@@ -29,10 +29,10 @@ moe_transport_status_t nullHandle() {
 extern "C" {
 
 void moe_transport_config_init(moe_transport_config_t *config) {
-  if (config)
-    memset(config, 0, sizeof(*config));
-  if (config)
-    config->world_size = 1;
+  if (!config)
+    return;
+  memset(config, 0, sizeof(*config));
+  config->world_size = 1;
 }
 
 moe_transport_status_t moe_transport_open(const moe_transport_config_t *config,

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,16 +23,14 @@ constexpr uint64_t kMaxChunkBytes = 1ull << 30;
 constexpr size_t kPageBytes = 4096;
 
 void *allocateZeroed(size_t bytes) {
+  // Rounding up to whole pages must not wrap around for absurd sizes.
+  if (bytes > SIZE_MAX - (kPageBytes - 1))
+    return nullptr;
   size_t rounded = (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
   void *buffer = aligned_alloc(kPageBytes, rounded);
   if (buffer)
     memset(buffer, 0, rounded);
   return buffer;
-}
-
-/// True if [offset, offset + length) lies inside [0, size), without overflow.
-bool inBounds(uint64_t offset, uint64_t length, uint64_t size) {
-  return offset <= size && length <= size - offset;
 }
 
 /// Identifies this boot of this host, so ranks know whose pids they can check.
@@ -151,6 +150,7 @@ Status Communicator::open(const moe_transport_config_t &config,
       new std::atomic<uint64_t>[world * MOE_TRANSPORT_NUM_COUNTERS]());
   comm->barriers_.reset(new std::atomic<uint64_t>[world]());
   comm->lost_.reset(new std::atomic<bool>[world]());
+  comm->departed_.reset(new std::atomic<bool>[world]());
   comm->expectedCounts_.assign(world, 0);
   comm->expectedPayload_.assign(world, 0);
   out = std::move(comm);
@@ -159,12 +159,13 @@ Status Communicator::open(const moe_transport_config_t &config,
 
 bool Communicator::stopProxy() {
   if (!proxy_.joinable())
-    return true;
+    return !proxyDetached_;
   stopProxy_.store(true, std::memory_order_release);
   Clock::time_point deadline = Clock::now() + kProxyStopTime;
   while (!proxyExited_.load(std::memory_order_acquire)) {
     if (Clock::now() > deadline) {
       proxy_.detach();
+      proxyDetached_ = true;
       return false;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -174,9 +175,12 @@ bool Communicator::stopProxy() {
 }
 
 Communicator::~Communicator() {
-  if (proxy_.joinable()) {
-    stopProxy_.store(true, std::memory_order_release);
-    proxy_.join();
+  // A proxy stuck in the provider still uses the endpoint and the buffers:
+  // leave them (the owner should have leaked this object, as
+  // moe_transport_close does, since the thread also uses its members).
+  if (!stopProxy()) {
+    fabric_.abandon();
+    return;
   }
   fabric_.close();
   for (void *buffer : ownedBuffers_)
@@ -193,12 +197,10 @@ moe_transport_peer_info_t Communicator::localInfo() const {
   info.control_key = controlRegion_.key;
   info.host_id = hostId();
   info.pid = static_cast<uint32_t>(getpid());
-  std::vector<uint8_t> address;
-  // fi_getname cannot fail on an enabled endpoint with a large enough buffer.
-  if (!const_cast<Fabric &>(fabric_).localAddress(address).failed()) {
-    info.address_length = static_cast<uint32_t>(address.size());
-    memcpy(info.address, address.data(), address.size());
-  }
+  // Read at open: the endpoint belongs to the proxy thread once it runs.
+  const std::vector<uint8_t> &address = fabric_.localAddress();
+  info.address_length = static_cast<uint32_t>(address.size());
+  memcpy(info.address, address.data(), address.size());
   return info;
 }
 
@@ -226,6 +228,10 @@ Status Communicator::connect(const moe_transport_peer_info_t *peers) {
   operations_.assign(depth, Operation{});
   for (Operation &operation : operations_)
     freeOperations_.push_back(&operation);
+  // Enough for a heartbeat to every peer, but never most of the depth.
+  reservedOperations_ =
+      std::min<size_t>(static_cast<size_t>(worldSize_ - 1), depth / 4);
+  heartbeatDue_.assign(worldSize_, 0);
   lastHeard_.assign(worldSize_, Clock::now());
   lastHeartbeat_ = Clock::now();
   connected_ = true;
@@ -260,7 +266,8 @@ void Communicator::fail(const Status &status) {
 int Communicator::deadLocalPeer() const {
   uint64_t here = hostId();
   for (int peer = 0; peer < worldSize_; ++peer)
-    if (peer != rank_ && peers_[peer].host_id == here && peers_[peer].pid &&
+    if (peer != rank_ && !departed_[peer].load() &&
+        peers_[peer].host_id == here && peers_[peer].pid &&
         !processAlive(static_cast<pid_t>(peers_[peer].pid)))
       return peer;
   return -1;
@@ -426,15 +433,14 @@ Status Communicator::waitForAll(uint32_t counter,
         return true;
       },
       [&] {
-        std::string missing;
-        for (int peer = 0; peer < worldSize_; ++peer) {
+        std::string missing = joinRanks(worldSize_, [&](int peer) {
           uint64_t arrived = arrivalCounter(peer, counter).load();
-          if (arrived < expected[peer])
-            missing +=
-                format("%srank %d (%llu of %llu)", missing.empty() ? "" : ", ",
-                       peer, (unsigned long long)arrived,
-                       (unsigned long long)expected[peer]);
-        }
+          return arrived < expected[peer]
+                     ? format("rank %d (%llu of %llu)", peer,
+                              (unsigned long long)arrived,
+                              (unsigned long long)expected[peer])
+                     : std::string();
+        });
         return format("timed out after %d ms waiting for %s from %s",
                       effectiveTimeout(timeoutMs), what, missing.c_str());
       });
@@ -443,8 +449,12 @@ Status Communicator::waitForAll(uint32_t counter,
 Status Communicator::flush(int timeoutMs) {
   if (Status status = checkUsable(); status.failed())
     return status;
+  return flushUntil(deadlineAfter(timeoutMs), timeoutMs);
+}
+
+Status Communicator::flushUntil(Clock::time_point deadline, int timeoutMs) {
   return waitFor(
-      deadlineAfter(timeoutMs),
+      deadline,
       [&] {
         return commandsCompleted_.load(std::memory_order_acquire) >=
                commandsPosted_;
@@ -476,12 +486,12 @@ Status Communicator::barrier(int timeoutMs) {
         return true;
       },
       [&] {
-        std::string missing;
-        for (int peer = 0; peer < worldSize_; ++peer)
-          if (barriers_[peer].load() < generation)
-            missing += format("%s%d", missing.empty() ? "" : ", ", peer);
+        std::string missing = joinRanks(worldSize_, [&](int peer) {
+          return barriers_[peer].load() < generation ? format("rank %d", peer)
+                                                     : std::string();
+        });
         return format("timed out after %d ms in barrier %llu waiting for "
-                      "rank(s) %s",
+                      "%s",
                       effectiveTimeout(timeoutMs),
                       (unsigned long long)generation, missing.c_str());
       });

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -27,12 +28,23 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kWriteControl = 0x100;
 
 /// The 32-bit immediate: source rank, what the write means, and for data the
-/// counter it is counted under.
-enum class ImmediateKind : uint32_t { Data = 1, Barrier = 2, Heartbeat = 3 };
+/// counter it is counted under. Goodbye: the source closes on purpose, so its
+/// silence and its closed endpoint are not a failure.
+enum class ImmediateKind : uint32_t {
+  Data = 1,
+  Barrier = 2,
+  Heartbeat = 3,
+  Goodbye = 4
+};
 
 inline uint32_t encodeImmediate(uint32_t source, ImmediateKind kind,
                                 uint32_t counter) {
   return source << 16 | static_cast<uint32_t>(kind) << 12 | counter;
+}
+
+/// True if [offset, offset + length) lies inside [0, size), without overflow.
+inline bool inBounds(uint64_t offset, uint64_t length, uint64_t size) {
+  return offset <= size && length <= size - offset;
 }
 
 /// Yields first, then sleeps longer the longer a poll loop has been idle,
@@ -44,8 +56,10 @@ public:
   static Status open(const moe_transport_config_t &config,
                      std::unique_ptr<Communicator> &out);
   ~Communicator();
-  /// Stops the proxy; false if it is stuck in a provider call that never
-  /// returns (a peer died holding a lock), in which case nothing may be freed.
+  /// Stops the proxy (it says goodbye to its peers first); false if it is
+  /// stuck in a provider call that never returns (a peer died holding a
+  /// lock). Then the thread is detached and still uses this object: the
+  /// caller must leak it (moe_transport_close does).
   bool stopProxy();
 
   moe_transport_peer_info_t localInfo() const;
@@ -58,6 +72,7 @@ public:
   Status waitArrivals(int peer, uint32_t counter, uint64_t target,
                       int timeoutMs);
   Status flush(int timeoutMs);
+  Status flushUntil(Clock::time_point deadline, int timeoutMs);
   Status barrier(int timeoutMs);
   Status allToAllV(const uint64_t *sendOffsets, const uint64_t *sendBytes,
                    uint64_t *recvOffsets, uint64_t *recvBytes, int timeoutMs);
@@ -117,19 +132,40 @@ private:
   struct Operation {
     fi_context2 context; // first: the provider hands back its address
     int peer;
+    uint64_t sequence; // the command's (1-based), 0 for heartbeat or goodbye
+  };
+  /// Commands whose writes are in flight, in issue order.
+  struct InFlight {
+    uint64_t sequence;
+    uint32_t writes;
   };
   void runProxy();
+  /// Reads one batch of completions; false if the CQ was empty.
   bool pollCompletions();
+  /// Reads completions until the CQ is empty; false if it never was.
+  bool drainCompletions();
+  void completeOperation(Operation *operation);
+  /// Publishes to flush() every command below the lowest one in flight.
+  void publishCompleted();
   bool issueCommands();
   bool issueParts();
   /// Posts one write; false if the endpoint is busy and it must be retried.
+  /// sequence 0 (heartbeats, goodbyes) may use the operations kept back.
   bool issueWrite(int peer, const Region &source, uint64_t srcOffset,
                   uint64_t length, bool toControl, uint64_t remoteOffset,
-                  uint32_t immediate);
+                  uint32_t immediate, uint64_t sequence);
   void copyToSelf(const moe_transport_command_t &command);
   void sendHeartbeats(Clock::time_point now);
-  void checkPeers(Clock::time_point now);
+  /// previousTurn: when the proxy's previous loop turn began.
+  void checkPeers(Clock::time_point now, Clock::time_point previousTurn);
+  /// After stopProxy(): lets in-flight writes finish and says goodbye.
+  void drainAndSayGoodbye();
   void markLost(int peer, const std::string &why);
+  /// Neither lost nor gone on purpose.
+  bool active(int peer) const {
+    return !lost_[peer].load(std::memory_order_relaxed) &&
+           !departed_[peer].load(std::memory_order_relaxed);
+  }
 
   // Configuration and resources.
   int rank_ = 0;
@@ -150,11 +186,13 @@ private:
   std::unique_ptr<std::atomic<uint64_t>[]> arrivals_;
   std::unique_ptr<std::atomic<uint64_t>[]> barriers_;
   std::unique_ptr<std::atomic<bool>[]> lost_;
+  std::unique_ptr<std::atomic<bool>[]> departed_; // said goodbye
   std::atomic<int> failedCode_{MOE_TRANSPORT_OK};
   mutable std::mutex failureMutex_;
   Status failure_;
   std::atomic<bool> stopProxy_{false};
   std::atomic<bool> proxyExited_{false};
+  bool proxyDetached_ = false;
   std::thread proxy_;
   // When the proxy last went round its loop, and whom it is calling into.
   std::atomic<int64_t> proxyTickNs_{0};
@@ -168,11 +206,16 @@ private:
   // Proxy only.
   moe_transport_command_t current_ = {};
   bool hasCurrent_ = false;
+  uint64_t currentSequence_ = 0;
   int nextPart_ = 0;
   uint64_t commandsConsumed_ = 0;
   std::vector<Operation> operations_;
   std::vector<Operation *> freeOperations_;
+  /// Operations commands may not take, so heartbeats always find one.
+  size_t reservedOperations_ = 0;
+  std::deque<InFlight> inFlight_;
   std::vector<Clock::time_point> lastHeard_;
+  std::vector<uint8_t> heartbeatDue_;
   Clock::time_point lastHeartbeat_;
 };
 

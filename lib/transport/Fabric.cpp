@@ -4,6 +4,7 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_errno.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -73,12 +74,18 @@ Status Fabric::open(const char *provider, const char *domain) {
   int result = getInfo(provider, domain, /*hmem=*/false, list);
   if (result < 0 || !list.head) {
     const char *env = getenv("FI_PROVIDER");
+    // libfabric applies FI_PROVIDER itself, process-wide, before our choice:
+    // a config.provider outside it cannot be opened. Say so.
+    bool both = provider && env && *env;
     return makeError(
         MOE_TRANSPORT_ERR_FABRIC,
         "no libfabric provider offers RDM endpoints with RMA writes "
-        "(provider '%s', FI_PROVIDER '%s', domain '%s'): %s",
+        "(provider '%s', FI_PROVIDER '%s', domain '%s'): %s%s",
         provider ? provider : "any", env ? env : "", domain ? domain : "any",
-        fi_strerror(-result));
+        fi_strerror(-result),
+        both ? " (libfabric only loads the providers FI_PROVIDER names; "
+               "unset it or include the configured provider)"
+             : "");
   }
 
   // An explicit choice (argument or FI_PROVIDER, which fi_getinfo applies)
@@ -125,6 +132,10 @@ Status Fabric::open(const char *provider, const char *domain) {
     return status;
 
   fi_cq_attr cqAttr = {};
+  // Room for every write we can have in flight plus the arrivals that pile
+  // up while the proxy is busy; the provider's default may be much smaller.
+  cqAttr.size = std::max<size_t>(
+      4096, info_->tx_attr->size + (info_->rx_attr ? info_->rx_attr->size : 0));
   cqAttr.format = FI_CQ_FORMAT_DATA;
   cqAttr.wait_obj = FI_WAIT_NONE;
   if (Status status =
@@ -152,7 +163,29 @@ Status Fabric::open(const char *provider, const char *domain) {
                 "fi_ep_bind(cq)");
       status.failed())
     return status;
-  return check(fi_enable(endpoint_), "fi_enable");
+  if (Status status = check(fi_enable(endpoint_), "fi_enable"); status.failed())
+    return status;
+  // Read the address now, from the opening thread: later the endpoint is the
+  // proxy's alone (FI_THREAD_DOMAIN), and callers may ask at any time.
+  size_t length = MOE_TRANSPORT_MAX_ADDRESS;
+  localAddress_.assign(length, 0);
+  if (Status status =
+          check(fi_getname(&endpoint_->fid, localAddress_.data(), &length),
+                "fi_getname");
+      status.failed())
+    return status;
+  localAddress_.resize(length);
+  return Status::ok();
+}
+
+void Fabric::abandon() {
+  endpoint_ = nullptr;
+  regions_.clear();
+  av_ = nullptr;
+  cq_ = nullptr;
+  domain_ = nullptr;
+  fabric_ = nullptr;
+  info_ = nullptr;
 }
 
 void Fabric::close() {
@@ -193,7 +226,6 @@ Status Fabric::registerRegion(void *base, size_t bytes, uint64_t access,
   regions_.push_back(mr);
   region.base = base;
   region.bytes = bytes;
-  region.mr = mr;
   region.desc = fi_mr_desc(mr);
   region.key = fi_mr_key(mr);
   if (region.key == FI_KEY_NOTAVAIL)
@@ -203,17 +235,6 @@ Status Fabric::registerRegion(void *base, size_t bytes, uint64_t access,
   // With FI_MR_VIRT_ADDR peers address the region by our virtual address,
   // otherwise by the offset from its start.
   region.remoteBase = virtualAddresses_ ? reinterpret_cast<uintptr_t>(base) : 0;
-  return Status::ok();
-}
-
-Status Fabric::localAddress(std::vector<uint8_t> &address) {
-  size_t length = MOE_TRANSPORT_MAX_ADDRESS;
-  address.assign(length, 0);
-  if (Status status = check(
-          fi_getname(&endpoint_->fid, address.data(), &length), "fi_getname");
-      status.failed())
-    return status;
-  address.resize(length);
   return Status::ok();
 }
 

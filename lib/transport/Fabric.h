@@ -18,7 +18,6 @@ namespace moe::transport {
 struct Region {
   void *base = nullptr;
   size_t bytes = 0;
-  fid_mr *mr = nullptr;
   void *desc = nullptr;    // local descriptor (needed under FI_MR_LOCAL)
   uint64_t key = 0;        // what peers pass as the RMA key
   uint64_t remoteBase = 0; // what peers add offsets to
@@ -36,12 +35,16 @@ public:
   /// Picks a provider (see moe_transport_config) and opens everything.
   Status open(const char *provider, const char *domain);
   void close();
+  /// Forgets every handle without closing it: for when a thread that cannot
+  /// be stopped may still use them.
+  void abandon();
 
   /// Registered regions stay registered until close().
   Status registerRegion(void *base, size_t bytes, uint64_t access,
                         Region &region);
 
-  Status localAddress(std::vector<uint8_t> &address);
+  /// The endpoint's address, read once at open.
+  const std::vector<uint8_t> &localAddress() const { return localAddress_; }
   Status insertPeers(const std::vector<std::vector<uint8_t>> &addresses);
 
   /// fi_writedata with a 32-bit immediate: 0, -FI_EAGAIN or another error.
@@ -74,6 +77,7 @@ private:
   fid_ep *endpoint_ = nullptr;
   std::vector<fid_mr *> regions_;
   std::vector<fi_addr_t> peerAddresses_;
+  std::vector<uint8_t> localAddress_;
   std::string providerName_;
   bool hmemSupported_ = false;
   bool virtualAddresses_ = false;

@@ -5,6 +5,7 @@
 // nothing here relies on order: each arrival is counted from its immediate.
 // A peer whose write fails, or that stays silent past the peer timeout
 // (proxies heartbeat each other), is declared lost, which fails every wait.
+// A peer that closes on purpose says goodbye first and is not.
 //
 //===----------------------------------------------------------------------===//
 #include "CommandRing.h"
@@ -12,6 +13,7 @@
 
 #include <rdma/fi_errno.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace moe::transport {
@@ -20,34 +22,113 @@ namespace {
 constexpr size_t kCompletionBatch = 32;
 /// How long close() lets in-flight writes finish before the endpoint goes.
 constexpr auto kDrainTime = std::chrono::seconds(1);
+/// Commands issued per loop turn, so the CQ, heartbeats and peer checks are
+/// not starved by a producer that keeps the ring full.
+constexpr int kCommandsPerTurn = 64;
+/// Batches read before a drain gives up (arrivals may never stop coming).
+constexpr int kMaxDrainBatches = 256;
 } // namespace
 
 void Communicator::runProxy() {
   Clock::time_point idleSince = Clock::now();
+  Clock::time_point previousTurn = idleSince;
+  Clock::time_point lastPeerCheck = idleSince;
+  auto checkInterval =
+      std::chrono::milliseconds(std::max(peerTimeoutMs_ / 16, 1));
   while (!stopProxy_.load(std::memory_order_acquire)) {
-    proxyTickNs_.store(Clock::now().time_since_epoch().count(),
+    Clock::time_point turn = Clock::now();
+    proxyTickNs_.store(turn.time_since_epoch().count(),
                        std::memory_order_relaxed);
     bool busy = pollCompletions();
+    // Heartbeats before commands: they may use the operations commands must
+    // leave free, so a saturating producer cannot silence us.
+    sendHeartbeats(turn);
     busy |= issueCommands();
     Clock::time_point now = Clock::now();
-    sendHeartbeats(now);
-    checkPeers(now);
-    // Completions arrive out of order, so publish the prefix only when
-    // nothing is in flight; the producer waits on this only at sync points.
-    if (!hasCurrent_ && freeOperations_.size() == operations_.size())
-      commandsCompleted_.store(commandsConsumed_, std::memory_order_release);
+    // Judging silence a few times per timeout is enough; every turn would
+    // add a CQ read (a round of provider progress) to the hot loop.
+    if (now - lastPeerCheck >= checkInterval) {
+      // Everything that arrived must be counted before silence is judged.
+      bool drained = drainCompletions();
+      busy |= !drained;
+      if (drained) {
+        checkPeers(now, previousTurn);
+        lastPeerCheck = now;
+      }
+    }
+    previousTurn = turn;
+    publishCompleted();
     if (busy)
       idleSince = now;
     else
       idlePause(now - idleSince);
   }
-  // Let the last writes leave before the endpoint closes under them.
+  drainAndSayGoodbye();
+  proxyExited_.store(true, std::memory_order_release);
+}
+
+void Communicator::drainAndSayGoodbye() {
   Clock::time_point deadline = Clock::now() + kDrainTime;
+  // Let the last writes leave before the endpoint closes under them.
   while (freeOperations_.size() != operations_.size() &&
          Clock::now() < deadline)
     if (!pollCompletions())
       idlePause(std::chrono::milliseconds(1));
-  proxyExited_.store(true, std::memory_order_release);
+  // Then tell every peer we leave on purpose: peers still waiting (say in a
+  // final barrier) must not take our silence or closed endpoint for a death.
+  std::vector<uint8_t> due(worldSize_, 0);
+  for (int peer = 0; peer < worldSize_; ++peer)
+    due[peer] = peer != rank_ && active(peer);
+  for (;;) {
+    bool pending = false;
+    for (int peer = 0; peer < worldSize_; ++peer)
+      if (due[peer] &&
+          issueWrite(peer, controlRegion_, 0, 0, /*toControl=*/true, 0,
+                     encodeImmediate(rank_, ImmediateKind::Goodbye, 0), 0))
+        due[peer] = 0;
+      else
+        pending |= due[peer] != 0;
+    pending |= freeOperations_.size() != operations_.size();
+    if (!pending || Clock::now() >= deadline)
+      break;
+    if (!pollCompletions())
+      idlePause(std::chrono::milliseconds(1));
+  }
+}
+
+bool Communicator::drainCompletions() {
+  for (int batch = 0; batch < kMaxDrainBatches; ++batch)
+    if (!pollCompletions())
+      return true;
+  return false;
+}
+
+void Communicator::completeOperation(Operation *operation) {
+  if (operation->sequence != 0) {
+    auto entry = std::lower_bound(inFlight_.begin(), inFlight_.end(),
+                                  operation->sequence,
+                                  [](const InFlight &a, uint64_t sequence) {
+                                    return a.sequence < sequence;
+                                  });
+    if (entry != inFlight_.end() && entry->sequence == operation->sequence &&
+        entry->writes > 0)
+      --entry->writes;
+  }
+  freeOperations_.push_back(operation);
+}
+
+void Communicator::publishCompleted() {
+  // Completions arrive out of order: every command below the lowest one
+  // still in flight (or still being issued) is done. This keeps flush()
+  // progressing while the producer keeps the proxy busy.
+  while (!inFlight_.empty() && inFlight_.front().writes == 0)
+    inFlight_.pop_front();
+  uint64_t lowest = commandsConsumed_ + 1;
+  if (hasCurrent_)
+    lowest = std::min(lowest, currentSequence_);
+  if (!inFlight_.empty())
+    lowest = std::min(lowest, inFlight_.front().sequence);
+  commandsCompleted_.store(lowest - 1, std::memory_order_release);
 }
 
 bool Communicator::pollCompletions() {
@@ -62,8 +143,11 @@ bool Communicator::pollCompletions() {
       return false;
     auto *operation = static_cast<Operation *>(error.op_context);
     if (operation && !(error.flags & FI_REMOTE_WRITE)) {
-      freeOperations_.push_back(operation);
-      markLost(operation->peer, "write failed: " + text);
+      int peer = operation->peer;
+      completeOperation(operation);
+      // A peer that said goodbye may close before our last write lands.
+      if (!departed_[peer].load(std::memory_order_relaxed))
+        markLost(peer, "write failed: " + text);
     } else {
       fail(makeError(MOE_TRANSPORT_ERR_FABRIC, "rank %d: completion error: %s",
                      rank_, text.c_str()));
@@ -78,15 +162,20 @@ bool Communicator::pollCompletions() {
   Clock::time_point now = Clock::now();
   for (ssize_t i = 0; i < count; ++i) {
     const fi_cq_data_entry &entry = entries[i];
-    if (!(entry.flags & FI_REMOTE_CQ_DATA)) {
-      freeOperations_.push_back(static_cast<Operation *>(entry.op_context));
+    if (!(entry.flags & FI_REMOTE_WRITE)) {
+      // Our own write completed. Only our operations carry a context; a
+      // provider may report other local events without one.
+      if (entry.op_context)
+        completeOperation(static_cast<Operation *>(entry.op_context));
       continue;
     }
+    // A peer's write landed here; every one of ours carries an immediate.
     uint32_t immediate = static_cast<uint32_t>(entry.data);
     uint32_t source = immediate >> 16;
     auto kind = static_cast<ImmediateKind>((immediate >> 12) & 0xf);
     uint32_t counter = immediate & 0xfff;
-    if (source >= static_cast<uint32_t>(worldSize_) ||
+    if (!(entry.flags & FI_REMOTE_CQ_DATA) ||
+        source >= static_cast<uint32_t>(worldSize_) ||
         (kind == ImmediateKind::Data &&
          counter >= MOE_TRANSPORT_NUM_COUNTERS)) {
       fail(makeError(MOE_TRANSPORT_ERR_FABRIC,
@@ -98,17 +187,19 @@ bool Communicator::pollCompletions() {
       arrivalCounter(source, counter).fetch_add(1, std::memory_order_release);
     else if (kind == ImmediateKind::Barrier)
       barriers_[source].fetch_add(1, std::memory_order_release);
+    else if (kind == ImmediateKind::Goodbye)
+      departed_[source].store(true, std::memory_order_relaxed);
   }
   return count > 0;
 }
 
 bool Communicator::issueCommands() {
   bool progressed = false;
-  for (;;) {
+  for (int issued = 0; issued < kCommandsPerTurn; ++issued) {
     if (!hasCurrent_) {
       if (!ringTryPop(ring_, current_))
         break;
-      ++commandsConsumed_;
+      currentSequence_ = ++commandsConsumed_;
       progressed = true;
       // The producer may be a kernel writing slots directly: check again.
       if (Status status = validate(current_); status.failed()) {
@@ -136,7 +227,8 @@ bool Communicator::issueParts() {
         continue;
       }
       if (!issueWrite(peer, controlRegion_, 0, 0, /*toControl=*/true, 0,
-                      encodeImmediate(rank_, ImmediateKind::Barrier, 0)))
+                      encodeImmediate(rank_, ImmediateKind::Barrier, 0),
+                      currentSequence_))
         return false;
     }
     return true;
@@ -150,17 +242,20 @@ bool Communicator::issueParts() {
   return issueWrite(
       peer, control ? controlRegion_ : sendRegion_, command.src_offset,
       command.length, control, command.remote_offset,
-      encodeImmediate(rank_, ImmediateKind::Data, command.counter));
+      encodeImmediate(rank_, ImmediateKind::Data, command.counter),
+      currentSequence_);
 }
 
 bool Communicator::issueWrite(int peer, const Region &source,
                               uint64_t srcOffset, uint64_t length,
                               bool toControl, uint64_t remoteOffset,
-                              uint32_t immediate) {
-  // A lost peer has already failed the communicator; drop its writes.
-  if (lost_[peer].load(std::memory_order_relaxed))
+                              uint32_t immediate, uint64_t sequence) {
+  // A lost peer has already failed the communicator, and one that said
+  // goodbye no longer listens: drop their writes.
+  if (!active(peer))
     return true;
-  if (freeOperations_.empty())
+  size_t keep = sequence != 0 ? reservedOperations_ : 0;
+  if (freeOperations_.size() <= keep)
     return false;
   const moe_transport_peer_info_t &target = peers_[peer];
   uint64_t remoteAddress =
@@ -168,6 +263,7 @@ bool Communicator::issueWrite(int peer, const Region &source,
   uint64_t key = toControl ? target.control_key : target.recv_key;
   Operation *operation = freeOperations_.back();
   operation->peer = peer;
+  operation->sequence = sequence;
   // If the provider never returns (shm spins on a lock a dead peer held),
   // the producer's watchdog names this peer.
   proxyWritingTo_.store(peer, std::memory_order_relaxed);
@@ -183,6 +279,12 @@ bool Communicator::issueWrite(int peer, const Region &source,
     return true;
   }
   freeOperations_.pop_back();
+  if (sequence != 0) {
+    if (inFlight_.empty() || inFlight_.back().sequence != sequence)
+      inFlight_.push_back({sequence, 1});
+    else
+      ++inFlight_.back().writes;
+  }
   return true;
 }
 
@@ -200,21 +302,31 @@ void Communicator::copyToSelf(const moe_transport_command_t &command) {
 
 void Communicator::sendHeartbeats(Clock::time_point now) {
   auto interval = std::chrono::milliseconds(std::max(peerTimeoutMs_ / 8, 1));
-  if (now - lastHeartbeat_ < interval)
-    return;
-  lastHeartbeat_ = now;
+  if (now - lastHeartbeat_ >= interval) {
+    lastHeartbeat_ = now;
+    for (int peer = 0; peer < worldSize_; ++peer)
+      heartbeatDue_[peer] = peer != rank_;
+  }
+  // A beat the endpoint cannot take now stays due and is retried next turn.
   for (int peer = 0; peer < worldSize_; ++peer)
-    if (peer != rank_)
-      // Best effort: a busy endpoint skips a beat, the next one comes soon.
-      issueWrite(peer, controlRegion_, 0, 0, /*toControl=*/true, 0,
-                 encodeImmediate(rank_, ImmediateKind::Heartbeat, 0));
+    if (heartbeatDue_[peer] &&
+        issueWrite(peer, controlRegion_, 0, 0, /*toControl=*/true, 0,
+                   encodeImmediate(rank_, ImmediateKind::Heartbeat, 0), 0))
+      heartbeatDue_[peer] = 0;
 }
 
-void Communicator::checkPeers(Clock::time_point now) {
+void Communicator::checkPeers(Clock::time_point now,
+                              Clock::time_point previousTurn) {
   auto timeout = std::chrono::milliseconds(peerTimeoutMs_);
+  // If this thread itself did not run for a long while (the host stalled,
+  // the process was stopped or starved), peers' heartbeats may be sitting
+  // unread in the provider: the silence is ours. Restart their clocks.
+  if (now - previousTurn > timeout / 2) {
+    std::fill(lastHeard_.begin(), lastHeard_.end(), now);
+    return;
+  }
   for (int peer = 0; peer < worldSize_; ++peer)
-    if (peer != rank_ && !lost_[peer].load(std::memory_order_relaxed) &&
-        now - lastHeard_[peer] > timeout)
+    if (peer != rank_ && active(peer) && now - lastHeard_[peer] > timeout)
       markLost(peer, format("nothing heard from it for %d ms (process died "
                             "or network down)",
                             peerTimeoutMs_));

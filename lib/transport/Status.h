@@ -36,6 +36,22 @@ std::string format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 Status makeError(moe_transport_status_t code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/// describe(rank) for every rank in [0, count) where it is not empty, joined
+/// by ", ": how timeouts list the ranks they waited for.
+template <typename Describe>
+std::string joinRanks(int count, Describe describe) {
+  std::string text;
+  for (int rank = 0; rank < count; ++rank) {
+    std::string part = describe(rank);
+    if (part.empty())
+      continue;
+    if (!text.empty())
+      text += ", ";
+    text += part;
+  }
+  return text;
+}
+
 } // namespace moe::transport
 
 #endif // MOE_TRANSPORT_STATUS_H

@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "RankHarness.h"
+#include "TestHooks.h"
 
 #include <gtest/gtest.h>
 
@@ -34,6 +35,10 @@ struct AllToAllRun {
   uint32_t ringCapacity;
 };
 
+/// This rank's transport and context, for hooks (each rank is a process).
+moe_transport_t *rankTransport = nullptr;
+RankContext *rankContext = nullptr;
+
 /// Runs all-to-alls with per-peer random sizes and checks every byte.
 int allToAllRank(RankContext &context, const Provider &provider,
                  const AllToAllRun &run) {
@@ -46,6 +51,8 @@ int allToAllRank(RankContext &context, const Provider &provider,
   config.timeout_ms = 20000;
   moe_transport_t *transport = nullptr;
   RANK_CHECK(context, context.open(provider, config, &transport));
+  rankTransport = transport;
+  rankContext = &context;
   auto *send = static_cast<uint8_t *>(moe_transport_send_buffer(transport));
   auto *recv = static_cast<uint8_t *>(moe_transport_recv_buffer(transport));
   std::vector<uint64_t> sendOffsets(world), sendBytes(world),
@@ -139,6 +146,41 @@ TEST_P(ProviderTest, ThousandsOfAllToAllsThroughASmallRing) {
   expectAllSucceeded(outcomes);
 }
 
+//===--- a slow rank while fast peers start the next call -----------------===//
+
+constexpr int kSlowWorld = 4, kSlowIterations = 12;
+
+/// On the last rank, before step 2 reaches its last peer (rank world - 2,
+/// which still waits for our bytes): holds until every other peer has
+/// finished this call and its next call's counts have landed here, i.e. has
+/// overwritten its row of our count matrix. Every rank must by then work
+/// from its own copy of this call's matrix.
+void holdLastRankUntilPeersMoveOn(int rank, int step) {
+  if (rank != kSlowWorld - 1 || step != kSlowWorld - 1)
+    return;
+  uint64_t iteration = rankContext->board->progress[rank].load();
+  if (iteration + 1 >= kSlowIterations)
+    return; // no next call to wait for
+  auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (int peer = 0; peer < kSlowWorld - 2; ++peer)
+    while (moe_transport_arrivals(rankTransport, peer,
+                                  MOE_TRANSPORT_COUNTER_ALLTOALL_COUNTS) <
+               iteration + 2 &&
+           std::chrono::steady_clock::now() < giveUp)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+}
+
+TEST_P(ProviderTest, SlowRankUsesItsOwnCopyOfTheCounts) {
+  Provider provider = GetParam();
+  AllToAllRun run = {kSlowIterations, 256, 64};
+  expectAllSucceeded(
+      runRanks(kSlowWorld, kSlowWorld, 60000, [&](RankContext &context) {
+        moe::transport::allToAllStepHookForTesting =
+            holdLastRankUntilPeersMoveOn;
+        return allToAllRank(context, provider, run);
+      }));
+}
+
 //===--- raw writes through the ring: none lost, none duplicated ----------===//
 
 TEST_P(ProviderTest, RingDeliversEveryWriteExactlyOnce) {
@@ -198,6 +240,64 @@ TEST_P(ProviderTest, RingDeliversEveryWriteExactlyOnce) {
   }));
 }
 
+//===--- liveness under load and at a clean close
+//--------------------------===//
+
+TEST_P(ProviderTest, FloodToOnePeerDoesNotSilenceTheOthers) {
+  // Rank 0 keeps every write operation busy towards rank 1; rank 2 hears
+  // from rank 0 only through heartbeats, which must still get through.
+  Provider provider = GetParam();
+  constexpr int kRanks = 3;
+  constexpr uint64_t kBytes = 256 * 1024;
+  expectAllSucceeded(runRanks(kRanks, kRanks, 60000, [&](RankContext &context) {
+    moe_transport_config_t config;
+    moe_transport_config_init(&config);
+    config.send_bytes = config.recv_bytes = kBytes;
+    config.timeout_ms = 20000;
+    config.peer_timeout_ms = 1500;
+    moe_transport_t *transport = nullptr;
+    RANK_CHECK(context, context.open(provider, config, &transport));
+    if (context.rank == 0) {
+      auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+      while (std::chrono::steady_clock::now() < end)
+        RANK_CHECK(context,
+                   moe_transport_write(transport, 1, 0, kBytes, 0, 3, -1));
+    }
+    RANK_CHECK(context, moe_transport_barrier(transport, -1));
+    moe_transport_close(transport);
+    return 0;
+  }));
+}
+
+TEST_P(ProviderTest, RankThatClosesIsNotReportedLost) {
+  // Rank 0 leaves after the barrier; ranks 1 and 2 go on talking for longer
+  // than the peer timeout. Its goodbye must keep them from failing.
+  Provider provider = GetParam();
+  constexpr int kRanks = 3;
+  expectAllSucceeded(runRanks(kRanks, kRanks, 30000, [&](RankContext &context) {
+    moe_transport_config_t config;
+    moe_transport_config_init(&config);
+    config.send_bytes = config.recv_bytes = 4096;
+    config.timeout_ms = 10000;
+    // Not much shorter: a peer starved of CPU on a loaded 2-core machine
+    // must not be declared lost for real.
+    config.peer_timeout_ms = 1000;
+    moe_transport_t *transport = nullptr;
+    RANK_CHECK(context, context.open(provider, config, &transport));
+    RANK_CHECK(context, moe_transport_barrier(transport, -1));
+    if (context.rank != 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2200));
+      int peer = 3 - context.rank;
+      RANK_CHECK(context, moe_transport_write(transport, peer, 0, 8, 0, 4, -1));
+      RANK_CHECK(context,
+                 moe_transport_wait_arrivals(transport, peer, 4, 1, -1));
+      RANK_CHECK(context, moe_transport_flush(transport, -1));
+    }
+    moe_transport_close(transport);
+    return 0;
+  }));
+}
+
 //===--- addresses handed in by the caller --------------------------------===//
 
 TEST_P(ProviderTest, ConnectsWithAddressesHandedIn) {
@@ -238,8 +338,7 @@ TEST_P(ProviderTest, ConnectsWithAddressesHandedIn) {
   }));
 }
 
-//===--- faults
-//-------------------------------------------------------------===//
+//===--- faults ----------------------------------------------------------===//
 
 TEST_P(ProviderTest, KilledRankIsNamedByEverySurvivor) {
   Provider provider = GetParam();
@@ -266,6 +365,9 @@ TEST_P(ProviderTest, KilledRankIsNamedByEverySurvivor) {
                                       recvOffsets.data(), recvBytes.data(), -1);
           if (status != MOE_TRANSPORT_OK) {
             context.fail(status, "%s", moe_transport_last_error());
+            // Stay until every survivor has its verdict: a rank closing
+            // early must not become the peer another survivor names.
+            context.finishAndWaitForRelease(20000);
             moe_transport_close(transport);
             return static_cast<int>(status);
           }
@@ -286,6 +388,17 @@ TEST_P(ProviderTest, KilledRankIsNamedByEverySurvivor) {
         }
         kill(pids[kVictim], SIGKILL);
         killedAt = std::chrono::steady_clock::now();
+        auto released =
+            std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        for (;;) {
+          bool allFinished = true;
+          for (int rank = 0; rank < kRanks; ++rank)
+            allFinished &= rank == kVictim || board.finished[rank].load();
+          if (allFinished || std::chrono::steady_clock::now() > released)
+            break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+        board.release.store(1);
       });
   auto elapsed = std::chrono::steady_clock::now() - killedAt;
   // Detection takes the peer timeout; a proxy stuck in shm adds the bounded
@@ -352,8 +465,7 @@ TEST(BootstrapTest, NoRootTimesOut) {
       << outcomes[1].message;
 }
 
-//===--- provider selection
-//-------------------------------------------------===//
+//===--- provider selection ----------------------------------------------===//
 
 /// Opens a world of one with provider and FI_PROVIDER as given and reports
 /// the provider libfabric picked as the message.

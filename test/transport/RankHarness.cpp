@@ -13,15 +13,20 @@
 
 namespace moe::transport::testing {
 
-const Provider kTcp = {"tcp", "tcp;ofi_rxm", "lo"};
-const Provider kShm = {"shm", "shm", nullptr};
-
 int RankContext::fail(int code, const char *fmt, ...) {
   va_list args;
   va_start(args, fmt);
   vsnprintf(board->messages[rank], sizeof(board->messages[rank]), fmt, args);
   va_end(args);
   return code;
+}
+
+void RankContext::finishAndWaitForRelease(int limitMs) {
+  board->finished[rank].store(1);
+  auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(limitMs);
+  while (!board->release.load() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 moe_transport_status_t RankContext::open(const Provider &provider,

@@ -9,11 +9,11 @@
 #ifndef MOE_TEST_TRANSPORT_RANKHARNESS_H
 #define MOE_TEST_TRANSPORT_RANKHARNESS_H
 
+#include "TestProviders.h"
 #include "moe_transport.h"
 
 #include <atomic>
 #include <functional>
-#include <ostream>
 #include <string>
 #include <sys/types.h>
 #include <vector>
@@ -22,24 +22,15 @@ namespace moe::transport::testing {
 
 constexpr int kMaxTestRanks = 16;
 
-/// A libfabric provider as the tests select it.
-struct Provider {
-  const char *label; // for test names
-  const char *name;
-  const char *domain; // loopback only
-};
-extern const Provider kTcp;
-extern const Provider kShm;
-/// For gtest's messages: the label rather than the struct's bytes.
-inline void PrintTo(const Provider &provider, std::ostream *out) {
-  *out << provider.label;
-}
-
 /// Written by the ranks, read by the parent.
 struct Board {
   std::atomic<uint64_t> progress[kMaxTestRanks];
   std::atomic<int> infoPublished[kMaxTestRanks];
   moe_transport_peer_info_t infos[kMaxTestRanks];
+  // For tests that order the ends of ranks: a rank sets finished[rank] and
+  // waits for the parent to set release.
+  std::atomic<int> finished[kMaxTestRanks];
+  std::atomic<int> release;
   char messages[kMaxTestRanks][1024];
 };
 
@@ -53,6 +44,8 @@ struct RankContext {
   /// Records a message for the parent; returns code for `return fail(...)`.
   int fail(int code, const char *fmt, ...)
       __attribute__((format(printf, 3, 4)));
+  /// Sets finished[rank] and waits (at most limitMs) for the parent's release.
+  void finishAndWaitForRelease(int limitMs);
   /// Opens a transport for this rank and bootstraps it through rank 0.
   moe_transport_status_t open(const Provider &provider,
                               moe_transport_config_t config,
