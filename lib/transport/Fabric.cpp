@@ -5,8 +5,11 @@
 #include <rdma/fi_errno.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
+#include <unistd.h>
 
 namespace moe::transport {
 
@@ -111,6 +114,19 @@ Status Fabric::open(const char *provider, const char *domain) {
   if (!info_)
     return makeError(MOE_TRANSPORT_ERR_FABRIC, "fi_dupinfo: out of memory");
   providerName_ = info_->fabric_attr->prov_name;
+  if (providerName_ == "shm") {
+    // shm names its shared-memory region after the source address, by
+    // default the pid; a process killed before closing leaves the region
+    // behind, and a later process given the same pid then cannot open its
+    // endpoint (EBUSY). A random suffix keeps every endpoint's name fresh.
+    std::random_device random;
+    char name[64];
+    std::snprintf(name, sizeof(name), "moe-%d-%08x%08x", int(getpid()),
+                  random(), random());
+    free(info_->src_addr);
+    info_->src_addr = strdup(name);
+    info_->src_addrlen = std::strlen(name) + 1;
+  }
   maxMessageSize_ = info_->ep_attr->max_msg_size;
   transmitDepth_ = info_->tx_attr->size;
   virtualAddresses_ = info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR;
