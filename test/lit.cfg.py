@@ -17,6 +17,15 @@ config.substitutions.append(("%python", config.python_executable))
 
 llvm_config.with_system_environment(["HOME", "PATH", "PYTHONPATH"])
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
+
+# The CUDA toolkit, where installed: ptxas turns the PTX we emit into cubins.
+cuda_root = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+if os.path.exists(os.path.join(cuda_root, "bin", "ptxas")):
+    llvm_config.with_environment("PATH", os.path.join(cuda_root, "bin"),
+                                 append_path=True)
+    config.available_features.add("ptxas")
+else:
+    lit_config.note("no ptxas under " + cuda_root + ": cubin checks skip")
 llvm_config.use_default_substitutions()
 llvm_config.add_tool_substitutions(
     ["moe-opt", "moe-compile", "moe-exec", "moe-reference", "moe-quantize-reference"], [config.moe_tools_dir, config.llvm_tools_dir])

@@ -1,6 +1,7 @@
 //===- moe-opt.cpp - the moe dialect and passes, mlir-opt style -----------===//
 
 #include "codegen/cpu/Passes.h"
+#include "codegen/nvidia/Registration.h"
 #include "dialects/moe/MoeOps.h"
 #include "passes/Passes.h"
 
@@ -18,6 +19,8 @@ int main(int argc, char **argv) {
   mlir::moe::registerMoePasses();
   mlir::moe::cpu::registerCpuPasses();
   mlir::moe::cpu::registerCpuPipelines();
+  mlir::moe::nvidia::registerNvidiaCodegen(registry);
+  mlir::moe::nvidia::registerNvidiaPipelines();
   return mlir::asMainReturnCode(mlir::MlirOptMain(
       argc, argv, "moe-compiler optimizer: the moe dialect and its passes\n",
       registry));

@@ -1,0 +1,17 @@
+//===- Registration.h - what the NVIDIA path needs registered ---*- C++ -*-===//
+
+#ifndef MOE_CODEGEN_NVIDIA_REGISTRATION_H
+#define MOE_CODEGEN_NVIDIA_REGISTRATION_H
+
+#include "mlir/IR/DialectRegistry.h"
+
+namespace mlir::moe::nvidia {
+/// The dialects, their conversions to LLVM, the NVVM target (without which
+/// gpu-module-to-binary crashes) and the LLVM IR translations that lowering
+/// GPU kernels to PTX and cubin needs.
+void registerNvidiaCodegen(DialectRegistry &registry);
+/// Registers upstream's gpu-lower-to-nvvm-pipeline with the pass registry.
+void registerNvidiaPipelines();
+} // namespace mlir::moe::nvidia
+
+#endif // MOE_CODEGEN_NVIDIA_REGISTRATION_H
