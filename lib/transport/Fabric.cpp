@@ -220,13 +220,7 @@ void Fabric::close() {
     fi_close(&fabric_->fid);
   if (info_)
     fi_freeinfo(info_);
-  endpoint_ = nullptr;
-  regions_.clear();
-  av_ = nullptr;
-  cq_ = nullptr;
-  domain_ = nullptr;
-  fabric_ = nullptr;
-  info_ = nullptr;
+  abandon();
   peerAddresses_.clear();
 }
 
