@@ -21,6 +21,13 @@ static std::vector<int64_t> topK(const std::vector<double> &values, int64_t k) {
   return order;
 }
 
+/// Divides the weights by their sum plus `epsilon`.
+static void normalize(std::vector<double> &weights, double epsilon) {
+  double total = std::accumulate(weights.begin(), weights.end(), 0.0) + epsilon;
+  for (double &w : weights)
+    w /= total;
+}
+
 /// Gated activation of one (gate, up) pair.
 static double activate(const LayerConfig &c, double gate, double up) {
   if (!c.clampedSwiGLU)
@@ -86,11 +93,8 @@ std::vector<double> moe::ref::referenceLayer(const LayerConfig &c,
       chosen = topK(p, c.topK);
       for (int64_t i : chosen)
         weights.push_back(p[i]);
-      if (c.renormalize) {
-        double total = std::accumulate(weights.begin(), weights.end(), 0.0);
-        for (double &w : weights)
-          w /= total;
-      }
+      if (c.renormalize)
+        normalize(weights, 0.0);
       break;
     }
     case Router::TopKSoftmax: { // GptOssTopKRouter
@@ -128,12 +132,8 @@ std::vector<double> moe::ref::referenceLayer(const LayerConfig &c,
       chosen = topK(choice, c.topK);
       for (int64_t i : chosen)
         weights.push_back(scores[i]);
-      if (c.renormalize) {
-        double total =
-            std::accumulate(weights.begin(), weights.end(), 0.0) + 1e-20;
-        for (double &w : weights)
-          w /= total;
-      }
+      if (c.renormalize)
+        normalize(weights, 1e-20); // DeepSeek guards the sum against zero
       break;
     }
     case Router::SigmoidScaleInput: { // Llama4TextMoe

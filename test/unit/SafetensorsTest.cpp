@@ -3,10 +3,12 @@
 #include "runtime/Safetensors.h"
 
 #include <cstring>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <random>
 
 using namespace moe::rt;
+using ::testing::HasSubstr;
 
 namespace {
 /// A file built byte by byte, as the format defines it.
@@ -25,6 +27,11 @@ std::string parseError(std::vector<uint8_t> bytes) {
   auto file = SafetensorsFile::parse(std::move(bytes), "in.safetensors", error);
   EXPECT_EQ(file == nullptr, !error.empty());
   return error;
+}
+
+/// The error for a file with JSON `header` and `dataBytes` bytes of data.
+std::string headerError(const std::string &header, size_t dataBytes) {
+  return parseError(rawFile(header, std::vector<uint8_t>(dataBytes)));
 }
 } // namespace
 
@@ -76,61 +83,45 @@ TEST(Safetensors, RoundTripsEveryDTypeAndEmptyTensors) {
 }
 
 TEST(Safetensors, NamesWhatIsWrongWithABadFile) {
-  EXPECT_NE(parseError({1, 2, 3}).find("shorter than its 8-byte header size"),
-            std::string::npos);
+  EXPECT_THAT(parseError({1, 2, 3}),
+              HasSubstr("shorter than its 8-byte header size"));
   std::vector<uint8_t> huge = rawFile("{}", {});
   huge[7] = 0x7f;
-  EXPECT_NE(parseError(huge).find("runs past the end of the file"),
-            std::string::npos);
-  EXPECT_NE(parseError(rawFile(R"({"a":)", {})).find("bad JSON header"),
-            std::string::npos);
-  EXPECT_NE(parseError(rawFile("[]", {})).find("must be a JSON object"),
-            std::string::npos);
-  EXPECT_NE(
-      parseError(
-          rawFile(R"({"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})",
-                  std::vector<uint8_t>(8)))
-          .find("tensor 'a' has unsupported dtype 'F64'"),
-      std::string::npos);
-  EXPECT_NE(
-      parseError(
-          rawFile(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})",
-                  std::vector<uint8_t>(4)))
-          .find("not a non-negative integer"),
-      std::string::npos);
-  EXPECT_NE(
-      parseError(
-          rawFile(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})",
-                  std::vector<uint8_t>(4)))
-          .find("tensor 'a' holds 4 bytes, but its dtype and shape need 2 x 4"),
-      std::string::npos);
-  EXPECT_NE(
-      parseError(
-          rawFile(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,8]}})",
-                  std::vector<uint8_t>(4)))
-          .find("outside the 4-byte data section"),
-      std::string::npos);
-  EXPECT_NE(
-      parseError(
-          rawFile(
-              R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,4]}})",
-              std::vector<uint8_t>(4)))
-          .find("too large"),
-      std::string::npos);
-  EXPECT_NE(
-      parseError(
-          rawFile(
-              R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
-              std::vector<uint8_t>(4)))
-          .find("appears twice"),
-      std::string::npos);
-  EXPECT_NE(
-      parseError(rawFile(std::string(100, '[') + std::string(100, ']'), {}))
-          .find("nested too deeply"),
-      std::string::npos);
+  EXPECT_THAT(parseError(huge), HasSubstr("runs past the end of the file"));
+  EXPECT_THAT(headerError(R"({"a":)", 0), HasSubstr("bad JSON header"));
+  EXPECT_THAT(headerError("[]", 0), HasSubstr("must be a JSON object"));
+  EXPECT_THAT(
+      headerError(R"({"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})",
+                  8),
+      HasSubstr("tensor 'a' has unsupported dtype 'F64'"));
+  EXPECT_THAT(
+      headerError(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})",
+                  4),
+      HasSubstr("not a non-negative integer"));
+  EXPECT_THAT(
+      headerError(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})",
+                  4),
+      HasSubstr(
+          "tensor 'a' holds 4 bytes, but its dtype and shape need 2 x 4"));
+  EXPECT_THAT(
+      headerError(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,8]}})",
+                  4),
+      HasSubstr("outside the 4-byte data section"));
+  EXPECT_THAT(headerError(R"({"a":{"dtype":"F32",)"
+                          R"("shape":[4611686018427387904,4],)"
+                          R"("data_offsets":[0,4]}})",
+                          4),
+              HasSubstr("too large"));
+  EXPECT_THAT(
+      headerError(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                  R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                  4),
+      HasSubstr("appears twice"));
+  EXPECT_THAT(headerError(std::string(100, '[') + std::string(100, ']'), 0),
+              HasSubstr("nested too deeply"));
   std::string error;
   EXPECT_FALSE(SafetensorsFile::read("/nonexistent/in.safetensors", error));
-  EXPECT_NE(error.find("cannot open"), std::string::npos);
+  EXPECT_THAT(error, HasSubstr("cannot open"));
 }
 
 // Random corruption of a valid file: always an answer, never a crash, and a
