@@ -19,4 +19,16 @@ def Decompose : Pass<"moe-decompose"> {
   let dependentDialects = ["::mlir::moe::MoeDialect"];
 }
 
+def LegalizeScaledMatmul : Pass<"moe-legalize-scaled-matmul"> {
+  let summary = "Run FP8 matmuls as a dequantize and a bf16 matmul";
+  let description = [{
+    For a target without an FP8 matmul kernel: each `moe.grouped_matmul`
+    with `scales(...)` becomes `moe.dequantize` of both operands to bf16 and
+    the same matmul on them. E4M3 codes times an E8M0 scale are exact in
+    bf16; with FP8 block-128's f32 scales each product is rounded once to
+    bf16 (a relative error of at most 2^-9) before the f32 accumulation.
+  }];
+  let dependentDialects = ["::mlir::moe::MoeDialect"];
+}
+
 #endif // MOE_PASSES_TD

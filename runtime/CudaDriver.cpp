@@ -1,42 +1,20 @@
 //===- CudaDriver.cpp - the CUDA driver, loaded at run time ---------------===//
 
 #include "runtime/CudaDriver.h"
+#include "runtime/DriverApi.h"
 
 #include <dlfcn.h>
 #include <type_traits>
 
 using namespace moe::rt;
 
-// The driver API's handles are opaque pointers and its device an int; these
-// signatures follow cuda.h (the _v2 entry points where CUDA renamed them).
-struct CudaDevice::Driver {
-  void *library = nullptr;
-  int (*cuInit)(unsigned);
-  int (*cuDeviceGetCount)(int *);
-  int (*cuDeviceGet)(int *, int);
-  int (*cuDeviceGetName)(char *, int, int);
-  int (*cuDeviceGetAttribute)(int *, int, int);
-  int (*cuDevicePrimaryCtxRetain)(void **, int);
-  int (*cuDevicePrimaryCtxRelease)(int);
-  int (*cuCtxSetCurrent)(void *);
-  int (*cuCtxSynchronize)();
-  int (*cuModuleLoadData)(void **, const void *);
-  int (*cuModuleGetFunction)(void **, void *, const char *);
-  int (*cuLaunchKernel)(void *, unsigned, unsigned, unsigned, unsigned,
-                        unsigned, unsigned, unsigned, void *, void **, void **);
-  int (*cuMemAlloc)(uint64_t *, size_t);
-  int (*cuMemFree)(uint64_t);
-  int (*cuMemcpyHtoD)(uint64_t, const void *, size_t);
-  int (*cuMemcpyDtoH)(void *, uint64_t, size_t);
-  int (*cuGetErrorName)(int, const char **);
-};
 
 namespace {
 constexpr int kAttrComputeCapabilityMajor = 75;
 constexpr int kAttrComputeCapabilityMinor = 76;
+} // namespace
 
-/// Loads libcuda and every entry point; null with `error` otherwise.
-CudaDevice::Driver *loadDriver(std::string &error) {
+CudaDevice::Driver *CudaDevice::loadDriver(std::string &error) {
   static CudaDevice::Driver driver;
   static std::string loadError;
   static bool loaded = [] {
@@ -72,15 +50,24 @@ CudaDevice::Driver *loadDriver(std::string &error) {
     bind(driver.cuMemcpyHtoD, "cuMemcpyHtoD_v2");
     bind(driver.cuMemcpyDtoH, "cuMemcpyDtoH_v2");
     bind(driver.cuGetErrorName, "cuGetErrorName");
+    bind(driver.cuCtxGetCurrent, "cuCtxGetCurrent");
+    bind(driver.cuFuncSetAttribute, "cuFuncSetAttribute");
+    bind(driver.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
+    bind(driver.cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled");
+    bind(driver.cuStreamSynchronize, "cuStreamSynchronize");
     return ok;
   }();
   if (!loaded)
     error = loadError;
   return loaded ? &driver : nullptr;
 }
-} // namespace
 
 bool CudaDevice::check(int result, const char *call, std::string &error) const {
+  return checkResult(driver, result, call, error);
+}
+
+bool CudaDevice::checkResult(Driver *driver, int result, const char *call,
+                             std::string &error) {
   if (result == 0)
     return true;
   const char *name = nullptr;
@@ -181,4 +168,8 @@ bool CudaDevice::copyToDevice(DevicePtr to, const void *from, size_t bytes,
 bool CudaDevice::copyToHost(void *to, DevicePtr from, size_t bytes,
                             std::string &error) {
   return check(driver->cuMemcpyDtoH(to, from, bytes), "cuMemcpyDtoH", error);
+}
+
+bool CudaDevice::synchronize(std::string &error) {
+  return check(driver->cuCtxSynchronize(), "cuCtxSynchronize", error);
 }

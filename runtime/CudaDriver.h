@@ -43,11 +43,19 @@ public:
                     std::string &error);
   bool copyToHost(void *to, DevicePtr from, size_t bytes, std::string &error);
 
+  /// Waits for all work on the current context.
+  bool synchronize(std::string &error);
+
+  /// The driver's entry points (see CudaDriver.cpp), loaded once; null with
+  /// `error` saying why.
   struct Driver;
+  static Driver *loadDriver(std::string &error);
+  /// True when `result` is success; else `error` names `call` and result.
+  static bool checkResult(Driver *driver, int result, const char *call,
+                          std::string &error);
 
 private:
   CudaDevice() = default;
-  /// True when `result` is success; else `error` names the call and result.
   bool check(int result, const char *call, std::string &error) const;
 
   Driver *driver = nullptr;

@@ -66,9 +66,10 @@ public:
     nest(0);
   }
 
-  /// for (iv = lb; iv < ub; ++iv) body(iv)
-  void forEach(Value lb, Value ub, function_ref<void(Value)> body) {
-    scf::ForOp::create(b, loc, lb, ub, index(1), ValueRange{},
+  /// for (iv = lb; iv < ub; iv += step) body(iv); the step defaults to 1.
+  void forEach(Value lb, Value ub, function_ref<void(Value)> body,
+               Value step = {}) {
+    scf::ForOp::create(b, loc, lb, ub, step ? step : index(1), ValueRange{},
                        [&](OpBuilder &nested, Location, Value iv, ValueRange) {
                          OpBuilder::InsertionGuard guard(b);
                          b.setInsertionPoint(nested.getInsertionBlock(),
@@ -81,9 +82,10 @@ public:
   /// A loop carrying `init`; body returns the next values.
   SmallVector<Value>
   reduce(Value lb, Value ub, ValueRange init,
-         function_ref<SmallVector<Value>(Value, ValueRange)> body) {
+         function_ref<SmallVector<Value>(Value, ValueRange)> body,
+         Value step = {}) {
     auto loop = scf::ForOp::create(
-        b, loc, lb, ub, index(1), init,
+        b, loc, lb, ub, step ? step : index(1), init,
         [&](OpBuilder &nested, Location, Value iv, ValueRange carried) {
           OpBuilder::InsertionGuard guard(b);
           b.setInsertionPoint(nested.getInsertionBlock(),

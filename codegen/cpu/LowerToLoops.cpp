@@ -11,6 +11,7 @@
 
 #include "codegen/cpu/Emitter.h"
 #include "codegen/cpu/FP8.h"
+#include "codegen/cpu/Numerics.h"
 
 #include "dialects/moe/MoeOps.h"
 
@@ -88,11 +89,6 @@ private:
         sizes.push_back(e.dim(like, i));
     return sizes;
   }
-  /// A scale as f32, from its E8M0 code or as stored.
-  Value loadScale(Value scales, ValueRange indices) {
-    Value raw = e.loadRaw(scales, indices);
-    return raw.getType().isInteger(8) ? decodeE8M0(e, raw) : raw;
-  }
   /// Calls body(prefix, rows, rowBlock, kBlockIndex) for every scale block of
   /// a rank-2 or rank-3 quantized buffer: `prefix` is the leading (expert)
   /// index, if any; `rowsPerBlock` is 1 or 128.
@@ -121,139 +117,24 @@ LogicalResult FunctionLowering::lowerRoute(RouteOp op) {
 
   // Per-token scratch: `score` gives the weights, `choice` ranks experts.
   Type f32 = e.b.getF32Type(), i8 = e.b.getI8Type();
-  Value score = e.alloc(MemRefType::get({experts}, f32));
-  Value choice = e.alloc(MemRefType::get({experts}, f32));
-  Value taken = e.alloc(MemRefType::get({experts}, i8));
+  RouteScratch scratch;
+  scratch.score = e.alloc(MemRefType::get({experts}, f32));
+  scratch.choice = e.alloc(MemRefType::get({experts}, f32));
+  scratch.taken = e.alloc(MemRefType::get({experts}, i8));
   int64_t nGroup = router.getNGroup();
-  Value groupScore, groupTaken;
   if (nGroup > 1) {
-    groupScore = e.alloc(MemRefType::get({nGroup}, f32));
-    groupTaken = e.alloc(MemRefType::get({nGroup}, i8));
+    scratch.groupScore = e.alloc(MemRefType::get({nGroup}, f32));
+    scratch.groupTaken = e.alloc(MemRefType::get({nGroup}, i8));
   }
-  Value zero8 = arith::ConstantOp::create(e.b, e.loc, e.b.getI8IntegerAttr(0));
-  Value one8 = arith::ConstantOp::create(e.b, e.loc, e.b.getI8IntegerAttr(1));
-  auto isFree = [&](Value flags) {
-    return [&, flags](Value iv) {
-      return e.icmp(arith::CmpIPredicate::eq, e.loadRaw(flags, {iv}), zero8);
-    };
-  };
-
   e.forEach(e.index(0), tokens, [&](Value t) {
     e.forEach(e.index(0), e.index(experts), [&](Value x) {
       Value logit = e.dot(hidden, t, weight, {x}, h);
-      if (bias && kind != RouterKind::SigmoidGroupedTopK)
-        logit = e.add(logit, e.load(bias, {x}));
-      Value s =
-          kind == RouterKind::SigmoidGroupedTopK ? e.sigmoid(logit) : logit;
-      e.storeRaw(s, score, {x});
-      // DeepSeek selects by score plus the correction bias.
-      e.storeRaw(bias && kind == RouterKind::SigmoidGroupedTopK
-                     ? e.add(s, e.load(bias, {x}))
-                     : s,
-                 choice, {x});
-      e.storeRaw(zero8, taken, {x});
+      auto [s, choice] =
+          expertScore(e, kind, logit, bias ? e.load(bias, {x}) : Value());
+      e.storeRaw(s, scratch.score, {x});
+      e.storeRaw(choice, scratch.choice, {x});
     });
-
-    if (kind == RouterKind::SoftmaxTopK) {
-      // Softmax over all experts, max-subtracted; it ranks as the logits do.
-      Value max = e.reduce(e.index(0), e.index(experts), {e.f32(-INFINITY)},
-                           [&](Value x, ValueRange acc) -> SmallVector<Value> {
-                             return {e.maxf(acc[0], e.loadRaw(score, {x}))};
-                           })[0];
-      Value sum = e.reduce(e.index(0), e.index(experts), {e.f32(0.0)},
-                           [&](Value x, ValueRange acc) -> SmallVector<Value> {
-                             Value p = e.exp(e.sub(e.loadRaw(score, {x}), max));
-                             e.storeRaw(p, score, {x});
-                             return {e.add(acc[0], p)};
-                           })[0];
-      e.forEach(e.index(0), e.index(experts), [&](Value x) {
-        Value p = e.div(e.loadRaw(score, {x}), sum);
-        e.storeRaw(p, score, {x});
-        e.storeRaw(p, choice, {x});
-      });
-    }
-
-    if (nGroup > 1) {
-      // Each group scores by the sum of its two best choices; experts outside
-      // the best topk_group groups compete with a choice score of 0, as in
-      // HF transformers' DeepseekV3TopkRouter.
-      int64_t perGroup = experts / nGroup;
-      e.forEach(e.index(0), e.index(nGroup), [&](Value g) {
-        Value first = arith::MulIOp::create(e.b, e.loc, g, e.index(perGroup));
-        Value last = e.iadd(first, e.index(perGroup));
-        auto top2 =
-            e.reduce(first, last, {e.f32(-INFINITY), e.f32(-INFINITY)},
-                     [&](Value x, ValueRange acc) -> SmallVector<Value> {
-                       Value v = e.loadRaw(choice, {x});
-                       Value beatsFirst = e.fgt(v, acc[0]);
-                       Value second =
-                           e.select(beatsFirst, acc[0],
-                                    e.select(e.fgt(v, acc[1]), v, acc[1]));
-                       return {e.select(beatsFirst, v, acc[0]), second};
-                     });
-        e.storeRaw(e.add(top2[0], top2[1]), groupScore, {g});
-        e.storeRaw(zero8, groupTaken, {g});
-      });
-      e.forEach(e.index(0), e.index(router.getTopkGroup()), [&](Value) {
-        Value best = e.argmax(
-            e.index(0), e.index(nGroup),
-            [&](Value g) { return e.loadRaw(groupScore, {g}); },
-            isFree(groupTaken));
-        e.storeRaw(one8, groupTaken, {e.toIndex(best)});
-      });
-      e.forEach(e.index(0), e.index(experts), [&](Value x) {
-        Value g = arith::DivUIOp::create(e.b, e.loc, x, e.index(perGroup));
-        Value masked =
-            e.icmp(arith::CmpIPredicate::eq, e.loadRaw(groupTaken, {g}), zero8);
-        e.storeRaw(e.select(masked, e.f32(0.0), e.loadRaw(choice, {x})), choice,
-                   {x});
-      });
-    }
-
-    // Top-k by choice score, in descending order.
-    e.forEach(e.index(0), e.index(topK), [&](Value j) {
-      Value best = e.toIndex(e.argmax(
-          e.index(0), e.index(experts),
-          [&](Value x) { return e.loadRaw(choice, {x}); }, isFree(taken)));
-      e.storeRaw(one8, taken, {best});
-      e.storeRaw(e.toI32(best), ids, {t, j});
-      Value w = e.loadRaw(score, {best});
-      if (kind == RouterKind::SigmoidScaleInput)
-        w = e.sigmoid(w);
-      e.storeRaw(w, weights, {t, j});
-    });
-
-    // GPT-OSS: softmax over the k chosen logits.
-    if (kind == RouterKind::TopKSoftmax) {
-      Value max =
-          e.reduce(e.index(0), e.index(topK), {e.f32(-INFINITY)},
-                   [&](Value j, ValueRange acc) -> SmallVector<Value> {
-                     return {e.maxf(acc[0], e.loadRaw(weights, {t, j}))};
-                   })[0];
-      e.forEach(e.index(0), e.index(topK), [&](Value j) {
-        e.storeRaw(e.exp(e.sub(e.loadRaw(weights, {t, j}), max)), weights,
-                   {t, j});
-      });
-    }
-    bool normalize = router.getRenormalize() || kind == RouterKind::TopKSoftmax;
-    double scaling = router.getScaling().convertToDouble();
-    if (normalize || scaling != 1.0) {
-      Value sum = e.reduce(e.index(0), e.index(topK), {e.f32(0.0)},
-                           [&](Value j, ValueRange acc) -> SmallVector<Value> {
-                             return {e.add(acc[0], e.loadRaw(weights, {t, j}))};
-                           })[0];
-      // DeepSeek guards the sum against zero.
-      if (kind == RouterKind::SigmoidGroupedTopK)
-        sum = e.add(sum, e.f32(1e-20));
-      e.forEach(e.index(0), e.index(topK), [&](Value j) {
-        Value w = e.loadRaw(weights, {t, j});
-        if (normalize)
-          w = e.div(w, sum);
-        if (scaling != 1.0)
-          w = e.mul(w, e.f32(scaling));
-        e.storeRaw(w, weights, {t, j});
-      });
-    }
+    selectExperts(e, router, experts, topK, scratch, ids, weights, t);
   });
   return success();
 }
@@ -379,8 +260,8 @@ LogicalResult FunctionLowering::lowerMatmul(GroupedMatmulOp op) {
                        })[0];
           SmallVector<Value> scaleIndex(scalePrefix);
           scaleIndex.push_back(kb);
-          Value scale = e.mul(loadScale(lhsScale, {r, kb}),
-                              loadScale(rhsScale, scaleIndex));
+          Value scale = e.mul(loadScale(e, lhsScale, {r, kb}),
+                              loadScale(e, rhsScale, scaleIndex));
           return {e.add(acc[0], e.mul(partial, scale))};
         })[0];
   };
@@ -406,18 +287,7 @@ LogicalResult FunctionLowering::lowerMatmul(GroupedMatmulOp op) {
         }
         Value gate = column(c);
         Value up = column(e.iadd(c, e.index(outN)));
-        Value result;
-        if (activation.getKind() == ActivationKind::SwiGLU) {
-          result = e.mul(e.mul(gate, e.sigmoid(gate)), up);
-        } else {
-          // GPT-OSS: gate clamped above, up on both sides, (up + 1) * glu.
-          double limit = activation.getLimit().convertToDouble();
-          double alpha = activation.getAlpha().convertToDouble();
-          gate = e.minf(gate, e.f32(limit));
-          up = e.maxf(e.minf(up, e.f32(limit)), e.f32(-limit));
-          Value glu = e.mul(gate, e.sigmoid(e.mul(gate, e.f32(alpha))));
-          result = e.mul(e.add(up, e.f32(1.0)), glu);
-        }
+        Value result = activate(e, activation, gate, up);
         e.store(result, out, {r, c});
       });
     });
@@ -542,66 +412,15 @@ LogicalResult FunctionLowering::lowerQuantize(QuantizeOp op) {
     scaleSizes.push_back(e.dim(input, 0));
   Value scales = resultBuffer(op.getScales(), scaleSizes);
   int64_t kBlock = scheme.getBlockSize(), k = inputType.getDimSize(rank - 1);
-  bool mx = scheme.getKind() == QuantKind::MXFP8;
 
-  forEachBlock(
-      input, *rowsPerBlock, kBlock,
-      [&](ArrayRef<Value> prefix, Value rb, Value kb, Value firstRow,
-          Value lastRow, Value firstCol) {
-        Value lastCol = arith::MinUIOp::create(
-            e.b, e.loc, e.iadd(firstCol, e.index(kBlock)), e.index(k));
-        auto at = [&](Value r, Value c) {
-          SmallVector<Value> index(prefix);
-          index.append({r, c});
-          return index;
-        };
-        // amax ignores NaN; MXFP8 marks a block holding NaN or inf instead.
-        auto stats = e.reduce(
-            firstRow, lastRow, {e.f32(0.0), e.f32(0.0)},
-            [&](Value r, ValueRange acc) -> SmallVector<Value> {
-              return e.reduce(
-                  firstCol, lastCol, acc,
-                  [&](Value c, ValueRange inner) -> SmallVector<Value> {
-                    Value x = math::AbsFOp::create(e.b, e.loc,
-                                                   e.load(input, at(r, c)));
-                    Value special = arith::CmpFOp::create(
-                        e.b, e.loc, arith::CmpFPredicate::UGE, x,
-                        e.f32(INFINITY));
-                    return {arith::MaxNumFOp::create(e.b, e.loc, inner[0], x),
-                            e.select(special, e.f32(1.0), inner[1])};
-                  });
-            });
-        Value amax = stats[0];
-        SmallVector<Value> scaleIndex(prefix);
-        scaleIndex.append({rb, kb});
-        Value multiplier;
-        if (mx) {
-          Value special = e.fgt(stats[1], e.f32(0.0));
-          Value exponent =
-              e.select(special, e.i32(0),
-                       mxScaleExponent(e, amax, scheme.getRounding()));
-          Value code =
-              e.select(special, e.i32(0xFF), e.iadd(exponent, e.i32(127)));
-          e.storeRaw(arith::TruncIOp::create(e.b, e.loc, e.b.getI8Type(), code),
-                     scales, scaleIndex);
-          multiplier =
-              exp2(e, arith::SubIOp::create(e.b, e.loc, e.i32(0), exponent));
-        } else {
-          Value scale =
-              e.div(arith::MaxNumFOp::create(e.b, e.loc, amax, e.f32(1e-4)),
-                    e.f32(448.0));
-          e.storeRaw(scale, scales, scaleIndex);
-          multiplier = scale;
-        }
-        e.forEach(firstRow, lastRow, [&](Value r) {
-          e.forEach(firstCol, lastCol, [&](Value c) {
-            Value x = e.load(input, at(r, c));
-            // MXFP8 multiplies by 2^-e (exact); FP8 block-128 divides in f32.
-            Value scaled = mx ? e.mul(x, multiplier) : e.div(x, multiplier);
-            e.storeRaw(encodeE4M3(e, scaled), data, at(r, c));
-          });
-        });
-      });
+  forEachBlock(input, *rowsPerBlock, kBlock,
+               [&](ArrayRef<Value> prefix, Value rb, Value kb, Value firstRow,
+                   Value lastRow, Value firstCol) {
+                 Value lastCol = arith::MinUIOp::create(
+                     e.b, e.loc, e.iadd(firstCol, e.index(kBlock)), e.index(k));
+                 quantizeBlock(e, scheme, input, data, scales, prefix, rb, kb,
+                               firstRow, lastRow, firstCol, lastCol);
+               });
   return success();
 }
 
@@ -620,20 +439,10 @@ LogicalResult FunctionLowering::lowerDequantize(DequantizeOp op) {
   forEachBlock(data, *rowsPerBlock, kBlock,
                [&](ArrayRef<Value> prefix, Value rb, Value kb, Value firstRow,
                    Value lastRow, Value firstCol) {
-                 SmallVector<Value> scaleIndex(prefix);
-                 scaleIndex.append({rb, kb});
-                 Value scale = loadScale(scales, scaleIndex);
                  Value lastCol = arith::MinUIOp::create(
                      e.b, e.loc, e.iadd(firstCol, e.index(kBlock)), e.index(k));
-                 e.forEach(firstRow, lastRow, [&](Value r) {
-                   e.forEach(firstCol, lastCol, [&](Value c) {
-                     SmallVector<Value> index(prefix);
-                     index.append({r, c});
-                     e.store(
-                         e.mul(decodeE4M3(e, e.loadRaw(data, index)), scale),
-                         out, index);
-                   });
-                 });
+                 dequantizeBlock(e, data, scales, out, prefix, rb, kb, firstRow,
+                                 lastRow, firstCol, lastCol);
                });
   return success();
 }

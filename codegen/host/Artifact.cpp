@@ -18,7 +18,8 @@
 
 using namespace mlir;
 
-LogicalResult moe::host::emitSharedLibrary(ModuleOp module, StringRef path) {
+LogicalResult moe::host::emitSharedLibrary(ModuleOp module, StringRef path,
+                                           ArrayRef<std::string> archives) {
   Location loc = module.getLoc();
   DialectRegistry registry;
   registerBuiltinDialectTranslation(registry);
@@ -70,12 +71,20 @@ LogicalResult moe::host::emitSharedLibrary(ModuleOp module, StringRef path) {
     codegen.run(*llvmModule);
   }
 
-  // The C compiler driver knows the platform's linker and C runtime.
-  llvm::ErrorOr<std::string> cc = llvm::sys::findProgramByName("cc");
+  // The compiler driver knows the platform's linker and runtimes; the GPU
+  // runtime is C++, and its symbols stay inside the library.
+  llvm::ErrorOr<std::string> cc =
+      llvm::sys::findProgramByName(archives.empty() ? "cc" : "c++");
   if (!cc)
-    return emitError(loc) << "linking needs a C compiler driver 'cc' on PATH";
+    return emitError(loc) << "linking needs a compiler driver '"
+                          << (archives.empty() ? "cc" : "c++") << "' on PATH";
   std::string output = path.str();
-  SmallVector<StringRef> argv = {*cc, "-shared", "-o", output, object, "-lm"};
+  SmallVector<StringRef> argv = {*cc, "-shared", "-o", output, object};
+  for (const std::string &archive : archives)
+    argv.push_back(archive);
+  if (!archives.empty())
+    argv.append({"-Wl,--exclude-libs,ALL", "-ldl"});
+  argv.push_back("-lm");
   std::string message;
   int status =
       llvm::sys::ExecuteAndWait(*cc, argv, std::nullopt, {}, 0, 0, &message);

@@ -139,8 +139,9 @@ static llvm::json::Object configJson(ConfigAttr config) {
   return object;
 }
 
-static std::string infoJson(StringRef name, ArrayRef<host::ArgInfo> args,
-                            ConfigAttr config) {
+std::string host::infoJson(StringRef name, ArrayRef<host::ArgInfo> args,
+                           ConfigAttr config, StringRef target,
+                           const Workspace *workspace) {
   llvm::json::Array list;
   for (const host::ArgInfo &arg : args)
     list.push_back(llvm::json::Object{{"name", arg.name},
@@ -150,9 +151,14 @@ static std::string infoJson(StringRef name, ArrayRef<host::ArgInfo> args,
   llvm::json::Object info{{"abi_version", 1},
                           {"name", name},
                           {"forward", ("moe_" + name + "_forward").str()},
-                          {"target", "cpu"},
+                          {"target", target},
                           {"config", configJson(config)},
                           {"args", std::move(list)}};
+  if (workspace) {
+    info["workspace"] = llvm::json::Object{{"base", workspace->base},
+                                           {"per_token", workspace->perToken}};
+    info["workspace_size"] = ("moe_" + name + "_workspace_size").str();
+  }
   std::string text;
   llvm::raw_string_ostream os(text);
   os << llvm::json::Value(std::move(info));
@@ -209,7 +215,7 @@ LogicalResult host::addEntryPoints(ModuleOp module, StringRef name,
   auto info = LLVM::LLVMFuncOp::create(b, loc, "moe_layer_info",
                                        LLVM::LLVMFunctionType::get(ptr, {}));
   b.setInsertionPointToStart(info.addEntryBlock(b));
-  std::string json = infoJson(name, args, config);
+  std::string json = infoJson(name, args, config, "cpu");
   json.push_back('\0');
   Value text = LLVM::createGlobalString(loc, b, "moe_layer_info_json", json,
                                         LLVM::Linkage::Internal);
@@ -217,7 +223,7 @@ LogicalResult host::addEntryPoints(ModuleOp module, StringRef name,
   return success();
 }
 
-std::string host::headerText(StringRef name, ArrayRef<ArgInfo> args) {
+std::string host::headerText(StringRef name, ArrayRef<ArgInfo> args, bool gpu) {
   std::string guard = ("MOE_" + name.upper() + "_H");
   std::string text;
   llvm::raw_string_ostream os(text);
@@ -230,10 +236,22 @@ std::string host::headerText(StringRef name, ArrayRef<ArgInfo> args) {
     llvm::interleave(arg.shape, os, ", ");
     os << "]" << (arg.isOutput ? " (output)" : "") << "\n";
   }
-  os << " * Returns 0 on success. */\n"
-     << "int32_t moe_" << name
-     << "_forward(void *const *args, int64_t tokens);\n\n"
-     << "/* The arguments above as JSON. */\n"
+  if (gpu)
+    os << " * args are device pointers; the kernels run on `stream` (a "
+          "CUstream,\n * null for the default stream) in the current "
+          "context, using `workspace`\n * (device memory of "
+          "moe_"
+       << name << "_workspace_size(tokens) bytes). Returns 0 on\n"
+       << " * success, else a nonzero status (see moert_last_error). */\n"
+       << "int32_t moe_" << name
+       << "_forward(void *const *args, int64_t tokens, void *stream,\n"
+       << "                         void *workspace);\n"
+       << "int64_t moe_" << name << "_workspace_size(int64_t tokens);\n\n";
+  else
+    os << " * Returns 0 on success. */\n"
+       << "int32_t moe_" << name
+       << "_forward(void *const *args, int64_t tokens);\n\n";
+  os << "/* The arguments above as JSON. */\n"
      << "const char *moe_layer_info(void);\n\n"
      << "#ifdef __cplusplus\n}\n#endif\n\n#endif\n";
   return text;

@@ -15,6 +15,10 @@
 
 #include <string>
 
+namespace mlir::moe::nvidia {
+struct Plan;
+} // namespace mlir::moe::nvidia
+
 namespace mlir::moe::host {
 
 /// One argument of a compiled layer, in call order; outputs come last.
@@ -35,12 +39,36 @@ FailureOr<SmallVector<ArgInfo>> describeLayer(func::FuncOp func);
 LogicalResult addEntryPoints(ModuleOp module, StringRef name,
                              ArrayRef<ArgInfo> args, ConfigAttr config);
 
-/// The C header declaring what addEntryPoints adds.
-std::string headerText(StringRef name, ArrayRef<ArgInfo> args);
+/// The C header declaring what addEntryPoints (or, with `gpu`,
+/// addLaunchEntryPoints) adds.
+std::string headerText(StringRef name, ArrayRef<ArgInfo> args,
+                       bool gpu = false);
+
+/// The workspace a GPU layer needs: base + perToken * tokens bytes.
+struct Workspace {
+  int64_t base = 0, perToken = 0;
+};
+
+/// The layer's description as JSON (what moe_layer_info returns); a GPU
+/// target adds its workspace.
+std::string infoJson(StringRef name, ArrayRef<ArgInfo> args, ConfigAttr config,
+                     StringRef target, const Workspace *workspace = nullptr);
+
+/// The workspace of a GPU plan.
+Workspace workspaceOf(const nvidia::Plan &plan);
+
+/// Adds the GPU entry points to `module`: moe_<name>_forward launching
+/// `plan`'s kernels from the embedded `cubin`, moe_<name>_workspace_size and
+/// moe_layer_info.
+LogicalResult addLaunchEntryPoints(ModuleOp module, StringRef name,
+                                   ArrayRef<ArgInfo> args, ConfigAttr config,
+                                   const nvidia::Plan &plan, StringRef cubin);
 
 /// Translates `module` to LLVM IR, optimizes it for the host CPU, and links
-/// it into the shared library `path` with the system's C compiler driver.
-LogicalResult emitSharedLibrary(ModuleOp module, StringRef path);
+/// it into the shared library `path` with the system's C++ compiler driver,
+/// together with `archives` (a GPU layer's runtime).
+LogicalResult emitSharedLibrary(ModuleOp module, StringRef path,
+                                ArrayRef<std::string> archives = {});
 
 } // namespace mlir::moe::host
 

@@ -7,6 +7,8 @@
 
 #include "codegen/cpu/Passes.h"
 #include "codegen/host/Host.h"
+#include "codegen/nvidia/Kernels.h"
+#include "codegen/nvidia/Registration.h"
 #include "dialects/moe/MoeOps.h"
 #include "passes/Passes.h"
 #include "tools/moe-compile/HFConfig.h"
@@ -17,7 +19,10 @@
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Process.h"
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
 
@@ -25,8 +30,8 @@ using namespace mlir;
 namespace cl = llvm::cl;
 
 namespace {
-enum class Emit { SharedLibrary, MLIR };
-enum class Target { CPU };
+enum class Emit { SharedLibrary, MLIR, Kernels, PTX };
+enum class Target { CPU, SM90a };
 enum class Quant { Auto, None, MXFP8, MXFP8Ceil, FP8Block128 };
 
 cl::OptionCategory category("moe-compile options");
@@ -46,12 +51,16 @@ cl::opt<std::string>
               cl::value_desc("name"), cl::cat(category));
 cl::opt<Emit> emit(
     "emit", cl::desc("What to write"),
-    cl::values(clEnumValN(Emit::SharedLibrary, "so",
-                          "a shared library exporting moe_<name>_forward and "
-                          "moe_layer_info, with a C header beside it "
-                          "(default)"),
-               clEnumValN(Emit::MLIR, "mlir",
-                          "the verified layer in the moe dialect")),
+    cl::values(
+        clEnumValN(Emit::SharedLibrary, "so",
+                   "a shared library exporting moe_<name>_forward and "
+                   "moe_layer_info, with a C header beside it "
+                   "(default)"),
+        clEnumValN(Emit::MLIR, "mlir", "the verified layer in the moe dialect"),
+        clEnumValN(Emit::Kernels, "kernels",
+                   "the GPU kernels in the gpu/nvgpu/nvvm dialects "
+                   "(--target=sm_90a)"),
+        clEnumValN(Emit::PTX, "ptx", "the GPU kernels' PTX (--target=sm_90a)")),
     cl::init(Emit::SharedLibrary), cl::cat(category));
 cl::opt<Quant> quant(
     "quant", cl::desc("Quantization of a layer built from a config"),
@@ -70,11 +79,25 @@ cl::opt<Quant> quant(
                    "FP8 with f32 scales per 128 elements (DeepSeek-V3); bf16 "
                    "weights quantized by the layer")),
     cl::init(Quant::Auto), cl::cat(category));
-cl::opt<Target> target("target", cl::desc("What the library runs on"),
-                       cl::values(clEnumValN(Target::CPU, "cpu",
-                                             "the host CPU, through the "
-                                             "reference backend (default)")),
-                       cl::init(Target::CPU), cl::cat(category));
+cl::opt<Target> target(
+    "target", cl::desc("What the library runs on"),
+    cl::values(clEnumValN(Target::CPU, "cpu",
+                          "the host CPU, through the reference backend "
+                          "(default)"),
+               clEnumValN(Target::SM90a, "sm_90a",
+                          "NVIDIA Hopper: kernels compiled to a cubin (needs "
+                          "ptxas) and launched on the caller's stream")),
+    cl::init(Target::CPU), cl::cat(category));
+cl::opt<std::string>
+    cudaPath("cuda-path",
+             cl::desc("CUDA toolkit whose ptxas assembles the kernels "
+                      "(default: $CUDA_HOME, else /usr/local/cuda)"),
+             cl::value_desc("dir"), cl::cat(category));
+cl::opt<std::string>
+    runtimeLib("runtime-lib",
+               cl::desc("The runtime archive linked into GPU layers "
+                        "(default: ../lib/libmoert.a beside moe-compile)"),
+               cl::value_desc("libmoert.a"), cl::cat(category));
 cl::opt<std::string>
     outputFile("o",
                cl::desc("Output file: libNAME.so for --emit=so (required), "
@@ -82,10 +105,83 @@ cl::opt<std::string>
                cl::value_desc("file"), cl::init("-"), cl::cat(category));
 } // namespace
 
+static std::string defaultCudaPath() {
+  if (std::optional<std::string> home = llvm::sys::Process::GetEnv("CUDA_HOME"))
+    return *home;
+  return "/usr/local/cuda";
+}
+
+static std::string defaultRuntimeLib(const char *argv0) {
+  std::string exe = llvm::sys::fs::getMainExecutable(
+      argv0, reinterpret_cast<void *>(&defaultCudaPath));
+  SmallString<256> path(
+      llvm::sys::path::parent_path(llvm::sys::path::parent_path(exe)));
+  llvm::sys::path::append(path, "lib", "libmoert.a");
+  return path.str().str();
+}
+
+/// Writes `text` to the output file.
+static bool writeOutput(StringRef text) {
+  std::string error;
+  std::unique_ptr<llvm::ToolOutputFile> output =
+      openOutputFile(outputFile, &error);
+  if (!output) {
+    llvm::errs() << "moe-compile: " << error << "\n";
+    return false;
+  }
+  output->os() << text;
+  output->keep();
+  return true;
+}
+
+/// The sm_90a path: kernels and a launch plan from the decomposed layer,
+/// then the kernel module, its PTX or the library.
+static bool compileForGpu(ModuleOp module, func::FuncOp func, StringRef name,
+                          ArrayRef<moe::host::ArgInfo> args,
+                          moe::ConfigAttr config, const char *argv0) {
+  PassManager pm(module.getContext());
+  pm.addPass(moe::createDecompose());
+  pm.addPass(moe::createLegalizeScaledMatmul());
+  if (failed(pm.run(module)))
+    return false;
+  OwningOpRef<ModuleOp> kernels = ModuleOp::create(func.getLoc());
+  FailureOr<moe::nvidia::Plan> plan =
+      moe::nvidia::lowerToKernels(func, *kernels);
+  if (failed(plan))
+    return false;
+  if (emit == Emit::Kernels) {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    kernels->print(os);
+    os << "\n";
+    return writeOutput(text);
+  }
+  std::string toolkit = cudaPath.empty() ? defaultCudaPath() : cudaPath;
+  FailureOr<std::string> image =
+      moe::nvidia::compileKernels(*kernels, toolkit, emit == Emit::PTX);
+  if (failed(image))
+    return false;
+  if (emit == Emit::PTX)
+    return writeOutput(*image);
+
+  std::string archive =
+      runtimeLib.empty() ? defaultRuntimeLib(argv0) : runtimeLib;
+  if (!llvm::sys::fs::exists(archive)) {
+    llvm::errs() << "moe-compile: the runtime archive " << archive
+                 << " does not exist (see --runtime-lib)\n";
+    return false;
+  }
+  OwningOpRef<ModuleOp> host = ModuleOp::create(func.getLoc());
+  return succeeded(moe::host::addLaunchEntryPoints(*host, name, args, config,
+                                                   *plan, *image)) &&
+         succeeded(moe::host::emitSharedLibrary(*host, outputFile, {archive}));
+}
+
 /// Lowers the module's one layer function and writes the library and its
-/// header.
-static bool compileSharedLibrary(ModuleOp module) {
-  if (outputFile == "-") {
+/// header (or, for a GPU target, its kernels or PTX).
+static bool compileSharedLibrary(ModuleOp module, const char *argv0) {
+  bool library = emit == Emit::SharedLibrary;
+  if (library && outputFile == "-") {
     llvm::errs() << "moe-compile: --emit=so needs -o libNAME.so\n";
     return false;
   }
@@ -114,13 +210,20 @@ static bool compileSharedLibrary(ModuleOp module) {
     return false;
   moe::ConfigAttr config = (*func.getOps<moe::LayerOp>().begin()).getConfig();
 
-  PassManager pm(module.getContext());
-  pm.addPass(moe::createDecompose());
-  moe::cpu::buildLowerToLLVMPipeline(pm);
-  if (failed(pm.run(module)) ||
-      failed(moe::host::addEntryPoints(module, name, *args, config)) ||
-      failed(moe::host::emitSharedLibrary(module, outputFile)))
-    return false;
+  if (target == Target::SM90a) {
+    if (!compileForGpu(module, func, name, *args, config, argv0))
+      return false;
+    if (!library)
+      return true;
+  } else {
+    PassManager pm(module.getContext());
+    pm.addPass(moe::createDecompose());
+    moe::cpu::buildLowerToLLVMPipeline(pm);
+    if (failed(pm.run(module)) ||
+        failed(moe::host::addEntryPoints(module, name, *args, config)) ||
+        failed(moe::host::emitSharedLibrary(module, outputFile)))
+      return false;
+  }
 
   StringRef stem = outputFile;
   stem.consume_back(".so");
@@ -132,7 +235,7 @@ static bool compileSharedLibrary(ModuleOp module) {
     llvm::errs() << "moe-compile: " << error << "\n";
     return false;
   }
-  header->os() << moe::host::headerText(name, *args);
+  header->os() << moe::host::headerText(name, *args, target == Target::SM90a);
   header->keep();
   return true;
 }
@@ -153,14 +256,22 @@ int main(int argc, char **argv) {
                     ".mlir layer carries its own quant config\n";
     return 1;
   }
+  if ((emit == Emit::Kernels || emit == Emit::PTX) && target != Target::SM90a) {
+    llvm::errs() << "moe-compile: --emit=kernels and --emit=ptx need a GPU "
+                    "target (--target=sm_90a)\n";
+    return 1;
+  }
   if (inputFile.empty() == hfConfig.empty()) {
     llvm::errs() << "moe-compile: give either a LAYER.mlir file or "
                     "--from-hf-config config.json (see --help)\n";
     return 1;
   }
 
-  MLIRContext context;
+  DialectRegistry registry;
+  moe::nvidia::registerNvidiaCodegen(registry);
+  MLIRContext context(registry);
   context.loadDialect<moe::MoeDialect, func::FuncDialect>();
+  context.loadAllAvailableDialects();
   std::string error;
   StringRef path =
       hfConfig.empty() ? StringRef(inputFile) : StringRef(hfConfig);
@@ -202,8 +313,8 @@ int main(int argc, char **argv) {
   }
   if (!module)
     return 1;
-  if (emit == Emit::SharedLibrary)
-    return compileSharedLibrary(*module) ? 0 : 1;
+  if (emit != Emit::MLIR)
+    return compileSharedLibrary(*module, argv[0]) ? 0 : 1;
 
   std::unique_ptr<llvm::ToolOutputFile> output =
       openOutputFile(outputFile, &error);

@@ -1,0 +1,225 @@
+//===- Numerics.cpp - the arithmetic every backend shares -----------------===//
+
+#include "codegen/cpu/Numerics.h"
+
+#include "codegen/cpu/FP8.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::cpu;
+
+std::pair<Value, Value> cpu::expertScore(Emitter &e, RouterKind kind,
+                                         Value logit, Value bias) {
+  if (bias && kind != RouterKind::SigmoidGroupedTopK)
+    logit = e.add(logit, bias);
+  Value s = kind == RouterKind::SigmoidGroupedTopK ? e.sigmoid(logit) : logit;
+  // DeepSeek selects by score plus the correction bias.
+  Value choice =
+      bias && kind == RouterKind::SigmoidGroupedTopK ? e.add(s, bias) : s;
+  return {s, choice};
+}
+
+void cpu::selectExperts(Emitter &e, RouterAttr router, int64_t experts,
+                        int64_t topK, const RouteScratch &scratch, Value ids,
+                        Value weights, Value t) {
+  RouterKind kind = router.getKind();
+  int64_t nGroup = router.getNGroup();
+  Value zero8 = arith::ConstantOp::create(e.b, e.loc, e.b.getI8IntegerAttr(0));
+  Value one8 = arith::ConstantOp::create(e.b, e.loc, e.b.getI8IntegerAttr(1));
+  auto isFree = [&](Value flags) {
+    return [&, flags](Value iv) {
+      return e.icmp(arith::CmpIPredicate::eq, e.loadRaw(flags, {iv}), zero8);
+    };
+  };
+  e.forEach(e.index(0), e.index(experts),
+            [&](Value x) { e.storeRaw(zero8, scratch.taken, {x}); });
+
+  if (kind == RouterKind::SoftmaxTopK) {
+    // Softmax over all experts, max-subtracted; it ranks as the logits do.
+    Value max =
+        e.reduce(e.index(0), e.index(experts), {e.f32(-INFINITY)},
+                 [&](Value x, ValueRange acc) -> SmallVector<Value> {
+                   return {e.maxf(acc[0], e.loadRaw(scratch.score, {x}))};
+                 })[0];
+    Value sum = e.reduce(e.index(0), e.index(experts), {e.f32(0.0)},
+                         [&](Value x, ValueRange acc) -> SmallVector<Value> {
+                           Value p =
+                               e.exp(e.sub(e.loadRaw(scratch.score, {x}), max));
+                           e.storeRaw(p, scratch.score, {x});
+                           return {e.add(acc[0], p)};
+                         })[0];
+    e.forEach(e.index(0), e.index(experts), [&](Value x) {
+      Value p = e.div(e.loadRaw(scratch.score, {x}), sum);
+      e.storeRaw(p, scratch.score, {x});
+      e.storeRaw(p, scratch.choice, {x});
+    });
+  }
+
+  if (nGroup > 1) {
+    // Each group scores by the sum of its two best choices; experts outside
+    // the best topk_group groups compete with a choice score of 0, as in
+    // HF transformers' DeepseekV3TopkRouter.
+    int64_t perGroup = experts / nGroup;
+    e.forEach(e.index(0), e.index(nGroup), [&](Value g) {
+      Value first = arith::MulIOp::create(e.b, e.loc, g, e.index(perGroup));
+      Value last = e.iadd(first, e.index(perGroup));
+      auto top2 = e.reduce(first, last, {e.f32(-INFINITY), e.f32(-INFINITY)},
+                           [&](Value x, ValueRange acc) -> SmallVector<Value> {
+                             Value v = e.loadRaw(scratch.choice, {x});
+                             Value beatsFirst = e.fgt(v, acc[0]);
+                             Value second = e.select(
+                                 beatsFirst, acc[0],
+                                 e.select(e.fgt(v, acc[1]), v, acc[1]));
+                             return {e.select(beatsFirst, v, acc[0]), second};
+                           });
+      e.storeRaw(e.add(top2[0], top2[1]), scratch.groupScore, {g});
+      e.storeRaw(zero8, scratch.groupTaken, {g});
+    });
+    e.forEach(e.index(0), e.index(router.getTopkGroup()), [&](Value) {
+      Value best = e.argmax(
+          e.index(0), e.index(nGroup),
+          [&](Value g) { return e.loadRaw(scratch.groupScore, {g}); },
+          isFree(scratch.groupTaken));
+      e.storeRaw(one8, scratch.groupTaken, {e.toIndex(best)});
+    });
+    e.forEach(e.index(0), e.index(experts), [&](Value x) {
+      Value g = arith::DivUIOp::create(e.b, e.loc, x, e.index(perGroup));
+      Value masked = e.icmp(arith::CmpIPredicate::eq,
+                            e.loadRaw(scratch.groupTaken, {g}), zero8);
+      e.storeRaw(e.select(masked, e.f32(0.0), e.loadRaw(scratch.choice, {x})),
+                 scratch.choice, {x});
+    });
+  }
+
+  // Top-k by choice score, in descending order.
+  e.forEach(e.index(0), e.index(topK), [&](Value j) {
+    Value best = e.toIndex(e.argmax(
+        e.index(0), e.index(experts),
+        [&](Value x) { return e.loadRaw(scratch.choice, {x}); },
+        isFree(scratch.taken)));
+    e.storeRaw(one8, scratch.taken, {best});
+    e.storeRaw(e.toI32(best), ids, {t, j});
+    Value w = e.loadRaw(scratch.score, {best});
+    if (kind == RouterKind::SigmoidScaleInput)
+      w = e.sigmoid(w);
+    e.storeRaw(w, weights, {t, j});
+  });
+
+  // GPT-OSS: softmax over the k chosen logits.
+  if (kind == RouterKind::TopKSoftmax) {
+    Value max = e.reduce(e.index(0), e.index(topK), {e.f32(-INFINITY)},
+                         [&](Value j, ValueRange acc) -> SmallVector<Value> {
+                           return {e.maxf(acc[0], e.loadRaw(weights, {t, j}))};
+                         })[0];
+    e.forEach(e.index(0), e.index(topK), [&](Value j) {
+      e.storeRaw(e.exp(e.sub(e.loadRaw(weights, {t, j}), max)), weights,
+                 {t, j});
+    });
+  }
+  bool normalize = router.getRenormalize() || kind == RouterKind::TopKSoftmax;
+  double scaling = router.getScaling().convertToDouble();
+  if (normalize || scaling != 1.0) {
+    Value sum = e.reduce(e.index(0), e.index(topK), {e.f32(0.0)},
+                         [&](Value j, ValueRange acc) -> SmallVector<Value> {
+                           return {e.add(acc[0], e.loadRaw(weights, {t, j}))};
+                         })[0];
+    // DeepSeek guards the sum against zero.
+    if (kind == RouterKind::SigmoidGroupedTopK)
+      sum = e.add(sum, e.f32(1e-20));
+    e.forEach(e.index(0), e.index(topK), [&](Value j) {
+      Value w = e.loadRaw(weights, {t, j});
+      if (normalize)
+        w = e.div(w, sum);
+      if (scaling != 1.0)
+        w = e.mul(w, e.f32(scaling));
+      e.storeRaw(w, weights, {t, j});
+    });
+  }
+}
+
+Value cpu::activate(Emitter &e, ActivationAttr activation, Value gate,
+                    Value up) {
+  if (activation.getKind() == ActivationKind::SwiGLU)
+    return e.mul(e.mul(gate, e.sigmoid(gate)), up);
+  // GPT-OSS: gate clamped above, up on both sides, (up + 1) * glu.
+  double limit = activation.getLimit().convertToDouble();
+  double alpha = activation.getAlpha().convertToDouble();
+  gate = e.minf(gate, e.f32(limit));
+  up = e.maxf(e.minf(up, e.f32(limit)), e.f32(-limit));
+  Value glu = e.mul(gate, e.sigmoid(e.mul(gate, e.f32(alpha))));
+  return e.mul(e.add(up, e.f32(1.0)), glu);
+}
+
+Value cpu::loadScale(Emitter &e, Value scales, ValueRange indices) {
+  Value raw = e.loadRaw(scales, indices);
+  return raw.getType().isInteger(8) ? decodeE8M0(e, raw) : raw;
+}
+
+void cpu::quantizeBlock(Emitter &e, QuantAttr scheme, Value input, Value data,
+                        Value scales, ArrayRef<Value> prefix, Value rb,
+                        Value kb, Value firstRow, Value lastRow, Value firstCol,
+                        Value lastCol) {
+  bool mx = scheme.getKind() == QuantKind::MXFP8;
+  auto at = [&](Value r, Value c) {
+    SmallVector<Value> index(prefix);
+    index.append({r, c});
+    return index;
+  };
+  // amax ignores NaN; MXFP8 marks a block holding NaN or inf instead.
+  auto stats = e.reduce(
+      firstRow, lastRow, {e.f32(0.0), e.f32(0.0)},
+      [&](Value r, ValueRange acc) -> SmallVector<Value> {
+        return e.reduce(
+            firstCol, lastCol, acc,
+            [&](Value c, ValueRange inner) -> SmallVector<Value> {
+              Value x =
+                  math::AbsFOp::create(e.b, e.loc, e.load(input, at(r, c)));
+              Value special = arith::CmpFOp::create(
+                  e.b, e.loc, arith::CmpFPredicate::UGE, x, e.f32(INFINITY));
+              return {arith::MaxNumFOp::create(e.b, e.loc, inner[0], x),
+                      e.select(special, e.f32(1.0), inner[1])};
+            });
+      });
+  Value amax = stats[0];
+  SmallVector<Value> scaleIndex(prefix);
+  scaleIndex.append({rb, kb});
+  Value multiplier;
+  if (mx) {
+    Value special = e.fgt(stats[1], e.f32(0.0));
+    Value exponent = e.select(special, e.i32(0),
+                              mxScaleExponent(e, amax, scheme.getRounding()));
+    Value code = e.select(special, e.i32(0xFF), e.iadd(exponent, e.i32(127)));
+    e.storeRaw(arith::TruncIOp::create(e.b, e.loc, e.b.getI8Type(), code),
+               scales, scaleIndex);
+    multiplier = exp2(e, arith::SubIOp::create(e.b, e.loc, e.i32(0), exponent));
+  } else {
+    Value scale = e.div(arith::MaxNumFOp::create(e.b, e.loc, amax, e.f32(1e-4)),
+                        e.f32(448.0));
+    e.storeRaw(scale, scales, scaleIndex);
+    multiplier = scale;
+  }
+  e.forEach(firstRow, lastRow, [&](Value r) {
+    e.forEach(firstCol, lastCol, [&](Value c) {
+      Value x = e.load(input, at(r, c));
+      // MXFP8 multiplies by 2^-e (exact); FP8 block-128 divides in f32.
+      Value scaled = mx ? e.mul(x, multiplier) : e.div(x, multiplier);
+      e.storeRaw(encodeE4M3(e, scaled), data, at(r, c));
+    });
+  });
+}
+
+void cpu::dequantizeBlock(Emitter &e, Value data, Value scales, Value out,
+                          ArrayRef<Value> prefix, Value rb, Value kb,
+                          Value firstRow, Value lastRow, Value firstCol,
+                          Value lastCol) {
+  SmallVector<Value> scaleIndex(prefix);
+  scaleIndex.append({rb, kb});
+  Value scale = loadScale(e, scales, scaleIndex);
+  e.forEach(firstRow, lastRow, [&](Value r) {
+    e.forEach(firstCol, lastCol, [&](Value c) {
+      SmallVector<Value> index(prefix);
+      index.append({r, c});
+      e.store(e.mul(decodeE4M3(e, e.loadRaw(data, index)), scale), out, index);
+    });
+  });
+}

@@ -1,0 +1,58 @@
+//===- Numerics.h - the arithmetic every backend shares ---------*- C++ -*-===//
+//
+// Scalar IR for the parts of the L1 ops that are not data movement or
+// matmul: scoring and choosing experts, the activations, and one quantization
+// block. The CPU backend wraps them in loops; the GPU kernels run them per
+// thread, so both backends compute the same numbers (docs/numerics.md).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_CODEGEN_CPU_NUMERICS_H
+#define MOE_CODEGEN_CPU_NUMERICS_H
+
+#include "codegen/cpu/Emitter.h"
+#include "dialects/moe/MoeDialect.h"
+
+namespace mlir::moe::cpu {
+
+/// An expert's score (which gives its weight) and choice value (which ranks
+/// it) from its router logit; `bias` (f32) may be null.
+std::pair<Value, Value> expertScore(Emitter &e, RouterKind kind, Value logit,
+                                    Value bias);
+
+/// Scratch a token's expert selection works in: `score` and `choice` hold
+/// expertScore's values on entry ([experts] f32); `taken` is [experts] i8;
+/// `groupScore` ([n_group] f32) and `groupTaken` ([n_group] i8) are needed
+/// when n_group > 1.
+struct RouteScratch {
+  Value score, choice, taken, groupScore, groupTaken;
+};
+
+/// Chooses token `t`'s top-k experts into ids[t, :] (i32) and their weights
+/// into weights[t, :] (f32), as `router` says.
+void selectExperts(Emitter &e, RouterAttr router, int64_t experts, int64_t topK,
+                   const RouteScratch &scratch, Value ids, Value weights,
+                   Value t);
+
+/// The activation of a gate and an up value (f32).
+Value activate(Emitter &e, ActivationAttr activation, Value gate, Value up);
+
+/// One scale block of `input` (rows [firstRow, lastRow), columns
+/// [firstCol, lastCol), after index `prefix`): its scale goes to
+/// scales[prefix, rb, kb] and its E4M3 codes to `data`.
+void quantizeBlock(Emitter &e, QuantAttr scheme, Value input, Value data,
+                   Value scales, ArrayRef<Value> prefix, Value rb, Value kb,
+                   Value firstRow, Value lastRow, Value firstCol,
+                   Value lastCol);
+
+/// The inverse of quantizeBlock, into `out`.
+void dequantizeBlock(Emitter &e, Value data, Value scales, Value out,
+                     ArrayRef<Value> prefix, Value rb, Value kb, Value firstRow,
+                     Value lastRow, Value firstCol, Value lastCol);
+
+/// A scale as f32, from its E8M0 code or as stored.
+Value loadScale(Emitter &e, Value scales, ValueRange indices);
+
+} // namespace mlir::moe::cpu
+
+#endif // MOE_CODEGEN_CPU_NUMERICS_H

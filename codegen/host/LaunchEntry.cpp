@@ -1,0 +1,244 @@
+//===- LaunchEntry.cpp - host code of a GPU layer -------------------------===//
+//
+// A GPU layer's library exports
+//   int32_t moe_<name>_forward(void *const *args, int64_t tokens,
+//                              void *stream, void *workspace);
+//   int64_t moe_<name>_workspace_size(int64_t tokens);
+//   const char *moe_layer_info(void);
+// `args` are device pointers in the order of the CPU ABI. The forward encodes
+// the plan's TMA descriptors, copies them to the front of the workspace and
+// launches each kernel on `stream` through libmoert (runtime/moert.h); it
+// never waits, so it can be captured in a CUDA graph once the descriptors
+// are cached. The workspace holds the intermediate tensors: fixed plus
+// per-token bytes, each slice 256-byte aligned.
+//
+//===----------------------------------------------------------------------===//
+
+#include "codegen/host/Host.h"
+
+#include "codegen/nvidia/Kernels.h"
+
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::nvidia;
+
+static int64_t alignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+/// The workspace: descriptors first, then each workspace buffer.
+static Linear workspaceSlice(const Buffer &buffer) {
+  return {alignUp(buffer.bytes.fixed, 256),
+          alignUp(buffer.bytes.perToken, 256)};
+}
+
+host::Workspace host::workspaceOf(const Plan &plan) {
+  Workspace w;
+  w.base = alignUp(int64_t(plan.tensorMaps.size()) * 128, 256);
+  for (const Buffer &buffer : plan.buffers) {
+    if (buffer.argIndex >= 0)
+      continue;
+    Linear slice = workspaceSlice(buffer);
+    w.base += slice.fixed;
+    w.perToken += slice.perToken;
+  }
+  return w;
+}
+
+namespace {
+/// Builds LLVM dialect code in one function, with an early return of any
+/// nonzero status.
+struct HostBuilder {
+  OpBuilder &b;
+  Location loc;
+  Block *failure = nullptr;
+  Type ptr, i64, i32;
+
+  HostBuilder(OpBuilder &b, Location loc) : b(b), loc(loc) {
+    ptr = LLVM::LLVMPointerType::get(b.getContext());
+    i64 = b.getI64Type();
+    i32 = b.getI32Type();
+  }
+  Value c64(int64_t v) {
+    return LLVM::ConstantOp::create(b, loc, i64, b.getI64IntegerAttr(v));
+  }
+  Value c32(int64_t v) {
+    return LLVM::ConstantOp::create(b, loc, i32, b.getI32IntegerAttr(v));
+  }
+  Value linear(Linear l, Value tokens) {
+    return LLVM::AddOp::create(
+        b, loc, c64(l.fixed),
+        LLVM::MulOp::create(b, loc, c64(l.perToken), tokens));
+  }
+  Value offset(Value base, Value bytes) {
+    return LLVM::GEPOp::create(b, loc, ptr, b.getI8Type(), base,
+                               ValueRange{bytes});
+  }
+  Value stackSlot(Type element, int64_t count, int64_t align = 8) {
+    return LLVM::AllocaOp::create(b, loc, ptr, element, c64(count), align);
+  }
+  /// Returns `status` from the function if it is nonzero.
+  void check(Value status) {
+    Block *current = b.getInsertionBlock();
+    Block *next = b.createBlock(current->getParent());
+    b.setInsertionPointToEnd(current);
+    Value bad =
+        LLVM::ICmpOp::create(b, loc, LLVM::ICmpPredicate::ne, status, c32(0));
+    LLVM::CondBrOp::create(b, loc, bad, failure, ValueRange{status}, next,
+                           ValueRange{});
+    b.setInsertionPointToStart(next);
+  }
+};
+} // namespace
+
+static LLVM::LLVMFuncOp declare(OpBuilder &b, ModuleOp module, Location loc,
+                                StringRef name, Type result,
+                                ArrayRef<Type> params) {
+  if (auto f = module.lookupSymbol<LLVM::LLVMFuncOp>(name))
+    return f;
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(module.getBody());
+  return LLVM::LLVMFuncOp::create(b, loc, name,
+                                  LLVM::LLVMFunctionType::get(result, params));
+}
+
+/// The offsets of every buffer: argument pointers or workspace slices.
+static SmallVector<Value> bufferAddresses(HostBuilder &h, const Plan &plan,
+                                          Value args, Value tokens,
+                                          Value workspace) {
+  SmallVector<Value> addresses;
+  Value cursor = h.c64(alignUp(int64_t(plan.tensorMaps.size()) * 128, 256));
+  for (const Buffer &buffer : plan.buffers) {
+    if (buffer.argIndex >= 0) {
+      Value slot =
+          LLVM::GEPOp::create(h.b, h.loc, h.ptr, h.ptr, args,
+                              ArrayRef<LLVM::GEPArg>{int32_t(buffer.argIndex)});
+      addresses.push_back(LLVM::LoadOp::create(h.b, h.loc, h.ptr, slot));
+      continue;
+    }
+    addresses.push_back(h.offset(workspace, cursor));
+    cursor = LLVM::AddOp::create(h.b, h.loc, cursor,
+                                 h.linear(workspaceSlice(buffer), tokens));
+  }
+  return addresses;
+}
+
+LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
+                                         ArrayRef<ArgInfo> args,
+                                         ConfigAttr config, const Plan &plan,
+                                         StringRef cubin) {
+  MLIRContext *ctx = module.getContext();
+  Location loc = module.getLoc();
+  OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
+  HostBuilder h(b, loc);
+  Type ptr = h.ptr, i64 = h.i64, i32 = h.i32;
+  auto launchFn = declare(b, module, loc, "moert_launch", i32,
+                          {ptr, ptr, ptr, i32, i32, i32, i32, ptr, ptr});
+  auto mapFn = declare(b, module, loc, "moert_tensor_map_2d", i32,
+                       {ptr, ptr, i32, i64, i64, i32, i32});
+  auto copyFn = declare(b, module, loc, "moert_copy_to_device", i32,
+                        {ptr, ptr, i64, ptr});
+  // The loaded module, cached by the runtime on first use.
+  auto moduleSlot = LLVM::GlobalOp::create(
+      b, loc, i64, /*isConstant=*/false, LLVM::Linkage::Internal,
+      "moe_cuda_module", b.getI64IntegerAttr(0));
+
+  // int64_t moe_<name>_workspace_size(int64_t tokens)
+  Workspace workspace = workspaceOf(plan);
+  {
+    auto f = LLVM::LLVMFuncOp::create(b, loc,
+                                      ("moe_" + name + "_workspace_size").str(),
+                                      LLVM::LLVMFunctionType::get(i64, {i64}));
+    Block *entry = f.addEntryBlock(b);
+    b.setInsertionPointToStart(entry);
+    LLVM::ReturnOp::create(
+        b, loc,
+        h.linear({workspace.base, workspace.perToken}, entry->getArgument(0)));
+    b.setInsertionPointToEnd(module.getBody());
+  }
+
+  auto forward = LLVM::LLVMFuncOp::create(
+      b, loc, ("moe_" + name + "_forward").str(),
+      LLVM::LLVMFunctionType::get(i32, {ptr, i64, ptr, ptr}));
+  Block *entry = forward.addEntryBlock(b);
+  h.failure = b.createBlock(&forward.getBody(), {}, {i32}, {loc});
+  LLVM::ReturnOp::create(b, loc, h.failure->getArgument(0));
+  b.setInsertionPointToStart(entry);
+  Value argv = entry->getArgument(0), tokens = entry->getArgument(1);
+  Value stream = entry->getArgument(2), ws = entry->getArgument(3);
+
+  Value image = LLVM::createGlobalString(loc, b, "moe_cubin", cubin,
+                                         LLVM::Linkage::Internal);
+  if (auto global = module.lookupSymbol<LLVM::GlobalOp>("moe_cubin"))
+    global.setAlignment(64);
+  Value moduleAddress = LLVM::AddressOfOp::create(b, loc, moduleSlot);
+  SmallVector<Value> buffers = bufferAddresses(h, plan, argv, tokens, ws);
+
+  // TMA descriptors: encoded on the host, copied in stream order.
+  SmallVector<Value> maps;
+  if (!plan.tensorMaps.empty()) {
+    int64_t bytes = int64_t(plan.tensorMaps.size()) * 128;
+    Value staging = h.stackSlot(b.getI8Type(), bytes, 64);
+    for (auto [i, map] : llvm::enumerate(plan.tensorMaps)) {
+      Value status =
+          LLVM::CallOp::create(
+              b, loc, mapFn,
+              ValueRange{h.offset(staging, h.c64(i * 128)), buffers[map.buffer],
+                         h.c32(map.elementBytes), h.linear(map.rows, tokens),
+                         h.c64(map.cols), h.c32(map.boxRows),
+                         h.c32(map.boxCols)})
+              .getResult();
+      h.check(status);
+      maps.push_back(h.offset(ws, h.c64(i * 128)));
+    }
+    h.check(LLVM::CallOp::create(b, loc, copyFn,
+                                 ValueRange{ws, staging, h.c64(bytes), stream})
+                .getResult());
+  }
+
+  for (auto [i, launch] : llvm::enumerate(plan.launches)) {
+    Value params = h.stackSlot(ptr, launch.args.size());
+    for (auto [j, arg] : llvm::enumerate(launch.args)) {
+      Value value = arg.kind == KernelArg::BufferAddress ? buffers[arg.index]
+                    : arg.kind == KernelArg::TensorMapAddress ? maps[arg.index]
+                                                              : tokens;
+      Value slot = h.stackSlot(value.getType(), 1);
+      LLVM::StoreOp::create(b, loc, value, slot);
+      Value entryAddress = LLVM::GEPOp::create(
+          b, loc, ptr, ptr, params, ArrayRef<LLVM::GEPArg>{int32_t(j)});
+      LLVM::StoreOp::create(b, loc, slot, entryAddress);
+    }
+    auto grid = [&](const GridDim &g) -> Value {
+      Value count = h.linear(g.count, tokens);
+      Value blocks = LLVM::UDivOp::create(
+          b, loc, LLVM::AddOp::create(b, loc, count, h.c64(g.divisor - 1)),
+          h.c64(g.divisor));
+      blocks = LLVM::AddOp::create(b, loc, blocks, h.c64(g.plus));
+      return LLVM::TruncOp::create(b, loc, i32, blocks);
+    };
+    std::string kernelName = launch.kernel;
+    kernelName.push_back('\0');
+    Value kernel =
+        LLVM::createGlobalString(loc, b, ("moe_kernel_name_" + Twine(i)).str(),
+                                 kernelName, LLVM::Linkage::Internal);
+    h.check(LLVM::CallOp::create(
+                b, loc, launchFn,
+                ValueRange{moduleAddress, image, kernel, grid(launch.gridX),
+                           grid(launch.gridY), h.c32(launch.block),
+                           h.c32(launch.sharedBytes), stream, params})
+                .getResult());
+  }
+  LLVM::ReturnOp::create(b, loc, h.c32(0));
+
+  b.setInsertionPointToEnd(module.getBody());
+  auto info = LLVM::LLVMFuncOp::create(b, loc, "moe_layer_info",
+                                       LLVM::LLVMFunctionType::get(ptr, {}));
+  b.setInsertionPointToStart(info.addEntryBlock(b));
+  std::string json = infoJson(name, args, config, "sm_90a", &workspace);
+  json.push_back('\0');
+  Value text = LLVM::createGlobalString(loc, b, "moe_layer_info_json", json,
+                                        LLVM::Linkage::Internal);
+  LLVM::ReturnOp::create(b, loc, text);
+  (void)ctx;
+  return success();
+}

@@ -1,0 +1,1052 @@
+//===- Kernels.cpp - sm_90a kernels for a decomposed layer ----------------===//
+//
+// One kernel per L1 op (dispatch takes two), built with MLIR builders in the
+// gpu, nvgpu and nvvm dialects:
+//   route      a block per token: warps compute router logits, one thread
+//              chooses experts with the reference's selection code;
+//   dispatch   a plan kernel (one block: counts, offsets and each choice's
+//              row, in token order, with no host synchronization) and a
+//              scatter kernel (a block per token copies its rows);
+//   matmul     128x128 output tiles on the tensor cores: TMA loads 64-wide
+//              K slices into a 4-stage shared-memory ring (128-byte swizzle)
+//              and one warpgroup issues wgmma m64n128k16; the epilogue adds
+//              bias, applies the activation and stores bf16 from registers.
+//              Grouped matmuls find their expert and rows from the device's
+//              counts, so the grid is an upper bound and spare blocks exit;
+//   combine    a block per token gathers, weights and sums in f32;
+//   quantize / dequantize   a thread per scale block.
+//
+//===----------------------------------------------------------------------===//
+
+#include "codegen/nvidia/Kernels.h"
+
+#include "codegen/cpu/Emitter.h"
+#include "codegen/cpu/Numerics.h"
+#include "dialects/moe/MoeOps.h"
+
+#include "mlir/Conversion/GPUToNVVM/GPUToNVVMPass.h"
+#include "mlir/Conversion/NVGPUToNVVM/NVGPUToNVVM.h"
+#include "mlir/Conversion/NVVMToLLVM/NVVMToLLVM.h"
+#include "mlir/Conversion/ReconcileUnrealizedCasts/ReconcileUnrealizedCasts.h"
+#include "mlir/Conversion/SCFToControlFlow/SCFToControlFlow.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/GPU/Transforms/Passes.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Transforms/Passes.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::nvidia;
+using cpu::Emitter;
+
+namespace {
+constexpr int64_t kTileM = 128, kTileN = 128, kTileK = 64, kStages = 4;
+constexpr int64_t kStageBytes = (kTileM + kTileN) * kTileK * 2;
+
+/// What a tensor of the function lives in on the device.
+struct TensorInfo {
+  unsigned buffer;
+  MemRefType type; // Row-major; FP8 codes as i8.
+  Linear rows;     // The leading dimension, when it is dynamic.
+};
+
+/// A gpu.func under construction: its arguments are buffer addresses,
+/// TMA descriptor addresses and, last, the token count (i64).
+class Kernel {
+public:
+  Kernel(gpu::GPUModuleOp module, StringRef name, Launch &launch,
+         ArrayRef<KernelArg> args, Location loc)
+      : b(module.getContext()), e(b, loc), launch(launch) {
+    MLIRContext *ctx = module.getContext();
+    b.setInsertionPointToEnd(module.getBody());
+    Type ptr = LLVM::LLVMPointerType::get(ctx);
+    SmallVector<Type> types(args.size(), ptr);
+    types.push_back(b.getI64Type());
+    func = gpu::GPUFuncOp::create(b, loc, name, b.getFunctionType(types, {}));
+    func->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
+    b.setInsertionPointToStart(&func.getBody().front());
+    launch.kernel = name.str();
+    launch.args.assign(args.begin(), args.end());
+    launch.args.push_back({KernelArg::Tokens, 0});
+    Value t64 = func.getArgument(args.size());
+    tokens = arith::IndexCastOp::create(b, loc, b.getIndexType(), t64);
+  }
+
+  /// The memref view of argument `i`, a buffer of `info`.
+  Value view(unsigned i, const TensorInfo &info) {
+    MemRefType type = info.type;
+    MLIRContext *ctx = b.getContext();
+    Location loc = e.loc;
+    Type i64 = b.getI64Type(), ptr = LLVM::LLVMPointerType::get(ctx);
+    int64_t rank = type.getRank();
+    auto array = LLVM::LLVMArrayType::get(i64, rank);
+    auto descriptor =
+        LLVM::LLVMStructType::getLiteral(ctx, {ptr, ptr, i64, array, array});
+    Value d = LLVM::PoisonOp::create(b, loc, descriptor);
+    Value address = func.getArgument(i);
+    d = LLVM::InsertValueOp::create(b, loc, d, address, ArrayRef<int64_t>{0});
+    d = LLVM::InsertValueOp::create(b, loc, d, address, ArrayRef<int64_t>{1});
+    d = LLVM::InsertValueOp::create(b, loc, d, constI64(0),
+                                    ArrayRef<int64_t>{2});
+    SmallVector<Value> sizes;
+    for (int64_t s : type.getShape())
+      sizes.push_back(
+          ShapedType::isDynamic(s)
+              ? arith::IndexCastOp::create(b, loc, i64, linear(info.rows))
+                    .getResult()
+              : constI64(s));
+    Value stride = constI64(1);
+    for (int64_t d0 = rank - 1; d0 >= 0; --d0) {
+      d = LLVM::InsertValueOp::create(b, loc, d, sizes[d0],
+                                      ArrayRef<int64_t>{3, d0});
+      d = LLVM::InsertValueOp::create(b, loc, d, stride,
+                                      ArrayRef<int64_t>{4, d0});
+      stride = LLVM::MulOp::create(b, loc, stride, sizes[d0]);
+    }
+    return UnrealizedConversionCastOp::create(b, loc, type, d).getResult(0);
+  }
+
+  Value linear(Linear l) {
+    return e.iadd(e.index(l.fixed),
+                  arith::MulIOp::create(b, e.loc, e.index(l.perToken), tokens));
+  }
+  Value constI64(int64_t v) {
+    return LLVM::ConstantOp::create(b, e.loc, b.getI64Type(),
+                                    b.getI64IntegerAttr(v));
+  }
+  Value threadId() {
+    return gpu::ThreadIdOp::create(b, e.loc, gpu::Dimension::x);
+  }
+  Value blockId(gpu::Dimension d) {
+    return gpu::BlockIdOp::create(b, e.loc, d);
+  }
+  Value workgroupBuffer(ArrayRef<int64_t> shape, Type element) {
+    auto space = gpu::AddressSpaceAttr::get(b.getContext(),
+                                            gpu::AddressSpace::Workgroup);
+    return func.addWorkgroupAttribution(
+        MemRefType::get(shape, element, MemRefLayoutAttrInterface(), space),
+        e.loc);
+  }
+  void finish() { gpu::ReturnOp::create(b, e.loc); }
+
+  OpBuilder b;
+  Emitter e;
+  gpu::GPUFuncOp func;
+  Value tokens;
+  Launch &launch;
+};
+
+Value divUI(Emitter &e, Value x, int64_t y) {
+  return arith::DivUIOp::create(e.b, e.loc, x, e.index(y));
+}
+Value remUI(Emitter &e, Value x, int64_t y) {
+  return arith::RemUIOp::create(e.b, e.loc, x, e.index(y));
+}
+Value mulI(Emitter &e, Value x, int64_t y) {
+  return arith::MulIOp::create(e.b, e.loc, x, e.index(y));
+}
+Value minUI(Emitter &e, Value x, Value y) {
+  return arith::MinUIOp::create(e.b, e.loc, x, y);
+}
+Value eqI(Emitter &e, Value x, Value y) {
+  return e.icmp(arith::CmpIPredicate::eq, x, y);
+}
+Value ultI(Emitter &e, Value x, Value y) {
+  return e.icmp(arith::CmpIPredicate::ult, x, y);
+}
+
+/// Lowers one function's ops, in order, into kernels and launches.
+class KernelLowering {
+public:
+  KernelLowering(gpu::GPUModuleOp module, Plan &plan)
+      : module(module), plan(plan) {}
+
+  LogicalResult lower(Operation *op) {
+    loc = op->getLoc();
+    return TypeSwitch<Operation *, LogicalResult>(op)
+        .Case([&](RouteOp o) { return lowerRoute(o); })
+        .Case([&](DispatchOp o) { return lowerDispatch(o); })
+        .Case([&](GroupedMatmulOp o) { return lowerMatmul(o); })
+        .Case([&](CombineOp o) { return lowerCombine(o); })
+        .Case([&](QuantizeOp o) { return lowerQuantize(o); })
+        .Case([&](DequantizeOp o) { return lowerDequantize(o); })
+        .Case([&](LayerOp o) {
+          return o.emitOpError()
+                 << "must be decomposed first (run moe-decompose)";
+        })
+        .Default([&](Operation *other) {
+          return other->emitOpError() << "has no sm_90a lowering";
+        });
+  }
+
+  DenseMap<Value, TensorInfo> tensors;
+  DenseMap<Value, unsigned> outputBuffers;
+
+private:
+  /// The buffer for `result`, whose leading dimension (if dynamic) is
+  /// `rows`: the caller's output buffer or a new workspace slice.
+  const TensorInfo &define(Value result, Linear rows) {
+    MemRefType type = cpu::bufferType(result.getType());
+    int64_t rowBytes = type.getElementTypeBitWidth() / 8;
+    bool dynamic = type.getRank() > 0 && type.isDynamicDim(0);
+    for (int64_t d = dynamic ? 1 : 0; d < type.getRank(); ++d)
+      rowBytes *= type.getDimSize(d);
+    unsigned index;
+    auto it = outputBuffers.find(result);
+    if (it != outputBuffers.end()) {
+      index = it->second;
+    } else {
+      index = plan.buffers.size();
+      Buffer buffer;
+      buffer.bytes =
+          dynamic ? Linear{rows.fixed * rowBytes, rows.perToken * rowBytes}
+                  : Linear{rowBytes, 0};
+      plan.buffers.push_back(buffer);
+    }
+    return tensors[result] = TensorInfo{index, type, rows};
+  }
+  const TensorInfo &info(Value v) { return tensors.find(v)->second; }
+  std::string name(StringRef what) {
+    return ("k" + Twine(plan.launches.size()) + "_" + what).str();
+  }
+  Kernel kernel(StringRef what, ArrayRef<Value> buffers,
+                ArrayRef<unsigned> maps = {}) {
+    SmallVector<KernelArg> args;
+    for (Value v : buffers)
+      args.push_back({KernelArg::BufferAddress, info(v).buffer});
+    for (unsigned m : maps)
+      args.push_back({KernelArg::TensorMapAddress, m});
+    plan.launches.emplace_back();
+    return Kernel(module, name(what), plan.launches.back(), args, loc);
+  }
+
+  LogicalResult lowerRoute(RouteOp op);
+  LogicalResult lowerDispatch(DispatchOp op);
+  LogicalResult lowerMatmul(GroupedMatmulOp op);
+  LogicalResult lowerCombine(CombineOp op);
+  LogicalResult lowerQuantize(QuantizeOp op);
+  LogicalResult lowerDequantize(DequantizeOp op);
+  LogicalResult lowerBlocks(Operation *op, Value input, Value output,
+                            Value scales, QuantAttr scheme, bool quantize);
+
+  gpu::GPUModuleOp module;
+  Plan &plan;
+  Location loc = UnknownLoc::get(module.getContext());
+};
+} // namespace
+
+static GridDim perToken(int64_t divisor = 1) {
+  return GridDim{Linear{0, 1}, divisor, 0};
+}
+static GridDim fixed(int64_t count) { return GridDim{Linear{count, 0}, 1, 0}; }
+
+//===----------------------------------------------------------------------===//
+// route
+//===----------------------------------------------------------------------===//
+
+LogicalResult KernelLowering::lowerRoute(RouteOp op) {
+  RouterAttr router = op.getRouter();
+  auto weightType = cast<RankedTensorType>(op.getRouterWeight().getType());
+  int64_t experts = weightType.getDimSize(0), h = weightType.getDimSize(1);
+  int64_t topK =
+      cast<RankedTensorType>(op.getExpertIds().getType()).getDimSize(1);
+  define(op.getExpertIds(), {0, 1});
+  define(op.getWeights(), {0, 1});
+  SmallVector<Value> buffers = {op.getHiddenStates(), op.getRouterWeight()};
+  if (op.getBias())
+    buffers.push_back(op.getBias());
+  buffers.append({op.getExpertIds(), op.getWeights()});
+  Kernel k = kernel("route", buffers);
+  k.launch.gridX = perToken();
+  k.launch.gridY = fixed(1);
+  k.launch.block = 128;
+  Emitter &e = k.e;
+  SmallVector<Value> views;
+  for (auto [i, v] : llvm::enumerate(buffers))
+    views.push_back(k.view(i, info(v)));
+  Value hidden = views[0], weight = views[1];
+  Value bias = op.getBias() ? views[2] : Value();
+  Value ids = views[views.size() - 2], weights = views.back();
+
+  Type f32 = e.b.getF32Type(), i8 = e.b.getI8Type();
+  cpu::RouteScratch scratch;
+  scratch.score = k.workgroupBuffer({experts}, f32);
+  scratch.choice = k.workgroupBuffer({experts}, f32);
+  scratch.taken = k.workgroupBuffer({experts}, i8);
+  if (router.getNGroup() > 1) {
+    scratch.groupScore = k.workgroupBuffer({router.getNGroup()}, f32);
+    scratch.groupTaken = k.workgroupBuffer({router.getNGroup()}, i8);
+  }
+  Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
+  Value warp = divUI(e, tid, 32), lane = remUI(e, tid, 32);
+  // Each warp takes every fourth expert; lanes split the hidden dimension
+  // and meet through shuffles.
+  e.forEach(
+      warp, e.index(experts),
+      [&](Value x) {
+        Value partial = e.reduce(
+            lane, e.index(h), {e.f32(0.0)},
+            [&](Value c, ValueRange acc) -> SmallVector<Value> {
+              return {e.add(acc[0], e.mul(e.load(hidden, {t, c}),
+                                          e.load(weight, {x, c})))};
+            },
+            e.index(32))[0];
+        for (int offset = 16; offset > 0; offset /= 2) {
+          Value other = gpu::ShuffleOp::create(e.b, e.loc, partial, offset, 32,
+                                               gpu::ShuffleMode::XOR)
+                            .getShuffleResult();
+          partial = e.add(partial, other);
+        }
+        e.ifThen(eqI(e, lane, e.index(0)), [&] {
+          auto [s, choice] = cpu::expertScore(
+              e, router.getKind(), partial, bias ? e.load(bias, {x}) : Value());
+          e.storeRaw(s, scratch.score, {x});
+          e.storeRaw(choice, scratch.choice, {x});
+        });
+      },
+      e.index(4));
+  gpu::BarrierOp::create(e.b, e.loc);
+  e.ifThen(eqI(e, tid, e.index(0)), [&] {
+    cpu::selectExperts(e, router, experts, topK, scratch, ids, weights, t);
+  });
+  k.finish();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// dispatch
+//===----------------------------------------------------------------------===//
+
+LogicalResult KernelLowering::lowerDispatch(DispatchOp op) {
+  auto countsType = cast<RankedTensorType>(op.getTokensPerExpert().getType());
+  int64_t experts = countsType.getDimSize(0);
+  int64_t topK = cast<RankedTensorType>(op.getRows().getType()).getDimSize(1);
+  int64_t h =
+      cast<RankedTensorType>(op.getHiddenStates().getType()).getDimSize(1);
+  int64_t align = op.getAlign();
+  constexpr int64_t threads = 1024;
+  if (experts > threads)
+    return op.emitOpError()
+           << "has " << experts
+           << " experts; the sm_90a dispatch handles at most " << threads;
+  define(op.getTokensPerExpert(), {});
+  define(op.getExpertOffsets(), {});
+  define(op.getRows(), {0, 1});
+  // Rows for every choice, plus each expert's alignment padding.
+  define(op.getDispatched(), {experts * (align - 1), topK});
+
+  {
+    // The plan: one thread per expert scans all choices twice, staged in
+    // shared memory, first counting, then numbering its rows in token order.
+    Kernel k =
+        kernel("dispatch_plan", {op.getExpertIds(), op.getTokensPerExpert(),
+                                 op.getExpertOffsets(), op.getRows()});
+    k.launch.gridX = fixed(1);
+    k.launch.gridY = fixed(1);
+    k.launch.block = threads;
+    Emitter &e = k.e;
+    Value ids = k.view(0, info(op.getExpertIds()));
+    Value counts = k.view(1, info(op.getTokensPerExpert()));
+    Value offsets = k.view(2, info(op.getExpertOffsets()));
+    Value rows = k.view(3, info(op.getRows()));
+    Type i32 = e.b.getI32Type();
+    Value stage = k.workgroupBuffer({threads}, i32);
+    Value start = k.workgroupBuffer({experts + 1}, i32);
+    Value tid = k.threadId();
+    Value choices = mulI(e, k.tokens, topK);
+    Value mine = e.toI32(tid);
+    Value isExpert = ultI(e, tid, e.index(experts));
+
+    e.forEach(
+        tid, choices,
+        [&](Value p) {
+          e.storeRaw(e.i32(-1), rows, {divUI(e, p, topK), remUI(e, p, topK)});
+        },
+        e.index(threads));
+    // for each chunk of choices: stage it, then let each expert scan it.
+    auto scan = [&](Value init, function_ref<Value(Value, Value)> onMatch) {
+      return e.reduce(
+          e.index(0), choices, {init},
+          [&](Value base, ValueRange acc) -> SmallVector<Value> {
+            gpu::BarrierOp::create(e.b, e.loc);
+            Value p = e.iadd(base, tid);
+            e.ifThen(ultI(e, p, choices), [&] {
+              e.storeRaw(e.loadRaw(ids, {divUI(e, p, topK), remUI(e, p, topK)}),
+                         stage, {tid});
+            });
+            gpu::BarrierOp::create(e.b, e.loc);
+            Value n = minUI(e, e.index(threads),
+                            arith::SubIOp::create(e.b, e.loc, choices, base));
+            auto inner = scf::IfOp::create(e.b, e.loc, TypeRange{i32}, isExpert,
+                                           /*withElse=*/true);
+            {
+              OpBuilder::InsertionGuard guard(e.b);
+              e.b.setInsertionPointToStart(&inner.getThenRegion().front());
+              Value result = e.reduce(
+                  e.index(0), n, {acc[0]},
+                  [&](Value q, ValueRange count) -> SmallVector<Value> {
+                    Value match = eqI(e, e.loadRaw(stage, {q}), mine);
+                    auto hit = scf::IfOp::create(e.b, e.loc, TypeRange{i32},
+                                                 match, /*withElse=*/true);
+                    OpBuilder::InsertionGuard g2(e.b);
+                    e.b.setInsertionPointToStart(&hit.getThenRegion().front());
+                    scf::YieldOp::create(e.b, e.loc,
+                                         onMatch(e.iadd(base, q), count[0]));
+                    e.b.setInsertionPointToStart(&hit.getElseRegion().front());
+                    scf::YieldOp::create(e.b, e.loc, count[0]);
+                    return {hit.getResult(0)};
+                  })[0];
+              scf::YieldOp::create(e.b, e.loc, result);
+              e.b.setInsertionPointToStart(&inner.getElseRegion().front());
+              scf::YieldOp::create(e.b, e.loc, acc[0]);
+            }
+            return {inner.getResult(0)};
+          },
+          e.index(threads))[0];
+    };
+    Value count =
+        scan(e.i32(0), [&](Value, Value c) { return e.iadd(c, e.i32(1)); });
+    e.ifThen(isExpert, [&] {
+      e.storeRaw(count, counts, {tid});
+      e.storeRaw(count, stage, {tid});
+    });
+    gpu::BarrierOp::create(e.b, e.loc);
+    e.ifThen(eqI(e, tid, e.index(0)), [&] {
+      Value total = e.reduce(
+          e.index(0), e.index(experts), {e.i32(0)},
+          [&](Value x, ValueRange acc) -> SmallVector<Value> {
+            e.storeRaw(acc[0], offsets, {x});
+            e.storeRaw(acc[0], start, {x});
+            Value c = e.loadRaw(stage, {x});
+            Value padded = arith::MulIOp::create(
+                e.b, e.loc,
+                arith::CeilDivUIOp::create(e.b, e.loc, c, e.i32(align)),
+                e.i32(align));
+            return {e.iadd(acc[0], padded)};
+          })[0];
+      e.storeRaw(total, offsets, {e.index(experts)});
+    });
+    gpu::BarrierOp::create(e.b, e.loc);
+    Value first = e.loadRaw(start, {minUI(e, tid, e.index(experts))});
+    scan(first, [&](Value p, Value row) {
+      e.storeRaw(row, rows, {divUI(e, p, topK), remUI(e, p, topK)});
+      return e.iadd(row, e.i32(1));
+    });
+    k.finish();
+  }
+  {
+    // The scatter: a block per token copies its row to each chosen slot.
+    SmallVector<Value> buffers = {op.getHiddenStates(), op.getRows(),
+                                  op.getDispatched()};
+    if (op.getScale())
+      buffers.push_back(op.getScale());
+    Kernel k = kernel("dispatch_scatter", buffers);
+    k.launch.gridX = perToken();
+    k.launch.gridY = fixed(1);
+    k.launch.block = 128;
+    Emitter &e = k.e;
+    Value hidden = k.view(0, info(op.getHiddenStates()));
+    Value rows = k.view(1, info(op.getRows()));
+    Value dispatched = k.view(2, info(op.getDispatched()));
+    Value scale = op.getScale() ? k.view(3, info(op.getScale())) : Value();
+    Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
+    int64_t width = h % 8 == 0 ? 8 : 1;
+    auto vecType = VectorType::get({width}, e.b.getBF16Type());
+    e.forEach(e.index(0), e.index(topK), [&](Value j) {
+      Value row = e.loadRaw(rows, {t, j});
+      e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)), [&] {
+        Value r = e.toIndex(row);
+        Value s = scale ? e.loadRaw(scale, {t, j}) : Value();
+        e.forEach(
+            mulI(e, tid, width), e.index(h),
+            [&](Value c) {
+              Value v =
+                  vector::LoadOp::create(e.b, e.loc, vecType, hidden, {t, c});
+              if (s) {
+                auto f32Vec = VectorType::get({width}, e.b.getF32Type());
+                Value wide = arith::ExtFOp::create(e.b, e.loc, f32Vec, v);
+                Value splat =
+                    vector::BroadcastOp::create(e.b, e.loc, f32Vec, s);
+                v = arith::TruncFOp::create(e.b, e.loc, vecType,
+                                            e.mul(wide, splat));
+              }
+              vector::StoreOp::create(e.b, e.loc, v, dispatched, {r, c});
+            },
+            e.index(128 * width));
+      });
+    });
+    k.finish();
+  }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// grouped_matmul
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// The pieces of the wgmma main loop: accumulators are LLVM structs of 64
+/// f32 per thread (one m64n128 fragment per half of the 128-row tile).
+struct Wgmma {
+  OpBuilder &b;
+  Location loc;
+  Type fragment;
+
+  Wgmma(OpBuilder &b, Location loc) : b(b), loc(loc) {
+    SmallVector<Type> fields(64, b.getF32Type());
+    fragment = LLVM::LLVMStructType::getLiteral(b.getContext(), fields);
+  }
+  Value i64(int64_t v) {
+    return LLVM::ConstantOp::create(b, loc, b.getI64Type(),
+                                    b.getI64IntegerAttr(v));
+  }
+  Value zero() {
+    Value acc = LLVM::PoisonOp::create(b, loc, fragment);
+    Value z = LLVM::ConstantOp::create(b, loc, b.getF32Type(),
+                                       b.getF32FloatAttr(0.0));
+    for (int64_t i = 0; i < 64; ++i)
+      acc = LLVM::InsertValueOp::create(b, loc, acc, z, ArrayRef<int64_t>{i});
+    return acc;
+  }
+  /// The descriptor of a K-major tile at shared address `address` (i64):
+  /// 128-byte swizzle, 1024 bytes between 8-row groups.
+  Value descriptor(Value address) {
+    Value field = LLVM::LShrOp::create(
+        b, loc, LLVM::AndOp::create(b, loc, address, i64(0x3FFFF)), i64(4));
+    int64_t fixedBits =
+        (int64_t(1) << 62) | (int64_t(1024 >> 4) << 32) | (int64_t(1) << 16);
+    return LLVM::OrOp::create(b, loc, field, i64(fixedBits));
+  }
+  Value mma(Value acc, Value a, Value bDesc) {
+    MLIRContext *ctx = b.getContext();
+    auto type = [&](NVVM::WGMMATypes t) {
+      return NVVM::WGMMATypesAttr::get(ctx, t);
+    };
+    return NVVM::WgmmaMmaAsyncOp::create(
+        b, loc, fragment, acc, a, bDesc,
+        NVVM::MMAShapeAttr::get(ctx, 64, kTileN, 16),
+        type(NVVM::WGMMATypes::bf16), type(NVVM::WGMMATypes::bf16),
+        type(NVVM::WGMMATypes::f32),
+        NVVM::WGMMAScaleOutAttr::get(ctx, NVVM::WGMMAScaleOut::one),
+        NVVM::WGMMAScaleInAttr::get(ctx, NVVM::WGMMAScaleIn::one),
+        NVVM::WGMMAScaleInAttr::get(ctx, NVVM::WGMMAScaleIn::one),
+        // Both operands K-major: NVVM's `col` for B is PTX's imm-trans-b 0.
+        NVVM::MMALayoutAttr::get(ctx, NVVM::MMALayout::row),
+        NVVM::MMALayoutAttr::get(ctx, NVVM::MMALayout::col),
+        NVVM::MMAIntOverflowAttr());
+  }
+};
+} // namespace
+
+LogicalResult KernelLowering::lowerMatmul(GroupedMatmulOp op) {
+  if (op.getLhsScale())
+    return op.emitOpError()
+           << "with FP8 operands has no sm_90a kernel yet; run "
+              "moe-legalize-scaled-matmul first";
+  auto lhsType = cast<RankedTensorType>(op.getLhs().getType());
+  auto rhsType = cast<RankedTensorType>(op.getRhs().getType());
+  if (!lhsType.getElementType().isBF16() || !rhsType.getElementType().isBF16())
+    return op.emitOpError() << "on sm_90a needs bf16 operands";
+  bool grouped = static_cast<bool>(op.getTokensPerExpert());
+  int64_t experts = grouped ? rhsType.getDimSize(0) : 1;
+  int64_t n = rhsType.getDimSize(rhsType.getRank() - 2);
+  int64_t kDim = rhsType.getDimSize(rhsType.getRank() - 1);
+  if (kDim % 8 != 0)
+    return op.emitOpError()
+           << "has K = " << kDim << "; sm_90a's TMA loads need a multiple of 8";
+  ActivationAttr activation = op.getActivationAttr();
+  int64_t outN = activation ? n / 2 : n;
+  // With an activation a tile computes 64 gate and the matching 64 up
+  // columns, and gives 64 outputs.
+  int64_t outTile = activation ? kTileN / 2 : kTileN;
+  const TensorInfo &lhs = info(op.getLhs());
+  define(op.getOut(), lhs.rows);
+
+  unsigned mapA = plan.tensorMaps.size();
+  plan.tensorMaps.push_back(
+      TensorMap{lhs.buffer, 2, lhs.rows, kDim, kTileM, kTileK});
+  unsigned mapB = plan.tensorMaps.size();
+  plan.tensorMaps.push_back(TensorMap{info(op.getRhs()).buffer, 2,
+                                      Linear{experts * n, 0}, kDim, kTileN / 2,
+                                      kTileK});
+
+  SmallVector<Value> buffers = {op.getOut()};
+  if (grouped)
+    buffers.append({op.getTokensPerExpert(), op.getExpertOffsets()});
+  if (op.getBias())
+    buffers.push_back(op.getBias());
+  Kernel k =
+      kernel(activation ? "matmul_glu" : "matmul", buffers, {mapA, mapB});
+  Launch &launch = k.launch;
+  launch.gridX = fixed(llvm::divideCeil(outN, outTile));
+  // Grouped: at most ceil(rows / 128) + experts tiles are non-empty.
+  launch.gridY = grouped ? GridDim{lhs.rows, kTileM, experts}
+                         : GridDim{lhs.rows, kTileM, 0};
+  launch.block = 128;
+  launch.sharedBytes = kStages * kStageBytes + 1024;
+  Emitter &e = k.e;
+  OpBuilder &b = e.b;
+  MLIRContext *ctx = b.getContext();
+  Value out = k.view(0, info(op.getOut()));
+  Value counts = grouped ? k.view(1, info(op.getTokensPerExpert())) : Value();
+  Value offsets = grouped ? k.view(2, info(op.getExpertOffsets())) : Value();
+  Value bias =
+      op.getBias() ? k.view(buffers.size() - 1, info(op.getBias())) : Value();
+  Value mapAPtr = k.func.getArgument(buffers.size());
+  Value mapBPtr = k.func.getArgument(buffers.size() + 1);
+
+  auto workgroup =
+      gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup);
+  auto tileType = [&](int64_t rows) {
+    return MemRefType::get({rows, kTileK}, b.getBF16Type(),
+                           MemRefLayoutAttrInterface(), workgroup);
+  };
+  auto mapType = [&](int64_t rows) {
+    return nvgpu::TensorMapDescriptorType::get(
+        ctx, tileType(rows), nvgpu::TensorMapSwizzleKind::SWIZZLE_128B,
+        nvgpu::TensorMapL2PromoKind::L2PROMO_128B,
+        nvgpu::TensorMapOOBKind::OOB_ZERO,
+        nvgpu::TensorMapInterleaveKind::INTERLEAVE_NONE);
+  };
+  Value descA =
+      UnrealizedConversionCastOp::create(b, e.loc, mapType(kTileM), mapAPtr)
+          .getResult(0);
+  Value descB =
+      UnrealizedConversionCastOp::create(b, e.loc, mapType(kTileN / 2), mapBPtr)
+          .getResult(0);
+
+  Value tid = k.threadId();
+  Value nTile = k.blockId(gpu::Dimension::x);
+  Value mTile = k.blockId(gpu::Dimension::y);
+  Type i32 = b.getI32Type();
+
+  // This block's expert and rows [rowStart, rowEnd).
+  Value expert, rowStart, rowEnd;
+  if (grouped) {
+    Value target = e.toI32(mTile);
+    auto found = e.reduce(
+        e.index(0), e.index(experts), {e.i32(-1), e.i32(0), e.i32(0), e.i32(0)},
+        [&](Value x, ValueRange acc) -> SmallVector<Value> {
+          Value c = e.loadRaw(counts, {x});
+          Value tiles = arith::CeilDivUIOp::create(b, e.loc, c, e.i32(kTileM));
+          Value seen = acc[1];
+          Value here = e.andi(
+              e.icmp(arith::CmpIPredicate::slt, acc[0], e.i32(0)),
+              e.icmp(arith::CmpIPredicate::slt,
+                     arith::SubIOp::create(b, e.loc, target, seen), tiles));
+          Value start = e.iadd(
+              e.loadRaw(offsets, {x}),
+              arith::MulIOp::create(
+                  b, e.loc, arith::SubIOp::create(b, e.loc, target, seen),
+                  e.i32(kTileM)));
+          Value end = e.iadd(e.loadRaw(offsets, {x}), c);
+          return {e.select(here, e.toI32(x), acc[0]), e.iadd(seen, tiles),
+                  e.select(here, start, acc[2]), e.select(here, end, acc[3])};
+        });
+    expert = found[0];
+    rowStart = found[2];
+    rowEnd = found[3];
+  } else {
+    expert = e.i32(0);
+    rowStart = e.toI32(mulI(e, mTile, kTileM));
+    rowEnd = e.toI32(k.linear(lhs.rows));
+  }
+  auto active = scf::IfOp::create(
+      b, e.loc, e.icmp(arith::CmpIPredicate::sge, expert, e.i32(0)),
+      /*withElse=*/false);
+  b.setInsertionPointToStart(&active.getThenRegion().front());
+
+  // Shared memory: kStages x (A 128x64, B 128x64), 1024-byte aligned for
+  // the 128-byte swizzle.
+  auto bytesType = MemRefType::get({ShapedType::kDynamic}, b.getI8Type(),
+                                   MemRefLayoutAttrInterface(), workgroup);
+  Value smem = gpu::DynamicSharedMemoryOp::create(b, e.loc, bytesType);
+  Value base = memref::ExtractAlignedPointerAsIndexOp::create(b, e.loc, smem);
+  Value pad = remUI(
+      e, arith::SubIOp::create(b, e.loc, e.index(1024), remUI(e, base, 1024)),
+      1024);
+  auto tile = [&](Value slot, int64_t offset, int64_t rows) {
+    Value shift =
+        e.iadd(e.iadd(pad, mulI(e, slot, kStageBytes)), e.index(offset));
+    return memref::ViewOp::create(b, e.loc, tileType(rows), smem, shift,
+                                  ValueRange{})
+        .getResult();
+  };
+  auto address = [&](Value slot, int64_t offset) {
+    Value a = e.iadd(e.iadd(base, pad),
+                     e.iadd(mulI(e, slot, kStageBytes), e.index(offset)));
+    return arith::IndexCastOp::create(b, e.loc, b.getI64Type(), a).getResult();
+  };
+
+  auto barrierType = nvgpu::MBarrierGroupType::get(ctx, workgroup, kStages);
+  Value barriers = nvgpu::MBarrierCreateOp::create(b, e.loc, barrierType);
+  Value leader = eqI(e, tid, e.index(0));
+  for (int64_t s = 0; s < kStages; ++s)
+    nvgpu::MBarrierInitOp::create(b, e.loc, barriers, e.index(1), e.index(s),
+                                  leader);
+  e.ifThen(leader, [&] {
+    nvgpu::TmaFenceOp::create(b, e.loc, descA);
+    nvgpu::TmaFenceOp::create(b, e.loc, descB);
+  });
+  gpu::BarrierOp::create(b, e.loc);
+
+  Value rowStartIdx = e.toIndex(rowStart);
+  Value expertIdx = e.toIndex(expert);
+  Value colTile = mulI(e, nTile, outTile);
+  Value bRow0 = e.iadd(mulI(e, expertIdx, n), colTile);
+  Value bRow1 = activation ? e.iadd(bRow0, e.index(n / 2))
+                           : e.iadd(bRow0, e.index(kTileN / 2));
+  int64_t kTiles = llvm::divideCeil(kDim, kTileK);
+  // Thread 0 loads K slice `kt` into its ring slot.
+  auto issue = [&](Value kt) {
+    Value slot = remUI(e, kt, kStages);
+    Value col = mulI(e, kt, kTileK);
+    nvgpu::MBarrierArriveExpectTxOp::create(
+        b, e.loc, barriers, e.index(kStageBytes), slot, Value());
+    nvgpu::TmaAsyncLoadOp::create(b, e.loc, tile(slot, 0, kTileM), barriers,
+                                  descA, ValueRange{col, rowStartIdx}, slot,
+                                  Value(), Value());
+    nvgpu::TmaAsyncLoadOp::create(
+        b, e.loc, tile(slot, kTileM * kTileK * 2, kTileN / 2), barriers, descB,
+        ValueRange{col, bRow0}, slot, Value(), Value());
+    nvgpu::TmaAsyncLoadOp::create(
+        b, e.loc, tile(slot, (kTileM + kTileN / 2) * kTileK * 2, kTileN / 2),
+        barriers, descB, ValueRange{col, bRow1}, slot, Value(), Value());
+  };
+  e.ifThen(leader, [&] {
+    e.forEach(e.index(0), e.index(std::min(kStages - 1, kTiles)),
+              [&](Value kt) { issue(kt); });
+  });
+
+  Wgmma w(b, e.loc);
+  Value zero = w.zero();
+  auto loop = scf::ForOp::create(b, e.loc, e.index(0), e.index(kTiles),
+                                 e.index(1), ValueRange{zero, zero});
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value kt = loop.getInductionVar();
+    Value slot = remUI(e, kt, kStages);
+    Value parity = arith::TruncIOp::create(
+        b, e.loc, b.getI1Type(), e.toI32(remUI(e, divUI(e, kt, kStages), 2)));
+    nvgpu::MBarrierTryWaitParityOp::create(b, e.loc, barriers, parity,
+                                           e.index(10000000), slot);
+    NVVM::WgmmaFenceAlignedOp::create(b, e.loc);
+    SmallVector<Value> acc(loop.getRegionIterArgs());
+    Value aBase = address(slot, 0);
+    Value bBase = address(slot, kTileM * kTileK * 2);
+    for (int64_t kk = 0; kk < kTileK / 16; ++kk) {
+      Value bDesc =
+          w.descriptor(LLVM::AddOp::create(b, e.loc, bBase, w.i64(kk * 32)));
+      for (int64_t half = 0; half < 2; ++half) {
+        Value aDesc = w.descriptor(LLVM::AddOp::create(
+            b, e.loc, aBase, w.i64(half * 64 * kTileK * 2 + kk * 32)));
+        acc[half] = w.mma(acc[half], aDesc, bDesc);
+      }
+    }
+    NVVM::WgmmaGroupSyncAlignedOp::create(b, e.loc);
+    // The previous slice's wgmma are done: its slot can be refilled.
+    NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 1);
+    gpu::BarrierOp::create(b, e.loc);
+    Value next = e.iadd(kt, e.index(kStages - 1));
+    e.ifThen(e.andi(leader, ultI(e, next, e.index(kTiles))),
+             [&] { issue(next); });
+    scf::YieldOp::create(b, e.loc, acc);
+  }
+  NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 0);
+
+  // Epilogue from registers: fragment element i of a thread in warp w, lane
+  // l is row 16w + l/4 + 8((i/2)%2), column 8(i/4) + 2(l%4) + i%2.
+  Value warp = divUI(e, tid, 32), lane = remUI(e, tid, 32);
+  Value rowBase =
+      e.iadd(e.iadd(rowStartIdx, mulI(e, warp, 16)), divUI(e, lane, 4));
+  Value colBase = mulI(e, remUI(e, lane, 4), 2);
+  Value rowEndIdx = e.toIndex(rowEnd);
+  auto column = [&](Value acc, int64_t i) {
+    return LLVM::ExtractValueOp::create(b, e.loc, acc, ArrayRef<int64_t>{i})
+        .getResult();
+  };
+  auto addBias = [&](Value v, Value col) {
+    if (!bias)
+      return v;
+    // Out-of-range columns are masked at the store; clamp the read.
+    Value safe = minUI(e, col, e.index(n - 1));
+    return e.add(v, grouped ? e.load(bias, {expertIdx, safe})
+                            : e.load(bias, {safe}));
+  };
+  int64_t perThread = activation ? 32 : 64;
+  for (int64_t half = 0; half < 2; ++half) {
+    Value acc = loop.getResult(half);
+    for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
+      Value row = e.iadd(rowBase, e.index(half * 64 + rowHalf * 8));
+      e.ifThen(ultI(e, row, rowEndIdx), [&] {
+        for (int64_t i = 0; i < perThread; ++i) {
+          if ((i / 2) % 2 != rowHalf)
+            continue;
+          Value c =
+              e.iadd(colTile, e.iadd(colBase, e.index((i / 4) * 8 + i % 2)));
+          Value v = addBias(column(acc, i), activation ? c : c);
+          if (activation) {
+            Value up = addBias(column(acc, i + 32), e.iadd(c, e.index(n / 2)));
+            v = cpu::activate(e, activation, v, up);
+          }
+          e.ifThen(ultI(e, c, e.index(outN)), [&] {
+            e.store(v, out, {row, c});
+          });
+        }
+      });
+    }
+  }
+  b.setInsertionPointAfter(active);
+  k.finish();
+  (void)i32;
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// combine
+//===----------------------------------------------------------------------===//
+
+LogicalResult KernelLowering::lowerCombine(CombineOp op) {
+  int64_t h = cast<RankedTensorType>(op.getExpertOut().getType()).getDimSize(1);
+  int64_t topK = cast<RankedTensorType>(op.getRows().getType()).getDimSize(1);
+  define(op.getOut(), {0, 1});
+  SmallVector<Value> buffers = {op.getExpertOut(), op.getRows(), op.getOut()};
+  for (Value v : {op.getWeights(), op.getShared(), op.getGate()})
+    if (v)
+      buffers.push_back(v);
+  Kernel k = kernel("combine", buffers);
+  k.launch.gridX = perToken();
+  k.launch.gridY = fixed(1);
+  k.launch.block = 128;
+  Emitter &e = k.e;
+  OpBuilder &b = e.b;
+  unsigned next = 3;
+  Value expertOut = k.view(0, info(op.getExpertOut()));
+  Value rows = k.view(1, info(op.getRows()));
+  Value out = k.view(2, info(op.getOut()));
+  Value weights =
+      op.getWeights() ? k.view(next++, info(op.getWeights())) : Value();
+  Value shared =
+      op.getShared() ? k.view(next++, info(op.getShared())) : Value();
+  Value gate = op.getGate() ? k.view(next++, info(op.getGate())) : Value();
+  Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
+  int64_t width = h % 8 == 0 ? 8 : 1;
+  auto f32Vec = VectorType::get({width}, b.getF32Type());
+  Type outElement = cast<MemRefType>(out.getType()).getElementType();
+  auto loadVec = [&](Value buffer, ValueRange index) -> Value {
+    Type element = cast<MemRefType>(buffer.getType()).getElementType();
+    Value v = vector::LoadOp::create(
+        b, e.loc, VectorType::get({width}, element), buffer, index);
+    return element.isF32() ? v : arith::ExtFOp::create(b, e.loc, f32Vec, v);
+  };
+  auto splat = [&](Value s) {
+    return vector::BroadcastOp::create(b, e.loc, f32Vec, s).getResult();
+  };
+  Value gateScale = gate ? e.sigmoid(e.load(gate, {t, e.index(0)})) : Value();
+  e.forEach(
+      mulI(e, tid, width), e.index(h),
+      [&](Value c) {
+        Value zero = arith::ConstantOp::create(
+            b, e.loc, DenseElementsAttr::get(f32Vec, b.getF32FloatAttr(0.0)));
+        // The same order as the reference: choices first, then the shared
+        // expert.
+        Value sum = e.reduce(
+            e.index(0), e.index(topK), {zero},
+            [&](Value j, ValueRange acc) -> SmallVector<Value> {
+              Value row = e.loadRaw(rows, {t, j});
+              Value valid = e.icmp(arith::CmpIPredicate::sge, row, e.i32(0));
+              auto sel = scf::IfOp::create(b, e.loc, TypeRange{f32Vec}, valid,
+                                           /*withElse=*/true);
+              OpBuilder::InsertionGuard guard(b);
+              b.setInsertionPointToStart(&sel.getThenRegion().front());
+              Value term = loadVec(expertOut, {e.toIndex(row), c});
+              if (weights)
+                term = e.mul(term, splat(e.loadRaw(weights, {t, j})));
+              scf::YieldOp::create(b, e.loc, e.add(acc[0], term));
+              b.setInsertionPointToStart(&sel.getElseRegion().front());
+              scf::YieldOp::create(b, e.loc, acc[0]);
+              return {sel.getResult(0)};
+            })[0];
+        if (shared) {
+          Value s = loadVec(shared, {t, c});
+          sum = e.add(sum, gate ? e.mul(s, splat(gateScale)) : s);
+        }
+        Value result =
+            outElement.isF32()
+                ? sum
+                : arith::TruncFOp::create(
+                      b, e.loc, VectorType::get({width}, outElement), sum)
+                      .getResult();
+        vector::StoreOp::create(b, e.loc, result, out, {t, c});
+      },
+      e.index(128 * width));
+  k.finish();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// quantize / dequantize
+//===----------------------------------------------------------------------===//
+
+LogicalResult KernelLowering::lowerBlocks(Operation *op, Value input,
+                                          Value output, Value scales,
+                                          QuantAttr scheme, bool quantize) {
+  // `input` is the bf16 side for quantize, the codes for dequantize.
+  Value data = quantize ? output : input;
+  auto dataType = cast<RankedTensorType>(data.getType());
+  int64_t rank = dataType.getRank();
+  if (rank != 2 && rank != 3)
+    return op->emitOpError() << "of rank " << rank
+                             << " has no sm_90a lowering (ranks 2 and 3 do)";
+  auto scaleShape = cast<RankedTensorType>(scales.getType()).getShape();
+  bool square = scheme.getKind() == QuantKind::FP8Block128 &&
+                scaleShape[rank - 2] != dataType.getDimSize(rank - 2);
+  int64_t rowsPerBlock = square ? 128 : 1;
+  int64_t kBlock = scheme.getBlockSize(), kDim = dataType.getDimSize(rank - 1);
+  int64_t kBlocks = llvm::divideCeil(kDim, kBlock);
+  Linear rows = info(input).rows;
+  if (quantize) {
+    define(output, rows);
+    define(scales, rows);
+  } else {
+    define(output, rows);
+  }
+  Kernel k = kernel(quantize ? "quantize" : "dequantize",
+                    quantize ? SmallVector<Value>{input, output, scales}
+                             : SmallVector<Value>{input, scales, output});
+  // One thread per block; blocks = prefix x rowBlocks x kBlocks.
+  int64_t prefix = rank == 3 ? dataType.getDimSize(0) : 1;
+  bool dynamic = dataType.isDynamicDim(0);
+  int64_t staticRows = dynamic ? 0 : dataType.getDimSize(rank - 2);
+  if (!dynamic && rowsPerBlock == 1) {
+    k.launch.gridX =
+        fixed(llvm::divideCeil(prefix * staticRows * kBlocks, 128));
+  } else if (!dynamic) {
+    k.launch.gridX = fixed(llvm::divideCeil(
+        prefix * llvm::divideCeil(staticRows, rowsPerBlock) * kBlocks, 128));
+  } else {
+    if (rowsPerBlock != 1)
+      return op->emitOpError() << "quantizes token rows in 128-row blocks; "
+                                  "sm_90a quantizes token rows one by one";
+    k.launch.gridX =
+        GridDim{Linear{rows.fixed * kBlocks, rows.perToken * kBlocks}, 128, 0};
+  }
+  k.launch.gridY = fixed(1);
+  k.launch.block = 128;
+  Emitter &e = k.e;
+  Value in = k.view(0, info(input));
+  Value second = k.view(1, info(quantize ? output : scales));
+  Value third = k.view(2, info(quantize ? scales : output));
+  Value rowCount = e.dim(in, rank - 2);
+  Value rowBlocks =
+      arith::CeilDivUIOp::create(e.b, e.loc, rowCount, e.index(rowsPerBlock));
+  Value id = e.iadd(mulI(e, k.blockId(gpu::Dimension::x), 128), k.threadId());
+  Value total = arith::MulIOp::create(e.b, e.loc, mulI(e, rowBlocks, kBlocks),
+                                      e.index(prefix));
+  e.ifThen(ultI(e, id, total), [&] {
+    Value kb = remUI(e, id, kBlocks);
+    Value rest = divUI(e, id, kBlocks);
+    Value rb = arith::RemUIOp::create(e.b, e.loc, rest, rowBlocks);
+    SmallVector<Value> prefixIndex;
+    if (rank == 3)
+      prefixIndex.push_back(
+          arith::DivUIOp::create(e.b, e.loc, rest, rowBlocks));
+    Value firstRow = mulI(e, rb, rowsPerBlock);
+    Value lastRow = minUI(e, e.iadd(firstRow, e.index(rowsPerBlock)), rowCount);
+    Value firstCol = mulI(e, kb, kBlock);
+    Value lastCol = minUI(e, e.iadd(firstCol, e.index(kBlock)), e.index(kDim));
+    if (quantize)
+      cpu::quantizeBlock(e, scheme, in, second, third, prefixIndex, rb, kb,
+                         firstRow, lastRow, firstCol, lastCol);
+    else
+      cpu::dequantizeBlock(e, in, second, third, prefixIndex, rb, kb, firstRow,
+                           lastRow, firstCol, lastCol);
+  });
+  k.finish();
+  return success();
+}
+
+LogicalResult KernelLowering::lowerQuantize(QuantizeOp op) {
+  return lowerBlocks(op, op.getInput(), op.getData(), op.getScales(),
+                     op.getScheme(), /*quantize=*/true);
+}
+
+LogicalResult KernelLowering::lowerDequantize(DequantizeOp op) {
+  return lowerBlocks(op, op.getData(), op.getOutput(), op.getScales(),
+                     op.getScheme(), /*quantize=*/false);
+}
+
+//===----------------------------------------------------------------------===//
+// Entry points
+//===----------------------------------------------------------------------===//
+
+FailureOr<Plan> nvidia::lowerToKernels(func::FuncOp func, ModuleOp module) {
+  if (!func.getBody().hasOneBlock())
+    return func.emitOpError() << "must have a single block to be lowered";
+  OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
+  auto gpuModule = gpu::GPUModuleOp::create(b, func.getLoc(), "kernels");
+  Plan plan;
+  KernelLowering lowering(gpuModule, plan);
+  Block &body = func.getBody().front();
+  FunctionType type = func.getFunctionType();
+  unsigned numArgs = type.getNumInputs() + type.getNumResults();
+  for (unsigned i = 0; i < numArgs; ++i)
+    plan.buffers.push_back(Buffer{int(i), {}});
+  for (BlockArgument arg : body.getArguments()) {
+    auto tensor = dyn_cast<RankedTensorType>(arg.getType());
+    if (!tensor)
+      return func.emitOpError() << "takes only ranked tensors";
+    Linear rows = tensor.getRank() > 0 && tensor.isDynamicDim(0) ? Linear{0, 1}
+                                                                 : Linear{};
+    lowering.tensors[arg] =
+        TensorInfo{arg.getArgNumber(), cpu::bufferType(tensor), rows};
+  }
+  auto ret = cast<func::ReturnOp>(body.getTerminator());
+  for (auto [i, value] : llvm::enumerate(ret.getOperands())) {
+    if (!value.getDefiningOp() || lowering.outputBuffers.count(value))
+      return func.emitOpError()
+             << "must return distinct values computed by moe ops";
+    lowering.outputBuffers[value] = type.getNumInputs() + i;
+  }
+  for (Operation &op : body.without_terminator())
+    if (failed(lowering.lower(&op)))
+      return failure();
+  if (failed(verify(gpuModule)))
+    return failure();
+  return plan;
+}
+
+FailureOr<std::string> nvidia::compileKernels(ModuleOp module,
+                                              StringRef cudaPath, bool ptx) {
+  PassManager pm(module.getContext());
+  GpuNVVMAttachTargetOptions target;
+  target.chip = "sm_90a";
+  target.features = "+ptx85";
+  target.optLevel = 3;
+  pm.addPass(createGpuNVVMAttachTarget(target));
+  OpPassManager &kernels = pm.nest<gpu::GPUModuleOp>();
+  kernels.addPass(createConvertNVGPUToNVVMPass());
+  kernels.addPass(createSCFToControlFlowPass());
+  kernels.addPass(createConvertGpuOpsToNVVMOps());
+  kernels.addPass(createConvertNVVMToLLVMPass());
+  kernels.addPass(createCanonicalizerPass());
+  kernels.addPass(createCSEPass());
+  kernels.addPass(createReconcileUnrealizedCastsPass());
+  GpuModuleToBinaryPassOptions binary;
+  binary.toolkitPath = cudaPath.str();
+  binary.compilationTarget = ptx ? "isa" : "bin";
+  pm.addPass(createGpuModuleToBinaryPass(binary));
+  if (failed(pm.run(module)))
+    return failure();
+  for (auto binaryOp : module.getOps<gpu::BinaryOp>())
+    for (Attribute object : binaryOp.getObjects())
+      return cast<gpu::ObjectAttr>(object).getObject().str();
+  return module.emitError() << "no kernels were compiled";
+}

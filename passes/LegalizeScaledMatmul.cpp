@@ -1,0 +1,62 @@
+//===- LegalizeScaledMatmul.cpp - FP8 matmuls for targets without them ---===//
+//
+// A target whose matmul kernel reads bf16 runs an FP8 matmul as dequantize
+// plus bf16 matmul. The scheme comes from the scales' type: E8M0 scales are
+// MXFP8's, f32 scales FP8 block-128's.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/Passes.h"
+
+#include "mlir/IR/PatternMatch.h"
+#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
+
+namespace mlir::moe {
+#define GEN_PASS_DEF_LEGALIZESCALEDMATMUL
+#include "passes/Passes.h.inc"
+} // namespace mlir::moe
+
+using namespace mlir;
+using namespace mlir::moe;
+
+namespace {
+struct DequantizeOperands : OpRewritePattern<GroupedMatmulOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(GroupedMatmulOp op,
+                                PatternRewriter &rewriter) const override {
+    if (!op.getLhsScale())
+      return failure();
+    auto dequantize = [&](Value data, Value scales) -> Value {
+      auto dataType = cast<RankedTensorType>(data.getType());
+      Type scaleElement =
+          cast<RankedTensorType>(scales.getType()).getElementType();
+      QuantKind kind = isa<Float8E8M0FNUType>(scaleElement)
+                           ? QuantKind::MXFP8
+                           : QuantKind::FP8Block128;
+      auto scheme = QuantAttr::get(op.getContext(), kind, ScaleRounding::Floor);
+      auto type =
+          RankedTensorType::get(dataType.getShape(), rewriter.getBF16Type());
+      return DequantizeOp::create(rewriter, op.getLoc(), type, data, scales,
+                                  scheme);
+    };
+    Value lhs = dequantize(op.getLhs(), op.getLhsScale());
+    Value rhs = dequantize(op.getRhs(), op.getRhsScale());
+    rewriter.replaceOpWithNewOp<GroupedMatmulOp>(
+        op, op.getType(), lhs, rhs, op.getTokensPerExpert(),
+        op.getExpertOffsets(), Value(), Value(), op.getBias(),
+        op.getActivationAttr());
+    return success();
+  }
+};
+
+struct LegalizeScaledMatmulPass
+    : public moe::impl::LegalizeScaledMatmulBase<LegalizeScaledMatmulPass> {
+  void runOnOperation() override {
+    RewritePatternSet patterns(&getContext());
+    patterns.add<DequantizeOperands>(&getContext());
+    if (failed(applyPatternsGreedily(getOperation(), std::move(patterns))))
+      signalPassFailure();
+  }
+};
+} // namespace

@@ -1,0 +1,49 @@
+//===- DriverApi.h - libcuda's entry points, as the runtime binds them ----===//
+//
+// Internal to libmoert: CudaDriver.cpp binds these with dlsym, Launch.cpp
+// calls them for compiled layers.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_RUNTIME_DRIVERAPI_H
+#define MOE_RUNTIME_DRIVERAPI_H
+
+#include "runtime/CudaDriver.h"
+
+namespace moe::rt {
+
+// The driver API's handles are opaque pointers and its device an int; these
+// signatures follow cuda.h (the _v2 entry points where CUDA renamed them).
+struct CudaDevice::Driver {
+  void *library = nullptr;
+  int (*cuInit)(unsigned);
+  int (*cuDeviceGetCount)(int *);
+  int (*cuDeviceGet)(int *, int);
+  int (*cuDeviceGetName)(char *, int, int);
+  int (*cuDeviceGetAttribute)(int *, int, int);
+  int (*cuDevicePrimaryCtxRetain)(void **, int);
+  int (*cuDevicePrimaryCtxRelease)(int);
+  int (*cuCtxSetCurrent)(void *);
+  int (*cuCtxSynchronize)();
+  int (*cuModuleLoadData)(void **, const void *);
+  int (*cuModuleGetFunction)(void **, void *, const char *);
+  int (*cuLaunchKernel)(void *, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, unsigned, unsigned, void *, void **, void **);
+  int (*cuMemAlloc)(uint64_t *, size_t);
+  int (*cuMemFree)(uint64_t);
+  int (*cuMemcpyHtoD)(uint64_t, const void *, size_t);
+  int (*cuMemcpyDtoH)(void *, uint64_t, size_t);
+  int (*cuGetErrorName)(int, const char **);
+  // Used by compiled layers (Launch.cpp).
+  int (*cuCtxGetCurrent)(void **);
+  int (*cuFuncSetAttribute)(void *, int, int);
+  int (*cuMemcpyHtoDAsync)(uint64_t, const void *, size_t, void *);
+  int (*cuTensorMapEncodeTiled)(void *, int, unsigned, void *, const uint64_t *,
+                                const uint64_t *, const unsigned *,
+                                const unsigned *, int, int, int, int);
+  int (*cuStreamSynchronize)(void *);
+};
+
+} // namespace moe::rt
+
+#endif // MOE_RUNTIME_DRIVERAPI_H

@@ -1,0 +1,132 @@
+//===- Launch.cpp - the calls compiled GPU layers make --------------------===//
+
+#include "runtime/moert.h"
+
+#include "runtime/CudaDriver.h"
+#include "runtime/DriverApi.h"
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+using namespace moe::rt;
+
+namespace {
+// Values from cuda.h.
+constexpr int kMaxDynamicSharedBytes = 8;
+constexpr int kTensorMapBFloat16 = 9, kTensorMapUInt8 = 0;
+constexpr int kSwizzle128B = 3, kL2Promotion128B = 2;
+
+thread_local std::string lastError;
+
+int32_t fail(const std::string &message) {
+  lastError = message;
+  return 1;
+}
+
+/// A loaded module and the functions looked up in it.
+struct Module {
+  void *handle = nullptr;
+  std::unordered_map<std::string, void *> functions;
+};
+std::mutex mutex;
+
+/// The driver, with a current context (device 0's primary one if the caller
+/// made none current).
+CudaDevice::Driver *driverWithContext(std::string &error) {
+  static std::unique_ptr<CudaDevice> fallback;
+  CudaDevice::Driver *driver = CudaDevice::loadDriver(error);
+  if (!driver)
+    return nullptr;
+  void *current = nullptr;
+  if (driver->cuCtxGetCurrent(&current) == 0 && current)
+    return driver;
+  if (!fallback && !(fallback = CudaDevice::open(0, error)))
+    return nullptr;
+  return driver;
+}
+} // namespace
+
+#define CHECK(call, name)                                                      \
+  do {                                                                         \
+    if (!CudaDevice::checkResult(driver, call, name, error))                   \
+      return fail(error);                                                      \
+  } while (false)
+
+extern "C" int32_t moert_launch(void **module, const void *image,
+                                const char *kernel, uint32_t gridX,
+                                uint32_t gridY, uint32_t blockX,
+                                uint32_t sharedBytes, void *stream,
+                                void **params) {
+  std::string error;
+  CudaDevice::Driver *driver = driverWithContext(error);
+  if (!driver)
+    return fail(error);
+  void *function = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!*module) {
+      auto *loaded = new Module();
+      if (!CudaDevice::checkResult(
+              driver, driver->cuModuleLoadData(&loaded->handle, image),
+              "cuModuleLoadData", error)) {
+        delete loaded;
+        return fail(error);
+      }
+      *module = loaded;
+    }
+    auto *loaded = static_cast<Module *>(*module);
+    void *&slot = loaded->functions[kernel];
+    if (!slot) {
+      CHECK(driver->cuModuleGetFunction(&slot, loaded->handle, kernel),
+            "cuModuleGetFunction");
+      // Above 48 KiB, dynamic shared memory must be asked for.
+      if (sharedBytes > 49152)
+        CHECK(driver->cuFuncSetAttribute(slot, kMaxDynamicSharedBytes,
+                                         int(sharedBytes)),
+              "cuFuncSetAttribute");
+    }
+    function = slot;
+  }
+  if (gridX == 0 || gridY == 0)
+    return 0;
+  CHECK(driver->cuLaunchKernel(function, gridX, gridY, 1, blockX, 1, 1,
+                               sharedBytes, stream, params, nullptr),
+        (std::string("cuLaunchKernel(") + kernel + ")").c_str());
+  return 0;
+}
+
+extern "C" int32_t moert_tensor_map_2d(void *descriptor, void *base,
+                                       int32_t elementBytes, uint64_t rows,
+                                       uint64_t cols, uint32_t boxRows,
+                                       uint32_t boxCols) {
+  std::string error;
+  CudaDevice::Driver *driver = CudaDevice::loadDriver(error);
+  if (!driver)
+    return fail(error);
+  // An empty tensor still needs a valid descriptor; no tile reads it.
+  uint64_t dims[2] = {cols, rows ? rows : 1};
+  uint64_t strides[1] = {cols * uint64_t(elementBytes)};
+  unsigned box[2] = {boxCols, boxRows}, elementStrides[2] = {1, 1};
+  CHECK(driver->cuTensorMapEncodeTiled(
+            descriptor,
+            elementBytes == 2 ? kTensorMapBFloat16 : kTensorMapUInt8, 2, base,
+            dims, strides, box, elementStrides, /*interleave=*/0, kSwizzle128B,
+            kL2Promotion128B, /*oobFill=*/0),
+        "cuTensorMapEncodeTiled");
+  return 0;
+}
+
+extern "C" int32_t moert_copy_to_device(void *device, const void *host,
+                                        uint64_t bytes, void *stream) {
+  std::string error;
+  CudaDevice::Driver *driver = driverWithContext(error);
+  if (!driver)
+    return fail(error);
+  CHECK(driver->cuMemcpyHtoDAsync(reinterpret_cast<uint64_t>(device), host,
+                                  bytes, stream),
+        "cuMemcpyHtoDAsync");
+  return 0;
+}
+
+extern "C" const char *moert_last_error(void) { return lastError.c_str(); }
