@@ -246,7 +246,9 @@ std::string host::headerText(StringRef name, ArrayRef<ArgInfo> args, bool gpu) {
        << "int32_t moe_" << name
        << "_forward(void *const *args, int64_t tokens, void *stream,\n"
        << "                         void *workspace);\n"
-       << "int64_t moe_" << name << "_workspace_size(int64_t tokens);\n\n";
+       << "int64_t moe_" << name << "_workspace_size(int64_t tokens);\n"
+       << "/* Why the last call on this thread failed. */\n"
+       << "const char *moe_last_error(void);\n\n";
   else
     os << " * Returns 0 on success. */\n"
        << "int32_t moe_" << name

@@ -230,6 +230,17 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
   }
   LLVM::ReturnOp::create(b, loc, h.c32(0));
 
+  // What the last failing runtime call said (the runtime's own symbols stay
+  // inside the library).
+  b.setInsertionPointToEnd(module.getBody());
+  auto lastErrorFn = declare(b, module, loc, "moert_last_error", ptr, {});
+  auto lastError = LLVM::LLVMFuncOp::create(
+      b, loc, "moe_last_error", LLVM::LLVMFunctionType::get(ptr, {}));
+  b.setInsertionPointToStart(lastError.addEntryBlock(b));
+  LLVM::ReturnOp::create(
+      b, loc,
+      LLVM::CallOp::create(b, loc, lastErrorFn, ValueRange{}).getResult());
+
   b.setInsertionPointToEnd(module.getBody());
   auto info = LLVM::LLVMFuncOp::create(b, loc, "moe_layer_info",
                                        LLVM::LLVMFunctionType::get(ptr, {}));

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The GPU layers, checked and timed on the GPU machine.
+#
+#   bench/device-check.sh prepare   on the build machine: compiles every
+#                                   example layer for sm_90a (and the small
+#                                   ones for the CPU too) into build/device/
+#   bench/device-check.sh run       on the GPU machine (needs PyTorch): checks
+#                                   each layer at 1, 128 and 4096 tokens,
+#                                   times it beside the PyTorch peer, runs one
+#                                   layer under compute-sanitizer; results go
+#                                   to $OUT (default build/device/results)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+dir=${DEVICE_DIR:-$root/build/device}
+mode=${1:-}
+
+if [[ $mode == prepare ]]; then
+  bash "$root/scripts/build.sh" moe-compile moe-exec moert >&2
+  compile="$root/build/bin/moe-compile"
+  rm -rf "$dir" && mkdir -p "$dir"
+  git -C "$root" rev-parse --short HEAD > "$dir/COMMIT" 2>/dev/null || echo unknown > "$dir/COMMIT"
+  # Small layers of every model type, and the quantization schemes: the CPU
+  # backend is their reference.
+  small() {  # name config [moe-compile options]
+    local name=$1 config=$2; shift 2
+    "$compile" --from-hf-config "$config" --name "$name" "$@" --target=sm_90a -o "$dir/gpu_$name.so"
+    "$compile" --from-hf-config "$config" --name "$name" "$@" -o "$dir/cpu_$name.so"
+  }
+  for c in "$root"/test/tools/Inputs/tiny/*.json; do
+    small "$(basename "$c" .json)" "$c"
+  done
+  small deepseek_v3_small "$root/examples/configs/deepseek-v3-small.json"
+  small qwen3_mxfp8 "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=mxfp8
+  small qwen3_mxfp8_ceil "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=mxfp8-ceil
+  small qwen3_fp8_block128 "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=fp8-block128
+  # The full-size layers: PyTorch float32 is their reference.
+  "$compile" --from-hf-config "$root/examples/configs/deepseek-v3-ep8-shard.json" \
+    --name dsv3_ep8_shard --target=sm_90a -o "$dir/big_dsv3_ep8_shard.so"
+  "$compile" "$root/examples/mixtral-8x7b.mlir" --target=sm_90a -o "$dir/big_mixtral_8x7b.so"
+  "$compile" "$root/examples/qwen3-30b-a3b.mlir" --target=sm_90a -o "$dir/big_qwen3_30b_a3b.so"
+  cp "$root/build/bin/moe-exec" "$dir/"
+  echo "prepared $(ls "$dir"/*.so | wc -l) libraries in $dir" >&2
+  exit 0
+fi
+
+if [[ $mode != run ]]; then
+  echo "usage: $0 prepare|run" >&2
+  exit 2
+fi
+results=${OUT:-$dir/results}
+mkdir -p "$results"
+log="$results/device-check.jsonl"
+: > "$log"
+status=0
+check() { python3 "$root/bench/device_check.py" "$@" | tee -a "$log" || status=1; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sed 's/^/# /' | tee -a "$log"
+echo "{\"what\": \"commit\", \"commit\": \"$(cat "$dir/COMMIT")\"}" | tee -a "$log"
+for lib in "$dir"/gpu_*.so; do
+  name=$(basename "$lib" .so); name=${name#gpu_}
+  bound=1e-2
+  [[ $name == *fp8* || $name == *mxfp8* ]] && bound=5e-2
+  check "$lib" --cpu "$dir/cpu_$name.so" --tokens 1 128 4096 --bound "$bound" --label "$name"
+done
+for lib in "$dir"/big_*.so; do
+  name=$(basename "$lib" .so); name=${name#big_}
+  check "$lib" --tokens 1 128 4096 --time --label "$name"
+done
+if command -v compute-sanitizer > /dev/null; then
+  compute-sanitizer --tool memcheck --print-limit 20 python3 "$root/bench/device_check.py" \
+    "$dir/gpu_deepseek_v3.so" --cpu "$dir/cpu_deepseek_v3.so" --tokens 1 33 --label sanitized_deepseek_v3 \
+    > "$results/memcheck.txt" 2>&1 && echo '{"what": "memcheck", "ok": true}' | tee -a "$log" \
+    || { echo '{"what": "memcheck", "ok": false}' | tee -a "$log"; status=1; }
+  tail -5 "$results/memcheck.txt"
+fi
+exit $status

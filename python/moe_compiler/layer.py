@@ -1,0 +1,82 @@
+"""A compiled MoE layer, loaded with ctypes.
+
+Layer(path).info is moe_layer_info()'s JSON. For a GPU layer (target sm_90a)
+forward() takes torch CUDA tensors in the order of info["args"], output last,
+and runs on the current torch stream with a workspace it allocates; a CPU
+layer takes contiguous CPU tensors.
+"""
+import ctypes
+import json
+import os
+
+
+class LayerError(RuntimeError):
+    pass
+
+
+class Layer:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(os.path.abspath(path))
+        self.lib.moe_layer_info.restype = ctypes.c_char_p
+        self.info = json.loads(self.lib.moe_layer_info().decode())
+        self.target = self.info["target"]
+        self.args = self.info["args"]
+        self._forward = getattr(self.lib, self.info["forward"])
+        self._forward.restype = ctypes.c_int32
+        if self.target == "cpu":
+            self._forward.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+        else:
+            self._forward.argtypes = [ctypes.c_void_p, ctypes.c_int64,
+                                      ctypes.c_void_p, ctypes.c_void_p]
+            size = getattr(self.lib, self.info["workspace_size"])
+            size.restype = ctypes.c_int64
+            size.argtypes = [ctypes.c_int64]
+            self._workspace_size = size
+            self.lib.moe_last_error.restype = ctypes.c_char_p
+        self._workspace = None
+
+    def workspace_size(self, tokens):
+        return int(self._workspace_size(tokens))
+
+    def check(self, tensors):
+        """Raises unless `tensors` match the ABI's names, dtypes and shapes."""
+        import torch
+        dtypes = {"BF16": torch.bfloat16, "F32": torch.float32,
+                  "F8_E4M3": torch.float8_e4m3fn, "I32": torch.int32,
+                  "F8_E8M0": torch.uint8}
+        if len(tensors) != len(self.args):
+            raise LayerError(f"{len(self.args)} tensors expected, "
+                             f"{len(tensors)} given")
+        tokens = tensors[0].shape[0]
+        for arg, t in zip(self.args, tensors):
+            shape = [tokens if d < 0 else d for d in arg["shape"]]
+            if list(t.shape) != shape or t.dtype != dtypes[arg["dtype"]] \
+                    or not t.is_contiguous():
+                raise LayerError(f"{arg['name']}: expected {arg['dtype']} "
+                                 f"{shape} contiguous, got {t.dtype} "
+                                 f"{list(t.shape)}")
+        return tokens
+
+    def forward(self, *tensors, stream=None):
+        import torch
+        tokens = self.check(tensors)
+        pointers = (ctypes.c_void_p * len(tensors))(
+            *[t.data_ptr() for t in tensors])
+        if self.target == "cpu":
+            status = self._forward(pointers, tokens)
+        else:
+            need = max(self.workspace_size(tokens), 1)
+            device = tensors[0].device
+            if self._workspace is None or self._workspace.numel() < need \
+                    or self._workspace.device != device:
+                self._workspace = torch.empty(need, dtype=torch.uint8,
+                                              device=device)
+            if stream is None:
+                stream = torch.cuda.current_stream(device)
+            status = self._forward(pointers, tokens, stream.cuda_stream,
+                                   self._workspace.data_ptr())
+        if status != 0:
+            why = self.lib.moe_last_error().decode() \
+                if self.target != "cpu" else f"status {status}"
+            raise LayerError(f"{self.info['forward']} failed: {why}")
+        return tensors[-1]
