@@ -142,6 +142,12 @@ public:
   Launch &launch;
 };
 
+/// The alignment of `width` elements: buffers are 16-byte aligned and rows
+/// a multiple of the vector, so whole vectors are naturally aligned.
+llvm::MaybeAlign vectorAlign(int64_t width, Type element) {
+  return llvm::Align(width * element.getIntOrFloatBitWidth() / 8);
+}
+
 Value divUI(Emitter &e, Value x, int64_t y) {
   return arith::DivUIOp::create(e.b, e.loc, x, e.index(y));
 }
@@ -287,16 +293,30 @@ LogicalResult KernelLowering::lowerRoute(RouteOp op) {
   Value warp = divUI(e, tid, 32), lane = remUI(e, tid, 32);
   // Each warp takes every fourth expert; lanes split the hidden dimension
   // and meet through shuffles.
+  // 16-byte loads when every lane gets whole vectors.
+  int64_t width = h % 8 == 0 ? 8 : 1;
+  auto f32Vec = VectorType::get({width}, f32);
+  auto loadVec = [&](Value buffer, ValueRange index) -> Value {
+    Type element = cast<MemRefType>(buffer.getType()).getElementType();
+    Value v = vector::LoadOp::create(
+        e.b, e.loc, VectorType::get({width}, element), buffer, index,
+        /*nontemporal=*/false, vectorAlign(width, element));
+    return element.isF32() ? v : arith::ExtFOp::create(e.b, e.loc, f32Vec, v);
+  };
   e.forEach(
       warp, e.index(experts),
       [&](Value x) {
-        Value partial = e.reduce(
-            lane, e.index(h), {e.f32(0.0)},
+        Value zero = arith::ConstantOp::create(
+            e.b, e.loc, DenseElementsAttr::get(f32Vec, e.b.getF32FloatAttr(0)));
+        Value lanes = e.reduce(
+            mulI(e, lane, width), e.index(h), {zero},
             [&](Value c, ValueRange acc) -> SmallVector<Value> {
-              return {e.add(acc[0], e.mul(e.load(hidden, {t, c}),
-                                          e.load(weight, {x, c})))};
+              return {e.add(acc[0], e.mul(loadVec(hidden, {t, c}),
+                                          loadVec(weight, {x, c})))};
             },
-            e.index(32))[0];
+            e.index(32 * width))[0];
+        Value partial = vector::ReductionOp::create(
+            e.b, e.loc, vector::CombiningKind::ADD, lanes);
         for (int offset = 16; offset > 0; offset /= 2) {
           Value other = gpu::ShuffleOp::create(e.b, e.loc, partial, offset, 32,
                                                gpu::ShuffleMode::XOR)
@@ -342,8 +362,10 @@ LogicalResult KernelLowering::lowerDispatch(DispatchOp op) {
   define(op.getDispatched(), {experts * (align - 1), topK});
 
   {
-    // The plan: one thread per expert scans all choices twice, staged in
-    // shared memory, first counting, then numbering its rows in token order.
+    // The plan, in one block: counts by shared-memory atomics, offsets by one
+    // thread, then each choice takes the next row of its expert. Rows within
+    // an expert are in no particular order; each row's result depends only
+    // on its token, so the layer's output does not change.
     Kernel k =
         kernel("dispatch_plan", {op.getExpertIds(), op.getTokensPerExpert(),
                                  op.getExpertOffsets(), op.getRows()});
@@ -356,74 +378,43 @@ LogicalResult KernelLowering::lowerDispatch(DispatchOp op) {
     Value offsets = k.view(2, info(op.getExpertOffsets()));
     Value rows = k.view(3, info(op.getRows()));
     Type i32 = e.b.getI32Type();
-    Value stage = k.workgroupBuffer({threads}, i32);
-    Value start = k.workgroupBuffer({experts + 1}, i32);
+    Value count = k.workgroupBuffer({experts}, i32);
+    Value cursor = k.workgroupBuffer({experts}, i32);
     Value tid = k.threadId();
     Value choices = mulI(e, k.tokens, topK);
-    Value mine = e.toI32(tid);
-    Value isExpert = ultI(e, tid, e.index(experts));
-
+    auto isLocal = [&](Value id) {
+      return e.andi(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
+                    e.icmp(arith::CmpIPredicate::slt, id, e.i32(experts)));
+    };
+    auto at = [&](Value p) -> SmallVector<Value> {
+      return {divUI(e, p, topK), remUI(e, p, topK)};
+    };
+    auto increment = [&](Value buffer, Value id) {
+      return memref::AtomicRMWOp::create(e.b, e.loc, arith::AtomicRMWKind::addi,
+                                         e.i32(1), buffer,
+                                         ValueRange{e.toIndex(id)})
+          .getResult();
+    };
+    e.forEach(
+        tid, e.index(experts),
+        [&](Value x) { e.storeRaw(e.i32(0), count, {x}); }, e.index(threads));
+    gpu::BarrierOp::create(e.b, e.loc);
     e.forEach(
         tid, choices,
         [&](Value p) {
-          e.storeRaw(e.i32(-1), rows, {divUI(e, p, topK), remUI(e, p, topK)});
+          Value id = e.loadRaw(ids, at(p));
+          e.ifThen(isLocal(id), [&] { increment(count, id); });
         },
         e.index(threads));
-    // for each chunk of choices: stage it, then let each expert scan it.
-    auto scan = [&](Value init, function_ref<Value(Value, Value)> onMatch) {
-      return e.reduce(
-          e.index(0), choices, {init},
-          [&](Value base, ValueRange acc) -> SmallVector<Value> {
-            gpu::BarrierOp::create(e.b, e.loc);
-            Value p = e.iadd(base, tid);
-            e.ifThen(ultI(e, p, choices), [&] {
-              e.storeRaw(e.loadRaw(ids, {divUI(e, p, topK), remUI(e, p, topK)}),
-                         stage, {tid});
-            });
-            gpu::BarrierOp::create(e.b, e.loc);
-            Value n = minUI(e, e.index(threads),
-                            arith::SubIOp::create(e.b, e.loc, choices, base));
-            auto inner = scf::IfOp::create(e.b, e.loc, TypeRange{i32}, isExpert,
-                                           /*withElse=*/true);
-            {
-              OpBuilder::InsertionGuard guard(e.b);
-              e.b.setInsertionPointToStart(&inner.getThenRegion().front());
-              Value result = e.reduce(
-                  e.index(0), n, {acc[0]},
-                  [&](Value q, ValueRange count) -> SmallVector<Value> {
-                    Value match = eqI(e, e.loadRaw(stage, {q}), mine);
-                    auto hit = scf::IfOp::create(e.b, e.loc, TypeRange{i32},
-                                                 match, /*withElse=*/true);
-                    OpBuilder::InsertionGuard g2(e.b);
-                    e.b.setInsertionPointToStart(&hit.getThenRegion().front());
-                    scf::YieldOp::create(e.b, e.loc,
-                                         onMatch(e.iadd(base, q), count[0]));
-                    e.b.setInsertionPointToStart(&hit.getElseRegion().front());
-                    scf::YieldOp::create(e.b, e.loc, count[0]);
-                    return {hit.getResult(0)};
-                  })[0];
-              scf::YieldOp::create(e.b, e.loc, result);
-              e.b.setInsertionPointToStart(&inner.getElseRegion().front());
-              scf::YieldOp::create(e.b, e.loc, acc[0]);
-            }
-            return {inner.getResult(0)};
-          },
-          e.index(threads))[0];
-    };
-    Value count =
-        scan(e.i32(0), [&](Value, Value c) { return e.iadd(c, e.i32(1)); });
-    e.ifThen(isExpert, [&] {
-      e.storeRaw(count, counts, {tid});
-      e.storeRaw(count, stage, {tid});
-    });
     gpu::BarrierOp::create(e.b, e.loc);
     e.ifThen(eqI(e, tid, e.index(0)), [&] {
       Value total = e.reduce(
           e.index(0), e.index(experts), {e.i32(0)},
           [&](Value x, ValueRange acc) -> SmallVector<Value> {
+            Value c = e.loadRaw(count, {x});
+            e.storeRaw(c, counts, {x});
             e.storeRaw(acc[0], offsets, {x});
-            e.storeRaw(acc[0], start, {x});
-            Value c = e.loadRaw(stage, {x});
+            e.storeRaw(acc[0], cursor, {x});
             Value padded = arith::MulIOp::create(
                 e.b, e.loc,
                 arith::CeilDivUIOp::create(e.b, e.loc, c, e.i32(align)),
@@ -433,11 +424,22 @@ LogicalResult KernelLowering::lowerDispatch(DispatchOp op) {
       e.storeRaw(total, offsets, {e.index(experts)});
     });
     gpu::BarrierOp::create(e.b, e.loc);
-    Value first = e.loadRaw(start, {minUI(e, tid, e.index(experts))});
-    scan(first, [&](Value p, Value row) {
-      e.storeRaw(row, rows, {divUI(e, p, topK), remUI(e, p, topK)});
-      return e.iadd(row, e.i32(1));
-    });
+    e.forEach(
+        tid, choices,
+        [&](Value p) {
+          Value id = e.loadRaw(ids, at(p));
+          Value local = isLocal(id);
+          auto row = scf::IfOp::create(e.b, e.loc, TypeRange{i32}, local,
+                                       /*withElse=*/true);
+          OpBuilder::InsertionGuard guard(e.b);
+          e.b.setInsertionPointToStart(&row.getThenRegion().front());
+          scf::YieldOp::create(e.b, e.loc, increment(cursor, id));
+          e.b.setInsertionPointToStart(&row.getElseRegion().front());
+          scf::YieldOp::create(e.b, e.loc, e.i32(-1));
+          e.b.setInsertionPointAfter(row);
+          e.storeRaw(row.getResult(0), rows, at(p));
+        },
+        e.index(threads));
     k.finish();
   }
   {
@@ -457,7 +459,8 @@ LogicalResult KernelLowering::lowerDispatch(DispatchOp op) {
     Value scale = op.getScale() ? k.view(3, info(op.getScale())) : Value();
     Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
     int64_t width = h % 8 == 0 ? 8 : 1;
-    auto vecType = VectorType::get({width}, e.b.getBF16Type());
+    Type bf16 = e.b.getBF16Type();
+    auto vecType = VectorType::get({width}, bf16);
     e.forEach(e.index(0), e.index(topK), [&](Value j) {
       Value row = e.loadRaw(rows, {t, j});
       e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)), [&] {
@@ -467,7 +470,8 @@ LogicalResult KernelLowering::lowerDispatch(DispatchOp op) {
             mulI(e, tid, width), e.index(h),
             [&](Value c) {
               Value v =
-                  vector::LoadOp::create(e.b, e.loc, vecType, hidden, {t, c});
+                  vector::LoadOp::create(e.b, e.loc, vecType, hidden, {t, c},
+                                         false, vectorAlign(width, bf16));
               if (s) {
                 auto f32Vec = VectorType::get({width}, e.b.getF32Type());
                 Value wide = arith::ExtFOp::create(e.b, e.loc, f32Vec, v);
@@ -476,7 +480,8 @@ LogicalResult KernelLowering::lowerDispatch(DispatchOp op) {
                 v = arith::TruncFOp::create(e.b, e.loc, vecType,
                                             e.mul(wide, splat));
               }
-              vector::StoreOp::create(e.b, e.loc, v, dispatched, {r, c});
+              vector::StoreOp::create(e.b, e.loc, v, dispatched, {r, c}, false,
+                                      vectorAlign(width, bf16));
             },
             e.index(128 * width));
       });
@@ -622,8 +627,24 @@ LogicalResult KernelLowering::lowerMatmul(GroupedMatmulOp op) {
           .getResult(0);
 
   Value tid = k.threadId();
-  Value nTile = k.blockId(gpu::Dimension::x);
-  Value mTile = k.blockId(gpu::Dimension::y);
+  // Blocks start in x-fastest order; consecutive blocks take groups of
+  // kGroupM row tiles across the column tiles, so a group's activations and
+  // weight tiles stay in L2 while it runs.
+  constexpr int64_t kGroupM = 8;
+  Value nTiles = gpu::GridDimOp::create(b, e.loc, gpu::Dimension::x);
+  Value mTiles = gpu::GridDimOp::create(b, e.loc, gpu::Dimension::y);
+  Value linearId = e.iadd(
+      arith::MulIOp::create(b, e.loc, k.blockId(gpu::Dimension::y), nTiles),
+      k.blockId(gpu::Dimension::x));
+  Value perGroup = mulI(e, nTiles, kGroupM);
+  Value firstM =
+      mulI(e, arith::DivUIOp::create(b, e.loc, linearId, perGroup), kGroupM);
+  Value groupRows = minUI(e, e.index(kGroupM),
+                          arith::SubIOp::create(b, e.loc, mTiles, firstM));
+  Value inGroup = arith::RemUIOp::create(b, e.loc, linearId, perGroup);
+  Value mTile =
+      e.iadd(firstM, arith::RemUIOp::create(b, e.loc, inGroup, groupRows));
+  Value nTile = arith::DivUIOp::create(b, e.loc, inGroup, groupRows);
   Type i32 = b.getI32Type();
 
   // This block's expert and rows [rowStart, rowEnd).
@@ -842,8 +863,9 @@ LogicalResult KernelLowering::lowerCombine(CombineOp op) {
   Type outElement = cast<MemRefType>(out.getType()).getElementType();
   auto loadVec = [&](Value buffer, ValueRange index) -> Value {
     Type element = cast<MemRefType>(buffer.getType()).getElementType();
-    Value v = vector::LoadOp::create(
-        b, e.loc, VectorType::get({width}, element), buffer, index);
+    Value v = vector::LoadOp::create(b, e.loc,
+                                     VectorType::get({width}, element), buffer,
+                                     index, false, vectorAlign(width, element));
     return element.isF32() ? v : arith::ExtFOp::create(b, e.loc, f32Vec, v);
   };
   auto splat = [&](Value s) {
@@ -884,7 +906,8 @@ LogicalResult KernelLowering::lowerCombine(CombineOp op) {
                 : arith::TruncFOp::create(
                       b, e.loc, VectorType::get({width}, outElement), sum)
                       .getResult();
-        vector::StoreOp::create(b, e.loc, result, out, {t, c});
+        vector::StoreOp::create(b, e.loc, result, out, {t, c}, false,
+                                vectorAlign(width, outElement));
       },
       e.index(128 * width));
   k.finish();
