@@ -39,6 +39,9 @@ if [[ $mode == prepare ]]; then
   "$compile" "$root/examples/mixtral-8x7b.mlir" --target=sm_90a -o "$dir/big_mixtral_8x7b.so"
   "$compile" "$root/examples/qwen3-30b-a3b.mlir" --target=sm_90a -o "$dir/big_qwen3_30b_a3b.so"
   cp "$root/build/bin/moe-exec" "$dir/"
+  # moe-exec's inputs for the same layer on both devices.
+  python3 "$root/test/tools/check_layer.py" "$dir/gpu_deepseek_v3.so" --exec "$dir/moe-exec" \
+    --reference /dev/null --tokens 200 --bound 0 --workdir "$dir/exec" --inputs-only
   echo "prepared $(ls "$dir"/*.so | wc -l) libraries in $dir" >&2
   exit 0
 fi
@@ -65,6 +68,21 @@ for lib in "$dir"/big_*.so; do
   name=$(basename "$lib" .so); name=${name#big_}
   check "$lib" --tokens 1 128 4096 --time --label "$name"
 done
+# moe-exec --device=cuda against the CPU library, on the same safetensors.
+"$dir/moe-exec" "$dir/gpu_deepseek_v3.so" --device=cuda --inputs "$dir/exec/in.safetensors" \
+  --outputs "$results/exec-gpu.safetensors" --repeat 3
+"$dir/moe-exec" "$dir/cpu_deepseek_v3.so" --inputs "$dir/exec/in.safetensors" \
+  --outputs "$results/exec-cpu.safetensors"
+python3 - "$results" <<'PY' | tee -a "$log" || status=1
+import json, sys
+from safetensors.torch import load_file
+gpu = load_file(sys.argv[1] + "/exec-gpu.safetensors")["out"].double()
+cpu = load_file(sys.argv[1] + "/exec-cpu.safetensors")["out"].double()
+err = ((gpu - cpu).norm() / cpu.norm()).item()
+print(json.dumps({"what": "moe-exec", "layer": "deepseek_v3", "tokens": 200,
+                  "rel_error_vs_cpu": err, "ok": err <= 1e-2}))
+sys.exit(0 if err <= 1e-2 else 1)
+PY
 if command -v compute-sanitizer > /dev/null; then
   compute-sanitizer --tool memcheck --print-limit 20 python3 "$root/bench/device_check.py" \
     "$dir/gpu_deepseek_v3.so" --cpu "$dir/cpu_deepseek_v3.so" --tokens 1 33 --label sanitized_deepseek_v3 \

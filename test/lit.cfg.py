@@ -26,6 +26,13 @@ if os.path.exists(os.path.join(cuda_root, "bin", "ptxas")):
     config.available_features.add("ptxas")
 else:
     lit_config.note("no ptxas under " + cuda_root + ": cubin checks skip")
+# A CUDA driver: GPU layers really run, so "no GPU" errors cannot be tested.
+try:
+    import ctypes
+    ctypes.CDLL("libcuda.so.1")
+    config.available_features.add("cuda-driver")
+except OSError:
+    pass
 llvm_config.use_default_substitutions()
 llvm_config.add_tool_substitutions(
     ["moe-opt", "moe-compile", "moe-exec", "moe-reference", "moe-quantize-reference"], [config.moe_tools_dir, config.llvm_tools_dir])

@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/CudaDriver.h"
 #include "runtime/Json.h"
 #include "runtime/Safetensors.h"
 
@@ -15,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -24,13 +26,19 @@ using namespace moe::rt;
 namespace {
 const char *kUsage =
     "usage: moe-exec LIBRARY.so --inputs IN.safetensors --outputs "
-    "OUT.safetensors [--repeat N]\n"
+    "OUT.safetensors [--repeat N] [--device=cpu|cuda]\n"
     "\n"
     "Runs a layer compiled by moe-compile. IN holds one tensor per input the\n"
     "layer takes, named as its header says (hidden_states [T, H] bf16,\n"
     "router_weight, w13, w2, ...); T may be 0. OUT receives the outputs\n"
     "(out [T, H] bf16). --repeat N runs the layer N times and prints the mean\n"
-    "time per run.\n";
+    "time per run.\n"
+    "\n"
+    "A layer compiled for a GPU (moe-compile --target=sm_90a) runs with\n"
+    "--device=cuda on device 0: inputs are copied there, the layer runs on "
+    "the\n"
+    "default stream with a workspace of the size it asks for, and the outputs\n"
+    "are copied back. --device defaults to the layer's target.\n";
 
 int fail(const std::string &message) {
   std::fprintf(stderr, "moe-exec: %s\n", message.c_str());
@@ -53,7 +61,8 @@ struct Arg {
 };
 
 /// Reads the layer's arguments from its JSON description.
-bool parseInfo(const char *text, std::string &forward, std::vector<Arg> &args,
+bool parseInfo(const char *text, std::string &forward, std::string &target,
+               std::string &workspaceSize, std::vector<Arg> &args,
                std::string &error) {
   Json info;
   if (!parseJson(text, text + std::strlen(text), info, error))
@@ -67,6 +76,11 @@ bool parseInfo(const char *text, std::string &forward, std::vector<Arg> &args,
     return false;
   }
   forward = symbol->text;
+  const Json *targetName = info.get("target");
+  target =
+      targetName && targetName->kind == Json::String ? targetName->text : "cpu";
+  if (const Json *size = info.get("workspace_size"))
+    workspaceSize = size->text;
   for (const Json &item : list->items) {
     const Json *name = item.get("name"), *dtype = item.get("dtype");
     const Json *shape = item.get("shape"), *output = item.get("output");
@@ -87,7 +101,7 @@ bool parseInfo(const char *text, std::string &forward, std::vector<Arg> &args,
 } // namespace
 
 int main(int argc, char **argv) {
-  std::string library, inputPath, outputPath;
+  std::string library, inputPath, outputPath, device;
   long repeat = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -107,6 +121,10 @@ int main(int argc, char **argv) {
     } else if (a == "--outputs") {
       if (!value(outputPath))
         return fail("--outputs needs a file");
+    } else if (a.rfind("--device=", 0) == 0) {
+      device = a.substr(9);
+      if (device != "cpu" && device != "cuda")
+        return fail("--device is cpu or cuda, not '" + device + "'");
     } else if (a == "--repeat") {
       char *end = nullptr;
       if (!value(text) || (repeat = std::strtol(text.c_str(), &end, 10)) < 1 ||
@@ -134,12 +152,17 @@ int main(int argc, char **argv) {
   if (!info)
     return fail(library + " is not a layer compiled by moe-compile (no "
                           "moe_layer_info)");
-  std::string forwardName, error;
+  std::string forwardName, target, workspaceName, error;
   std::vector<Arg> args;
-  if (!parseInfo(info(), forwardName, args, error))
+  if (!parseInfo(info(), forwardName, target, workspaceName, args, error))
     return fail(library + ": " + error);
-  auto forward = reinterpret_cast<int32_t (*)(void *const *, int64_t)>(
-      dlsym(handle, forwardName.c_str()));
+  bool gpu = target != "cpu";
+  if (device.empty())
+    device = gpu ? "cuda" : "cpu";
+  if (gpu != (device == "cuda"))
+    return fail(library + " was compiled for " + target + "; it runs with " +
+                (gpu ? "--device=cuda" : "--device=cpu"));
+  void *forward = dlsym(handle, forwardName.c_str());
   if (!forward)
     return fail(library + " lacks its entry point " + forwardName);
 
@@ -216,10 +239,77 @@ int main(int argc, char **argv) {
       outputs[o++].data = storage[i].data();
 
   auto start = std::chrono::steady_clock::now();
-  for (long run = 0; run < repeat; ++run)
-    if (int32_t status = forward(pointers.data(), tokens))
-      return fail(forwardName + " failed with status " +
-                  std::to_string(status));
+  if (gpu) {
+    // Device copies of every argument, then the layer on the default stream.
+    std::unique_ptr<CudaDevice> cuda = CudaDevice::open(0, error);
+    if (!cuda)
+      return fail("cannot run " + target + " code: " + error);
+    if (target == "sm_90a" && cuda->computeCapability() != 90)
+      return fail("the layer is compiled for sm_90a, but device 0 (" +
+                  cuda->name() + ") is sm_" +
+                  std::to_string(cuda->computeCapability()));
+    auto workspaceSize = reinterpret_cast<int64_t (*)(int64_t)>(
+        dlsym(handle, workspaceName.c_str()));
+    auto gpuForward =
+        reinterpret_cast<int32_t (*)(void *const *, int64_t, void *, void *)>(
+            forward);
+    auto lastError =
+        reinterpret_cast<const char *(*)()>(dlsym(handle, "moe_last_error"));
+    if (!workspaceSize || !lastError)
+      return fail(library + " lacks its workspace or error entry points");
+    std::vector<CudaDevice::DevicePtr> buffers;
+    auto release = [&] {
+      for (CudaDevice::DevicePtr p : buffers)
+        cuda->free(p);
+    };
+    auto allocate = [&](size_t bytes) {
+      CudaDevice::DevicePtr p = cuda->allocate(bytes ? bytes : 1, error);
+      if (p)
+        buffers.push_back(p);
+      return p;
+    };
+    std::vector<void *> devicePointers(args.size());
+    for (size_t i = 0; i < args.size(); ++i) {
+      CudaDevice::DevicePtr p = allocate(storage[i].size());
+      if (!p || (!args[i].isOutput && !storage[i].empty() &&
+                 !cuda->copyToDevice(p, storage[i].data(), storage[i].size(),
+                                     error))) {
+        release();
+        return fail(error);
+      }
+      devicePointers[i] = reinterpret_cast<void *>(p);
+    }
+    CudaDevice::DevicePtr workspace = allocate(size_t(workspaceSize(tokens)));
+    if (!workspace) {
+      release();
+      return fail(error);
+    }
+    start = std::chrono::steady_clock::now();
+    for (long run = 0; run < repeat; ++run)
+      if (gpuForward(devicePointers.data(), tokens, nullptr,
+                     reinterpret_cast<void *>(workspace)) != 0) {
+        std::string why = lastError();
+        release();
+        return fail(forwardName + " failed: " + why);
+      }
+    bool ok = cuda->synchronize(error);
+    for (size_t i = 0; ok && i < args.size(); ++i)
+      if (args[i].isOutput && !storage[i].empty())
+        ok = cuda->copyToHost(
+            storage[i].data(),
+            reinterpret_cast<CudaDevice::DevicePtr>(devicePointers[i]),
+            storage[i].size(), error);
+    release();
+    if (!ok)
+      return fail(error);
+  } else {
+    auto cpuForward =
+        reinterpret_cast<int32_t (*)(void *const *, int64_t)>(forward);
+    for (long run = 0; run < repeat; ++run)
+      if (int32_t status = cpuForward(pointers.data(), tokens))
+        return fail(forwardName + " failed with status " +
+                    std::to_string(status));
+  }
   if (repeat > 1) {
     double us = std::chrono::duration<double, std::micro>(
                     std::chrono::steady_clock::now() - start)
