@@ -1,0 +1,37 @@
+#!/usr/bin/env python3
+"""Turns bench/device-check.sh's JSON lines into the Markdown tables of
+bench/RESULTS.md."""
+import json
+import sys
+
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+commit = next((r["commit"] for r in rows if r["what"] == "commit"), "?")
+print(f"Commit {commit}.\n")
+print("| layer | tokens | reference | relative error | bound |")
+print("|---|---|---|---|---|")
+for r in rows:
+    if r["what"] == "check":
+        print(f"| {r['layer']} | {r['tokens']} | {r['reference']} | "
+              f"{r['rel_error']:.1e} | {r['bound']:g} |")
+times = {(r["layer"], r["tokens"]): r for r in rows if r["what"] == "time"}
+peers = {(r["layer"], r["tokens"]): r for r in rows if r["what"] == "peer"}
+print("\n| layer | tokens | ours (us) | TFLOP/s | torch grouped_mm layer (us) "
+      "| ours / peer |")
+print("|---|---|---|---|---|---|")
+for key, t in times.items():
+    p = peers.get(key, {})
+    ratio = f"{t['us'] / p['us']:.2f}" if "us" in p else "-"
+    print(f"| {key[0]} | {key[1]} | {t['us']:.0f} | {t['tflops']:.0f} | "
+          f"{p.get('us', float('nan')):.0f} | {ratio} |")
+print("\nPer kernel at 4096 tokens (us, mean of 3 forwards, torch.profiler):\n")
+for r in rows:
+    if r["what"] == "kernels":
+        parts = ", ".join(f"{k} {v:.0f}" for k, v in r["us"].items())
+        print(f"- {r['layer']}: {parts}")
+for r in rows:
+    if r["what"] == "moe-exec":
+        print(f"\nmoe-exec --device=cuda, {r['layer']} at {r['tokens']} tokens: "
+              f"relative difference to the CPU library {r['rel_error_vs_cpu']:.1e}.")
+    if r["what"] == "memcheck":
+        print(f"\ncompute-sanitizer memcheck (deepseek_v3, 1 and 33 tokens): "
+              f"{'0 errors' if r['ok'] else 'ERRORS'}.")
