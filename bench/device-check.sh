@@ -5,10 +5,13 @@
 #                                   example layer for sm_90a (and the small
 #                                   ones for the CPU too) into build/device/
 #   bench/device-check.sh run       on the GPU machine (needs PyTorch): checks
-#                                   each layer at 1, 128 and 4096 tokens,
-#                                   times it beside the PyTorch peer, runs one
-#                                   layer under compute-sanitizer; results go
-#                                   to $OUT (default build/device/results)
+#                                   each layer at 1, 128 and 4096 tokens (the
+#                                   small ones at 0 too), replays the big ones
+#                                   from a CUDA graph, times them beside the
+#                                   PyTorch peer, runs moe-exec --device=cuda
+#                                   and one layer under compute-sanitizer;
+#                                   results go to $OUT (default
+#                                   build/device/results)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${DEVICE_DIR:-$root/build/device}
@@ -62,11 +65,11 @@ for lib in "$dir"/gpu_*.so; do
   name=$(basename "$lib" .so); name=${name#gpu_}
   bound=1e-2
   [[ $name == *fp8* || $name == *mxfp8* ]] && bound=5e-2
-  check "$lib" --cpu "$dir/cpu_$name.so" --tokens 1 128 4096 --bound "$bound" --label "$name"
+  check "$lib" --cpu "$dir/cpu_$name.so" --tokens 0 1 128 4096 --bound "$bound" --label "$name"
 done
 for lib in "$dir"/big_*.so; do
   name=$(basename "$lib" .so); name=${name#big_}
-  check "$lib" --tokens 1 128 4096 --time --label "$name"
+  check "$lib" --tokens 1 128 4096 --time --graph --label "$name"
 done
 # moe-exec --device=cuda against the CPU library, on the same safetensors.
 "$dir/moe-exec" "$dir/gpu_deepseek_v3.so" --device=cuda --inputs "$dir/exec/in.safetensors" \

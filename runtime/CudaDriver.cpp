@@ -8,7 +8,6 @@
 
 using namespace moe::rt;
 
-
 namespace {
 constexpr int kAttrComputeCapabilityMajor = 75;
 constexpr int kAttrComputeCapabilityMinor = 76;
@@ -52,7 +51,6 @@ CudaDevice::Driver *CudaDevice::loadDriver(std::string &error) {
     bind(driver.cuGetErrorName, "cuGetErrorName");
     bind(driver.cuCtxGetCurrent, "cuCtxGetCurrent");
     bind(driver.cuFuncSetAttribute, "cuFuncSetAttribute");
-    bind(driver.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
     bind(driver.cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled");
     bind(driver.cuStreamSynchronize, "cuStreamSynchronize");
     return ok;

@@ -37,7 +37,6 @@ struct CudaDevice::Driver {
   // Used by compiled layers (Launch.cpp).
   int (*cuCtxGetCurrent)(void **);
   int (*cuFuncSetAttribute)(void *, int, int);
-  int (*cuMemcpyHtoDAsync)(uint64_t, const void *, size_t, void *);
   int (*cuTensorMapEncodeTiled)(void *, int, unsigned, void *, const uint64_t *,
                                 const uint64_t *, const unsigned *,
                                 const unsigned *, int, int, int, int);

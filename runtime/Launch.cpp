@@ -5,6 +5,7 @@
 #include "runtime/CudaDriver.h"
 #include "runtime/DriverApi.h"
 
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -28,6 +29,10 @@ int32_t fail(const std::string &message) {
 struct Module {
   void *handle = nullptr;
   std::unordered_map<std::string, void *> functions;
+};
+/// An image's modules, one per context it ran in.
+struct ModuleCache {
+  std::unordered_map<void *, Module> byContext;
 };
 std::mutex mutex;
 
@@ -62,20 +67,17 @@ extern "C" int32_t moert_launch(void **module, const void *image,
   CudaDevice::Driver *driver = driverWithContext(error);
   if (!driver)
     return fail(error);
+  void *context = nullptr;
+  CHECK(driver->cuCtxGetCurrent(&context), "cuCtxGetCurrent");
   void *function = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    if (!*module) {
-      auto *loaded = new Module();
-      if (!CudaDevice::checkResult(
-              driver, driver->cuModuleLoadData(&loaded->handle, image),
-              "cuModuleLoadData", error)) {
-        delete loaded;
-        return fail(error);
-      }
-      *module = loaded;
-    }
-    auto *loaded = static_cast<Module *>(*module);
+    if (!*module)
+      *module = new ModuleCache();
+    Module *loaded = &static_cast<ModuleCache *>(*module)->byContext[context];
+    if (!loaded->handle)
+      CHECK(driver->cuModuleLoadData(&loaded->handle, image),
+            "cuModuleLoadData");
     void *&slot = loaded->functions[kernel];
     if (!slot) {
       CHECK(driver->cuModuleGetFunction(&slot, loaded->handle, kernel),
@@ -100,12 +102,15 @@ extern "C" int32_t moert_tensor_map_2d(void *descriptor, void *base,
                                        int32_t elementBytes, uint64_t rows,
                                        uint64_t cols, uint32_t boxRows,
                                        uint32_t boxCols) {
+  if (rows == 0 || !base) {
+    std::memset(descriptor, 0, 128);
+    return 0;
+  }
   std::string error;
   CudaDevice::Driver *driver = CudaDevice::loadDriver(error);
   if (!driver)
     return fail(error);
-  // An empty tensor still needs a valid descriptor; no tile reads it.
-  uint64_t dims[2] = {cols, rows ? rows : 1};
+  uint64_t dims[2] = {cols, rows};
   uint64_t strides[1] = {cols * uint64_t(elementBytes)};
   unsigned box[2] = {boxCols, boxRows}, elementStrides[2] = {1, 1};
   CHECK(driver->cuTensorMapEncodeTiled(
@@ -114,18 +119,6 @@ extern "C" int32_t moert_tensor_map_2d(void *descriptor, void *base,
             dims, strides, box, elementStrides, /*interleave=*/0, kSwizzle128B,
             kL2Promotion128B, /*oobFill=*/0),
         "cuTensorMapEncodeTiled");
-  return 0;
-}
-
-extern "C" int32_t moert_copy_to_device(void *device, const void *host,
-                                        uint64_t bytes, void *stream) {
-  std::string error;
-  CudaDevice::Driver *driver = driverWithContext(error);
-  if (!driver)
-    return fail(error);
-  CHECK(driver->cuMemcpyHtoDAsync(reinterpret_cast<uint64_t>(device), host,
-                                  bytes, stream),
-        "cuMemcpyHtoDAsync");
   return 0;
 }
 

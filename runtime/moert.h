@@ -18,22 +18,19 @@ extern "C" {
 
 /* Launches `kernel` of the cubin `image` on `stream` (a CUstream, or null for
  * the default stream) in the current context, or in device 0's primary
- * context if none is current. `*module` caches the loaded module; the first
- * call loads it and raises each kernel's dynamic shared-memory limit. */
+ * context if none is current. `*module` caches the module, loaded once per
+ * context, with each kernel's dynamic shared-memory limit raised. */
 int32_t moert_launch(void **module, const void *image, const char *kernel,
                      uint32_t grid_x, uint32_t grid_y, uint32_t block_x,
                      uint32_t shared_bytes, void *stream, void **params);
 
 /* Encodes the TMA descriptor (128 bytes, 64-byte aligned) of a row-major
  * [rows, cols] tensor at `base` with `element_bytes`-byte elements (2: bf16,
- * 1: bytes), read in [box_rows, box_cols] tiles with 128-byte swizzling. */
+ * 1: bytes), read in [box_rows, box_cols] tiles with 128-byte swizzling.
+ * An empty tensor (no rows) gets a zeroed descriptor: no tile reads it. */
 int32_t moert_tensor_map_2d(void *descriptor, void *base, int32_t element_bytes,
                             uint64_t rows, uint64_t cols, uint32_t box_rows,
                             uint32_t box_cols);
-
-/* Copies host memory to the device in stream order. */
-int32_t moert_copy_to_device(void *device, const void *host, uint64_t bytes,
-                             void *stream);
 
 /* What the last failing call on this thread said. */
 const char *moert_last_error(void);

@@ -4,13 +4,14 @@
 //   int32_t moe_<name>_forward(void *const *args, int64_t tokens,
 //                              void *stream, void *workspace);
 //   int64_t moe_<name>_workspace_size(int64_t tokens);
+//   const char *moe_last_error(void);
 //   const char *moe_layer_info(void);
 // `args` are device pointers in the order of the CPU ABI. The forward encodes
-// the plan's TMA descriptors, copies them to the front of the workspace and
-// launches each kernel on `stream` through libmoert (runtime/moert.h); it
-// never waits, so it can be captured in a CUDA graph once the descriptors
-// are cached. The workspace holds the intermediate tensors: fixed plus
-// per-token bytes, each slice 256-byte aligned.
+// the plan's TMA descriptors on the host and launches each kernel on
+// `stream` through libmoert (runtime/moert.h), descriptors passed by value;
+// it neither waits on the stream nor copies, so it can be captured in a CUDA
+// graph. The workspace holds the intermediate tensors: fixed plus per-token
+// bytes, each slice 256-byte aligned.
 //
 //===----------------------------------------------------------------------===//
 
@@ -26,7 +27,7 @@ using namespace mlir::moe::nvidia;
 
 static int64_t alignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
-/// The workspace: descriptors first, then each workspace buffer.
+/// A workspace buffer's slice.
 static Linear workspaceSlice(const Buffer &buffer) {
   return {alignUp(buffer.bytes.fixed, 256),
           alignUp(buffer.bytes.perToken, 256)};
@@ -34,7 +35,6 @@ static Linear workspaceSlice(const Buffer &buffer) {
 
 host::Workspace host::workspaceOf(const Plan &plan) {
   Workspace w;
-  w.base = alignUp(int64_t(plan.tensorMaps.size()) * 128, 256);
   for (const Buffer &buffer : plan.buffers) {
     if (buffer.argIndex >= 0)
       continue;
@@ -107,7 +107,7 @@ static SmallVector<Value> bufferAddresses(HostBuilder &h, const Plan &plan,
                                           Value args, Value tokens,
                                           Value workspace) {
   SmallVector<Value> addresses;
-  Value cursor = h.c64(alignUp(int64_t(plan.tensorMaps.size()) * 128, 256));
+  Value cursor = h.c64(0);
   for (const Buffer &buffer : plan.buffers) {
     if (buffer.argIndex >= 0) {
       Value slot =
@@ -136,8 +136,6 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
                           {ptr, ptr, ptr, i32, i32, i32, i32, ptr, ptr});
   auto mapFn = declare(b, module, loc, "moert_tensor_map_2d", i32,
                        {ptr, ptr, i32, i64, i64, i32, i32});
-  auto copyFn = declare(b, module, loc, "moert_copy_to_device", i32,
-                        {ptr, ptr, i64, ptr});
   // The loaded module, cached by the runtime on first use.
   auto moduleSlot = LLVM::GlobalOp::create(
       b, loc, i64, /*isConstant=*/false, LLVM::Linkage::Internal,
@@ -174,7 +172,7 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
   Value moduleAddress = LLVM::AddressOfOp::create(b, loc, moduleSlot);
   SmallVector<Value> buffers = bufferAddresses(h, plan, argv, tokens, ws);
 
-  // TMA descriptors: encoded on the host, copied in stream order.
+  // TMA descriptors, encoded on the host; the launches copy them.
   SmallVector<Value> maps;
   if (!plan.tensorMaps.empty()) {
     int64_t bytes = int64_t(plan.tensorMaps.size()) * 128;
@@ -189,21 +187,24 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
                          h.c32(map.boxCols)})
               .getResult();
       h.check(status);
-      maps.push_back(h.offset(ws, h.c64(i * 128)));
+      maps.push_back(h.offset(staging, h.c64(i * 128)));
     }
-    h.check(LLVM::CallOp::create(b, loc, copyFn,
-                                 ValueRange{ws, staging, h.c64(bytes), stream})
-                .getResult());
   }
 
   for (auto [i, launch] : llvm::enumerate(plan.launches)) {
     Value params = h.stackSlot(ptr, launch.args.size());
     for (auto [j, arg] : llvm::enumerate(launch.args)) {
-      Value value = arg.kind == KernelArg::BufferAddress ? buffers[arg.index]
-                    : arg.kind == KernelArg::TensorMapAddress ? maps[arg.index]
-                                                              : tokens;
-      Value slot = h.stackSlot(value.getType(), 1);
-      LLVM::StoreOp::create(b, loc, value, slot);
+      // kernelParams[j] points at the parameter's value: a descriptor is
+      // its own 128 bytes, other values get a slot.
+      Value slot;
+      if (arg.kind == KernelArg::TensorMapAddress) {
+        slot = maps[arg.index];
+      } else {
+        Value value =
+            arg.kind == KernelArg::BufferAddress ? buffers[arg.index] : tokens;
+        slot = h.stackSlot(value.getType(), 1);
+        LLVM::StoreOp::create(b, loc, value, slot);
+      }
       Value entryAddress = LLVM::GEPOp::create(
           b, loc, ptr, ptr, params, ArrayRef<LLVM::GEPArg>{int32_t(j)});
       LLVM::StoreOp::create(b, loc, slot, entryAddress);

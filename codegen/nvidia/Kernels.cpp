@@ -48,6 +48,9 @@ using cpu::Emitter;
 namespace {
 constexpr int64_t kTileM = 128, kTileN = 128, kTileK = 64, kStages = 4;
 constexpr int64_t kStageBytes = (kTileM + kTileN) * kTileK * 2;
+/// Lists a kernel's arguments that are TMA descriptors passed by value; they
+/// become byval + nvvm.grid_constant once the kernel is an LLVM function.
+constexpr const char kTensorMapArgs[] = "moe.tensor_map_args";
 
 /// What a tensor of the function lives in on the device.
 struct TensorInfo {
@@ -70,6 +73,15 @@ public:
     types.push_back(b.getI64Type());
     func = gpu::GPUFuncOp::create(b, loc, name, b.getFunctionType(types, {}));
     func->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
+    // TMA descriptors are passed by value (__grid_constant__): the launch
+    // copies them, so the host needs no copy to device memory and the
+    // kernel reads them through the parameter's generic address.
+    SmallVector<int64_t> maps;
+    for (auto [i, arg] : llvm::enumerate(args))
+      if (arg.kind == KernelArg::TensorMapAddress)
+        maps.push_back(i);
+    if (!maps.empty())
+      func->setAttr(kTensorMapArgs, b.getDenseI64ArrayAttr(maps));
     b.setInsertionPointToStart(&func.getBody().front());
     launch.kernel = name.str();
     launch.args.assign(args.begin(), args.end());
@@ -712,8 +724,8 @@ LogicalResult KernelLowering::lowerMatmul(GroupedMatmulOp op) {
     nvgpu::MBarrierInitOp::create(b, e.loc, barriers, e.index(1), e.index(s),
                                   leader);
   e.ifThen(leader, [&] {
-    nvgpu::TmaFenceOp::create(b, e.loc, descA);
-    nvgpu::TmaFenceOp::create(b, e.loc, descB);
+    nvgpu::TmaPrefetchOp::create(b, e.loc, descA, Value());
+    nvgpu::TmaPrefetchOp::create(b, e.loc, descB, Value());
   });
   gpu::BarrierOp::create(b, e.loc);
 
@@ -1062,11 +1074,32 @@ FailureOr<std::string> nvidia::compileKernels(ModuleOp module,
   kernels.addPass(createCanonicalizerPass());
   kernels.addPass(createCSEPass());
   kernels.addPass(createReconcileUnrealizedCastsPass());
+  if (failed(pm.run(module)))
+    return failure();
+  // Once the kernels are LLVM functions marked nvvm.kernel, their by-value
+  // descriptors become __grid_constant__ parameters.
+  module.walk([](LLVM::LLVMFuncOp f) {
+    auto maps = f->getAttrOfType<DenseI64ArrayAttr>(kTensorMapArgs);
+    if (!maps)
+      return;
+    f->removeAttr(kTensorMapArgs);
+    MLIRContext *ctx = f.getContext();
+    for (int64_t i : maps.asArrayRef()) {
+      f.setArgAttr(i, LLVM::LLVMDialect::getByValAttrName(),
+                   TypeAttr::get(LLVM::LLVMArrayType::get(
+                       IntegerType::get(ctx, 8), 128)));
+      f.setArgAttr(i, LLVM::LLVMDialect::getAlignAttrName(),
+                   IntegerAttr::get(IntegerType::get(ctx, 64), 64));
+      f.setArgAttr(i, NVVM::NVVMDialect::getGridConstantAttrName(),
+                   UnitAttr::get(ctx));
+    }
+  });
+  PassManager serialize(module.getContext());
   GpuModuleToBinaryPassOptions binary;
   binary.toolkitPath = cudaPath.str();
   binary.compilationTarget = ptx ? "isa" : "bin";
-  pm.addPass(createGpuModuleToBinaryPass(binary));
-  if (failed(pm.run(module)))
+  serialize.addPass(createGpuModuleToBinaryPass(binary));
+  if (failed(serialize.run(module)))
     return failure();
   for (auto binaryOp : module.getOps<gpu::BinaryOp>())
     for (Attribute object : binaryOp.getObjects())
