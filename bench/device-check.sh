@@ -36,15 +36,20 @@ if [[ $mode == prepare ]]; then
   small qwen3_mxfp8 "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=mxfp8
   small qwen3_mxfp8_ceil "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=mxfp8-ceil
   small qwen3_fp8_block128 "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=fp8-block128
+  # A fixed token count (no dynamic dimension at all).
+  "$compile" "$root/test/tools/Inputs/static-tokens.mlir" --target=sm_90a -o "$dir/fixed_static_tokens.so"
+  "$compile" "$root/test/tools/Inputs/static-tokens.mlir" -o "$dir/cpu_static_tokens.so"
   # The full-size layers: PyTorch float32 is their reference.
   "$compile" --from-hf-config "$root/examples/configs/deepseek-v3-ep8-shard.json" \
     --name dsv3_ep8_shard --target=sm_90a -o "$dir/big_dsv3_ep8_shard.so"
   "$compile" "$root/examples/mixtral-8x7b.mlir" --target=sm_90a -o "$dir/big_mixtral_8x7b.so"
   "$compile" "$root/examples/qwen3-30b-a3b.mlir" --target=sm_90a -o "$dir/big_qwen3_30b_a3b.so"
   cp "$root/build/bin/moe-exec" "$dir/"
-  # moe-exec's inputs for the same layer on both devices.
+  # moe-exec's inputs for the same layers on both devices.
   python3 "$root/test/tools/check_layer.py" "$dir/gpu_deepseek_v3.so" --exec "$dir/moe-exec" \
-    --reference /dev/null --tokens 200 --bound 0 --workdir "$dir/exec" --inputs-only
+    --reference /dev/null --tokens 200 --bound 0 --workdir "$dir/exec/deepseek_v3" --inputs-only
+  python3 "$root/test/tools/check_layer.py" "$dir/fixed_static_tokens.so" --exec "$dir/moe-exec" \
+    --reference /dev/null --tokens 3 --bound 0 --workdir "$dir/exec/static_tokens" --inputs-only
   echo "prepared $(ls "$dir"/*.so | wc -l) libraries in $dir" >&2
   exit 0
 fi
@@ -67,25 +72,31 @@ for lib in "$dir"/gpu_*.so; do
   [[ $name == *fp8* || $name == *mxfp8* ]] && bound=5e-2
   check "$lib" --cpu "$dir/cpu_$name.so" --tokens 0 1 128 4096 --bound "$bound" --label "$name"
 done
+check "$dir/fixed_static_tokens.so" --cpu "$dir/cpu_static_tokens.so" --tokens 3 --label static_tokens
 for lib in "$dir"/big_*.so; do
   name=$(basename "$lib" .so); name=${name#big_}
   check "$lib" --tokens 1 128 4096 --time --graph --label "$name"
 done
 # moe-exec --device=cuda against the CPU library, on the same safetensors.
-"$dir/moe-exec" "$dir/gpu_deepseek_v3.so" --device=cuda --inputs "$dir/exec/in.safetensors" \
-  --outputs "$results/exec-gpu.safetensors" --repeat 3
-"$dir/moe-exec" "$dir/cpu_deepseek_v3.so" --inputs "$dir/exec/in.safetensors" \
-  --outputs "$results/exec-cpu.safetensors"
-python3 - "$results" <<'PY' | tee -a "$log" || status=1
+for name in deepseek_v3 static_tokens; do
+  gpu_lib="$dir/gpu_$name.so"
+  [[ -f $gpu_lib ]] || gpu_lib="$dir/fixed_$name.so"
+  "$dir/moe-exec" "$gpu_lib" --device=cuda --inputs "$dir/exec/$name/in.safetensors" \
+    --outputs "$results/exec-gpu-$name.safetensors" --repeat 3
+  "$dir/moe-exec" "$dir/cpu_$name.so" --inputs "$dir/exec/$name/in.safetensors" \
+    --outputs "$results/exec-cpu-$name.safetensors"
+  python3 - "$results" "$name" <<'PY' | tee -a "$log" || status=1
 import json, sys
 from safetensors.torch import load_file
-gpu = load_file(sys.argv[1] + "/exec-gpu.safetensors")["out"].double()
-cpu = load_file(sys.argv[1] + "/exec-cpu.safetensors")["out"].double()
+d, name = sys.argv[1], sys.argv[2]
+gpu = load_file(f"{d}/exec-gpu-{name}.safetensors")["out"].double()
+cpu = load_file(f"{d}/exec-cpu-{name}.safetensors")["out"].double()
 err = ((gpu - cpu).norm() / cpu.norm()).item()
-print(json.dumps({"what": "moe-exec", "layer": "deepseek_v3", "tokens": 200,
+print(json.dumps({"what": "moe-exec", "layer": name, "tokens": gpu.shape[0],
                   "rel_error_vs_cpu": err, "ok": err <= 1e-2}))
 sys.exit(0 if err <= 1e-2 else 1)
 PY
+done
 if command -v compute-sanitizer > /dev/null; then
   compute-sanitizer --tool memcheck --print-limit 20 python3 "$root/bench/device_check.py" \
     "$dir/gpu_deepseek_v3.so" --cpu "$dir/cpu_deepseek_v3.so" --tokens 1 33 --label sanitized_deepseek_v3 \

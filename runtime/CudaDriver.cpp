@@ -171,3 +171,7 @@ bool CudaDevice::copyToHost(void *to, DevicePtr from, size_t bytes,
 bool CudaDevice::synchronize(std::string &error) {
   return check(driver->cuCtxSynchronize(), "cuCtxSynchronize", error);
 }
+
+bool CudaDevice::makeCurrent(std::string &error) {
+  return check(driver->cuCtxSetCurrent(context), "cuCtxSetCurrent", error);
+}

@@ -43,6 +43,8 @@ public:
                     std::string &error);
   bool copyToHost(void *to, DevicePtr from, size_t bytes, std::string &error);
 
+  /// Makes this device's context current on the calling thread.
+  bool makeCurrent(std::string &error);
   /// Waits for all work on the current context.
   bool synchronize(std::string &error);
 

@@ -46,9 +46,14 @@ CudaDevice::Driver *driverWithContext(std::string &error) {
   void *current = nullptr;
   if (driver->cuCtxGetCurrent(&current) == 0 && current)
     return driver;
-  if (!fallback && !(fallback = CudaDevice::open(0, error)))
-    return nullptr;
-  return driver;
+  // Contexts are per thread: make the fallback current on this one.
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!fallback) {
+    if (!(fallback = CudaDevice::open(0, error)))
+      return nullptr;
+    return driver;
+  }
+  return fallback->makeCurrent(error) ? driver : nullptr;
 }
 } // namespace
 
@@ -80,13 +85,15 @@ extern "C" int32_t moert_launch(void **module, const void *image,
             "cuModuleLoadData");
     void *&slot = loaded->functions[kernel];
     if (!slot) {
-      CHECK(driver->cuModuleGetFunction(&slot, loaded->handle, kernel),
+      void *found = nullptr;
+      CHECK(driver->cuModuleGetFunction(&found, loaded->handle, kernel),
             "cuModuleGetFunction");
       // Above 48 KiB, dynamic shared memory must be asked for.
       if (sharedBytes > 49152)
-        CHECK(driver->cuFuncSetAttribute(slot, kMaxDynamicSharedBytes,
+        CHECK(driver->cuFuncSetAttribute(found, kMaxDynamicSharedBytes,
                                          int(sharedBytes)),
               "cuFuncSetAttribute");
+      slot = found; // Cached only once ready to launch.
     }
     function = slot;
   }

@@ -67,8 +67,11 @@ private:
   /// The buffer a result goes into: the caller's, or a new one.
   Value resultBuffer(Value result, ValueRange dynamicSizes) {
     Value buffer = outputBuffers.lookup(result);
+    MemRefType type = bufferType(result.getType());
+    // A token count fixed in the type needs no size.
     if (!buffer)
-      buffer = e.alloc(bufferType(result.getType()), dynamicSizes);
+      buffer = e.alloc(type, type.getNumDynamicDims() ? dynamicSizes
+                                                      : ValueRange());
     buffers.map(result, buffer);
     return buffer;
   }

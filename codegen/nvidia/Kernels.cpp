@@ -46,7 +46,7 @@ using namespace mlir::moe::nvidia;
 using cpu::Emitter;
 
 namespace {
-constexpr int64_t kTileM = 128, kTileN = 128, kTileK = 64, kStages = 4;
+constexpr int64_t kTileM = 128, kTileN = 128, kTileK = 64;
 constexpr int64_t kStageBytes = (kTileM + kTileN) * kTileK * 2;
 /// Lists a kernel's arguments that are TMA descriptors passed by value; they
 /// become byval + nvvm.grid_constant once the kernel is an LLVM function.
@@ -213,6 +213,8 @@ private:
     MemRefType type = cpu::bufferType(result.getType());
     int64_t rowBytes = type.getElementTypeBitWidth() / 8;
     bool dynamic = type.getRank() > 0 && type.isDynamicDim(0);
+    if (!dynamic && type.getRank() > 0)
+      rows = Linear{type.getDimSize(0), 0};
     for (int64_t d = dynamic ? 1 : 0; d < type.getRank(); ++d)
       rowBytes *= type.getDimSize(d);
     unsigned index;
@@ -259,9 +261,6 @@ private:
 };
 } // namespace
 
-static GridDim perToken(int64_t divisor = 1) {
-  return GridDim{Linear{0, 1}, divisor, 0};
-}
 static GridDim fixed(int64_t count) { return GridDim{Linear{count, 0}, 1, 0}; }
 
 //===----------------------------------------------------------------------===//
@@ -274,14 +273,15 @@ LogicalResult KernelLowering::lowerRoute(RouteOp op) {
   int64_t experts = weightType.getDimSize(0), h = weightType.getDimSize(1);
   int64_t topK =
       cast<RankedTensorType>(op.getExpertIds().getType()).getDimSize(1);
-  define(op.getExpertIds(), {0, 1});
-  define(op.getWeights(), {0, 1});
+  Linear tokens = info(op.getHiddenStates()).rows;
+  define(op.getExpertIds(), tokens);
+  define(op.getWeights(), tokens);
   SmallVector<Value> buffers = {op.getHiddenStates(), op.getRouterWeight()};
   if (op.getBias())
     buffers.push_back(op.getBias());
   buffers.append({op.getExpertIds(), op.getWeights()});
   Kernel k = kernel("route", buffers);
-  k.launch.gridX = perToken();
+  k.launch.gridX = GridDim{tokens, 1, 0};
   k.launch.gridY = fixed(1);
   k.launch.block = 128;
   Emitter &e = k.e;
@@ -369,9 +369,11 @@ LogicalResult KernelLowering::lowerDispatch(DispatchOp op) {
            << " experts; the sm_90a dispatch handles at most " << threads;
   define(op.getTokensPerExpert(), {});
   define(op.getExpertOffsets(), {});
-  define(op.getRows(), {0, 1});
+  Linear tokens = info(op.getHiddenStates()).rows;
+  define(op.getRows(), tokens);
   // Rows for every choice, plus each expert's alignment padding.
-  define(op.getDispatched(), {experts * (align - 1), topK});
+  define(op.getDispatched(),
+         {tokens.fixed * topK + experts * (align - 1), tokens.perToken * topK});
 
   {
     // The plan, in one block: counts by shared-memory atomics, offsets by one
@@ -461,7 +463,7 @@ LogicalResult KernelLowering::lowerDispatch(DispatchOp op) {
     if (op.getScale())
       buffers.push_back(op.getScale());
     Kernel k = kernel("dispatch_scatter", buffers);
-    k.launch.gridX = perToken();
+    k.launch.gridX = GridDim{tokens, 1, 0};
     k.launch.gridY = fixed(1);
     k.launch.block = 128;
     Emitter &e = k.e;
@@ -582,7 +584,8 @@ LogicalResult KernelLowering::lowerMatmul(GroupedMatmulOp op) {
   // With an activation a tile computes 64 gate and the matching 64 up
   // columns, and gives 64 outputs.
   int64_t outTile = activation ? kTileN / 2 : kTileN;
-  const TensorInfo &lhs = info(op.getLhs());
+  // A copy: define() may grow the map it lives in.
+  TensorInfo lhs = info(op.getLhs());
   define(op.getOut(), lhs.rows);
 
   unsigned mapA = plan.tensorMaps.size();
@@ -601,11 +604,15 @@ LogicalResult KernelLowering::lowerMatmul(GroupedMatmulOp op) {
   Kernel k =
       kernel(activation ? "matmul_glu" : "matmul", buffers, {mapA, mapB});
   Launch &launch = k.launch;
-  launch.gridX = fixed(llvm::divideCeil(outN, outTile));
-  // Grouped: at most ceil(rows / 128) + experts tiles are non-empty.
-  launch.gridY = grouped ? GridDim{lhs.rows, kTileM, experts}
+  // Row tiles on x (no 65535 limit), column tiles on y. Grouped: at most
+  // ceil(rows / 128) + experts row tiles are non-empty.
+  launch.gridX = grouped ? GridDim{lhs.rows, kTileM, experts}
                          : GridDim{lhs.rows, kTileM, 0};
+  launch.gridY = fixed(llvm::divideCeil(outN, outTile));
   launch.block = 128;
+  // Ring depth: with K up to 2048, 3 stages (97 KiB) let two blocks share
+  // an SM and hide each other's epilogue; longer K runs better on 4.
+  const int64_t kStages = kDim <= 2048 ? 3 : 4;
   launch.sharedBytes = kStages * kStageBytes + 1024;
   Emitter &e = k.e;
   OpBuilder &b = e.b;
@@ -643,10 +650,10 @@ LogicalResult KernelLowering::lowerMatmul(GroupedMatmulOp op) {
   // kGroupM row tiles across the column tiles, so a group's activations and
   // weight tiles stay in L2 while it runs.
   constexpr int64_t kGroupM = 8;
-  Value nTiles = gpu::GridDimOp::create(b, e.loc, gpu::Dimension::x);
-  Value mTiles = gpu::GridDimOp::create(b, e.loc, gpu::Dimension::y);
+  Value mTiles = gpu::GridDimOp::create(b, e.loc, gpu::Dimension::x);
+  Value nTiles = gpu::GridDimOp::create(b, e.loc, gpu::Dimension::y);
   Value linearId = e.iadd(
-      arith::MulIOp::create(b, e.loc, k.blockId(gpu::Dimension::y), nTiles),
+      arith::MulIOp::create(b, e.loc, k.blockId(gpu::Dimension::y), mTiles),
       k.blockId(gpu::Dimension::x));
   Value perGroup = mulI(e, nTiles, kGroupM);
   Value firstM =
@@ -724,6 +731,8 @@ LogicalResult KernelLowering::lowerMatmul(GroupedMatmulOp op) {
     nvgpu::MBarrierInitOp::create(b, e.loc, barriers, e.index(1), e.index(s),
                                   leader);
   e.ifThen(leader, [&] {
+    // The barriers' initialization must be visible to the TMA unit.
+    NVVM::FenceMbarrierInitOp::create(b, e.loc);
     nvgpu::TmaPrefetchOp::create(b, e.loc, descA, Value());
     nvgpu::TmaPrefetchOp::create(b, e.loc, descB, Value());
   });
@@ -849,13 +858,14 @@ LogicalResult KernelLowering::lowerMatmul(GroupedMatmulOp op) {
 LogicalResult KernelLowering::lowerCombine(CombineOp op) {
   int64_t h = cast<RankedTensorType>(op.getExpertOut().getType()).getDimSize(1);
   int64_t topK = cast<RankedTensorType>(op.getRows().getType()).getDimSize(1);
-  define(op.getOut(), {0, 1});
+  Linear tokens = info(op.getRows()).rows;
+  define(op.getOut(), tokens);
   SmallVector<Value> buffers = {op.getExpertOut(), op.getRows(), op.getOut()};
   for (Value v : {op.getWeights(), op.getShared(), op.getGate()})
     if (v)
       buffers.push_back(v);
   Kernel k = kernel("combine", buffers);
-  k.launch.gridX = perToken();
+  k.launch.gridX = GridDim{tokens, 1, 0};
   k.launch.gridY = fixed(1);
   k.launch.block = 128;
   Emitter &e = k.e;
@@ -1038,8 +1048,9 @@ FailureOr<Plan> nvidia::lowerToKernels(func::FuncOp func, ModuleOp module) {
     auto tensor = dyn_cast<RankedTensorType>(arg.getType());
     if (!tensor)
       return func.emitOpError() << "takes only ranked tensors";
-    Linear rows = tensor.getRank() > 0 && tensor.isDynamicDim(0) ? Linear{0, 1}
-                                                                 : Linear{};
+    Linear rows = tensor.getRank() == 0    ? Linear{}
+                  : tensor.isDynamicDim(0) ? Linear{0, 1}
+                                           : Linear{tensor.getDimSize(0), 0};
     lowering.tensors[arg] =
         TensorInfo{arg.getArgNumber(), cpu::bufferType(tensor), rows};
   }

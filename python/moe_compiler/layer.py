@@ -1,9 +1,12 @@
 """A compiled MoE layer, loaded with ctypes.
 
 Layer(path).info is moe_layer_info()'s JSON. For a GPU layer (target sm_90a)
-forward() takes torch CUDA tensors in the order of info["args"], output last,
-and runs on the current torch stream with a workspace it allocates; a CPU
-layer takes contiguous CPU tensors.
+forward() takes torch CUDA tensors on one device in the order of
+info["args"], output last, and enqueues the layer on the current torch stream
+(or `stream`) of that device. Its workspace is allocated on that stream and
+grows as needed; a workspace a CUDA graph captured is never freed while the
+layer lives, or pass your own (`workspace`, uint8, workspace_size(tokens)
+bytes). A CPU layer takes contiguous CPU tensors.
 """
 import ctypes
 import json
@@ -33,7 +36,8 @@ class Layer:
             size.argtypes = [ctypes.c_int64]
             self._workspace_size = size
             self.lib.moe_last_error.restype = ctypes.c_char_p
-        self._workspace = None
+        self._workspace = {}  # (device, stream) -> uint8 tensor
+        self._retired = []  # outgrown workspaces a graph may still use
 
     def workspace_size(self, tokens):
         return int(self._workspace_size(tokens))
@@ -48,7 +52,13 @@ class Layer:
             raise LayerError(f"{len(self.args)} tensors expected, "
                              f"{len(tensors)} given")
         tokens = tensors[0].shape[0]
+        gpu = self.target != "cpu"
+        device = tensors[0].device
         for arg, t in zip(self.args, tensors):
+            if (t.device != device) or (t.is_cuda != gpu):
+                raise LayerError(f"{arg['name']}: on {t.device}; a "
+                                 f"{self.target} layer takes all its tensors "
+                                 f"on one {'CUDA' if gpu else 'CPU'} device")
             shape = [tokens if d < 0 else d for d in arg["shape"]]
             if list(t.shape) != shape or t.dtype != dtypes[arg["dtype"]] \
                     or not t.is_contiguous():
@@ -57,7 +67,7 @@ class Layer:
                                  f"{list(t.shape)}")
         return tokens
 
-    def forward(self, *tensors, stream=None):
+    def forward(self, *tensors, stream=None, workspace=None):
         import torch
         tokens = self.check(tensors)
         pointers = (ctypes.c_void_p * len(tensors))(
@@ -65,16 +75,26 @@ class Layer:
         if self.target == "cpu":
             status = self._forward(pointers, tokens)
         else:
-            need = max(self.workspace_size(tokens), 1)
             device = tensors[0].device
-            if self._workspace is None or self._workspace.numel() < need \
-                    or self._workspace.device != device:
-                self._workspace = torch.empty(need, dtype=torch.uint8,
-                                              device=device)
-            if stream is None:
-                stream = torch.cuda.current_stream(device)
-            status = self._forward(pointers, tokens, stream.cuda_stream,
-                                   self._workspace.data_ptr())
+            with torch.cuda.device(device):
+                if stream is None:
+                    stream = torch.cuda.current_stream(device)
+                need = max(self.workspace_size(tokens), 1)
+                if workspace is None:
+                    key = (device, stream.cuda_stream)
+                    workspace = self._workspace.get(key)
+                    if workspace is None or workspace.numel() < need:
+                        if workspace is not None:
+                            self._retired.append(workspace)
+                        with torch.cuda.stream(stream):
+                            workspace = torch.empty(need, dtype=torch.uint8,
+                                                    device=device)
+                        self._workspace[key] = workspace
+                elif workspace.numel() < need or workspace.device != device:
+                    raise LayerError(f"the workspace needs {need} bytes on "
+                                     f"{device}")
+                status = self._forward(pointers, tokens, stream.cuda_stream,
+                                       workspace.data_ptr())
         if status != 0:
             why = self.lib.moe_last_error().decode() \
                 if self.target != "cpu" else f"status {status}"
