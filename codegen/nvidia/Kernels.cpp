@@ -47,6 +47,7 @@ using cpu::Emitter;
 
 namespace {
 constexpr int64_t kTileM = 128, kTileN = 128, kTileK = 64;
+constexpr int64_t kRouteWarps = 8;
 constexpr int64_t kStageBytes = (kTileM + kTileN) * kTileK * 2;
 /// Lists a kernel's arguments that are TMA descriptors passed by value; they
 /// become byval + nvvm.grid_constant once the kernel is an LLVM function.
@@ -283,7 +284,7 @@ LogicalResult KernelLowering::lowerRoute(RouteOp op) {
   Kernel k = kernel("route", buffers);
   k.launch.gridX = GridDim{tokens, 1, 0};
   k.launch.gridY = fixed(1);
-  k.launch.block = 128;
+  k.launch.block = kRouteWarps * 32;
   Emitter &e = k.e;
   SmallVector<Value> views;
   for (auto [i, v] : llvm::enumerate(buffers))
@@ -303,10 +304,12 @@ LogicalResult KernelLowering::lowerRoute(RouteOp op) {
   }
   Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
   Value warp = divUI(e, tid, 32), lane = remUI(e, tid, 32);
-  // Each warp takes every fourth expert; lanes split the hidden dimension
-  // and meet through shuffles.
-  // 16-byte loads when every lane gets whole vectors.
+  // Each warp takes `unroll` experts at a time, every kWarps-th group; lanes
+  // split the hidden dimension with 16-byte loads and meet through
+  // shuffles. Several experts per pass keep several loads in flight and
+  // read the token once for all of them.
   int64_t width = h % 8 == 0 ? 8 : 1;
+  int64_t unroll = experts % (kRouteWarps * 4) == 0 ? 4 : 1;
   auto f32Vec = VectorType::get({width}, f32);
   auto loadVec = [&](Value buffer, ValueRange index) -> Value {
     Type element = cast<MemRefType>(buffer.getType()).getElementType();
@@ -316,33 +319,44 @@ LogicalResult KernelLowering::lowerRoute(RouteOp op) {
     return element.isF32() ? v : arith::ExtFOp::create(e.b, e.loc, f32Vec, v);
   };
   e.forEach(
-      warp, e.index(experts),
-      [&](Value x) {
+      mulI(e, warp, unroll), e.index(experts),
+      [&](Value first) {
         Value zero = arith::ConstantOp::create(
             e.b, e.loc, DenseElementsAttr::get(f32Vec, e.b.getF32FloatAttr(0)));
-        Value lanes = e.reduce(
-            mulI(e, lane, width), e.index(h), {zero},
+        SmallVector<Value> xs, init(unroll, zero);
+        for (int64_t u = 0; u < unroll; ++u)
+          xs.push_back(e.iadd(first, e.index(u)));
+        SmallVector<Value> lanes = e.reduce(
+            mulI(e, lane, width), e.index(h), init,
             [&](Value c, ValueRange acc) -> SmallVector<Value> {
-              return {e.add(acc[0], e.mul(loadVec(hidden, {t, c}),
-                                          loadVec(weight, {x, c})))};
+              Value x = loadVec(hidden, {t, c});
+              SmallVector<Value> next;
+              for (int64_t u = 0; u < unroll; ++u)
+                next.push_back(
+                    e.add(acc[u], e.mul(x, loadVec(weight, {xs[u], c}))));
+              return next;
             },
-            e.index(32 * width))[0];
-        Value partial = vector::ReductionOp::create(
-            e.b, e.loc, vector::CombiningKind::ADD, lanes);
-        for (int offset = 16; offset > 0; offset /= 2) {
-          Value other = gpu::ShuffleOp::create(e.b, e.loc, partial, offset, 32,
-                                               gpu::ShuffleMode::XOR)
-                            .getShuffleResult();
-          partial = e.add(partial, other);
+            e.index(32 * width));
+        for (int64_t u = 0; u < unroll; ++u) {
+          Value partial = vector::ReductionOp::create(
+              e.b, e.loc, vector::CombiningKind::ADD, lanes[u]);
+          for (int offset = 16; offset > 0; offset /= 2) {
+            Value other = gpu::ShuffleOp::create(e.b, e.loc, partial, offset,
+                                                 32, gpu::ShuffleMode::XOR)
+                              .getShuffleResult();
+            partial = e.add(partial, other);
+          }
+          Value x = xs[u];
+          e.ifThen(eqI(e, lane, e.index(0)), [&] {
+            auto [s, choice] =
+                cpu::expertScore(e, router.getKind(), partial,
+                                 bias ? e.load(bias, {x}) : Value());
+            e.storeRaw(s, scratch.score, {x});
+            e.storeRaw(choice, scratch.choice, {x});
+          });
         }
-        e.ifThen(eqI(e, lane, e.index(0)), [&] {
-          auto [s, choice] = cpu::expertScore(
-              e, router.getKind(), partial, bias ? e.load(bias, {x}) : Value());
-          e.storeRaw(s, scratch.score, {x});
-          e.storeRaw(choice, scratch.choice, {x});
-        });
       },
-      e.index(4));
+      e.index(kRouteWarps * unroll));
   gpu::BarrierOp::create(e.b, e.loc);
   e.ifThen(eqI(e, tid, e.index(0)), [&] {
     cpu::selectExperts(e, router, experts, topK, scratch, ids, weights, t);
@@ -395,7 +409,7 @@ LogicalResult KernelLowering::lowerDispatch(DispatchOp op) {
     Value count = k.workgroupBuffer({experts}, i32);
     Value cursor = k.workgroupBuffer({experts}, i32);
     Value tid = k.threadId();
-    Value choices = mulI(e, k.tokens, topK);
+    Value choices = mulI(e, k.linear(tokens), topK);
     auto isLocal = [&](Value id) {
       return e.andi(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
                     e.icmp(arith::CmpIPredicate::slt, id, e.i32(experts)));
