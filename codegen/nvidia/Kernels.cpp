@@ -24,7 +24,6 @@
 #include "codegen/cpu/Numerics.h"
 #include "dialects/moe/MoeOps.h"
 
-#include "mlir/Conversion/AffineToStandard/AffineToStandard.h"
 #include "mlir/Conversion/GPUToNVVM/GPUToNVVMPass.h"
 #include "mlir/Conversion/NVGPUToNVVM/NVGPUToNVVM.h"
 #include "mlir/Conversion/NVVMToLLVM/NVVMToLLVM.h"
@@ -34,7 +33,6 @@
 #include "mlir/Dialect/GPU/Transforms/Passes.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
-#include "mlir/Dialect/MemRef/Transforms/Passes.h"
 #include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 #include "mlir/IR/Verifier.h"
@@ -284,9 +282,7 @@ LogicalResult KernelLowering::lowerRoute(RouteOp op) {
     buffers.push_back(op.getBias());
   buffers.append({op.getExpertIds(), op.getWeights()});
   Kernel k = kernel("route", buffers);
-  // kRouteWarps tokens per block: warps share the logits of each, then each
-  // warp's first lane chooses the experts of one.
-  k.launch.gridX = GridDim{tokens, kRouteWarps, 0};
+  k.launch.gridX = GridDim{tokens, 1, 0};
   k.launch.gridY = fixed(1);
   k.launch.block = kRouteWarps * 32;
   Emitter &e = k.e;
@@ -298,39 +294,15 @@ LogicalResult KernelLowering::lowerRoute(RouteOp op) {
   Value ids = views[views.size() - 2], weights = views.back();
 
   Type f32 = e.b.getF32Type(), i8 = e.b.getI8Type();
-  int64_t nGroup = router.getNGroup();
-  // One row of scratch per token of the block.
-  cpu::RouteScratch all;
-  all.score = k.workgroupBuffer({kRouteWarps, experts}, f32);
-  all.choice = k.workgroupBuffer({kRouteWarps, experts}, f32);
-  all.taken = k.workgroupBuffer({kRouteWarps, experts}, i8);
-  if (nGroup > 1) {
-    all.groupScore = k.workgroupBuffer({kRouteWarps, nGroup}, f32);
-    all.groupTaken = k.workgroupBuffer({kRouteWarps, nGroup}, i8);
+  cpu::RouteScratch scratch;
+  scratch.score = k.workgroupBuffer({experts}, f32);
+  scratch.choice = k.workgroupBuffer({experts}, f32);
+  scratch.taken = k.workgroupBuffer({experts}, i8);
+  if (router.getNGroup() > 1) {
+    scratch.groupScore = k.workgroupBuffer({router.getNGroup()}, f32);
+    scratch.groupTaken = k.workgroupBuffer({router.getNGroup()}, i8);
   }
-  auto row = [&](Value buffer, Value r) -> Value {
-    if (!buffer)
-      return buffer;
-    auto type = cast<MemRefType>(buffer.getType());
-    int64_t n = type.getDimSize(1);
-    SmallVector<OpFoldResult> offsets = {r, e.b.getIndexAttr(0)};
-    SmallVector<OpFoldResult> sizes = {e.b.getIndexAttr(1),
-                                       e.b.getIndexAttr(n)};
-    SmallVector<OpFoldResult> strides = {e.b.getIndexAttr(1),
-                                         e.b.getIndexAttr(1)};
-    MemRefType rowType = memref::SubViewOp::inferRankReducedResultType(
-        {n}, type, offsets, sizes, strides);
-    return memref::SubViewOp::create(e.b, e.loc, rowType, buffer, offsets,
-                                     sizes, strides);
-  };
-  auto scratchOf = [&](Value r) {
-    return cpu::RouteScratch{row(all.score, r), row(all.choice, r),
-                             row(all.taken, r), row(all.groupScore, r),
-                             row(all.groupTaken, r)};
-  };
-  Value tokenCount = k.linear(tokens);
-  Value firstToken = mulI(e, k.blockId(gpu::Dimension::x), kRouteWarps);
-  Value tid = k.threadId();
+  Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
   Value warp = divUI(e, tid, 32), lane = remUI(e, tid, 32);
   // Each warp takes `unroll` experts at a time, every kWarps-th group; lanes
   // split the hidden dimension with 16-byte loads and meet through
@@ -346,57 +318,48 @@ LogicalResult KernelLowering::lowerRoute(RouteOp op) {
         /*nontemporal=*/false, vectorAlign(width, element));
     return element.isF32() ? v : arith::ExtFOp::create(e.b, e.loc, f32Vec, v);
   };
-  e.forEach(e.index(0), e.index(kRouteWarps), [&](Value slot) {
-    Value t = e.iadd(firstToken, slot);
-    e.ifThen(ultI(e, t, tokenCount), [&] {
-      e.forEach(
-          mulI(e, warp, unroll), e.index(experts),
-          [&](Value first) {
-            Value zero = arith::ConstantOp::create(
-                e.b, e.loc,
-                DenseElementsAttr::get(f32Vec, e.b.getF32FloatAttr(0)));
-            SmallVector<Value> xs, init(unroll, zero);
-            for (int64_t u = 0; u < unroll; ++u)
-              xs.push_back(e.iadd(first, e.index(u)));
-            SmallVector<Value> lanes = e.reduce(
-                mulI(e, lane, width), e.index(h), init,
-                [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                  Value x = loadVec(hidden, {t, c});
-                  SmallVector<Value> next;
-                  for (int64_t u = 0; u < unroll; ++u)
-                    next.push_back(
-                        e.add(acc[u], e.mul(x, loadVec(weight, {xs[u], c}))));
-                  return next;
-                },
-                e.index(32 * width));
-            for (int64_t u = 0; u < unroll; ++u) {
-              Value partial = vector::ReductionOp::create(
-                  e.b, e.loc, vector::CombiningKind::ADD, lanes[u]);
-              for (int offset = 16; offset > 0; offset /= 2) {
-                Value other =
-                    gpu::ShuffleOp::create(e.b, e.loc, partial, offset, 32,
-                                           gpu::ShuffleMode::XOR)
-                        .getShuffleResult();
-                partial = e.add(partial, other);
-              }
-              Value x = xs[u];
-              e.ifThen(eqI(e, lane, e.index(0)), [&] {
-                auto [s, choice] =
-                    cpu::expertScore(e, router.getKind(), partial,
-                                     bias ? e.load(bias, {x}) : Value());
-                e.storeRaw(s, all.score, {slot, x});
-                e.storeRaw(choice, all.choice, {slot, x});
-              });
-            }
-          },
-          e.index(kRouteWarps * unroll));
-    });
-  });
+  e.forEach(
+      mulI(e, warp, unroll), e.index(experts),
+      [&](Value first) {
+        Value zero = arith::ConstantOp::create(
+            e.b, e.loc, DenseElementsAttr::get(f32Vec, e.b.getF32FloatAttr(0)));
+        SmallVector<Value> xs, init(unroll, zero);
+        for (int64_t u = 0; u < unroll; ++u)
+          xs.push_back(e.iadd(first, e.index(u)));
+        SmallVector<Value> lanes = e.reduce(
+            mulI(e, lane, width), e.index(h), init,
+            [&](Value c, ValueRange acc) -> SmallVector<Value> {
+              Value x = loadVec(hidden, {t, c});
+              SmallVector<Value> next;
+              for (int64_t u = 0; u < unroll; ++u)
+                next.push_back(
+                    e.add(acc[u], e.mul(x, loadVec(weight, {xs[u], c}))));
+              return next;
+            },
+            e.index(32 * width));
+        for (int64_t u = 0; u < unroll; ++u) {
+          Value partial = vector::ReductionOp::create(
+              e.b, e.loc, vector::CombiningKind::ADD, lanes[u]);
+          for (int offset = 16; offset > 0; offset /= 2) {
+            Value other = gpu::ShuffleOp::create(e.b, e.loc, partial, offset,
+                                                 32, gpu::ShuffleMode::XOR)
+                              .getShuffleResult();
+            partial = e.add(partial, other);
+          }
+          Value x = xs[u];
+          e.ifThen(eqI(e, lane, e.index(0)), [&] {
+            auto [s, choice] =
+                cpu::expertScore(e, router.getKind(), partial,
+                                 bias ? e.load(bias, {x}) : Value());
+            e.storeRaw(s, scratch.score, {x});
+            e.storeRaw(choice, scratch.choice, {x});
+          });
+        }
+      },
+      e.index(kRouteWarps * unroll));
   gpu::BarrierOp::create(e.b, e.loc);
-  Value t = e.iadd(firstToken, warp);
-  e.ifThen(e.andi(eqI(e, lane, e.index(0)), ultI(e, t, tokenCount)), [&] {
-    cpu::selectExperts(e, router, experts, topK, scratchOf(warp), ids, weights,
-                       t);
+  e.ifThen(eqI(e, tid, e.index(0)), [&] {
+    cpu::selectExperts(e, router, experts, topK, scratch, ids, weights, t);
   });
   k.finish();
   return success();
@@ -1129,8 +1092,6 @@ FailureOr<std::string> nvidia::compileKernels(ModuleOp module,
   target.optLevel = 3;
   pm.addPass(createGpuNVVMAttachTarget(target));
   OpPassManager &kernels = pm.nest<gpu::GPUModuleOp>();
-  kernels.addPass(memref::createExpandStridedMetadataPass());
-  kernels.addPass(createLowerAffinePass());
   kernels.addPass(createConvertNVGPUToNVVMPass());
   kernels.addPass(createSCFToControlFlowPass());
   kernels.addPass(createConvertGpuOpsToNVVMOps());
