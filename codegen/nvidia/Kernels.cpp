@@ -7,12 +7,14 @@
 //   dispatch   a plan kernel (one block: counts, offsets and each choice's
 //              row, in token order, with no host synchronization) and a
 //              scatter kernel (a block per token copies its rows);
-//   matmul     128x128 output tiles on the tensor cores: TMA loads 64-wide
-//              K slices into a 4-stage shared-memory ring (128-byte swizzle)
-//              and one warpgroup issues wgmma m64n128k16; the epilogue adds
-//              bias, applies the activation and stores bf16 from registers.
-//              Grouped matmuls find their expert and rows from the device's
-//              counts, so the grid is an upper bound and spare blocks exit;
+//   matmul     tiles of 128 rows x 256 weight rows on the tensor cores:
+//              TMA loads 64-wide K slices into a 4-stage shared-memory ring
+//              (128-byte swizzle) and two warpgroups each issue wgmma
+//              m64n256k16 for 64 of the rows; the epilogue adds bias,
+//              applies the activation (gate and up halves of the tile) and
+//              stores bf16 from registers. Grouped matmuls find their
+//              expert and rows from the device's counts, so the grid is an
+//              upper bound and spare blocks exit;
 //   combine    a block per token gathers, weights and sums in f32;
 //   quantize / dequantize   a thread per scale block.
 //
@@ -46,7 +48,11 @@ using namespace mlir::moe::nvidia;
 using cpu::Emitter;
 
 namespace {
-constexpr int64_t kTileM = 128, kTileN = 128, kTileK = 64;
+// A matmul tile is 128 rows x 256 columns (B rows), 64 deep per stage; each
+// of its two warpgroups computes 64 rows with wgmma m64n256k16.
+constexpr int64_t kTileM = 128, kTileN = 256, kTileK = 64;
+constexpr int64_t kWarpGroups = 2, kGroupRows = kTileM / kWarpGroups;
+constexpr int64_t kFragment = kGroupRows * kTileN / 128; // f32 per thread
 constexpr int64_t kRouteWarps = 8;
 constexpr int64_t kStageBytes = (kTileM + kTileN) * kTileK * 2;
 /// Lists a kernel's arguments that are TMA descriptors passed by value; they
@@ -524,15 +530,15 @@ LogicalResult KernelLowering::lowerDispatch(DispatchOp op) {
 //===----------------------------------------------------------------------===//
 
 namespace {
-/// The pieces of the wgmma main loop: accumulators are LLVM structs of 64
-/// f32 per thread (one m64n128 fragment per half of the 128-row tile).
+/// The pieces of the wgmma main loop: the accumulator is an LLVM struct of
+/// kFragment f32 per thread, one m64n256 fragment per warpgroup.
 struct Wgmma {
   OpBuilder &b;
   Location loc;
   Type fragment;
 
   Wgmma(OpBuilder &b, Location loc) : b(b), loc(loc) {
-    SmallVector<Type> fields(64, b.getF32Type());
+    SmallVector<Type> fields(kFragment, b.getF32Type());
     fragment = LLVM::LLVMStructType::getLiteral(b.getContext(), fields);
   }
   Value i64(int64_t v) {
@@ -543,7 +549,7 @@ struct Wgmma {
     Value acc = LLVM::PoisonOp::create(b, loc, fragment);
     Value z = LLVM::ConstantOp::create(b, loc, b.getF32Type(),
                                        b.getF32FloatAttr(0.0));
-    for (int64_t i = 0; i < 64; ++i)
+    for (int64_t i = 0; i < kFragment; ++i)
       acc = LLVM::InsertValueOp::create(b, loc, acc, z, ArrayRef<int64_t>{i});
     return acc;
   }
@@ -595,8 +601,8 @@ LogicalResult KernelLowering::lowerMatmul(GroupedMatmulOp op) {
            << "has K = " << kDim << "; sm_90a's TMA loads need a multiple of 8";
   ActivationAttr activation = op.getActivationAttr();
   int64_t outN = activation ? n / 2 : n;
-  // With an activation a tile computes 64 gate and the matching 64 up
-  // columns, and gives 64 outputs.
+  // With an activation a tile computes 128 gate and the matching 128 up
+  // columns, and gives 128 outputs.
   int64_t outTile = activation ? kTileN / 2 : kTileN;
   // A copy: define() may grow the map it lives in.
   TensorInfo lhs = info(op.getLhs());
@@ -623,10 +629,9 @@ LogicalResult KernelLowering::lowerMatmul(GroupedMatmulOp op) {
   launch.gridX = grouped ? GridDim{lhs.rows, kTileM, experts}
                          : GridDim{lhs.rows, kTileM, 0};
   launch.gridY = fixed(llvm::divideCeil(outN, outTile));
-  launch.block = 128;
-  // Ring depth: with K up to 2048, 3 stages (97 KiB) let two blocks share
-  // an SM and hide each other's epilogue; longer K runs better on 4.
-  const int64_t kStages = kDim <= 2048 ? 3 : 4;
+  launch.block = kWarpGroups * 128;
+  // A 4-stage ring of 48 KiB stages.
+  const int64_t kStages = 4;
   launch.sharedBytes = kStages * kStageBytes + 1024;
   Emitter &e = k.e;
   OpBuilder &b = e.b;
@@ -716,7 +721,7 @@ LogicalResult KernelLowering::lowerMatmul(GroupedMatmulOp op) {
       /*withElse=*/false);
   b.setInsertionPointToStart(&active.getThenRegion().front());
 
-  // Shared memory: kStages x (A 128x64, B 128x64), 1024-byte aligned for
+  // Shared memory: kStages x (A 128x64, B 256x64), 1024-byte aligned for
   // the 128-byte swizzle.
   auto bytesType = MemRefType::get({ShapedType::kDynamic}, b.getI8Type(),
                                    MemRefLayoutAttrInterface(), workgroup);
@@ -782,8 +787,12 @@ LogicalResult KernelLowering::lowerMatmul(GroupedMatmulOp op) {
 
   Wgmma w(b, e.loc);
   Value zero = w.zero();
+  // This thread's warpgroup computes rows [64 g, 64 g + 64) of the tile.
+  Value group = divUI(e, tid, 128);
+  Value groupOffset = arith::IndexCastOp::create(
+      b, e.loc, b.getI64Type(), mulI(e, group, kGroupRows * kTileK * 2));
   auto loop = scf::ForOp::create(b, e.loc, e.index(0), e.index(kTiles),
-                                 e.index(1), ValueRange{zero, zero});
+                                 e.index(1), ValueRange{zero});
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
@@ -794,17 +803,15 @@ LogicalResult KernelLowering::lowerMatmul(GroupedMatmulOp op) {
     nvgpu::MBarrierTryWaitParityOp::create(b, e.loc, barriers, parity,
                                            e.index(10000000), slot);
     NVVM::WgmmaFenceAlignedOp::create(b, e.loc);
-    SmallVector<Value> acc(loop.getRegionIterArgs());
-    Value aBase = address(slot, 0);
+    Value acc = loop.getRegionIterArgs()[0];
+    Value aBase = LLVM::AddOp::create(b, e.loc, address(slot, 0), groupOffset);
     Value bBase = address(slot, kTileM * kTileK * 2);
     for (int64_t kk = 0; kk < kTileK / 16; ++kk) {
       Value bDesc =
           w.descriptor(LLVM::AddOp::create(b, e.loc, bBase, w.i64(kk * 32)));
-      for (int64_t half = 0; half < 2; ++half) {
-        Value aDesc = w.descriptor(LLVM::AddOp::create(
-            b, e.loc, aBase, w.i64(half * 64 * kTileK * 2 + kk * 32)));
-        acc[half] = w.mma(acc[half], aDesc, bDesc);
-      }
+      Value aDesc =
+          w.descriptor(LLVM::AddOp::create(b, e.loc, aBase, w.i64(kk * 32)));
+      acc = w.mma(acc, aDesc, bDesc);
     }
     NVVM::WgmmaGroupSyncAlignedOp::create(b, e.loc);
     // The previous slice's wgmma are done: its slot can be refilled.
@@ -817,11 +824,13 @@ LogicalResult KernelLowering::lowerMatmul(GroupedMatmulOp op) {
   }
   NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 0);
 
-  // Epilogue from registers: fragment element i of a thread in warp w, lane
-  // l is row 16w + l/4 + 8((i/2)%2), column 8(i/4) + 2(l%4) + i%2.
-  Value warp = divUI(e, tid, 32), lane = remUI(e, tid, 32);
-  Value rowBase =
-      e.iadd(e.iadd(rowStartIdx, mulI(e, warp, 16)), divUI(e, lane, 4));
+  // Epilogue from registers: fragment element i of a thread in warp w (of
+  // its warpgroup), lane l is row 16w + l/4 + 8((i/2)%2), column
+  // 8(i/4) + 2(l%4) + i%2.
+  Value warp = remUI(e, divUI(e, tid, 32), 4), lane = remUI(e, tid, 32);
+  Value rowBase = e.iadd(e.iadd(e.iadd(rowStartIdx, mulI(e, group, kGroupRows)),
+                                mulI(e, warp, 16)),
+                         divUI(e, lane, 4));
   Value colBase = mulI(e, remUI(e, lane, 4), 2);
   Value rowEndIdx = e.toIndex(rowEnd);
   auto column = [&](Value acc, int64_t i) {
@@ -836,28 +845,27 @@ LogicalResult KernelLowering::lowerMatmul(GroupedMatmulOp op) {
     return e.add(v, grouped ? e.load(bias, {expertIdx, safe})
                             : e.load(bias, {safe}));
   };
-  int64_t perThread = activation ? 32 : 64;
-  for (int64_t half = 0; half < 2; ++half) {
-    Value acc = loop.getResult(half);
-    for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
-      Value row = e.iadd(rowBase, e.index(half * 64 + rowHalf * 8));
-      e.ifThen(ultI(e, row, rowEndIdx), [&] {
-        for (int64_t i = 0; i < perThread; ++i) {
-          if ((i / 2) % 2 != rowHalf)
-            continue;
-          Value c =
-              e.iadd(colTile, e.iadd(colBase, e.index((i / 4) * 8 + i % 2)));
-          Value v = addBias(column(acc, i), activation ? c : c);
-          if (activation) {
-            Value up = addBias(column(acc, i + 32), e.iadd(c, e.index(n / 2)));
-            v = cpu::activate(e, activation, v, up);
-          }
-          e.ifThen(ultI(e, c, e.index(outN)), [&] {
-            e.store(v, out, {row, c});
-          });
+  // With an activation, gate column c is element i and its up column
+  // c + kTileN / 2 is element i + kFragment / 2.
+  int64_t perThread = activation ? kFragment / 2 : kFragment;
+  Value acc = loop.getResult(0);
+  for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
+    Value row = e.iadd(rowBase, e.index(rowHalf * 8));
+    e.ifThen(ultI(e, row, rowEndIdx), [&] {
+      for (int64_t i = 0; i < perThread; ++i) {
+        if ((i / 2) % 2 != rowHalf)
+          continue;
+        Value c =
+            e.iadd(colTile, e.iadd(colBase, e.index((i / 4) * 8 + i % 2)));
+        Value v = addBias(column(acc, i), c);
+        if (activation) {
+          Value up = addBias(column(acc, i + kFragment / 2),
+                             e.iadd(c, e.index(n / 2)));
+          v = cpu::activate(e, activation, v, up);
         }
-      });
-    }
+        e.ifThen(ultI(e, c, e.index(outN)), [&] { e.store(v, out, {row, c}); });
+      }
+    });
   }
   b.setInsertionPointAfter(active);
   k.finish();
