@@ -2,8 +2,9 @@
 //
 // One kernel per L1 op (dispatch takes two), built with MLIR builders in the
 // gpu, nvgpu and nvvm dialects:
-//   route      a block per token: warps compute router logits, one thread
-//              chooses experts with the reference's selection code;
+//   route      a block per four tokens: warps compute router logits (each
+//              weight load serves the four), then one thread per token
+//              chooses its experts with the reference's selection code;
 //   dispatch   a plan kernel (one block: counts, offsets and each choice's
 //              row, in token order, with no host synchronization) and a
 //              scatter kernel (a block per token copies its rows);
@@ -26,6 +27,7 @@
 #include "codegen/cpu/Numerics.h"
 #include "dialects/moe/MoeOps.h"
 
+#include "mlir/Conversion/AffineToStandard/AffineToStandard.h"
 #include "mlir/Conversion/GPUToNVVM/GPUToNVVMPass.h"
 #include "mlir/Conversion/NVGPUToNVVM/NVGPUToNVVM.h"
 #include "mlir/Conversion/NVVMToLLVM/NVVMToLLVM.h"
@@ -35,6 +37,7 @@
 #include "mlir/Dialect/GPU/Transforms/Passes.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/MemRef/Transforms/Passes.h"
 #include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 #include "mlir/IR/Verifier.h"
@@ -53,7 +56,7 @@ namespace {
 constexpr int64_t kTileM = 128, kTileN = 256, kTileK = 64;
 constexpr int64_t kWarpGroups = 2, kGroupRows = kTileM / kWarpGroups;
 constexpr int64_t kFragment = kGroupRows * kTileN / 128; // f32 per thread
-constexpr int64_t kRouteWarps = 8;
+constexpr int64_t kRouteWarps = 8, kRouteTokens = 4;
 constexpr int64_t kStageBytes = (kTileM + kTileN) * kTileK * 2;
 /// Lists a kernel's arguments that are TMA descriptors passed by value; they
 /// become byval + nvvm.grid_constant once the kernel is an LLVM function.
@@ -288,7 +291,8 @@ LogicalResult KernelLowering::lowerRoute(RouteOp op) {
     buffers.push_back(op.getBias());
   buffers.append({op.getExpertIds(), op.getWeights()});
   Kernel k = kernel("route", buffers);
-  k.launch.gridX = GridDim{tokens, 1, 0};
+  // kRouteTokens tokens per block share each load of the router weights.
+  k.launch.gridX = GridDim{tokens, kRouteTokens, 0};
   k.launch.gridY = fixed(1);
   k.launch.block = kRouteWarps * 32;
   Emitter &e = k.e;
@@ -300,20 +304,44 @@ LogicalResult KernelLowering::lowerRoute(RouteOp op) {
   Value ids = views[views.size() - 2], weights = views.back();
 
   Type f32 = e.b.getF32Type(), i8 = e.b.getI8Type();
-  cpu::RouteScratch scratch;
-  scratch.score = k.workgroupBuffer({experts}, f32);
-  scratch.choice = k.workgroupBuffer({experts}, f32);
-  scratch.taken = k.workgroupBuffer({experts}, i8);
-  if (router.getNGroup() > 1) {
-    scratch.groupScore = k.workgroupBuffer({router.getNGroup()}, f32);
-    scratch.groupTaken = k.workgroupBuffer({router.getNGroup()}, i8);
+  int64_t nGroup = router.getNGroup();
+  // One row of scratch per token of the block.
+  cpu::RouteScratch all;
+  all.score = k.workgroupBuffer({kRouteTokens, experts}, f32);
+  all.choice = k.workgroupBuffer({kRouteTokens, experts}, f32);
+  all.taken = k.workgroupBuffer({kRouteTokens, experts}, i8);
+  if (nGroup > 1) {
+    all.groupScore = k.workgroupBuffer({kRouteTokens, nGroup}, f32);
+    all.groupTaken = k.workgroupBuffer({kRouteTokens, nGroup}, i8);
   }
-  Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
+  auto row = [&](Value buffer, Value r) -> Value {
+    if (!buffer)
+      return buffer;
+    auto type = cast<MemRefType>(buffer.getType());
+    int64_t n = type.getDimSize(1);
+    SmallVector<OpFoldResult> offsets = {r, e.b.getIndexAttr(0)};
+    SmallVector<OpFoldResult> sizes = {e.b.getIndexAttr(1),
+                                       e.b.getIndexAttr(n)};
+    SmallVector<OpFoldResult> strides = {e.b.getIndexAttr(1),
+                                         e.b.getIndexAttr(1)};
+    MemRefType rowType = memref::SubViewOp::inferRankReducedResultType(
+        {n}, type, offsets, sizes, strides);
+    return memref::SubViewOp::create(e.b, e.loc, rowType, buffer, offsets,
+                                     sizes, strides);
+  };
+  Value tokenCount = k.linear(tokens);
+  Value firstToken = mulI(e, k.blockId(gpu::Dimension::x), kRouteTokens);
+  Value lastToken = arith::SubIOp::create(e.b, e.loc, tokenCount, e.index(1));
+  // Tokens past the end read the last one and are chosen for by no one.
+  SmallVector<Value> loadRows;
+  for (int64_t p = 0; p < kRouteTokens; ++p)
+    loadRows.push_back(minUI(e, e.iadd(firstToken, e.index(p)), lastToken));
+  Value tid = k.threadId();
   Value warp = divUI(e, tid, 32), lane = remUI(e, tid, 32);
-  // Each warp takes `unroll` experts at a time, every kWarps-th group; lanes
-  // split the hidden dimension with 16-byte loads and meet through
-  // shuffles. Several experts per pass keep several loads in flight and
-  // read the token once for all of them.
+  // Each warp takes `unroll` experts at a time, every kRouteWarps-th group;
+  // lanes split the hidden dimension with 16-byte loads and meet through
+  // shuffles. Each load of a weight serves every token of the block, each
+  // load of a token every expert of the pass.
   int64_t width = h % 8 == 0 ? 8 : 1;
   int64_t unroll = experts % (kRouteWarps * 4) == 0 ? 4 : 1;
   auto f32Vec = VectorType::get({width}, f32);
@@ -329,43 +357,58 @@ LogicalResult KernelLowering::lowerRoute(RouteOp op) {
       [&](Value first) {
         Value zero = arith::ConstantOp::create(
             e.b, e.loc, DenseElementsAttr::get(f32Vec, e.b.getF32FloatAttr(0)));
-        SmallVector<Value> xs, init(unroll, zero);
+        SmallVector<Value> xs, init(kRouteTokens * unroll, zero);
         for (int64_t u = 0; u < unroll; ++u)
           xs.push_back(e.iadd(first, e.index(u)));
+        // acc[p * unroll + u]: token p, expert u.
         SmallVector<Value> lanes = e.reduce(
             mulI(e, lane, width), e.index(h), init,
             [&](Value c, ValueRange acc) -> SmallVector<Value> {
-              Value x = loadVec(hidden, {t, c});
-              SmallVector<Value> next;
+              SmallVector<Value> w, next;
               for (int64_t u = 0; u < unroll; ++u)
-                next.push_back(
-                    e.add(acc[u], e.mul(x, loadVec(weight, {xs[u], c}))));
+                w.push_back(loadVec(weight, {xs[u], c}));
+              for (int64_t p = 0; p < kRouteTokens; ++p) {
+                Value x = loadVec(hidden, {loadRows[p], c});
+                for (int64_t u = 0; u < unroll; ++u)
+                  next.push_back(e.add(acc[p * unroll + u], e.mul(x, w[u])));
+              }
               return next;
             },
             e.index(32 * width));
-        for (int64_t u = 0; u < unroll; ++u) {
-          Value partial = vector::ReductionOp::create(
-              e.b, e.loc, vector::CombiningKind::ADD, lanes[u]);
-          for (int offset = 16; offset > 0; offset /= 2) {
-            Value other = gpu::ShuffleOp::create(e.b, e.loc, partial, offset,
-                                                 32, gpu::ShuffleMode::XOR)
-                              .getShuffleResult();
-            partial = e.add(partial, other);
+        for (int64_t p = 0; p < kRouteTokens; ++p) {
+          for (int64_t u = 0; u < unroll; ++u) {
+            Value partial = vector::ReductionOp::create(
+                e.b, e.loc, vector::CombiningKind::ADD, lanes[p * unroll + u]);
+            for (int offset = 16; offset > 0; offset /= 2) {
+              Value other = gpu::ShuffleOp::create(e.b, e.loc, partial, offset,
+                                                   32, gpu::ShuffleMode::XOR)
+                                .getShuffleResult();
+              partial = e.add(partial, other);
+            }
+            Value x = xs[u];
+            Value slot = e.index(p);
+            e.ifThen(eqI(e, lane, e.index(0)), [&] {
+              auto [s, choice] =
+                  cpu::expertScore(e, router.getKind(), partial,
+                                   bias ? e.load(bias, {x}) : Value());
+              e.storeRaw(s, all.score, {slot, x});
+              e.storeRaw(choice, all.choice, {slot, x});
+            });
           }
-          Value x = xs[u];
-          e.ifThen(eqI(e, lane, e.index(0)), [&] {
-            auto [s, choice] =
-                cpu::expertScore(e, router.getKind(), partial,
-                                 bias ? e.load(bias, {x}) : Value());
-            e.storeRaw(s, scratch.score, {x});
-            e.storeRaw(choice, scratch.choice, {x});
-          });
         }
       },
       e.index(kRouteWarps * unroll));
   gpu::BarrierOp::create(e.b, e.loc);
-  e.ifThen(eqI(e, tid, e.index(0)), [&] {
-    cpu::selectExperts(e, router, experts, topK, scratch, ids, weights, t);
+  // The first lane of warp p chooses token p's experts.
+  Value t = e.iadd(firstToken, warp);
+  Value chooses = e.andi(
+      eqI(e, lane, e.index(0)),
+      e.andi(ultI(e, warp, e.index(kRouteTokens)), ultI(e, t, tokenCount)));
+  e.ifThen(chooses, [&] {
+    cpu::RouteScratch mine{row(all.score, warp), row(all.choice, warp),
+                           row(all.taken, warp), row(all.groupScore, warp),
+                           row(all.groupTaken, warp)};
+    cpu::selectExperts(e, router, experts, topK, mine, ids, weights, t);
   });
   k.finish();
   return success();
@@ -1100,6 +1143,8 @@ FailureOr<std::string> nvidia::compileKernels(ModuleOp module,
   target.optLevel = 3;
   pm.addPass(createGpuNVVMAttachTarget(target));
   OpPassManager &kernels = pm.nest<gpu::GPUModuleOp>();
+  kernels.addPass(memref::createExpandStridedMetadataPass());
+  kernels.addPass(createLowerAffinePass());
   kernels.addPass(createConvertNVGPUToNVVMPass());
   kernels.addPass(createSCFToControlFlowPass());
   kernels.addPass(createConvertGpuOpsToNVVMOps());
