@@ -343,7 +343,9 @@ LogicalResult KernelLowering::lowerRoute(RouteOp op) {
   // shuffles. Each load of a weight serves every token of the block, each
   // load of a token every expert of the pass.
   int64_t width = h % 8 == 0 ? 8 : 1;
-  int64_t unroll = experts % (kRouteWarps * 4) == 0 ? 4 : 1;
+  // Two experts a pass: four would keep 128 f32 accumulators per thread
+  // and one block per SM.
+  int64_t unroll = experts % (kRouteWarps * 2) == 0 ? 2 : 1;
   auto f32Vec = VectorType::get({width}, f32);
   auto loadVec = [&](Value buffer, ValueRange index) -> Value {
     Type element = cast<MemRefType>(buffer.getType()).getElementType();
