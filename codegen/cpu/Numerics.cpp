@@ -21,12 +21,7 @@ std::pair<Value, Value> cpu::expertScore(Emitter &e, RouterKind kind,
 
 void cpu::selectExperts(Emitter &e, RouterAttr router, int64_t experts,
                         int64_t topK, const RouteScratch &scratch, Value ids,
-                        Value weights, Value t, const ArgmaxFn &argmaxFn) {
-  auto argmax = [&](Value lb, Value ub, function_ref<Value(Value)> key,
-                    function_ref<Value(Value)> eligible) {
-    return argmaxFn ? argmaxFn(lb, ub, key, eligible)
-                    : e.argmax(lb, ub, key, eligible);
-  };
+                        Value weights, Value t) {
   RouterKind kind = router.getKind();
   int64_t nGroup = router.getNGroup();
   Value zero8 = arith::ConstantOp::create(e.b, e.loc, e.b.getI8IntegerAttr(0));
@@ -81,7 +76,7 @@ void cpu::selectExperts(Emitter &e, RouterAttr router, int64_t experts,
       e.storeRaw(zero8, scratch.groupTaken, {g});
     });
     e.forEach(e.index(0), e.index(router.getTopkGroup()), [&](Value) {
-      Value best = argmax(
+      Value best = e.argmax(
           e.index(0), e.index(nGroup),
           [&](Value g) { return e.loadRaw(scratch.groupScore, {g}); },
           isFree(scratch.groupTaken));
@@ -98,7 +93,7 @@ void cpu::selectExperts(Emitter &e, RouterAttr router, int64_t experts,
 
   // Top-k by choice score, in descending order.
   e.forEach(e.index(0), e.index(topK), [&](Value j) {
-    Value best = e.toIndex(argmax(
+    Value best = e.toIndex(e.argmax(
         e.index(0), e.index(experts),
         [&](Value x) { return e.loadRaw(scratch.choice, {x}); },
         isFree(scratch.taken)));

@@ -28,18 +28,11 @@ struct RouteScratch {
   Value score, choice, taken, groupScore, groupTaken;
 };
 
-/// Emitter::argmax's contract: the index (i32) in [lb, ub) with the largest
-/// key among the eligible, ties to the lowest index, -1 if none.
-using ArgmaxFn =
-    std::function<Value(Value lb, Value ub, function_ref<Value(Value)> key,
-                        function_ref<Value(Value)> eligible)>;
-
 /// Chooses token `t`'s top-k experts into ids[t, :] (i32) and their weights
-/// into weights[t, :] (f32), as `router` says. `argmax`, if given, replaces
-/// Emitter::argmax (on a GPU a warp searches cooperatively).
+/// into weights[t, :] (f32), as `router` says.
 void selectExperts(Emitter &e, RouterAttr router, int64_t experts, int64_t topK,
                    const RouteScratch &scratch, Value ids, Value weights,
-                   Value t, const ArgmaxFn &argmax = {});
+                   Value t);
 
 /// The activation of a gate and an up value (f32).
 Value activate(Emitter &e, ActivationAttr activation, Value gate, Value up);
