@@ -25,10 +25,12 @@ int32_t fail(const std::string &message) {
   return 1;
 }
 
-/// A loaded module and the functions looked up in it.
+/// A loaded module and the functions looked up in it, by the address of
+/// their name: a compiled layer passes its own constant strings, and each
+/// layer has its own cache.
 struct Module {
   void *handle = nullptr;
-  std::unordered_map<std::string, void *> functions;
+  std::unordered_map<const char *, void *> functions;
 };
 /// An image's modules, one per context it ran in.
 struct ModuleCache {
@@ -36,24 +38,26 @@ struct ModuleCache {
 };
 std::mutex mutex;
 
-/// The driver, with a current context (device 0's primary one if the caller
-/// made none current).
-CudaDevice::Driver *driverWithContext(std::string &error) {
+/// The driver and the current context (device 0's primary one, made
+/// current, if the caller made none current).
+CudaDevice::Driver *driverWithContext(void *&context, std::string &error) {
   static std::unique_ptr<CudaDevice> fallback;
   CudaDevice::Driver *driver = CudaDevice::loadDriver(error);
   if (!driver)
     return nullptr;
-  void *current = nullptr;
-  if (driver->cuCtxGetCurrent(&current) == 0 && current)
+  if (driver->cuCtxGetCurrent(&context) == 0 && context)
     return driver;
   // Contexts are per thread: make the fallback current on this one.
-  std::lock_guard<std::mutex> lock(mutex);
-  if (!fallback) {
-    if (!(fallback = CudaDevice::open(0, error)))
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!fallback ? !(fallback = CudaDevice::open(0, error))
+                  : !fallback->makeCurrent(error))
       return nullptr;
-    return driver;
   }
-  return fallback->makeCurrent(error) ? driver : nullptr;
+  return CudaDevice::checkResult(driver, driver->cuCtxGetCurrent(&context),
+                                 "cuCtxGetCurrent", error)
+             ? driver
+             : nullptr;
 }
 } // namespace
 
@@ -69,11 +73,10 @@ extern "C" int32_t moert_launch(void **module, const void *image,
                                 uint32_t sharedBytes, void *stream,
                                 void **params) {
   std::string error;
-  CudaDevice::Driver *driver = driverWithContext(error);
+  void *context = nullptr;
+  CudaDevice::Driver *driver = driverWithContext(context, error);
   if (!driver)
     return fail(error);
-  void *context = nullptr;
-  CHECK(driver->cuCtxGetCurrent(&context), "cuCtxGetCurrent");
   void *function = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -99,9 +102,12 @@ extern "C" int32_t moert_launch(void **module, const void *image,
   }
   if (gridX == 0 || gridY == 0)
     return 0;
-  CHECK(driver->cuLaunchKernel(function, gridX, gridY, 1, blockX, 1, 1,
-                               sharedBytes, stream, params, nullptr),
-        (std::string("cuLaunchKernel(") + kernel + ")").c_str());
+  int result = driver->cuLaunchKernel(function, gridX, gridY, 1, blockX, 1, 1,
+                                      sharedBytes, stream, params, nullptr);
+  if (result != 0) {
+    std::string call = std::string("cuLaunchKernel(") + kernel + ")";
+    CHECK(result, call.c_str());
+  }
   return 0;
 }
 

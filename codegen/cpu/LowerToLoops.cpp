@@ -70,8 +70,8 @@ private:
     MemRefType type = bufferType(result.getType());
     // A token count fixed in the type needs no size.
     if (!buffer)
-      buffer = e.alloc(type, type.getNumDynamicDims() ? dynamicSizes
-                                                      : ValueRange());
+      buffer =
+          e.alloc(type, type.getNumDynamicDims() ? dynamicSizes : ValueRange());
     buffers.map(result, buffer);
     return buffer;
   }
@@ -394,9 +394,7 @@ static FailureOr<int64_t> scaleRowsPerBlock(Operation *op, MemRefType data,
     return op->emitOpError() << "of rank " << rank
                              << " is not supported by the CPU reference "
                                 "backend (ranks 2 and 3 are)";
-  bool square = scheme.getKind() == QuantKind::FP8Block128 &&
-                scaleShape[rank - 2] != data.getDimSize(rank - 2);
-  return square ? 128 : 1;
+  return cpu::scaleRowsPerBlock(data.getShape(), scaleShape, scheme);
 }
 
 LogicalResult FunctionLowering::lowerQuantize(QuantizeOp op) {

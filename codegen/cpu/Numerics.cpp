@@ -150,6 +150,14 @@ Value cpu::activate(Emitter &e, ActivationAttr activation, Value gate,
   return e.mul(e.add(up, e.f32(1.0)), glu);
 }
 
+int64_t cpu::scaleRowsPerBlock(ArrayRef<int64_t> dataShape,
+                               ArrayRef<int64_t> scaleShape, QuantAttr scheme) {
+  size_t rows = dataShape.size() - 2;
+  bool square = scheme.getKind() == QuantKind::FP8Block128 &&
+                scaleShape[rows] != dataShape[rows];
+  return square ? 128 : 1;
+}
+
 Value cpu::loadScale(Emitter &e, Value scales, ValueRange indices) {
   Value raw = e.loadRaw(scales, indices);
   return raw.getType().isInteger(8) ? decodeE8M0(e, raw) : raw;

@@ -50,6 +50,12 @@ void dequantizeBlock(Emitter &e, Value data, Value scales, Value out,
                      ArrayRef<Value> prefix, Value rb, Value kb, Value firstRow,
                      Value lastRow, Value firstCol, Value lastCol);
 
+/// Rows per scale block of quantized data of `dataShape` (rank 2 or 3) whose
+/// scales have `scaleShape`: 128 for FP8 block-128 weights stored in
+/// 128 x 128 blocks, else 1.
+int64_t scaleRowsPerBlock(ArrayRef<int64_t> dataShape,
+                          ArrayRef<int64_t> scaleShape, QuantAttr scheme);
+
 /// A scale as f32, from its E8M0 code or as stored.
 Value loadScale(Emitter &e, Value scales, ValueRange indices);
 

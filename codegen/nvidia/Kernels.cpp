@@ -57,6 +57,7 @@ constexpr int64_t kTileM = 128, kTileN = 256, kTileK = 64;
 constexpr int64_t kWarpGroups = 2, kGroupRows = kTileM / kWarpGroups;
 constexpr int64_t kFragment = kGroupRows * kTileN / 128; // f32 per thread
 constexpr int64_t kRouteWarps = 8, kRouteTokens = 4;
+constexpr int64_t kStages = 4; // A ring of 48 KiB stages.
 constexpr int64_t kStageBytes = (kTileM + kTileN) * kTileK * 2;
 /// Lists a kernel's arguments that are TMA descriptors passed by value; they
 /// become byval + nvvm.grid_constant once the kernel is an LLVM function.
@@ -168,6 +169,18 @@ public:
 /// a multiple of the vector, so whole vectors are naturally aligned.
 llvm::MaybeAlign vectorAlign(int64_t width, Type element) {
   return llvm::Align(width * element.getIntOrFloatBitWidth() / 8);
+}
+
+/// `width` consecutive elements of `buffer` at `index`, as f32.
+Value loadF32Vector(Emitter &e, Value buffer, ValueRange index, int64_t width) {
+  Type element = cast<MemRefType>(buffer.getType()).getElementType();
+  Value v = vector::LoadOp::create(
+      e.b, e.loc, VectorType::get({width}, element), buffer, index,
+      /*nontemporal=*/false, vectorAlign(width, element));
+  if (element.isF32())
+    return v;
+  return arith::ExtFOp::create(e.b, e.loc,
+                               VectorType::get({width}, e.b.getF32Type()), v);
 }
 
 Value divUI(Emitter &e, Value x, int64_t y) {
@@ -347,12 +360,8 @@ LogicalResult KernelLowering::lowerRoute(RouteOp op) {
   // and one block per SM.
   int64_t unroll = experts % (kRouteWarps * 2) == 0 ? 2 : 1;
   auto f32Vec = VectorType::get({width}, f32);
-  auto loadVec = [&](Value buffer, ValueRange index) -> Value {
-    Type element = cast<MemRefType>(buffer.getType()).getElementType();
-    Value v = vector::LoadOp::create(
-        e.b, e.loc, VectorType::get({width}, element), buffer, index,
-        /*nontemporal=*/false, vectorAlign(width, element));
-    return element.isF32() ? v : arith::ExtFOp::create(e.b, e.loc, f32Vec, v);
+  auto loadVec = [&](Value buffer, ValueRange index) {
+    return loadF32Vector(e, buffer, index, width);
   };
   e.forEach(
       mulI(e, warp, unroll), e.index(experts),
@@ -675,8 +684,6 @@ LogicalResult KernelLowering::lowerMatmul(GroupedMatmulOp op) {
                          : GridDim{lhs.rows, kTileM, 0};
   launch.gridY = fixed(llvm::divideCeil(outN, outTile));
   launch.block = kWarpGroups * 128;
-  // A 4-stage ring of 48 KiB stages.
-  const int64_t kStages = 4;
   launch.sharedBytes = kStages * kStageBytes + 1024;
   Emitter &e = k.e;
   OpBuilder &b = e.b;
@@ -728,7 +735,6 @@ LogicalResult KernelLowering::lowerMatmul(GroupedMatmulOp op) {
   Value mTile =
       e.iadd(firstM, arith::RemUIOp::create(b, e.loc, inGroup, groupRows));
   Value nTile = arith::DivUIOp::create(b, e.loc, inGroup, groupRows);
-  Type i32 = b.getI32Type();
 
   // This block's expert and rows [rowStart, rowEnd).
   Value expert, rowStart, rowEnd;
@@ -914,7 +920,6 @@ LogicalResult KernelLowering::lowerMatmul(GroupedMatmulOp op) {
   }
   b.setInsertionPointAfter(active);
   k.finish();
-  (void)i32;
   return success();
 }
 
@@ -950,12 +955,8 @@ LogicalResult KernelLowering::lowerCombine(CombineOp op) {
   int64_t width = h % 8 == 0 ? 8 : 1;
   auto f32Vec = VectorType::get({width}, b.getF32Type());
   Type outElement = cast<MemRefType>(out.getType()).getElementType();
-  auto loadVec = [&](Value buffer, ValueRange index) -> Value {
-    Type element = cast<MemRefType>(buffer.getType()).getElementType();
-    Value v = vector::LoadOp::create(b, e.loc,
-                                     VectorType::get({width}, element), buffer,
-                                     index, false, vectorAlign(width, element));
-    return element.isF32() ? v : arith::ExtFOp::create(b, e.loc, f32Vec, v);
+  auto loadVec = [&](Value buffer, ValueRange index) {
+    return loadF32Vector(e, buffer, index, width);
   };
   auto splat = [&](Value s) {
     return vector::BroadcastOp::create(b, e.loc, f32Vec, s).getResult();
@@ -1017,39 +1018,33 @@ LogicalResult KernelLowering::lowerBlocks(Operation *op, Value input,
   if (rank != 2 && rank != 3)
     return op->emitOpError() << "of rank " << rank
                              << " has no sm_90a lowering (ranks 2 and 3 do)";
-  auto scaleShape = cast<RankedTensorType>(scales.getType()).getShape();
-  bool square = scheme.getKind() == QuantKind::FP8Block128 &&
-                scaleShape[rank - 2] != dataType.getDimSize(rank - 2);
-  int64_t rowsPerBlock = square ? 128 : 1;
+  int64_t rowsPerBlock = cpu::scaleRowsPerBlock(
+      dataType.getShape(), cast<RankedTensorType>(scales.getType()).getShape(),
+      scheme);
+  bool dynamic = dataType.isDynamicDim(0);
+  if (dynamic && rowsPerBlock != 1)
+    return op->emitOpError() << "quantizes token rows in 128-row blocks; "
+                                "sm_90a quantizes token rows one by one";
   int64_t kBlock = scheme.getBlockSize(), kDim = dataType.getDimSize(rank - 1);
   int64_t kBlocks = llvm::divideCeil(kDim, kBlock);
   Linear rows = info(input).rows;
-  if (quantize) {
-    define(output, rows);
+  define(output, rows);
+  if (quantize)
     define(scales, rows);
-  } else {
-    define(output, rows);
-  }
   Kernel k = kernel(quantize ? "quantize" : "dequantize",
                     quantize ? SmallVector<Value>{input, output, scales}
                              : SmallVector<Value>{input, scales, output});
-  // One thread per block; blocks = prefix x rowBlocks x kBlocks.
+  // One thread per block: prefix x rowBlocks x kBlocks of them.
   int64_t prefix = rank == 3 ? dataType.getDimSize(0) : 1;
-  bool dynamic = dataType.isDynamicDim(0);
-  int64_t staticRows = dynamic ? 0 : dataType.getDimSize(rank - 2);
-  if (!dynamic && rowsPerBlock == 1) {
-    k.launch.gridX =
-        fixed(llvm::divideCeil(prefix * staticRows * kBlocks, 128));
-  } else if (!dynamic) {
-    k.launch.gridX = fixed(llvm::divideCeil(
-        prefix * llvm::divideCeil(staticRows, rowsPerBlock) * kBlocks, 128));
-  } else {
-    if (rowsPerBlock != 1)
-      return op->emitOpError() << "quantizes token rows in 128-row blocks; "
-                                  "sm_90a quantizes token rows one by one";
-    k.launch.gridX =
-        GridDim{Linear{rows.fixed * kBlocks, rows.perToken * kBlocks}, 128, 0};
-  }
+  Linear blockRows =
+      dynamic ? rows
+              : Linear{int64_t(llvm::divideCeil(dataType.getDimSize(rank - 2),
+                                                rowsPerBlock)),
+                       0};
+  int64_t perRowBlock = prefix * kBlocks;
+  k.launch.gridX = GridDim{
+      Linear{blockRows.fixed * perRowBlock, blockRows.perToken * perRowBlock},
+      128, 0};
   k.launch.gridY = fixed(1);
   k.launch.block = 128;
   Emitter &e = k.e;
