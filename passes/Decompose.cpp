@@ -27,9 +27,16 @@ public:
 
 private:
   /// `lhs` [rows, K] times `rhs`^T, per expert when `groups` are given. With a
-  /// quant config, `lhs` and bf16 weights are quantized first.
-  Value matmul(Value lhs, Value rhs, Value rhsScale, Value bias,
-               ActivationAttr activation, ValueRange groups, bool quantized);
+  /// quant config, `lhs` and bf16 weights are quantized first. `role` names
+  /// the step (its ops' location), which the kernels are named after.
+  Value matmul(StringRef role, Value lhs, Value rhs, Value rhsScale,
+               Value bias, ActivationAttr activation, ValueRange groups,
+               bool quantized);
+
+  /// Builds the next ops at the layer's location named `role`.
+  void at(const Twine &role) {
+    b.setLoc(NameLoc::get(b.getStringAttr(role), layer.getLoc()));
+  }
 
   /// Quantizes `value` per the config; weights get 128 x 128 blocks under
   /// FP8 block-128, as DeepSeek-V3 stores them.
@@ -57,7 +64,8 @@ std::pair<Value, Value> LayerDecomposer::quantize(Value value, bool isWeight) {
   return {op.getData(), op.getScales()};
 }
 
-Value LayerDecomposer::matmul(Value lhs, Value rhs, Value rhsScale, Value bias,
+Value LayerDecomposer::matmul(StringRef role, Value lhs, Value rhs,
+                              Value rhsScale, Value bias,
                               ActivationAttr activation, ValueRange groups,
                               bool quantized) {
   auto rhsType = cast<RankedTensorType>(rhs.getType());
@@ -65,10 +73,14 @@ Value LayerDecomposer::matmul(Value lhs, Value rhs, Value rhsScale, Value bias,
   int64_t rows = cast<RankedTensorType>(lhs.getType()).getDimSize(0);
   Value lhsScale;
   if (quantized && config.getQuant()) {
+    at(role + "_input");
     std::tie(lhs, lhsScale) = quantize(lhs, /*isWeight=*/false);
-    if (!rhsScale)
+    if (!rhsScale) {
+      at(role + "_weights");
       std::tie(rhs, rhsScale) = quantize(rhs, /*isWeight=*/true);
+    }
   }
+  at(role);
   Value counts = groups.empty() ? Value() : groups[0];
   Value offsets = groups.empty() ? Value() : groups[1];
   return GroupedMatmulOp::create(
@@ -83,6 +95,7 @@ Value LayerDecomposer::build() {
   RouterAttr router = config.getRouter();
   Type i32 = b.getI32Type();
 
+  at("route");
   auto route =
       RouteOp::create(b, tensorType({tokens, topK}, i32),
                       tensorType({tokens, topK}, b.getF32Type()), hidden,
@@ -91,6 +104,7 @@ Value LayerDecomposer::build() {
   // Llama-4 weights the expert's input; every other router its output.
   bool scaleInput = router.getKind() == RouterKind::SigmoidScaleInput;
   Value routeWeights = route.getWeights();
+  at("dispatch");
   auto dispatch = DispatchOp::create(
       b,
       tensorType({ShapedType::kDynamic, config.getHidden()}, b.getBF16Type()),
@@ -101,22 +115,23 @@ Value LayerDecomposer::build() {
 
   ActivationAttr activation = config.getActivation();
   Value gateUp =
-      matmul(dispatch.getDispatched(), layer.getW13(), layer.getW13Scale(),
+      matmul("gate_up", dispatch.getDispatched(), layer.getW13(), layer.getW13Scale(),
              layer.getW13Bias(), activation, groups, /*quantized=*/true);
-  Value expertOut = matmul(gateUp, layer.getW2(), layer.getW2Scale(),
+  Value expertOut = matmul("down", gateUp, layer.getW2(), layer.getW2Scale(),
                            layer.getW2Bias(), {}, groups, /*quantized=*/true);
 
   Value shared, sharedGate;
   if (layer.getSharedW13()) {
-    Value sharedGateUp = matmul(hidden, layer.getSharedW13(), {}, {},
-                                activation, {}, /*quantized=*/true);
-    shared = matmul(sharedGateUp, layer.getSharedW2(), {}, {}, {}, {},
-                    /*quantized=*/true);
+    Value sharedGateUp = matmul("shared_gate_up", hidden, layer.getSharedW13(),
+                                {}, {}, activation, {}, /*quantized=*/true);
+    shared = matmul("shared_down", sharedGateUp, layer.getSharedW2(), {}, {},
+                    {}, {}, /*quantized=*/true);
     // The gate is one output column: not worth quantizing.
     if (layer.getSharedGate())
-      sharedGate = matmul(hidden, layer.getSharedGate(), {}, {}, {}, {},
-                          /*quantized=*/false);
+      sharedGate = matmul("shared_gate", hidden, layer.getSharedGate(), {},
+                          {}, {}, {}, /*quantized=*/false);
   }
+  at("combine");
   return CombineOp::create(b, layer.getType(), expertOut, dispatch.getRows(),
                            scaleInput ? Value() : routeWeights, shared,
                            sharedGate);

@@ -27,21 +27,25 @@ struct DequantizeOperands : OpRewritePattern<GroupedMatmulOp> {
                                 PatternRewriter &rewriter) const override {
     if (!op.getLhsScale())
       return failure();
-    auto dequantize = [&](Value data, Value scales) -> Value {
+    // Each dequantize is named after the matmul's step and its operand.
+    auto named = [&](StringRef operand) -> Location {
+      auto step = dyn_cast<NameLoc>(op.getLoc());
+      if (!step)
+        return op.getLoc();
+      return NameLoc::get(
+          rewriter.getStringAttr(step.getName().strref() + "_" + operand),
+          step.getChildLoc());
+    };
+    auto dequantize = [&](Value data, Value scales, StringRef operand) {
       auto dataType = cast<RankedTensorType>(data.getType());
-      Type scaleElement =
-          cast<RankedTensorType>(scales.getType()).getElementType();
-      QuantKind kind = isa<Float8E8M0FNUType>(scaleElement)
-                           ? QuantKind::MXFP8
-                           : QuantKind::FP8Block128;
-      auto scheme = QuantAttr::get(op.getContext(), kind, ScaleRounding::Floor);
       auto type =
           RankedTensorType::get(dataType.getShape(), rewriter.getBF16Type());
-      return DequantizeOp::create(rewriter, op.getLoc(), type, data, scales,
-                                  scheme);
+      return DequantizeOp::create(rewriter, named(operand), type, data, scales,
+                                  op.getScheme())
+          .getOutput();
     };
-    Value lhs = dequantize(op.getLhs(), op.getLhsScale());
-    Value rhs = dequantize(op.getRhs(), op.getRhsScale());
+    Value lhs = dequantize(op.getLhs(), op.getLhsScale(), "input");
+    Value rhs = dequantize(op.getRhs(), op.getRhsScale(), "weights");
     rewriter.replaceOpWithNewOp<GroupedMatmulOp>(
         op, op.getType(), lhs, rhs, op.getTokensPerExpert(),
         op.getExpertOffsets(), Value(), Value(), op.getBias(),

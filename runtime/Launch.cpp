@@ -135,4 +135,20 @@ extern "C" int32_t moert_tensor_map_2d(void *descriptor, void *base,
   return 0;
 }
 
+extern "C" int32_t moert_check_call(void *const *args, int32_t count,
+                                    int64_t tokens, int64_t maxTokens) {
+  if (tokens < 0 || tokens > maxTokens)
+    return fail("the token count " + std::to_string(tokens) +
+                " is outside the layer's range [0, " +
+                std::to_string(maxTokens) + "]");
+  if (!args && count > 0)
+    return fail("args is null");
+  for (int32_t i = 0; i < count; ++i)
+    if (reinterpret_cast<uintptr_t>(args[i]) % 16 != 0)
+      return fail("argument " + std::to_string(i) +
+                  " is not 16-byte aligned; the kernels read and write 16 "
+                  "bytes at a time");
+  return 0;
+}
+
 extern "C" const char *moert_last_error(void) { return lastError.c_str(); }

@@ -32,6 +32,13 @@ int32_t moert_tensor_map_2d(void *descriptor, void *base, int32_t element_bytes,
                             uint64_t rows, uint64_t cols, uint32_t box_rows,
                             uint32_t box_cols);
 
+/* Checks a forward's call before anything is launched: `tokens` must be
+ * between 0 and `max_tokens` (beyond it grids or row indices would
+ * overflow), and each of the `count` pointers in `args` 16-byte aligned (the
+ * kernels move 16-byte vectors). */
+int32_t moert_check_call(void *const *args, int32_t count, int64_t tokens,
+                         int64_t max_tokens);
+
 /* What the last failing call on this thread said. */
 const char *moert_last_error(void);
 

@@ -9,9 +9,9 @@
 
 #include "codegen/cpu/Passes.h"
 
-#include "codegen/cpu/Emitter.h"
-#include "codegen/cpu/FP8.h"
-#include "codegen/cpu/Numerics.h"
+#include "codegen/common/Emitter.h"
+#include "codegen/common/FP8.h"
+#include "codegen/common/Numerics.h"
 
 #include "dialects/moe/MoeOps.h"
 
@@ -27,7 +27,7 @@ namespace mlir::moe::cpu {
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::cpu;
+using namespace mlir::moe::common;
 
 namespace {
 /// Lowers the L1 ops of one function, in order, into a new function on
@@ -92,12 +92,14 @@ private:
         sizes.push_back(e.dim(like, i));
     return sizes;
   }
-  /// Calls body(prefix, rows, rowBlock, kBlockIndex) for every scale block of
+  /// Calls body(prefix, rowBlock, kBlockIndex, firstRow, lastRow, firstCol,
+  /// lastCol) for every scale block of
   /// a rank-2 or rank-3 quantized buffer: `prefix` is the leading (expert)
   /// index, if any; `rowsPerBlock` is 1 or 128.
   void forEachBlock(
       Value data, int64_t rowsPerBlock, int64_t kBlock,
-      function_ref<void(ArrayRef<Value>, Value, Value, Value, Value, Value)>
+      function_ref<void(ArrayRef<Value>, Value, Value, Value, Value, Value,
+                        Value)>
           body);
 
   Emitter &e;
@@ -171,26 +173,18 @@ LogicalResult FunctionLowering::lowerDispatch(DispatchOp op) {
       });
     });
   });
-  Value total = e.reduce(
-      e.index(0), e.index(experts), {e.i32(0)},
-      [&](Value x, ValueRange acc) -> SmallVector<Value> {
-        e.storeRaw(acc[0], offsets, {x});
-        Value count = e.loadRaw(counts, {x});
-        Value padded = arith::MulIOp::create(
-            e.b, e.loc,
-            arith::CeilDivUIOp::create(e.b, e.loc, count, e.i32(align)),
-            e.i32(align));
-        return {e.iadd(acc[0], padded)};
-      })[0];
-  e.storeRaw(total, offsets, {e.index(experts)});
+  // `cursor` is each expert's next free row.
+  Value cursor = e.alloc(MemRefType::get({experts}, e.b.getI32Type()));
+  layOutExperts(
+      e, experts, align, offsets,
+      [&](Value x) { return e.loadRaw(counts, {x}); },
+      [&](Value x, Value offset, Value) { e.storeRaw(offset, cursor, {x}); });
+  Value total = e.loadRaw(offsets, {e.index(experts)});
 
   Value dispatched = resultBuffer(op.getDispatched(), {e.toIndex(total)});
   e.fill(dispatched, arith::ConstantOp::create(
                          e.b, e.loc, e.b.getZeroAttr(e.b.getBF16Type())));
-  // Fill each expert's rows in token order; `cursor` is the next free row.
-  Value cursor = e.alloc(MemRefType::get({experts}, e.b.getI32Type()));
-  e.forEach(e.index(0), e.index(experts),
-            [&](Value x) { e.storeRaw(e.loadRaw(offsets, {x}), cursor, {x}); });
+  // Fill each expert's rows in token order.
   e.forEach(e.index(0), tokens, [&](Value t) {
     e.forEach(e.index(0), e.index(topK), [&](Value j) {
       Value id = e.loadRaw(ids, {t, j});
@@ -234,9 +228,7 @@ LogicalResult FunctionLowering::lowerMatmul(GroupedMatmulOp op) {
   if (lhsScale) {
     auto rhsScaleShape = cast<MemRefType>(rhsScale.getType()).getShape();
     rhsScaleRows = rhsScaleShape[rhsScaleShape.size() - 2] == n ? 1 : 128;
-    kBlock = cast<MemRefType>(lhsScale.getType()).getElementType().isInteger(8)
-                 ? 32
-                 : 128;
+    kBlock = op.getScheme().getBlockSize();
   }
   auto dot = [&](Value r, ArrayRef<Value> rhsPrefix) -> Value {
     if (!lhsScale)
@@ -353,7 +345,8 @@ LogicalResult FunctionLowering::lowerCombine(CombineOp op) {
 
 void FunctionLowering::forEachBlock(
     Value data, int64_t rowsPerBlock, int64_t kBlock,
-    function_ref<void(ArrayRef<Value>, Value, Value, Value, Value, Value)>
+    function_ref<void(ArrayRef<Value>, Value, Value, Value, Value, Value,
+                      Value)>
         body) {
   auto type = cast<MemRefType>(data.getType());
   int64_t rank = type.getRank();
@@ -374,7 +367,9 @@ void FunctionLowering::forEachBlock(
                 [&](Value kb) {
                   Value firstCol =
                       arith::MulIOp::create(e.b, e.loc, kb, e.index(kBlock));
-                  body(prefix, rb, kb, firstRow, lastRow, firstCol);
+                  Value lastCol = e.minUI(e.iadd(firstCol, e.index(kBlock)),
+                                          e.index(k));
+                  body(prefix, rb, kb, firstRow, lastRow, firstCol, lastCol);
                 });
     });
   };
@@ -394,7 +389,7 @@ static FailureOr<int64_t> scaleRowsPerBlock(Operation *op, MemRefType data,
     return op->emitOpError() << "of rank " << rank
                              << " is not supported by the CPU reference "
                                 "backend (ranks 2 and 3 are)";
-  return cpu::scaleRowsPerBlock(data.getShape(), scaleShape, scheme);
+  return common::scaleRowsPerBlock(data.getShape(), scaleShape, scheme);
 }
 
 LogicalResult FunctionLowering::lowerQuantize(QuantizeOp op) {
@@ -412,13 +407,11 @@ LogicalResult FunctionLowering::lowerQuantize(QuantizeOp op) {
   if (ShapedType::isDynamic(scaleShape[0]))
     scaleSizes.push_back(e.dim(input, 0));
   Value scales = resultBuffer(op.getScales(), scaleSizes);
-  int64_t kBlock = scheme.getBlockSize(), k = inputType.getDimSize(rank - 1);
+  int64_t kBlock = scheme.getBlockSize();
 
   forEachBlock(input, *rowsPerBlock, kBlock,
                [&](ArrayRef<Value> prefix, Value rb, Value kb, Value firstRow,
-                   Value lastRow, Value firstCol) {
-                 Value lastCol = arith::MinUIOp::create(
-                     e.b, e.loc, e.iadd(firstCol, e.index(kBlock)), e.index(k));
+                   Value lastRow, Value firstCol, Value lastCol) {
                  quantizeBlock(e, scheme, input, data, scales, prefix, rb, kb,
                                firstRow, lastRow, firstCol, lastCol);
                });
@@ -436,12 +429,10 @@ LogicalResult FunctionLowering::lowerDequantize(DequantizeOp op) {
     return failure();
   QuantAttr scheme = op.getScheme();
   Value out = resultBuffer(op.getOutput(), dynamicSizes(op.getOutput(), data));
-  int64_t kBlock = scheme.getBlockSize(), k = dataType.getDimSize(rank - 1);
+  int64_t kBlock = scheme.getBlockSize();
   forEachBlock(data, *rowsPerBlock, kBlock,
                [&](ArrayRef<Value> prefix, Value rb, Value kb, Value firstRow,
-                   Value lastRow, Value firstCol) {
-                 Value lastCol = arith::MinUIOp::create(
-                     e.b, e.loc, e.iadd(firstCol, e.index(kBlock)), e.index(k));
+                   Value lastRow, Value firstCol, Value lastCol) {
                  dequantizeBlock(e, data, scales, out, prefix, rb, kb, firstRow,
                                  lastRow, firstCol, lastCol);
                });

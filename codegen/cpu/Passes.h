@@ -9,7 +9,6 @@
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Pass/Pass.h"
-#include "mlir/Pass/PassManager.h"
 
 namespace mlir::moe::cpu {
 #define GEN_PASS_DECL
@@ -17,13 +16,6 @@ namespace mlir::moe::cpu {
 
 #define GEN_PASS_REGISTRATION
 #include "codegen/cpu/Passes.h.inc"
-
-/// Appends the passes that take decomposed layers to the LLVM dialect:
-/// moe-lower-to-loops, then the upstream conversions.
-void buildLowerToLLVMPipeline(OpPassManager &pm);
-
-/// Registers `moe-cpu-to-llvm`, the pipeline above, with the pass registry.
-void registerCpuPipelines();
 } // namespace mlir::moe::cpu
 
 #endif // MOE_CODEGEN_CPU_PASSES_H

@@ -141,7 +141,7 @@ static llvm::json::Object configJson(ConfigAttr config) {
 
 std::string host::infoJson(StringRef name, ArrayRef<host::ArgInfo> args,
                            ConfigAttr config, StringRef target,
-                           const Workspace *workspace) {
+                           const TokenLinear *workspace) {
   llvm::json::Array list;
   for (const host::ArgInfo &arg : args)
     list.push_back(llvm::json::Object{{"name", arg.name},
@@ -155,7 +155,7 @@ std::string host::infoJson(StringRef name, ArrayRef<host::ArgInfo> args,
                           {"config", configJson(config)},
                           {"args", std::move(list)}};
   if (workspace) {
-    info["workspace"] = llvm::json::Object{{"base", workspace->base},
+    info["workspace"] = llvm::json::Object{{"base", workspace->fixed},
                                            {"per_token", workspace->perToken}};
     info["workspace_size"] = ("moe_" + name + "_workspace_size").str();
   }
@@ -211,16 +211,23 @@ LogicalResult host::addEntryPoints(ModuleOp module, StringRef name,
   LLVM::ReturnOp::create(
       b, loc, LLVM::ConstantOp::create(b, loc, i32, b.getI32IntegerAttr(0)));
 
-  b.setInsertionPointToEnd(module.getBody());
-  auto info = LLVM::LLVMFuncOp::create(b, loc, "moe_layer_info",
-                                       LLVM::LLVMFunctionType::get(ptr, {}));
-  b.setInsertionPointToStart(info.addEntryBlock(b));
-  std::string json = infoJson(name, args, config, "cpu");
-  json.push_back('\0');
-  Value text = LLVM::createGlobalString(loc, b, "moe_layer_info_json", json,
-                                        LLVM::Linkage::Internal);
-  LLVM::ReturnOp::create(b, loc, text);
+  addLayerInfo(module, infoJson(name, args, config, "cpu"));
   return success();
+}
+
+void host::addLayerInfo(ModuleOp module, StringRef json) {
+  Location loc = module.getLoc();
+  OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
+  auto info = LLVM::LLVMFuncOp::create(
+      b, loc, "moe_layer_info",
+      LLVM::LLVMFunctionType::get(LLVM::LLVMPointerType::get(b.getContext()),
+                                  {}));
+  b.setInsertionPointToStart(info.addEntryBlock(b));
+  std::string text = json.str();
+  text.push_back('\0');
+  Value global = LLVM::createGlobalString(loc, b, "moe_layer_info_json", text,
+                                          LLVM::Linkage::Internal);
+  LLVM::ReturnOp::create(b, loc, global);
 }
 
 std::string host::headerText(StringRef name, ArrayRef<ArgInfo> args, bool gpu) {

@@ -15,10 +15,6 @@
 
 #include <string>
 
-namespace mlir::moe::nvidia {
-struct Plan;
-} // namespace mlir::moe::nvidia
-
 namespace mlir::moe::host {
 
 /// One argument of a compiled layer, in call order; outputs come last.
@@ -44,25 +40,20 @@ LogicalResult addEntryPoints(ModuleOp module, StringRef name,
 std::string headerText(StringRef name, ArrayRef<ArgInfo> args,
                        bool gpu = false);
 
-/// The workspace a GPU layer needs: base + perToken * tokens bytes.
-struct Workspace {
-  int64_t base = 0, perToken = 0;
-};
-
 /// The layer's description as JSON (what moe_layer_info returns); a GPU
-/// target adds its workspace.
+/// target adds its workspace bytes.
 std::string infoJson(StringRef name, ArrayRef<ArgInfo> args, ConfigAttr config,
-                     StringRef target, const Workspace *workspace = nullptr);
+                     StringRef target, const TokenLinear *workspace = nullptr);
 
-/// The workspace of a GPU plan.
-Workspace workspaceOf(const nvidia::Plan &plan);
+/// Adds `const char *moe_layer_info(void)` returning `json` to `module`.
+void addLayerInfo(ModuleOp module, StringRef json);
 
-/// Adds the GPU entry points to `module`: moe_<name>_forward launching
-/// `plan`'s kernels from the embedded `cubin`, moe_<name>_workspace_size and
-/// moe_layer_info.
+/// Adds the GPU entry points to `module`: moe_<name>_forward carrying out
+/// `plan` with the kernels of the embedded `cubin`,
+/// moe_<name>_workspace_size and moe_layer_info.
 LogicalResult addLaunchEntryPoints(ModuleOp module, StringRef name,
                                    ArrayRef<ArgInfo> args, ConfigAttr config,
-                                   const nvidia::Plan &plan, StringRef cubin);
+                                   LaunchPlanAttr plan, StringRef cubin);
 
 /// Translates `module` to LLVM IR, optimizes it for the host CPU, and links
 /// it into the shared library `path` with the system's C++ compiler driver,

@@ -17,32 +17,34 @@
 
 #include "codegen/host/Host.h"
 
-#include "codegen/nvidia/Kernels.h"
-
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::nvidia;
 
 static int64_t alignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 /// A workspace buffer's slice.
-static Linear workspaceSlice(const Buffer &buffer) {
-  return {alignUp(buffer.bytes.fixed, 256),
-          alignUp(buffer.bytes.perToken, 256)};
+static TokenLinear workspaceSlice(PlanBufferAttr buffer) {
+  return {alignUp(buffer.getBytes().fixed, 256),
+          alignUp(buffer.getBytes().perToken, 256)};
 }
 
-host::Workspace host::workspaceOf(const Plan &plan) {
-  Workspace w;
-  for (const Buffer &buffer : plan.buffers) {
-    if (buffer.argIndex >= 0)
-      continue;
-    Linear slice = workspaceSlice(buffer);
-    w.base += slice.fixed;
-    w.perToken += slice.perToken;
-  }
-  return w;
+/// The largest token count whose grids and tensor maps stay within 2^31 - 1
+/// blocks and rows (rows are i32 in the kernels).
+static int64_t maxTokens(LaunchPlanAttr plan) {
+  constexpr int64_t limit = (int64_t(1) << 31) - 1;
+  int64_t most = limit;
+  auto bound = [&](TokenLinear rows, int64_t capacity) {
+    if (rows.perToken > 0)
+      most = std::min(most, (capacity - rows.fixed) / rows.perToken);
+  };
+  for (KernelLaunchAttr launch : plan.getLaunchList())
+    bound(launch.getWork(),
+          (limit - launch.getExtraBlocks()) * launch.getPerBlock());
+  for (TensorMapAttr map : plan.getTensorMapList())
+    bound(map.getRows(), limit);
+  return std::max<int64_t>(most, 0);
 }
 
 namespace {
@@ -65,7 +67,7 @@ struct HostBuilder {
   Value c32(int64_t v) {
     return LLVM::ConstantOp::create(b, loc, i32, b.getI32IntegerAttr(v));
   }
-  Value linear(Linear l, Value tokens) {
+  Value linear(TokenLinear l, Value tokens) {
     return LLVM::AddOp::create(
         b, loc, c64(l.fixed),
         LLVM::MulOp::create(b, loc, c64(l.perToken), tokens));
@@ -103,16 +105,16 @@ static LLVM::LLVMFuncOp declare(OpBuilder &b, ModuleOp module, Location loc,
 }
 
 /// The offsets of every buffer: argument pointers or workspace slices.
-static SmallVector<Value> bufferAddresses(HostBuilder &h, const Plan &plan,
+static SmallVector<Value> bufferAddresses(HostBuilder &h, LaunchPlanAttr plan,
                                           Value args, Value tokens,
                                           Value workspace) {
   SmallVector<Value> addresses;
   Value cursor = h.c64(0);
-  for (const Buffer &buffer : plan.buffers) {
-    if (buffer.argIndex >= 0) {
+  for (PlanBufferAttr buffer : plan.getBufferList()) {
+    if (buffer.getArg() >= 0) {
       Value slot =
           LLVM::GEPOp::create(h.b, h.loc, h.ptr, h.ptr, args,
-                              ArrayRef<LLVM::GEPArg>{int32_t(buffer.argIndex)});
+                              ArrayRef<LLVM::GEPArg>{int32_t(buffer.getArg())});
       addresses.push_back(LLVM::LoadOp::create(h.b, h.loc, h.ptr, slot));
       continue;
     }
@@ -125,9 +127,8 @@ static SmallVector<Value> bufferAddresses(HostBuilder &h, const Plan &plan,
 
 LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
                                          ArrayRef<ArgInfo> args,
-                                         ConfigAttr config, const Plan &plan,
+                                         ConfigAttr config, LaunchPlanAttr plan,
                                          StringRef cubin) {
-  MLIRContext *ctx = module.getContext();
   Location loc = module.getLoc();
   OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
   HostBuilder h(b, loc);
@@ -136,13 +137,15 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
                           {ptr, ptr, ptr, i32, i32, i32, i32, ptr, ptr});
   auto mapFn = declare(b, module, loc, "moert_tensor_map_2d", i32,
                        {ptr, ptr, i32, i64, i64, i32, i32});
+  auto checkFn = declare(b, module, loc, "moert_check_call", i32,
+                         {ptr, i32, i64, i64});
   // The loaded module, cached by the runtime on first use.
   auto moduleSlot = LLVM::GlobalOp::create(
       b, loc, i64, /*isConstant=*/false, LLVM::Linkage::Internal,
       "moe_cuda_module", b.getI64IntegerAttr(0));
 
   // int64_t moe_<name>_workspace_size(int64_t tokens)
-  Workspace workspace = workspaceOf(plan);
+  TokenLinear workspace = plan.getWorkspaceBytes();
   {
     auto f = LLVM::LLVMFuncOp::create(b, loc,
                                       ("moe_" + name + "_workspace_size").str(),
@@ -151,7 +154,7 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
     b.setInsertionPointToStart(entry);
     LLVM::ReturnOp::create(
         b, loc,
-        h.linear({workspace.base, workspace.perToken}, entry->getArgument(0)));
+        h.linear(workspace, entry->getArgument(0)));
     b.setInsertionPointToEnd(module.getBody());
   }
 
@@ -164,6 +167,11 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
   b.setInsertionPointToStart(entry);
   Value argv = entry->getArgument(0), tokens = entry->getArgument(1);
   Value stream = entry->getArgument(2), ws = entry->getArgument(3);
+  // A call the kernels cannot take safely fails here, not on the GPU.
+  h.check(LLVM::CallOp::create(b, loc, checkFn,
+                               ValueRange{argv, h.c32(args.size()), tokens,
+                                          h.c64(maxTokens(plan))})
+              .getResult());
 
   Value image = LLVM::createGlobalString(loc, b, "moe_cubin", cubin,
                                          LLVM::Linkage::Internal);
@@ -174,34 +182,35 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
 
   // TMA descriptors, encoded on the host; the launches copy them.
   SmallVector<Value> maps;
-  if (!plan.tensorMaps.empty()) {
-    int64_t bytes = int64_t(plan.tensorMaps.size()) * 128;
+  SmallVector<TensorMapAttr> tensorMaps = plan.getTensorMapList();
+  if (!tensorMaps.empty()) {
+    int64_t bytes = int64_t(tensorMaps.size()) * 128;
     Value staging = h.stackSlot(b.getI8Type(), bytes, 64);
-    for (auto [i, map] : llvm::enumerate(plan.tensorMaps)) {
+    for (auto [i, map] : llvm::enumerate(tensorMaps)) {
       Value status =
           LLVM::CallOp::create(
               b, loc, mapFn,
-              ValueRange{h.offset(staging, h.c64(i * 128)), buffers[map.buffer],
-                         h.c32(map.elementBytes), h.linear(map.rows, tokens),
-                         h.c64(map.cols), h.c32(map.boxRows),
-                         h.c32(map.boxCols)})
+              ValueRange{h.offset(staging, h.c64(i * 128)),
+                         buffers[map.getBuffer()], h.c32(map.getElementBytes()),
+                         h.linear(map.getRows(), tokens), h.c64(map.getCols()),
+                         h.c32(map.getBoxRows()), h.c32(map.getBoxCols())})
               .getResult();
       h.check(status);
       maps.push_back(h.offset(staging, h.c64(i * 128)));
     }
   }
 
-  for (auto [i, launch] : llvm::enumerate(plan.launches)) {
-    Value params = h.stackSlot(ptr, launch.args.size());
-    for (auto [j, arg] : llvm::enumerate(launch.args)) {
+  for (auto [i, launch] : llvm::enumerate(plan.getLaunchList())) {
+    Value params = h.stackSlot(ptr, launch.getArgs().size());
+    for (auto [j, arg] : llvm::enumerate(launch.getArgs())) {
       // kernelParams[j] points at the parameter's value: a descriptor is
       // its own 128 bytes, other values get a slot.
       Value slot;
-      if (arg.kind == KernelArg::TensorMapAddress) {
+      if (arg.kind == KernelArgKind::TensorMap) {
         slot = maps[arg.index];
       } else {
         Value value =
-            arg.kind == KernelArg::BufferAddress ? buffers[arg.index] : tokens;
+            arg.kind == KernelArgKind::Buffer ? buffers[arg.index] : tokens;
         slot = h.stackSlot(value.getType(), 1);
         LLVM::StoreOp::create(b, loc, value, slot);
       }
@@ -209,24 +218,24 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
           b, loc, ptr, ptr, params, ArrayRef<LLVM::GEPArg>{int32_t(j)});
       LLVM::StoreOp::create(b, loc, slot, entryAddress);
     }
-    auto grid = [&](const GridDim &g) -> Value {
-      Value count = h.linear(g.count, tokens);
-      Value blocks = LLVM::UDivOp::create(
-          b, loc, LLVM::AddOp::create(b, loc, count, h.c64(g.divisor - 1)),
-          h.c64(g.divisor));
-      blocks = LLVM::AddOp::create(b, loc, blocks, h.c64(g.plus));
-      return LLVM::TruncOp::create(b, loc, i32, blocks);
-    };
-    std::string kernelName = launch.kernel;
+    // ceil(work / per_block) + extra_blocks blocks along x.
+    Value work = h.linear(launch.getWork(), tokens);
+    Value blocks = LLVM::UDivOp::create(
+        b, loc,
+        LLVM::AddOp::create(b, loc, work, h.c64(launch.getPerBlock() - 1)),
+        h.c64(launch.getPerBlock()));
+    blocks = LLVM::AddOp::create(b, loc, blocks, h.c64(launch.getExtraBlocks()));
+    Value gridX = LLVM::TruncOp::create(b, loc, i32, blocks);
+    std::string kernelName = launch.getKernel().getValue().str();
     kernelName.push_back('\0');
     Value kernel =
         LLVM::createGlobalString(loc, b, ("moe_kernel_name_" + Twine(i)).str(),
                                  kernelName, LLVM::Linkage::Internal);
     h.check(LLVM::CallOp::create(
                 b, loc, launchFn,
-                ValueRange{moduleAddress, image, kernel, grid(launch.gridX),
-                           grid(launch.gridY), h.c32(launch.block),
-                           h.c32(launch.sharedBytes), stream, params})
+                ValueRange{moduleAddress, image, kernel, gridX,
+                           h.c32(launch.getGridY()), h.c32(launch.getBlock()),
+                           h.c32(launch.getSharedBytes()), stream, params})
                 .getResult());
   }
   LLVM::ReturnOp::create(b, loc, h.c32(0));
@@ -242,15 +251,6 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
       b, loc,
       LLVM::CallOp::create(b, loc, lastErrorFn, ValueRange{}).getResult());
 
-  b.setInsertionPointToEnd(module.getBody());
-  auto info = LLVM::LLVMFuncOp::create(b, loc, "moe_layer_info",
-                                       LLVM::LLVMFunctionType::get(ptr, {}));
-  b.setInsertionPointToStart(info.addEntryBlock(b));
-  std::string json = infoJson(name, args, config, "sm_90a", &workspace);
-  json.push_back('\0');
-  Value text = LLVM::createGlobalString(loc, b, "moe_layer_info_json", json,
-                                        LLVM::Linkage::Internal);
-  LLVM::ReturnOp::create(b, loc, text);
-  (void)ctx;
+  addLayerInfo(module, infoJson(name, args, config, "sm_90a", &workspace));
   return success();
 }

@@ -20,7 +20,6 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/ControlFlow/IR/ControlFlow.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
-#include "mlir/Dialect/GPU/Pipelines/Passes.h"
 #include "mlir/Dialect/Index/IR/IndexDialect.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
@@ -59,8 +58,4 @@ void moe::nvidia::registerNvidiaCodegen(DialectRegistry &registry) {
   registerLLVMDialectTranslation(registry);
   registerGPUDialectTranslation(registry);
   registerNVVMDialectTranslation(registry);
-}
-
-void moe::nvidia::registerNvidiaPipelines() {
-  gpu::registerGPUToNVVMPipeline();
 }

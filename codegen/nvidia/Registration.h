@@ -10,8 +10,6 @@ namespace mlir::moe::nvidia {
 /// gpu-module-to-binary crashes) and the LLVM IR translations that lowering
 /// GPU kernels to PTX and cubin needs.
 void registerNvidiaCodegen(DialectRegistry &registry);
-/// Registers upstream's gpu-lower-to-nvvm-pipeline with the pass registry.
-void registerNvidiaPipelines();
 } // namespace mlir::moe::nvidia
 
 #endif // MOE_CODEGEN_NVIDIA_REGISTRATION_H

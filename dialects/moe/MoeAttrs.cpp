@@ -211,3 +211,184 @@ LogicalResult ConfigAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                        << ")";
   return router.verifyFor(emitError, experts, topK);
 }
+
+//===----------------------------------------------------------------------===//
+// Launch plan
+//===----------------------------------------------------------------------===//
+
+FailureOr<TokenLinear> mlir::moe::parseTokenLinear(AsmParser &parser) {
+  // `a`, `a * T` or `a + b * T`.
+  TokenLinear value;
+  int64_t first;
+  if (parser.parseInteger(first))
+    return failure();
+  if (succeeded(parser.parseOptionalStar())) {
+    if (parser.parseKeyword("T"))
+      return failure();
+    value.perToken = first;
+    return value;
+  }
+  value.fixed = first;
+  if (failed(parser.parseOptionalPlus()))
+    return value;
+  if (parser.parseInteger(value.perToken) || parser.parseStar() ||
+      parser.parseKeyword("T"))
+    return failure();
+  return value;
+}
+
+void mlir::moe::printTokenLinear(AsmPrinter &printer,
+                                 const TokenLinear &value) {
+  if (value.perToken == 0) {
+    printer << value.fixed;
+    return;
+  }
+  if (value.fixed != 0)
+    printer << value.fixed << " + ";
+  printer << value.perToken << " * T";
+}
+
+FailureOr<SmallVector<KernelArg>> mlir::moe::parseKernelArgs(AsmParser &parser) {
+  SmallVector<KernelArg> args;
+  auto parseOne = [&]() -> ParseResult {
+    StringRef keyword;
+    SMLoc at = parser.getCurrentLocation();
+    if (parser.parseKeyword(&keyword))
+      return failure();
+    std::optional<KernelArgKind> kind = symbolizeKernelArgKind(keyword);
+    if (!kind)
+      return parser.emitError(at) << "expected buffer, tensor_map or tokens";
+    KernelArg arg{*kind, 0};
+    if (*kind != KernelArgKind::Tokens && parser.parseInteger(arg.index))
+      return failure();
+    args.push_back(arg);
+    return success();
+  };
+  if (parser.parseCommaSeparatedList(AsmParser::Delimiter::Square, parseOne))
+    return failure();
+  return args;
+}
+
+void mlir::moe::printKernelArgs(AsmPrinter &printer, ArrayRef<KernelArg> args) {
+  printer << "[";
+  llvm::interleaveComma(args, printer, [&](const KernelArg &arg) {
+    printer << stringifyKernelArgKind(arg.kind);
+    if (arg.kind != KernelArgKind::Tokens)
+      printer << " " << arg.index;
+  });
+  printer << "]";
+}
+
+LogicalResult PlanBufferAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                     int64_t arg, TokenLinear bytes) {
+  if (arg < -1)
+    return emitError() << "buffer arg must be an argument index or -1 (a "
+                          "workspace slice), but is "
+                       << arg;
+  if (bytes.fixed < 0 || bytes.perToken < 0)
+    return emitError() << "buffer bytes must not be negative";
+  if (arg >= 0 && bytes != TokenLinear())
+    return emitError() << "an argument buffer has the caller's size, not "
+                          "bytes of its own";
+  return success();
+}
+
+LogicalResult TensorMapAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                    int64_t buffer, int64_t elementBytes,
+                                    TokenLinear rows, int64_t cols,
+                                    int64_t boxRows, int64_t boxCols) {
+  if (buffer < 0)
+    return emitError() << "tensor_map buffer must be a plan buffer index";
+  if (elementBytes != 1 && elementBytes != 2 && elementBytes != 4)
+    return emitError() << "tensor_map element_bytes must be 1, 2 or 4, but is "
+                       << elementBytes;
+  // cuTensorMapEncodeTiled: row strides of 16-byte multiples, boxes of at
+  // most 256 in each dimension, 128-byte rows for 128-byte swizzling.
+  if ((cols * elementBytes) % 16 != 0)
+    return emitError() << "tensor_map rows of " << cols << " x " << elementBytes
+                       << " bytes are not a multiple of 16 bytes";
+  if (boxRows < 1 || boxRows > 256 || boxCols * elementBytes != 128)
+    return emitError() << "tensor_map box must be 1 to 256 rows of 128 bytes";
+  return success();
+}
+
+LogicalResult
+KernelLaunchAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                         FlatSymbolRefAttr kernel, TokenLinear work,
+                         int64_t perBlock, int64_t extraBlocks, int64_t gridY,
+                         int64_t block, int64_t sharedBytes,
+                         ArrayRef<KernelArg> args) {
+  if (!kernel)
+    return emitError() << "launch needs a kernel";
+  if (perBlock < 1 || extraBlocks < 0 || gridY < 1 || gridY > 65535)
+    return emitError() << "launch of " << kernel
+                       << " has an invalid grid (per_block >= 1, "
+                          "extra_blocks >= 0, 1 <= grid_y <= 65535)";
+  if (block < 1 || block > 1024)
+    return emitError() << "launch of " << kernel << " has " << block
+                       << " threads per block; 1 to 1024 run";
+  if (sharedBytes < 0 || sharedBytes > 227 * 1024)
+    return emitError() << "launch of " << kernel << " asks for " << sharedBytes
+                       << " bytes of shared memory; sm_90a has 227 KiB";
+  return success();
+}
+
+LogicalResult LaunchPlanAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                     ArrayAttr buffers, ArrayAttr tensorMaps,
+                                     ArrayAttr launches) {
+  for (Attribute a : buffers)
+    if (!isa<PlanBufferAttr>(a))
+      return emitError() << "launch_plan buffers must be #moe.buffer";
+  for (Attribute a : tensorMaps) {
+    auto map = dyn_cast<TensorMapAttr>(a);
+    if (!map)
+      return emitError() << "launch_plan tensor_maps must be #moe.tensor_map";
+    if (map.getBuffer() >= int64_t(buffers.size()))
+      return emitError() << "tensor_map reads buffer " << map.getBuffer()
+                         << " of " << buffers.size();
+  }
+  for (Attribute a : launches) {
+    auto launch = dyn_cast<KernelLaunchAttr>(a);
+    if (!launch)
+      return emitError() << "launch_plan launches must be #moe.launch";
+    for (const KernelArg &arg : launch.getArgs()) {
+      int64_t limit = arg.kind == KernelArgKind::Buffer ? buffers.size()
+                      : arg.kind == KernelArgKind::TensorMap
+                          ? tensorMaps.size()
+                          : 1;
+      if (arg.index < 0 || arg.index >= limit)
+        return emitError() << "launch of " << launch.getKernel()
+                           << " names " << stringifyKernelArgKind(arg.kind)
+                           << " " << arg.index << ", which the plan lacks";
+    }
+  }
+  return success();
+}
+
+template <typename AttrT>
+static SmallVector<AttrT> listOf(ArrayAttr array) {
+  return llvm::map_to_vector(array,
+                             [](Attribute a) { return cast<AttrT>(a); });
+}
+
+SmallVector<PlanBufferAttr> LaunchPlanAttr::getBufferList() const {
+  return listOf<PlanBufferAttr>(getBuffers());
+}
+SmallVector<TensorMapAttr> LaunchPlanAttr::getTensorMapList() const {
+  return listOf<TensorMapAttr>(getTensorMaps());
+}
+SmallVector<KernelLaunchAttr> LaunchPlanAttr::getLaunchList() const {
+  return listOf<KernelLaunchAttr>(getLaunches());
+}
+
+TokenLinear LaunchPlanAttr::getWorkspaceBytes() const {
+  auto alignUp = [](int64_t x) { return (x + 255) / 256 * 256; };
+  TokenLinear total;
+  for (PlanBufferAttr buffer : getBufferList()) {
+    if (buffer.getArg() >= 0)
+      continue;
+    total.fixed += alignUp(buffer.getBytes().fixed);
+    total.perToken += alignUp(buffer.getBytes().perToken);
+  }
+  return total;
+}

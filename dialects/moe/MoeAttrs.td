@@ -60,6 +60,19 @@ def Moe_ScaleRounding : I32EnumAttr<"ScaleRounding",
   let genSpecializedAttr = 0;
 }
 
+def Moe_KernelArgKind : I32EnumAttr<"KernelArgKind",
+    "what a kernel parameter carries", [
+  // The device address of a plan buffer.
+  I32EnumAttrCase<"Buffer", 0, "buffer">,
+  // A TMA descriptor of the plan, passed by value (__grid_constant__).
+  I32EnumAttrCase<"TensorMap", 1, "tensor_map">,
+  // The call's token count, as i64.
+  I32EnumAttrCase<"Tokens", 2, "tokens">
+]> {
+  let cppNamespace = "::mlir::moe";
+  let genSpecializedAttr = 0;
+}
+
 //===----------------------------------------------------------------------===//
 // Parameters
 //===----------------------------------------------------------------------===//
@@ -82,6 +95,22 @@ def Moe_BoolParameter : AttrParameter<"bool", "true or false"> {
 class Moe_CountParameter<string desc, string default = "">
     : AttrParameter<"int64_t", desc> {
   let defaultValue = default;
+}
+
+// A size that grows with the call's token count T, written `fixed`,
+// `per_token * T` or `fixed + per_token * T`.
+def Moe_TokenLinearParameter
+    : AttrParameter<"::mlir::moe::TokenLinear", "fixed + per_token * T"> {
+  let defaultValue = "::mlir::moe::TokenLinear()";
+  let parser = "::mlir::moe::parseTokenLinear($_parser)";
+  let printer = "::mlir::moe::printTokenLinear($_printer, $_self)";
+}
+
+// A kernel's parameters: `[buffer 0, tensor_map 1, tokens]`.
+def Moe_KernelArgsParameter : ArrayRefParameter<"::mlir::moe::KernelArg",
+                                                "kernel parameters"> {
+  let parser = "::mlir::moe::parseKernelArgs($_parser)";
+  let printer = "::mlir::moe::printKernelArgs($_printer, $_self)";
 }
 
 //===----------------------------------------------------------------------===//
@@ -166,6 +195,83 @@ def Moe_ConfigAttr : Moe_Attr<"Config", "config"> {
   let extraClassDeclaration = [{
     /// Experts held by one rank.
     int64_t getLocalExperts() const { return getExperts() / getEpSize(); }
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Launch plan: how a target's host code runs a layer's kernels
+//===----------------------------------------------------------------------===//
+
+def Moe_PlanBufferAttr : Moe_Attr<"PlanBuffer", "buffer"> {
+  let summary = "a device buffer of a launch plan";
+  let description = [{
+    The caller's argument `arg` (inputs, then outputs, in ABI order), or,
+    with `arg = -1`, a slice of `bytes` of the workspace.
+  }];
+  let parameters = (ins
+    Moe_CountParameter<"argument index, -1 for a workspace slice", "-1">:$arg,
+    Moe_TokenLinearParameter:$bytes
+  );
+}
+
+def Moe_TensorMapAttr : Moe_Attr<"TensorMap", "tensor_map"> {
+  let summary = "a TMA descriptor the host encodes for a kernel";
+  let description = [{
+    Buffer `buffer` read as a row-major [rows, cols] matrix of
+    `element_bytes`-byte elements, in [box_rows, box_cols] tiles with
+    128-byte swizzling; rows past the end read as zero.
+  }];
+  let parameters = (ins
+    Moe_CountParameter<"plan buffer">:$buffer,
+    Moe_CountParameter<"bytes per element">:$element_bytes,
+    Moe_TokenLinearParameter:$rows,
+    Moe_CountParameter<"columns">:$cols,
+    Moe_CountParameter<"tile rows">:$box_rows,
+    Moe_CountParameter<"tile columns">:$box_cols
+  );
+}
+
+def Moe_KernelLaunchAttr : Moe_Attr<"KernelLaunch", "launch"> {
+  let summary = "one kernel launch of a launch plan";
+  let description = [{
+    Launches `kernel` of the layer's kernel module with
+    ceil(`work` / `per_block`) + `extra_blocks` blocks along x (`work` may
+    grow with the token count), `grid_y` along y, `block` threads and
+    `shared_bytes` of dynamic shared memory. `args` lists its parameters.
+  }];
+  let parameters = (ins
+    "::mlir::FlatSymbolRefAttr":$kernel,
+    Moe_TokenLinearParameter:$work,
+    Moe_CountParameter<"work items per block", "1">:$per_block,
+    Moe_CountParameter<"blocks added along x", "0">:$extra_blocks,
+    Moe_CountParameter<"blocks along y", "1">:$grid_y,
+    Moe_CountParameter<"threads per block">:$block,
+    Moe_CountParameter<"dynamic shared memory", "0">:$shared_bytes,
+    Moe_KernelArgsParameter:$args
+  );
+}
+
+def Moe_LaunchPlanAttr : Moe_Attr<"LaunchPlan", "launch_plan"> {
+  let summary = "the buffers, TMA descriptors and launches of a layer";
+  let description = [{
+    What a GPU target's kernel builder hands to the host code: every device
+    buffer (the caller's arguments, then workspace slices in order, each
+    256-byte aligned), the TMA descriptors to encode per call, and the
+    kernel launches in stream order.
+  }];
+  let parameters = (ins
+    "::mlir::ArrayAttr":$buffers,
+    "::mlir::ArrayAttr":$tensor_maps,
+    "::mlir::ArrayAttr":$launches
+  );
+  let extraClassDeclaration = [{
+    ::llvm::SmallVector<PlanBufferAttr> getBufferList() const;
+    ::llvm::SmallVector<TensorMapAttr> getTensorMapList() const;
+    ::llvm::SmallVector<KernelLaunchAttr> getLaunchList() const;
+    /// The workspace: the sum of its slices, each rounded up to 256 bytes.
+    TokenLinear getWorkspaceBytes() const;
+    /// The name a function's launch plan is attached under.
+    static ::llvm::StringRef getAttrName() { return "moe.launch_plan"; }
   }];
 }
 

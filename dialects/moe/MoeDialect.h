@@ -19,6 +19,38 @@ namespace mlir::moe {
 FailureOr<APFloat> parseReal(AsmParser &parser);
 void printReal(AsmPrinter &printer, const APFloat &value);
 FailureOr<bool> parseBool(AsmParser &parser);
+
+/// A size that depends on a call's token count T: fixed + perToken * T.
+struct TokenLinear {
+  int64_t fixed = 0, perToken = 0;
+  bool operator==(const TokenLinear &o) const {
+    return fixed == o.fixed && perToken == o.perToken;
+  }
+  bool operator!=(const TokenLinear &o) const { return !(*this == o); }
+  TokenLinear operator*(int64_t factor) const {
+    return {fixed * factor, perToken * factor};
+  }
+};
+inline llvm::hash_code hash_value(const TokenLinear &l) {
+  return llvm::hash_combine(l.fixed, l.perToken);
+}
+FailureOr<TokenLinear> parseTokenLinear(AsmParser &parser);
+void printTokenLinear(AsmPrinter &printer, const TokenLinear &value);
+
+/// One kernel parameter: a plan buffer's address, a TMA descriptor of the
+/// plan (by value), or the token count.
+struct KernelArg {
+  KernelArgKind kind;
+  int64_t index = 0;
+  bool operator==(const KernelArg &o) const {
+    return kind == o.kind && index == o.index;
+  }
+};
+inline llvm::hash_code hash_value(const KernelArg &a) {
+  return llvm::hash_combine(a.kind, a.index);
+}
+FailureOr<SmallVector<KernelArg>> parseKernelArgs(AsmParser &parser);
+void printKernelArgs(AsmPrinter &printer, ArrayRef<KernelArg> args);
 } // namespace mlir::moe
 
 #define GET_ATTRDEF_CLASSES

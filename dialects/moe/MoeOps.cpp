@@ -89,9 +89,11 @@ static Type elementTypeOf(Value value) {
   return cast<RankedTensorType>(value.getType()).getElementType();
 }
 
-/// The scheme whose scales have element type `scaleType`.
-static QuantAttr schemeOfScales(MLIRContext *ctx, Type scaleType) {
-  return QuantAttr::get(ctx,
+QuantAttr GroupedMatmulOp::getScheme() {
+  if (!getLhsScale())
+    return {};
+  Type scaleType = elementTypeOf(getLhsScale());
+  return QuantAttr::get(getContext(),
                         isa<Float8E8M0FNUType>(scaleType)
                             ? QuantKind::MXFP8
                             : QuantKind::FP8Block128,
@@ -427,7 +429,7 @@ LogicalResult GroupedMatmulOp::verify() {
                               "but hold "
                            << scaleType << " and "
                            << elementTypeOf(getRhsScale());
-    QuantAttr scheme = schemeOfScales(getContext(), scaleType);
+    QuantAttr scheme = getScheme();
     if (failed(checkScales(op, "lhs_scale", getLhsScale(), shapeOf(getLhs()),
                            scheme, false)) ||
         failed(checkScales(op, "rhs_scale", getRhsScale(), shapeOf(getRhs()),

@@ -216,6 +216,11 @@ def Moe_GroupedMatmulOp : Moe_Op<"grouped_matmul",
     (`bias` $bias^)?
     attr-dict `:` functional-type(operands, results)
   }];
+  let extraClassDeclaration = [{
+    /// The scheme of FP8 operands, read off their scales' element type
+    /// (E8M0: MXFP8, f32: FP8 block-128); null for bf16 operands.
+    ::mlir::moe::QuantAttr getScheme();
+  }];
   let hasVerifier = 1;
 }
 

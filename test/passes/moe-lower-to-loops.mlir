@@ -1,5 +1,5 @@
 // RUN: moe-opt %s -split-input-file -moe-lower-to-loops -verify-diagnostics | FileCheck %s
-// RUN: moe-opt %s -split-input-file -moe-cpu-to-llvm -verify-diagnostics | FileCheck %s --check-prefix=LLVM
+// RUN: moe-opt %s -split-input-file --moe-cpu-pipeline -verify-diagnostics | FileCheck %s --check-prefix=LLVM
 
 // A decomposed layer becomes one function on buffers; the result is written
 // into a trailing output argument and scratch buffers are freed.

@@ -6,7 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "codegen/cpu/Passes.h"
+#include "passes/Pipelines.h"
 #include "dialects/moe/MoeOps.h"
 #include "passes/Passes.h"
 #include "test/reference/Layer.h"
@@ -108,8 +108,7 @@ std::unique_ptr<ExecutionEngine> compile(const std::string &source) {
   if (!module)
     return nullptr;
   PassManager pm(&context);
-  pm.addPass(mlir::moe::createDecompose());
-  mlir::moe::cpu::buildLowerToLLVMPipeline(pm);
+  mlir::moe::buildCpuPipeline(pm);
   if (failed(pm.run(*module)))
     return nullptr;
   ExecutionEngineOptions options;

@@ -5,24 +5,22 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "codegen/cpu/Passes.h"
 #include "codegen/host/Host.h"
-#include "codegen/nvidia/Kernels.h"
+#include "codegen/nvidia/Passes.h"
 #include "codegen/nvidia/Registration.h"
 #include "dialects/moe/MoeOps.h"
-#include "passes/Passes.h"
+#include "passes/Pipelines.h"
 #include "tools/moe-compile/HFConfig.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Parser/Parser.h"
-#include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/Path.h"
-#include "llvm/Support/Process.h"
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
 
@@ -30,8 +28,8 @@ using namespace mlir;
 namespace cl = llvm::cl;
 
 namespace {
-enum class Emit { SharedLibrary, MLIR, Kernels, PTX };
-enum class Target { CPU, SM90a };
+enum class Emit { SharedLibrary, MLIR, L1, Kernels, PTX };
+using moe::Target;
 enum class Quant { Auto, None, MXFP8, MXFP8Ceil, FP8Block128 };
 
 cl::OptionCategory category("moe-compile options");
@@ -57,9 +55,12 @@ cl::opt<Emit> emit(
                    "moe_layer_info, with a C header beside it "
                    "(default)"),
         clEnumValN(Emit::MLIR, "mlir", "the verified layer in the moe dialect"),
+        clEnumValN(Emit::L1, "l1",
+                   "the layer decomposed into its steps (L1), legalized for "
+                   "the target"),
         clEnumValN(Emit::Kernels, "kernels",
-                   "the GPU kernels in the gpu/nvgpu/nvvm dialects "
-                   "(--target=sm_90a)"),
+                   "the GPU kernels in the gpu/nvgpu/nvvm dialects and the "
+                   "launch plan (--target=sm_90a)"),
         clEnumValN(Emit::PTX, "ptx", "the GPU kernels' PTX (--target=sm_90a)")),
     cl::init(Emit::SharedLibrary), cl::cat(category));
 cl::opt<Quant> quant(
@@ -105,15 +106,9 @@ cl::opt<std::string>
                cl::value_desc("file"), cl::init("-"), cl::cat(category));
 } // namespace
 
-static std::string defaultCudaPath() {
-  if (std::optional<std::string> home = llvm::sys::Process::GetEnv("CUDA_HOME"))
-    return *home;
-  return "/usr/local/cuda";
-}
-
 static std::string defaultRuntimeLib(const char *argv0) {
   std::string exe = llvm::sys::fs::getMainExecutable(
-      argv0, reinterpret_cast<void *>(&defaultCudaPath));
+      argv0, reinterpret_cast<void *>(&defaultRuntimeLib));
   SmallString<256> path(
       llvm::sys::path::parent_path(llvm::sys::path::parent_path(exe)));
   llvm::sys::path::append(path, "lib", "libmoert.a");
@@ -134,51 +129,8 @@ static bool writeOutput(StringRef text) {
   return true;
 }
 
-/// The sm_90a path: kernels and a launch plan from the decomposed layer,
-/// then the kernel module, its PTX or the library.
-static bool compileForGpu(ModuleOp module, func::FuncOp func, StringRef name,
-                          ArrayRef<moe::host::ArgInfo> args,
-                          moe::ConfigAttr config, const char *argv0) {
-  PassManager pm(module.getContext());
-  pm.addPass(moe::createDecompose());
-  pm.addPass(moe::createLegalizeScaledMatmul());
-  if (failed(pm.run(module)))
-    return false;
-  OwningOpRef<ModuleOp> kernels = ModuleOp::create(func.getLoc());
-  FailureOr<moe::nvidia::Plan> plan =
-      moe::nvidia::lowerToKernels(func, *kernels);
-  if (failed(plan))
-    return false;
-  if (emit == Emit::Kernels) {
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    kernels->print(os);
-    os << "\n";
-    return writeOutput(text);
-  }
-  std::string toolkit = cudaPath.empty() ? defaultCudaPath() : cudaPath;
-  FailureOr<std::string> image =
-      moe::nvidia::compileKernels(*kernels, toolkit, emit == Emit::PTX);
-  if (failed(image))
-    return false;
-  if (emit == Emit::PTX)
-    return writeOutput(*image);
-
-  std::string archive =
-      runtimeLib.empty() ? defaultRuntimeLib(argv0) : runtimeLib;
-  if (!llvm::sys::fs::exists(archive)) {
-    llvm::errs() << "moe-compile: the runtime archive " << archive
-                 << " does not exist (see --runtime-lib)\n";
-    return false;
-  }
-  OwningOpRef<ModuleOp> host = ModuleOp::create(func.getLoc());
-  return succeeded(moe::host::addLaunchEntryPoints(*host, name, args, config,
-                                                   *plan, *image)) &&
-         succeeded(moe::host::emitSharedLibrary(*host, outputFile, {archive}));
-}
-
-/// Lowers the module's one layer function and writes the library and its
-/// header (or, for a GPU target, its kernels or PTX).
+/// Compiles the module's one layer function and writes the library and its
+/// header, or the module at an earlier stop.
 static bool compileSharedLibrary(ModuleOp module, const char *argv0) {
   bool library = emit == Emit::SharedLibrary;
   if (library && outputFile == "-") {
@@ -210,19 +162,38 @@ static bool compileSharedLibrary(ModuleOp module, const char *argv0) {
     return false;
   moe::ConfigAttr config = (*func.getOps<moe::LayerOp>().begin()).getConfig();
 
-  if (target == Target::SM90a) {
-    if (!compileForGpu(module, func, name, *args, config, argv0))
+  // --emit values are stops along the target's pipeline (passes/Pipelines.h).
+  moe::PipelineOptions options;
+  options.target = target;
+  options.cudaPath = cudaPath;
+  options.stop = emit == Emit::L1        ? moe::Stop::L1
+                 : emit == Emit::Kernels ? moe::Stop::Kernels
+                 : emit == Emit::PTX     ? moe::Stop::PTX
+                                         : moe::Stop::Library;
+  std::string archive;
+  if (library && target == Target::SM90a) {
+    archive = runtimeLib.empty() ? defaultRuntimeLib(argv0) : runtimeLib;
+    if (!llvm::sys::fs::exists(archive)) {
+      llvm::errs() << "moe-compile: the runtime archive " << archive
+                   << " does not exist (see --runtime-lib)\n";
       return false;
-    if (!library)
-      return true;
-  } else {
-    PassManager pm(module.getContext());
-    pm.addPass(moe::createDecompose());
-    moe::cpu::buildLowerToLLVMPipeline(pm);
-    if (failed(pm.run(module)) ||
-        failed(moe::host::addEntryPoints(module, name, *args, config)) ||
-        failed(moe::host::emitSharedLibrary(module, outputFile)))
-      return false;
+    }
+  }
+  if (failed(moe::compileLayer(module, name, *args, config, options,
+                               outputFile, archive)))
+    return false;
+  if (emit == Emit::PTX) {
+    for (auto binary : module.getOps<gpu::BinaryOp>())
+      for (Attribute object : binary.getObjects())
+        return writeOutput(cast<gpu::ObjectAttr>(object).getObject().getValue());
+    return false;
+  }
+  if (!library) {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    module.print(os);
+    os << "\n";
+    return writeOutput(text);
   }
 
   StringRef stem = outputFile;

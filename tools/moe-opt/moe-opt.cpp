@@ -1,9 +1,11 @@
 //===- moe-opt.cpp - the moe dialect and passes, mlir-opt style -----------===//
 
 #include "codegen/cpu/Passes.h"
+#include "codegen/nvidia/Passes.h"
 #include "codegen/nvidia/Registration.h"
 #include "dialects/moe/MoeOps.h"
 #include "passes/Passes.h"
+#include "passes/Pipelines.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -18,9 +20,9 @@ int main(int argc, char **argv) {
                   mlir::scf::SCFDialect>();
   mlir::moe::registerMoePasses();
   mlir::moe::cpu::registerCpuPasses();
-  mlir::moe::cpu::registerCpuPipelines();
+  mlir::moe::nvidia::registerNvidiaPasses();
+  mlir::moe::registerPipelines();
   mlir::moe::nvidia::registerNvidiaCodegen(registry);
-  mlir::moe::nvidia::registerNvidiaPipelines();
   return mlir::asMainReturnCode(mlir::MlirOptMain(
       argc, argv, "moe-compiler optimizer: the moe dialect and its passes\n",
       registry));

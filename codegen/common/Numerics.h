@@ -7,13 +7,13 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef MOE_CODEGEN_CPU_NUMERICS_H
-#define MOE_CODEGEN_CPU_NUMERICS_H
+#ifndef MOE_CODEGEN_COMMON_NUMERICS_H
+#define MOE_CODEGEN_COMMON_NUMERICS_H
 
-#include "codegen/cpu/Emitter.h"
+#include "codegen/common/Emitter.h"
 #include "dialects/moe/MoeDialect.h"
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::common {
 
 /// An expert's score (which gives its weight) and choice value (which ranks
 /// it) from its router logit; `bias` (f32) may be null.
@@ -56,9 +56,17 @@ void dequantizeBlock(Emitter &e, Value data, Value scales, Value out,
 int64_t scaleRowsPerBlock(ArrayRef<int64_t> dataShape,
                           ArrayRef<int64_t> scaleShape, QuantAttr scheme);
 
+/// Lays the experts' rows out back to back in the dispatched buffer:
+/// offsets[x] is the sum of the counts before x, each rounded up to `align`,
+/// and offsets[experts] the total. `countOf(x)` reads expert x's count (i32);
+/// `each(x, offset, count)` runs for every expert once its offset is known.
+void layOutExperts(Emitter &e, int64_t experts, int64_t align, Value offsets,
+                   function_ref<Value(Value)> countOf,
+                   function_ref<void(Value, Value, Value)> each = {});
+
 /// A scale as f32, from its E8M0 code or as stored.
 Value loadScale(Emitter &e, Value scales, ValueRange indices);
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::common
 
-#endif // MOE_CODEGEN_CPU_NUMERICS_H
+#endif // MOE_CODEGEN_COMMON_NUMERICS_H

@@ -1,14 +1,14 @@
 //===- Numerics.cpp - the arithmetic every backend shares -----------------===//
 
-#include "codegen/cpu/Numerics.h"
+#include "codegen/common/Numerics.h"
 
-#include "codegen/cpu/FP8.h"
+#include "codegen/common/FP8.h"
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::cpu;
+using namespace mlir::moe::common;
 
-std::pair<Value, Value> cpu::expertScore(Emitter &e, RouterKind kind,
+std::pair<Value, Value> common::expertScore(Emitter &e, RouterKind kind,
                                          Value logit, Value bias) {
   if (bias && kind != RouterKind::SigmoidGroupedTopK)
     logit = e.add(logit, bias);
@@ -19,7 +19,7 @@ std::pair<Value, Value> cpu::expertScore(Emitter &e, RouterKind kind,
   return {s, choice};
 }
 
-void cpu::selectExperts(Emitter &e, RouterAttr router, int64_t experts,
+void common::selectExperts(Emitter &e, RouterAttr router, int64_t experts,
                         int64_t topK, const RouteScratch &scratch, Value ids,
                         Value weights, Value t) {
   RouterKind kind = router.getKind();
@@ -137,7 +137,7 @@ void cpu::selectExperts(Emitter &e, RouterAttr router, int64_t experts,
   }
 }
 
-Value cpu::activate(Emitter &e, ActivationAttr activation, Value gate,
+Value common::activate(Emitter &e, ActivationAttr activation, Value gate,
                     Value up) {
   if (activation.getKind() == ActivationKind::SwiGLU)
     return e.mul(e.mul(gate, e.sigmoid(gate)), up);
@@ -150,7 +150,7 @@ Value cpu::activate(Emitter &e, ActivationAttr activation, Value gate,
   return e.mul(e.add(up, e.f32(1.0)), glu);
 }
 
-int64_t cpu::scaleRowsPerBlock(ArrayRef<int64_t> dataShape,
+int64_t common::scaleRowsPerBlock(ArrayRef<int64_t> dataShape,
                                ArrayRef<int64_t> scaleShape, QuantAttr scheme) {
   size_t rows = dataShape.size() - 2;
   bool square = scheme.getKind() == QuantKind::FP8Block128 &&
@@ -158,12 +158,27 @@ int64_t cpu::scaleRowsPerBlock(ArrayRef<int64_t> dataShape,
   return square ? 128 : 1;
 }
 
-Value cpu::loadScale(Emitter &e, Value scales, ValueRange indices) {
+void common::layOutExperts(Emitter &e, int64_t experts, int64_t align,
+                           Value offsets, function_ref<Value(Value)> countOf,
+                           function_ref<void(Value, Value, Value)> each) {
+  Value total = e.reduce(
+      e.index(0), e.index(experts), {e.i32(0)},
+      [&](Value x, ValueRange acc) -> SmallVector<Value> {
+        Value count = countOf(x);
+        e.storeRaw(acc[0], offsets, {x});
+        if (each)
+          each(x, acc[0], count);
+        return {e.iadd(acc[0], e.roundUp(count, e.i32(align)))};
+      })[0];
+  e.storeRaw(total, offsets, {e.index(experts)});
+}
+
+Value common::loadScale(Emitter &e, Value scales, ValueRange indices) {
   Value raw = e.loadRaw(scales, indices);
   return raw.getType().isInteger(8) ? decodeE8M0(e, raw) : raw;
 }
 
-void cpu::quantizeBlock(Emitter &e, QuantAttr scheme, Value input, Value data,
+void common::quantizeBlock(Emitter &e, QuantAttr scheme, Value input, Value data,
                         Value scales, ArrayRef<Value> prefix, Value rb,
                         Value kb, Value firstRow, Value lastRow, Value firstCol,
                         Value lastCol) {
@@ -216,7 +231,7 @@ void cpu::quantizeBlock(Emitter &e, QuantAttr scheme, Value input, Value data,
   });
 }
 
-void cpu::dequantizeBlock(Emitter &e, Value data, Value scales, Value out,
+void common::dequantizeBlock(Emitter &e, Value data, Value scales, Value out,
                           ArrayRef<Value> prefix, Value rb, Value kb,
                           Value firstRow, Value lastRow, Value firstCol,
                           Value lastCol) {

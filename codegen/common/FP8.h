@@ -5,13 +5,13 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef MOE_CODEGEN_CPU_FP8_H
-#define MOE_CODEGEN_CPU_FP8_H
+#ifndef MOE_CODEGEN_COMMON_FP8_H
+#define MOE_CODEGEN_COMMON_FP8_H
 
-#include "codegen/cpu/Emitter.h"
+#include "codegen/common/Emitter.h"
 #include "dialects/moe/MoeDialect.h"
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::common {
 
 /// The E4M3 code (i8) of an f32: round to nearest even, magnitudes above 448
 /// saturate, NaN gives 0x7F with its sign.
@@ -26,6 +26,6 @@ Value mxScaleExponent(Emitter &e, Value amax, ScaleRounding rounding);
 /// 2^exponent as f32, for an i32 exponent in [-126, 127].
 Value exp2(Emitter &e, Value exponent);
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::common
 
-#endif // MOE_CODEGEN_CPU_FP8_H
+#endif // MOE_CODEGEN_COMMON_FP8_H

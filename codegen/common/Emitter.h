@@ -1,14 +1,22 @@
-//===- Emitter.h - scalar loop building for the CPU backend -----*- C++ -*-===//
+//===- Emitter.h - loops and scalar arithmetic for every backend -*- C++ -*-===//
+//
+// The CPU backend builds whole ops from these; the GPU kernels build their
+// per-thread code from them, so both share the numerics in Numerics.h.
+//
+//===----------------------------------------------------------------------===//
 
-#ifndef MOE_CODEGEN_CPU_EMITTER_H
-#define MOE_CODEGEN_CPU_EMITTER_H
+#ifndef MOE_CODEGEN_COMMON_EMITTER_H
+#define MOE_CODEGEN_COMMON_EMITTER_H
 
-#include "codegen/cpu/Passes.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
 
 #include <cmath>
 #include <functional>
 
-namespace mlir::moe::cpu {
+namespace mlir::moe::common {
 
 /// The buffer type holding a tensor: FP8 codes live in i8.
 inline MemRefType bufferType(Type type) {
@@ -145,6 +153,20 @@ public:
     return arith::MaximumFOp::create(b, loc, x, y);
   }
   Value iadd(Value x, Value y) { return arith::AddIOp::create(b, loc, x, y); }
+  Value isub(Value x, Value y) { return arith::SubIOp::create(b, loc, x, y); }
+  Value imul(Value x, Value y) { return arith::MulIOp::create(b, loc, x, y); }
+  Value divUI(Value x, Value y) { return arith::DivUIOp::create(b, loc, x, y); }
+  Value remUI(Value x, Value y) { return arith::RemUIOp::create(b, loc, x, y); }
+  Value minUI(Value x, Value y) { return arith::MinUIOp::create(b, loc, x, y); }
+  Value imul(Value x, int64_t y) { return imul(x, index(y)); }
+  Value divUI(Value x, int64_t y) { return divUI(x, index(y)); }
+  Value remUI(Value x, int64_t y) { return remUI(x, index(y)); }
+  /// x rounded up to a multiple of `multiple`, for i32 or index values.
+  Value roundUp(Value x, Value multiple) {
+    return imul(arith::CeilDivUIOp::create(b, loc, x, multiple), multiple);
+  }
+  Value eq(Value x, Value y) { return icmp(arith::CmpIPredicate::eq, x, y); }
+  Value ult(Value x, Value y) { return icmp(arith::CmpIPredicate::ult, x, y); }
   Value icmp(arith::CmpIPredicate p, Value x, Value y) {
     return arith::CmpIOp::create(b, loc, p, x, y);
   }
@@ -186,6 +208,6 @@ public:
   SmallVector<Value> allocations;
 };
 
-} // namespace mlir::moe::cpu
+} // namespace mlir::moe::common
 
-#endif // MOE_CODEGEN_CPU_EMITTER_H
+#endif // MOE_CODEGEN_COMMON_EMITTER_H

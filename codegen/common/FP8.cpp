@@ -1,10 +1,10 @@
 //===- FP8.cpp - FP8 encodings in the CPU backend -------------------------===//
 
-#include "codegen/cpu/FP8.h"
+#include "codegen/common/FP8.h"
 
 using namespace mlir;
 using namespace mlir::moe;
-using namespace mlir::moe::cpu;
+using namespace mlir::moe::common;
 
 namespace {
 /// i32 helpers; the FP8 formats are easiest to state on f32 bits.
@@ -39,7 +39,7 @@ struct Bits {
 };
 } // namespace
 
-Value mlir::moe::cpu::encodeE4M3(Emitter &e, Value value) {
+Value mlir::moe::common::encodeE4M3(Emitter &e, Value value) {
   Bits bits{e};
   Value raw = bits.of(value);
   Value sign = bits.andi(bits.shr(raw, 24), 0x80);
@@ -65,7 +65,7 @@ Value mlir::moe::cpu::encodeE4M3(Emitter &e, Value value) {
   return bits.toI8(e.ori(code, sign));
 }
 
-Value mlir::moe::cpu::decodeE4M3(Emitter &e, Value code) {
+Value mlir::moe::common::decodeE4M3(Emitter &e, Value code) {
   Bits bits{e};
   Value u = bits.fromI8(code);
   Value exponent = bits.andi(bits.shr(u, 3), 0xF);
@@ -84,12 +84,12 @@ Value mlir::moe::cpu::decodeE4M3(Emitter &e, Value code) {
                   magnitude);
 }
 
-Value mlir::moe::cpu::exp2(Emitter &e, Value exponent) {
+Value mlir::moe::common::exp2(Emitter &e, Value exponent) {
   Bits bits{e};
   return bits.toF32(bits.shl(e.iadd(exponent, bits.c(127)), 23));
 }
 
-Value mlir::moe::cpu::decodeE8M0(Emitter &e, Value code) {
+Value mlir::moe::common::decodeE8M0(Emitter &e, Value code) {
   Bits bits{e};
   Value u = bits.fromI8(code);
   // Code 0 is 2^-127, an f32 subnormal: bit 22.
@@ -98,7 +98,7 @@ Value mlir::moe::cpu::decodeE8M0(Emitter &e, Value code) {
   return e.select(bits.eq(u, 0xFF), e.f32(NAN), value);
 }
 
-Value mlir::moe::cpu::mxScaleExponent(Emitter &e, Value amax,
+Value mlir::moe::common::mxScaleExponent(Emitter &e, Value amax,
                                       ScaleRounding rounding) {
   Bits bits{e};
   Value raw = bits.of(amax);

@@ -1,0 +1,106 @@
+//===- BuildKernels.cpp - L1 moe ops to sm_90a kernels and a plan ---------===//
+//
+// Walks a layer function's L1 ops in order and hands each to its kernel
+// family; the families share the buffers of the tensors between them
+// (KernelBuilder.h) and append their launches to the plan.
+//
+//===----------------------------------------------------------------------===//
+
+#include "codegen/nvidia/Passes.h"
+
+#include "codegen/nvidia/KernelBuilder.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Verifier.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+namespace mlir::moe::nvidia {
+#define GEN_PASS_DEF_BUILDKERNELS
+#include "codegen/nvidia/Passes.h.inc"
+} // namespace mlir::moe::nvidia
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::nvidia;
+
+static LogicalResult buildKernel(LayerKernels &layer, Operation *op) {
+  return TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](RouteOp o) { return buildRoute(layer, o); })
+      .Case([&](DispatchOp o) { return buildDispatch(layer, o); })
+      .Case([&](GroupedMatmulOp o) { return buildGroupedMatmul(layer, o); })
+      .Case([&](CombineOp o) { return buildCombine(layer, o); })
+      .Case([&](QuantizeOp o) { return buildQuantize(layer, o); })
+      .Case([&](DequantizeOp o) { return buildDequantize(layer, o); })
+      .Case([&](LayerOp o) {
+        return o.emitOpError() << "must be decomposed first (run moe-decompose)";
+      })
+      .Default([&](Operation *other) {
+        return other->emitOpError() << "has no sm_90a kernel";
+      });
+}
+
+/// Builds `func`'s kernels into a new gpu.module and attaches its plan.
+static LogicalResult buildLayer(func::FuncOp func) {
+  if (!func.getBody().hasOneBlock())
+    return func.emitOpError() << "must have a single block to be lowered";
+  ModuleOp module = func->getParentOfType<ModuleOp>();
+  OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
+  auto gpuModule = gpu::GPUModuleOp::create(
+      b, func.getLoc(), (func.getName() + "_kernels").str());
+  LaunchPlan plan(func.getContext());
+  LayerKernels layer(gpuModule, plan);
+  Block &body = func.getBody().front();
+  FunctionType type = func.getFunctionType();
+  // Buffer i is argument i: the inputs, then the outputs.
+  unsigned numArgs = type.getNumInputs() + type.getNumResults();
+  for (unsigned i = 0; i < numArgs; ++i)
+    plan.addArgument(i);
+  for (BlockArgument arg : body.getArguments()) {
+    auto tensor = dyn_cast<RankedTensorType>(arg.getType());
+    if (!tensor)
+      return func.emitOpError() << "takes only ranked tensors";
+    for (int64_t d = 1; d < tensor.getRank(); ++d)
+      if (tensor.isDynamicDim(d))
+        return func.emitOpError()
+               << "argument " << arg.getArgNumber()
+               << " may be dynamic only in its first (token) dimension";
+    TokenLinear rows = tensor.getRank() == 0    ? TokenLinear{}
+                       : tensor.isDynamicDim(0) ? TokenLinear{0, 1}
+                                                : TokenLinear{tensor.getDimSize(0), 0};
+    layer.bind(arg, arg.getArgNumber(), rows);
+  }
+  auto ret = cast<func::ReturnOp>(body.getTerminator());
+  for (auto [i, value] : llvm::enumerate(ret.getOperands())) {
+    if (!value.getDefiningOp() || layer.isOutput(value))
+      return func.emitOpError()
+             << "must return distinct values computed by moe ops";
+    layer.bindOutput(value, type.getNumInputs() + i);
+  }
+  for (Operation &op : body.without_terminator())
+    if (failed(buildKernel(layer, &op)))
+      return failure();
+  if (failed(verify(gpuModule)))
+    return failure();
+  func->setAttr(LaunchPlanAttr::getAttrName(), plan.toAttr());
+  return success();
+}
+
+namespace {
+struct BuildKernelsPass
+    : public nvidia::impl::BuildKernelsBase<BuildKernelsPass> {
+  void runOnOperation() override {
+    SmallVector<func::FuncOp> layers;
+    for (auto func : getOperation().getOps<func::FuncOp>()) {
+      bool hasMoeOps = false;
+      func.walk([&](Operation *op) {
+        hasMoeOps |= isa<MoeDialect>(op->getDialect());
+      });
+      if (hasMoeOps)
+        layers.push_back(func);
+    }
+    for (func::FuncOp func : layers)
+      if (failed(buildLayer(func)))
+        return signalPassFailure();
+  }
+};
+} // namespace

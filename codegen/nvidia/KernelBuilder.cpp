@@ -1,0 +1,179 @@
+//===- KernelBuilder.cpp - building a layer's sm_90a kernels --------------===//
+
+#include "codegen/nvidia/KernelBuilder.h"
+
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::nvidia;
+
+Kernel::Kernel(gpu::GPUModuleOp module, StringRef name, Launch &launch,
+               ArrayRef<KernelArg> args, Location loc)
+    : b(module.getContext()), e(b, loc), launch(launch) {
+  MLIRContext *ctx = module.getContext();
+  b.setInsertionPointToEnd(module.getBody());
+  Type ptr = LLVM::LLVMPointerType::get(ctx);
+  SmallVector<Type> types(args.size(), ptr);
+  types.push_back(b.getI64Type());
+  func = gpu::GPUFuncOp::create(b, loc, name, b.getFunctionType(types, {}));
+  func->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
+  // TMA descriptors are passed by value (__grid_constant__): the launch
+  // copies them, so the host needs no copy to device memory and the kernel
+  // reads them through the parameter's generic address.
+  SmallVector<int64_t> maps;
+  for (auto [i, arg] : llvm::enumerate(args))
+    if (arg.kind == KernelArgKind::TensorMap)
+      maps.push_back(i);
+  if (!maps.empty())
+    func->setAttr(kTensorMapArgs, b.getDenseI64ArrayAttr(maps));
+  b.setInsertionPointToStart(&func.getBody().front());
+  launch.kernel = name.str();
+  launch.args.assign(args.begin(), args.end());
+  launch.args.push_back({KernelArgKind::Tokens, 0});
+  Value t64 = func.getArgument(args.size());
+  tokens = arith::IndexCastOp::create(b, loc, b.getIndexType(), t64);
+}
+
+Value Kernel::view(unsigned i, const TensorInfo &info) {
+  MemRefType type = info.type;
+  MLIRContext *ctx = b.getContext();
+  Location loc = e.loc;
+  Type i64 = b.getI64Type(), ptr = LLVM::LLVMPointerType::get(ctx);
+  int64_t rank = type.getRank();
+  auto array = LLVM::LLVMArrayType::get(i64, rank);
+  auto descriptor =
+      LLVM::LLVMStructType::getLiteral(ctx, {ptr, ptr, i64, array, array});
+  Value d = LLVM::PoisonOp::create(b, loc, descriptor);
+  Value address = func.getArgument(i);
+  d = LLVM::InsertValueOp::create(b, loc, d, address, ArrayRef<int64_t>{0});
+  d = LLVM::InsertValueOp::create(b, loc, d, address, ArrayRef<int64_t>{1});
+  d = LLVM::InsertValueOp::create(b, loc, d, constI64(0), ArrayRef<int64_t>{2});
+  SmallVector<Value> sizes;
+  for (int64_t s : type.getShape())
+    sizes.push_back(
+        ShapedType::isDynamic(s)
+            ? arith::IndexCastOp::create(b, loc, i64, linear(info.rows))
+                  .getResult()
+            : constI64(s));
+  Value stride = constI64(1);
+  for (int64_t d0 = rank - 1; d0 >= 0; --d0) {
+    d = LLVM::InsertValueOp::create(b, loc, d, sizes[d0],
+                                    ArrayRef<int64_t>{3, d0});
+    d = LLVM::InsertValueOp::create(b, loc, d, stride,
+                                    ArrayRef<int64_t>{4, d0});
+    stride = LLVM::MulOp::create(b, loc, stride, sizes[d0]);
+  }
+  return UnrealizedConversionCastOp::create(b, loc, type, d).getResult(0);
+}
+
+Value Kernel::tensorMap(unsigned i, Type type) {
+  return UnrealizedConversionCastOp::create(b, e.loc, type, func.getArgument(i))
+      .getResult(0);
+}
+
+Value Kernel::linear(TokenLinear l) {
+  return e.iadd(e.index(l.fixed), e.imul(e.index(l.perToken), tokens));
+}
+
+Value Kernel::constI64(int64_t v) {
+  return LLVM::ConstantOp::create(b, e.loc, b.getI64Type(),
+                                  b.getI64IntegerAttr(v));
+}
+
+Value Kernel::threadId() {
+  return gpu::ThreadIdOp::create(b, e.loc, gpu::Dimension::x);
+}
+
+Value Kernel::blockId(gpu::Dimension d) {
+  return gpu::BlockIdOp::create(b, e.loc, d);
+}
+
+Value Kernel::workgroupBuffer(ArrayRef<int64_t> shape, Type element) {
+  auto space =
+      gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup);
+  auto type = MemRefType::get(shape, element, MemRefLayoutAttrInterface(), space);
+  int64_t bytes =
+      llvm::alignTo(type.getNumElements() * element.getIntOrFloatBitWidth() / 8,
+                    16);
+  staticSharedBytes += bytes;
+  Value buffer = func.addWorkgroupAttribution(type, e.loc);
+  // Without an explicit alignment the buffer is placed at its element's
+  // alignment, while LLVM may combine accesses into 16-byte vectors.
+  func.setWorkgroupAttributionAttr(func.getNumWorkgroupAttributions() - 1,
+                                   LLVM::LLVMDialect::getAlignAttrName(),
+                                   b.getI64IntegerAttr(16));
+  return buffer;
+}
+
+LogicalResult Kernel::finish(Operation *op) {
+  gpu::ReturnOp::create(b, e.loc);
+  if (staticSharedBytes > kStaticSharedLimit)
+    return op->emitOpError()
+           << "needs " << staticSharedBytes << " bytes of shared memory in "
+           << launch.kernel << "; a sm_90a kernel has at most "
+           << kStaticSharedLimit << " without opting in";
+  return success();
+}
+
+void LayerKernels::bind(Value tensor, unsigned buffer, TokenLinear rows) {
+  tensors[tensor] =
+      TensorInfo{buffer, common::bufferType(tensor.getType()), rows};
+}
+
+const TensorInfo &LayerKernels::define(Value result, TokenLinear rows) {
+  MemRefType type = common::bufferType(result.getType());
+  int64_t rowBytes = type.getElementTypeBitWidth() / 8;
+  bool dynamic = type.getRank() > 0 && type.isDynamicDim(0);
+  if (!dynamic && type.getRank() > 0)
+    rows = TokenLinear{type.getDimSize(0), 0};
+  for (int64_t d = dynamic ? 1 : 0; d < type.getRank(); ++d)
+    rowBytes *= type.getDimSize(d);
+  unsigned index;
+  auto it = outputArgs.find(result);
+  if (it != outputArgs.end())
+    index = it->second;
+  else
+    index = plan.addWorkspace(dynamic ? rows * rowBytes
+                                      : TokenLinear{rowBytes, 0});
+  return tensors[result] = TensorInfo{index, type, rows};
+}
+
+std::string LayerKernels::uniqueName(std::string name) {
+  std::string candidate = name;
+  for (int i = 1; !names.insert(candidate).second; ++i)
+    candidate = name + "_" + std::to_string(i);
+  return candidate;
+}
+
+Kernel LayerKernels::kernel(Operation *op, StringRef family,
+                            ArrayRef<Value> buffers, ArrayRef<unsigned> maps) {
+  SmallVector<KernelArg> args;
+  for (Value v : buffers)
+    args.push_back({KernelArgKind::Buffer, info(v).buffer});
+  for (unsigned m : maps)
+    args.push_back({KernelArgKind::TensorMap, m});
+  // moe_<family>_<step>, without the step where the family says it.
+  std::string name = ("moe_" + family).str();
+  if (auto step = dyn_cast<NameLoc>(op->getLoc()))
+    if (!family.starts_with(step.getName().strref()))
+      name += "_" + step.getName().str();
+  return Kernel(module, uniqueName(name), plan.addLaunch(), args,
+                op->getLoc());
+}
+
+llvm::MaybeAlign nvidia::vectorAlign(int64_t width, Type element) {
+  return llvm::Align(width * element.getIntOrFloatBitWidth() / 8);
+}
+
+Value nvidia::loadF32Vector(Emitter &e, Value buffer, ValueRange index,
+                            int64_t width) {
+  Type element = cast<MemRefType>(buffer.getType()).getElementType();
+  Value v = vector::LoadOp::create(
+      e.b, e.loc, VectorType::get({width}, element), buffer, index,
+      /*nontemporal=*/false, vectorAlign(width, element));
+  if (element.isF32())
+    return v;
+  return arith::ExtFOp::create(e.b, e.loc,
+                               VectorType::get({width}, e.b.getF32Type()), v);
+}

@@ -1,0 +1,134 @@
+//===- KernelBuilder.h - building a layer's sm_90a kernels ------*- C++ -*-===//
+//
+// The calling convention every kernel shares: a gpu.func takes only buffer
+// addresses, TMA descriptors (by value) and, last, the token count; it builds
+// its memref views itself, so the host passes neither sizes nor strides.
+// LayerKernels holds what the kernels of one layer function share: the
+// buffer behind each tensor, the launch plan and the kernel names. Each
+// kernel family is built by a function in its own file.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_CODEGEN_NVIDIA_KERNELBUILDER_H
+#define MOE_CODEGEN_NVIDIA_KERNELBUILDER_H
+
+#include "codegen/common/Emitter.h"
+#include "codegen/nvidia/LaunchPlan.h"
+#include "dialects/moe/MoeOps.h"
+
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "llvm/ADT/StringSet.h"
+
+namespace mlir::moe::nvidia {
+
+using common::Emitter;
+
+/// Lists a kernel's arguments that are TMA descriptors passed by value;
+/// moe-mark-tensor-map-params makes them byval + nvvm.grid_constant once the
+/// kernel is an LLVM function.
+constexpr const char kTensorMapArgs[] = "moe.tensor_map_args";
+
+/// Static shared memory a kernel may use without opting in.
+constexpr int64_t kStaticSharedLimit = 48 * 1024;
+
+/// What a tensor of the layer function lives in on the device.
+struct TensorInfo {
+  unsigned buffer;
+  MemRefType type;  // Row-major; FP8 codes as i8.
+  TokenLinear rows; // The leading dimension, when it is dynamic.
+};
+
+/// A gpu.func under construction and its launch.
+class Kernel {
+public:
+  Kernel(gpu::GPUModuleOp module, StringRef name, Launch &launch,
+         ArrayRef<KernelArg> args, Location loc);
+
+  /// The memref view of parameter `i`, a buffer of `info`.
+  Value view(unsigned i, const TensorInfo &info);
+  /// The TMA descriptor parameter `i` as a value of `type`.
+  Value tensorMap(unsigned i, Type type);
+  /// fixed + perToken * T, as an index.
+  Value linear(TokenLinear l);
+  Value constI64(int64_t v);
+  Value threadId();
+  Value blockId(gpu::Dimension d);
+  /// A shared-memory buffer, 16-byte aligned so vector accesses the code
+  /// generator forms within it are aligned too.
+  Value workgroupBuffer(ArrayRef<int64_t> shape, Type element);
+  /// Ends the kernel; fails, naming `op`, if its static shared memory exceeds
+  /// what a kernel gets without opting in.
+  LogicalResult finish(Operation *op);
+
+  OpBuilder b;
+  Emitter e;
+  gpu::GPUFuncOp func;
+  Value tokens;
+  Launch &launch;
+
+private:
+  int64_t staticSharedBytes = 0;
+};
+
+/// The kernels of one layer function, built op by op in order.
+class LayerKernels {
+public:
+  LayerKernels(gpu::GPUModuleOp module, LaunchPlan &plan)
+      : plan(plan), module(module) {}
+
+  /// Records that `tensor` lives in buffer `buffer`.
+  void bind(Value tensor, unsigned buffer, TokenLinear rows);
+  /// Makes `result` (returned to the caller) live in the output argument
+  /// `arg`.
+  void bindOutput(Value result, int64_t arg) { outputArgs[result] = arg; }
+  bool isOutput(Value result) const { return outputArgs.count(result); }
+
+  /// The buffer for `result`, whose leading dimension (if dynamic) is
+  /// `rows`: the caller's output buffer or a new workspace slice.
+  const TensorInfo &define(Value result, TokenLinear rows);
+  const TensorInfo &info(Value v) { return tensors.find(v)->second; }
+
+  /// A kernel of `family` for `op`, reading and writing `buffers` (in that
+  /// parameter order) and then the TMA descriptors `maps`. Its name is
+  /// moe_<family>[_<step>], the step being the op's name location (as
+  /// moe-decompose sets it) unless the family names it already, made unique
+  /// in the module.
+  Kernel kernel(Operation *op, StringRef family, ArrayRef<Value> buffers,
+                ArrayRef<unsigned> maps = {});
+
+  LaunchPlan &plan;
+
+private:
+  std::string uniqueName(std::string name);
+
+  gpu::GPUModuleOp module;
+  DenseMap<Value, TensorInfo> tensors;
+  DenseMap<Value, int64_t> outputArgs;
+  llvm::StringSet<> names;
+};
+
+/// The alignment of `width` elements: buffers are 16-byte aligned and rows a
+/// multiple of the vector, so whole vectors are naturally aligned.
+llvm::MaybeAlign vectorAlign(int64_t width, Type element);
+
+/// The widest vector (8 or 1 elements) that rows of `rowElements` 16-bit
+/// elements split into evenly.
+inline int64_t vectorWidth(int64_t rowElements) {
+  return rowElements % 8 == 0 ? 8 : 1;
+}
+
+/// `width` consecutive elements of `buffer` at `index`, as f32.
+Value loadF32Vector(Emitter &e, Value buffer, ValueRange index, int64_t width);
+
+// The kernel families, one file each.
+LogicalResult buildRoute(LayerKernels &layer, RouteOp op);
+LogicalResult buildDispatch(LayerKernels &layer, DispatchOp op);
+LogicalResult buildGroupedMatmul(LayerKernels &layer, GroupedMatmulOp op);
+LogicalResult buildCombine(LayerKernels &layer, CombineOp op);
+LogicalResult buildQuantize(LayerKernels &layer, QuantizeOp op);
+LogicalResult buildDequantize(LayerKernels &layer, DequantizeOp op);
+
+} // namespace mlir::moe::nvidia
+
+#endif // MOE_CODEGEN_NVIDIA_KERNELBUILDER_H

@@ -1,0 +1,42 @@
+//===- LaunchPlan.cpp - a layer's launch plan under construction ----------===//
+
+#include "codegen/nvidia/LaunchPlan.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::nvidia;
+
+unsigned LaunchPlan::addArgument(int64_t arg) {
+  buffers.push_back(PlanBufferAttr::get(ctx, arg, TokenLinear()));
+  return buffers.size() - 1;
+}
+
+unsigned LaunchPlan::addWorkspace(TokenLinear bytes) {
+  buffers.push_back(PlanBufferAttr::get(ctx, -1, bytes));
+  return buffers.size() - 1;
+}
+
+unsigned LaunchPlan::addTensorMap(unsigned buffer, int64_t elementBytes,
+                                  TokenLinear rows, int64_t cols,
+                                  int64_t boxRows, int64_t boxCols) {
+  tensorMaps.push_back(TensorMapAttr::get(ctx, buffer, elementBytes, rows, cols,
+                                          boxRows, boxCols));
+  return tensorMaps.size() - 1;
+}
+
+Launch &LaunchPlan::addLaunch() {
+  launches.emplace_back();
+  return launches.back();
+}
+
+LaunchPlanAttr LaunchPlan::toAttr() const {
+  Builder b(ctx);
+  SmallVector<Attribute> launchAttrs;
+  for (const Launch &l : launches)
+    launchAttrs.push_back(KernelLaunchAttr::get(
+        ctx, FlatSymbolRefAttr::get(ctx, l.kernel), l.work, l.perBlock,
+        l.extraBlocks, l.gridY, l.block, l.sharedBytes, l.args));
+  return LaunchPlanAttr::get(ctx, b.getArrayAttr(buffers),
+                             b.getArrayAttr(tensorMaps),
+                             b.getArrayAttr(launchAttrs));
+}

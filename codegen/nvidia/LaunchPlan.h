@@ -1,0 +1,56 @@
+//===- LaunchPlan.h - a layer's launch plan under construction --*- C++ -*-===//
+//
+// The kernel builder records, kernel by kernel, the buffers each one reads
+// and writes, its grid and the TMA descriptors it needs; the result is a
+// #moe.launch_plan attribute on the layer's function, which the host code
+// (codegen/host/LaunchEntry.cpp) carries out on a stream.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_CODEGEN_NVIDIA_LAUNCHPLAN_H
+#define MOE_CODEGEN_NVIDIA_LAUNCHPLAN_H
+
+#include "dialects/moe/MoeDialect.h"
+
+#include <string>
+#include <deque>
+
+namespace mlir::moe::nvidia {
+
+/// One launch, filled in while its kernel is built.
+struct Launch {
+  std::string kernel;
+  /// Blocks along x: ceil(work / perBlock) + extraBlocks.
+  TokenLinear work;
+  int64_t perBlock = 1, extraBlocks = 0;
+  int64_t gridY = 1, block = 128, sharedBytes = 0;
+  SmallVector<KernelArg> args;
+};
+
+class LaunchPlan {
+public:
+  explicit LaunchPlan(MLIRContext *ctx) : ctx(ctx) {}
+
+  /// The buffer of the caller's argument `arg`.
+  unsigned addArgument(int64_t arg);
+  /// A new workspace slice of `bytes`.
+  unsigned addWorkspace(TokenLinear bytes);
+  /// A TMA descriptor of buffer `buffer` read as a row-major [rows, cols]
+  /// matrix in [boxRows, boxCols] tiles.
+  unsigned addTensorMap(unsigned buffer, int64_t elementBytes,
+                        TokenLinear rows, int64_t cols, int64_t boxRows,
+                        int64_t boxCols);
+  Launch &addLaunch();
+
+  LaunchPlanAttr toAttr() const;
+
+private:
+  MLIRContext *ctx;
+  SmallVector<Attribute> buffers, tensorMaps;
+  // A deque: kernels under construction hold references to their launch.
+  std::deque<Launch> launches;
+};
+
+} // namespace mlir::moe::nvidia
+
+#endif // MOE_CODEGEN_NVIDIA_LAUNCHPLAN_H

@@ -1,0 +1,169 @@
+//===- Pipelines.cpp - every stage of each target, in order ---------------===//
+//
+// The only place a compilation is assembled: moe-opt registers the pass
+// pipelines below by name and moe-compile runs compileLayer, whose --emit
+// values are stops along these lists.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/Pipelines.h"
+
+#include "codegen/cpu/Passes.h"
+#include "codegen/nvidia/Passes.h"
+#include "passes/Passes.h"
+
+#include "mlir/Conversion/AffineToStandard/AffineToStandard.h"
+#include "mlir/Conversion/ArithToLLVM/ArithToLLVM.h"
+#include "mlir/Conversion/ControlFlowToLLVM/ControlFlowToLLVM.h"
+#include "mlir/Conversion/FuncToLLVM/ConvertFuncToLLVMPass.h"
+#include "mlir/Conversion/GPUToNVVM/GPUToNVVMPass.h"
+#include "mlir/Conversion/MathToLLVM/MathToLLVM.h"
+#include "mlir/Conversion/MemRefToLLVM/MemRefToLLVM.h"
+#include "mlir/Conversion/NVGPUToNVVM/NVGPUToNVVM.h"
+#include "mlir/Conversion/NVVMToLLVM/NVVMToLLVM.h"
+#include "mlir/Conversion/ReconcileUnrealizedCasts/ReconcileUnrealizedCasts.h"
+#include "mlir/Conversion/SCFToControlFlow/SCFToControlFlow.h"
+#include "mlir/Dialect/Arith/Transforms/Passes.h"
+#include "mlir/Dialect/GPU/Transforms/Passes.h"
+#include "mlir/Dialect/MemRef/Transforms/Passes.h"
+#include "mlir/Pass/PassRegistry.h"
+#include "mlir/Transforms/Passes.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+
+void moe::buildCpuPipeline(OpPassManager &pm, Stop stop) {
+  pm.addPass(createDecompose());
+  if (stop == Stop::L1)
+    return;
+  pm.addPass(cpu::createLowerToLoops());
+  pm.addPass(createCanonicalizerPass());
+  // bf16 conversions become integer arithmetic (round to nearest even), so
+  // the object needs no compiler runtime for them.
+  arith::ArithExpandOpsPassOptions expand;
+  expand.includeBf16 = true;
+  pm.addPass(arith::createArithExpandOpsPass(expand));
+  pm.addPass(createSCFToControlFlowPass());
+  pm.addPass(createConvertMathToLLVMPass());
+  pm.addPass(createArithToLLVMConversionPass());
+  pm.addPass(createFinalizeMemRefToLLVMConversionPass());
+  pm.addPass(createConvertControlFlowToLLVMPass());
+  pm.addPass(createConvertFuncToLLVMPass());
+  pm.addPass(createReconcileUnrealizedCastsPass());
+}
+
+void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop,
+                             StringRef cudaPath) {
+  pm.addPass(createDecompose());
+  pm.addPass(createLegalizeScaledMatmul());
+  if (stop == Stop::L1)
+    return;
+  pm.addPass(nvidia::createBuildKernels());
+  if (stop == Stop::Kernels)
+    return;
+  GpuNVVMAttachTargetOptions target;
+  target.chip = "sm_90a";
+  target.features = "+ptx85";
+  target.optLevel = 3;
+  pm.addPass(createGpuNVVMAttachTarget(target));
+  OpPassManager &kernels = pm.nest<gpu::GPUModuleOp>();
+  kernels.addPass(memref::createExpandStridedMetadataPass());
+  kernels.addPass(createLowerAffinePass());
+  kernels.addPass(createConvertNVGPUToNVVMPass());
+  kernels.addPass(createSCFToControlFlowPass());
+  kernels.addPass(createConvertGpuOpsToNVVMOps());
+  kernels.addPass(createConvertNVVMToLLVMPass());
+  kernels.addPass(createCanonicalizerPass());
+  kernels.addPass(createCSEPass());
+  kernels.addPass(createReconcileUnrealizedCastsPass());
+  pm.addPass(nvidia::createMarkTensorMapParams());
+  GpuModuleToBinaryPassOptions toPtx;
+  toPtx.compilationTarget = "isa";
+  pm.addPass(createGpuModuleToBinaryPass(toPtx));
+  if (stop == Stop::PTX)
+    return;
+  nvidia::AssembleCubinOptions assemble;
+  assemble.cudaPath = cudaPath.str();
+  pm.addPass(nvidia::createAssembleCubin(assemble));
+}
+
+/// The one object of the module's one gpu.binary.
+static FailureOr<StringRef> kernelImage(ModuleOp module) {
+  for (auto binary : module.getOps<gpu::BinaryOp>())
+    for (Attribute object : binary.getObjects())
+      return cast<gpu::ObjectAttr>(object).getObject().getValue();
+  return module.emitError() << "no kernels were compiled";
+}
+
+LogicalResult moe::compileLayer(ModuleOp module, StringRef name,
+                                ArrayRef<host::ArgInfo> args, ConfigAttr config,
+                                const PipelineOptions &options,
+                                StringRef output, StringRef runtimeArchive) {
+  PassManager pm(module.getContext());
+  bool gpu = options.target == Target::SM90a;
+  Stop passesStop = options.stop;
+  if (passesStop == Stop::Library)
+    passesStop = gpu ? Stop::Cubin : Stop::LLVM;
+  if (gpu)
+    buildSm90aPipeline(pm, passesStop, options.cudaPath);
+  else
+    buildCpuPipeline(pm, passesStop);
+  if (failed(pm.run(module)))
+    return failure();
+  if (options.stop != Stop::Library)
+    return success();
+  if (!gpu)
+    return failure(
+        failed(host::addEntryPoints(module, name, args, config)) ||
+        failed(host::emitSharedLibrary(module, output)));
+  // The host side of a GPU layer: its plan carried out by launches of the
+  // embedded cubin, in a module of its own.
+  auto func = module.lookupSymbol<func::FuncOp>(name);
+  auto plan =
+      func ? func->getAttrOfType<LaunchPlanAttr>(LaunchPlanAttr::getAttrName())
+           : LaunchPlanAttr();
+  if (!plan)
+    return module.emitError() << "the layer function @" << name
+                              << " has no launch plan";
+  FailureOr<StringRef> cubin = kernelImage(module);
+  if (failed(cubin))
+    return failure();
+  OwningOpRef<ModuleOp> host = ModuleOp::create(module.getLoc());
+  return failure(
+      failed(host::addLaunchEntryPoints(*host, name, args, config, plan,
+                                        *cubin)) ||
+      failed(host::emitSharedLibrary(*host, output, {runtimeArchive.str()})));
+}
+
+namespace {
+struct Sm90aOptions : public PassPipelineOptions<Sm90aOptions> {
+  Option<Stop> stopAfter{
+      *this, "stop-after", llvm::cl::desc("The last stage to run"),
+      llvm::cl::init(Stop::Cubin),
+      llvm::cl::values(
+          clEnumValN(Stop::L1, "l1", "decomposed and legalized L1 ops"),
+          clEnumValN(Stop::Kernels, "kernels",
+                     "gpu.module kernels and the launch plan"),
+          clEnumValN(Stop::PTX, "ptx", "the kernels' PTX in a gpu.binary"),
+          clEnumValN(Stop::Cubin, "cubin", "the cubin in a gpu.binary"))};
+  Option<std::string> cudaPath{
+      *this, "cuda-path",
+      llvm::cl::desc("CUDA toolkit whose ptxas assembles (default: "
+                     "$CUDA_HOME, else /usr/local/cuda)")};
+};
+} // namespace
+
+void moe::registerPipelines() {
+  PassPipelineRegistration<>(
+      "moe-cpu-pipeline",
+      "The CPU target: layers (L0 or L1) through the reference backend to "
+      "the LLVM dialect",
+      [](OpPassManager &pm) { buildCpuPipeline(pm); });
+  PassPipelineRegistration<Sm90aOptions>(
+      "moe-sm90a-pipeline",
+      "The sm_90a target: layers (L0 or L1) to kernels, a launch plan and a "
+      "cubin (or PTX)",
+      [](OpPassManager &pm, const Sm90aOptions &options) {
+        buildSm90aPipeline(pm, options.stopAfter, options.cudaPath);
+      });
+}

@@ -1,0 +1,58 @@
+//===- Pipelines.h - every stage of each target, in order -------*- C++ -*-===//
+
+#ifndef MOE_PASSES_PIPELINES_H
+#define MOE_PASSES_PIPELINES_H
+
+#include "codegen/host/Host.h"
+
+#include "mlir/Pass/PassManager.h"
+
+#include <string>
+
+namespace mlir::moe {
+
+enum class Target { CPU, SM90a };
+
+/// Where a compilation stops, in pipeline order. A target skips the stops it
+/// has not got (the CPU has no kernels, PTX or cubin).
+enum class Stop {
+  L1,      // Decomposed into L1 ops (and legalized for the target).
+  Kernels, // sm_90a: gpu.module kernels and the launch plan beside the L1 ops.
+  PTX,     // sm_90a: the kernels' PTX in a gpu.binary.
+  Cubin,   // sm_90a: the cubin in a gpu.binary.
+  LLVM,    // CPU: the layer function in the LLVM dialect.
+  Library, // The shared library with its C entry points.
+};
+
+struct PipelineOptions {
+  Target target = Target::CPU;
+  Stop stop = Stop::Library;
+  /// The CUDA toolkit whose ptxas assembles (empty: $CUDA_HOME, else
+  /// /usr/local/cuda).
+  std::string cudaPath;
+};
+
+/// Appends the CPU target's passes: a layer (L0 or L1) to the LLVM dialect,
+/// or to `stop`.
+void buildCpuPipeline(OpPassManager &pm, Stop stop = Stop::LLVM);
+
+/// Appends the sm_90a target's passes up to `stop` (at most Cubin).
+void buildSm90aPipeline(OpPassManager &pm, Stop stop = Stop::Cubin,
+                        StringRef cudaPath = "");
+
+/// Compiles `module`, whose one layer function `name` has the C arguments
+/// `args`, through every stage of `options.target` up to `options.stop`.
+/// At Stop::Library the shared library is written to `output`, with the
+/// runtime archive `runtimeArchive` linked into GPU layers; before it the
+/// module is left at the stop.
+LogicalResult compileLayer(ModuleOp module, StringRef name,
+                           ArrayRef<host::ArgInfo> args, ConfigAttr config,
+                           const PipelineOptions &options, StringRef output,
+                           StringRef runtimeArchive);
+
+/// Registers moe-cpu-pipeline and moe-sm90a-pipeline for moe-opt.
+void registerPipelines();
+
+} // namespace mlir::moe
+
+#endif // MOE_PASSES_PIPELINES_H
