@@ -77,13 +77,17 @@ void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop,
   kernels.addPass(createCSEPass());
   kernels.addPass(createReconcileUnrealizedCastsPass());
   pm.addPass(nvidia::createMarkTensorMapParams());
+  // The toolkit also gives libdevice, which math functions (expf) call.
+  std::string toolkit =
+      cudaPath.empty() ? nvidia::defaultCudaPath() : cudaPath.str();
   GpuModuleToBinaryPassOptions toPtx;
+  toPtx.toolkitPath = toolkit;
   toPtx.compilationTarget = "isa";
   pm.addPass(createGpuModuleToBinaryPass(toPtx));
   if (stop == Stop::PTX)
     return;
   nvidia::AssembleCubinOptions assemble;
-  assemble.cudaPath = cudaPath.str();
+  assemble.cudaPath = toolkit;
   pm.addPass(nvidia::createAssembleCubin(assemble));
 }
 

@@ -84,6 +84,19 @@ struct Wgmma {
 };
 } // namespace
 
+/// What K is in the layer, from the step moe-decompose named the matmul.
+static std::string describeK(GroupedMatmulOp op) {
+  auto step = dyn_cast<NameLoc>(op.getLoc());
+  StringRef name = step ? step.getName().strref() : "";
+  if (name == "down")
+    return "the intermediate size, in the down matmul";
+  if (name == "shared_down")
+    return "the shared experts' intermediate size, in their down matmul";
+  if (!name.empty())
+    return ("the hidden size, in the " + name + " matmul").str();
+  return "the length of the rows it multiplies";
+}
+
 LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
                                          GroupedMatmulOp op) {
   if (op.getLhsScale())
@@ -92,8 +105,9 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
               "moe-legalize-scaled-matmul first";
   auto lhsType = cast<RankedTensorType>(op.getLhs().getType());
   auto rhsType = cast<RankedTensorType>(op.getRhs().getType());
-  if (!lhsType.getElementType().isBF16() || !rhsType.getElementType().isBF16())
-    return op.emitOpError() << "on sm_90a needs bf16 operands";
+  // The verifier allows FP8 operands only with scales, caught above.
+  assert(lhsType.getElementType().isBF16() &&
+         rhsType.getElementType().isBF16() && "bf16 operands");
   bool grouped = static_cast<bool>(op.getTokensPerExpert());
   int64_t experts = grouped ? rhsType.getDimSize(0) : 1;
   int64_t n = rhsType.getDimSize(rhsType.getRank() - 2);
@@ -101,9 +115,9 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   // TMA reads rows whose length in bytes is a multiple of 16.
   if (kDim % 8 != 0)
     return op.emitOpError()
-           << "has K = " << kDim << " (the length of the rows it multiplies: "
-           << "the hidden size for gate/up, the intermediate size for down); "
-              "sm_90a's TMA loads need K to be a multiple of 8";
+           << "has K = " << kDim << " (" << describeK(op)
+           << "): sm_90a loads the operands with TMA, whose rows must be a "
+              "multiple of 16 bytes, so K must be a multiple of 8";
   ActivationAttr activation = op.getActivationAttr();
   int64_t outN = activation ? n / 2 : n;
   // With an activation a tile computes 128 gate and the matching 128 up

@@ -24,14 +24,13 @@ static LogicalResult buildBlocks(LayerKernels &layer, Operation *op,
   int64_t rank = dataType.getRank();
   if (rank != 2 && rank != 3)
     return op->emitOpError() << "of rank " << rank
-                             << " has no sm_90a lowering (ranks 2 and 3 do)";
+                             << " has no sm_90a kernel (ranks 2 and 3 have)";
   int64_t rowsPerBlock = common::scaleRowsPerBlock(
       dataType.getShape(), cast<RankedTensorType>(scales.getType()).getShape(),
       scheme);
   bool dynamic = dataType.isDynamicDim(0);
-  if (dynamic && rowsPerBlock != 1)
-    return op->emitOpError() << "quantizes token rows in 128-row blocks; "
-                                "sm_90a quantizes token rows one by one";
+  // The verifiers give token rows (dynamic) one scale row each.
+  assert((!dynamic || rowsPerBlock == 1) && "token rows in 128-row blocks");
   int64_t kBlock = scheme.getBlockSize(), kDim = dataType.getDimSize(rank - 1);
   int64_t kBlocks = llvm::divideCeil(kDim, kBlock);
   TokenLinear rows = layer.info(input).rows;

@@ -241,6 +241,8 @@ int main(int argc, char **argv) {
   DialectRegistry registry;
   moe::nvidia::registerNvidiaCodegen(registry);
   MLIRContext context(registry);
+  // Diagnostics name the layer's dimensions; a dump of the op adds nothing.
+  context.printOpOnDiagnostic(false);
   context.loadDialect<moe::MoeDialect, func::FuncDialect>();
   context.loadAllAvailableDialects();
   std::string error;

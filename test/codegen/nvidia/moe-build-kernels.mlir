@@ -1,0 +1,141 @@
+// RUN: moe-opt %s --moe-build-kernels --split-input-file --verify-diagnostics | FileCheck %s
+
+// A decomposed layer: one kernel per family (dispatch takes two), named after
+// the family and the step moe-decompose named; the launch plan lists the
+// caller's buffers (inputs, then the output), the workspace slices in
+// order, the TMA descriptors of each matmul and the launches in stream order.
+// CHECK-LABEL: func.func @layer
+// CHECK-SAME: moe.launch_plan = #moe.launch_plan<buffers = [#moe.buffer<arg = 0>, #moe.buffer<arg = 1>, #moe.buffer<arg = 2>, #moe.buffer<arg = 3>, #moe.buffer<arg = 4>,
+// CHECK-SAME: #moe.buffer<bytes = 8 * T>, #moe.buffer<bytes = 8 * T>, #moe.buffer<bytes = 32>, #moe.buffer<bytes = 36>, #moe.buffer<bytes = 8 * T>, #moe.buffer<bytes = 256 * T>, #moe.buffer<bytes = 128 * T>, #moe.buffer<bytes = 256 * T>]
+// CHECK-SAME: tensor_maps = [#moe.tensor_map<buffer = 10, element_bytes = 2, rows = 2 * T, cols = 64, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 2, element_bytes = 2, rows = 512, cols = 64, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 11, element_bytes = 2, rows = 2 * T, cols = 32, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 3, element_bytes = 2, rows = 512, cols = 32, box_rows = 128, box_cols = 64>]
+// CHECK-SAME: launches = [#moe.launch<kernel = @moe_route, work = 1 * T, per_block = 4, block = 256, args = [buffer 0, buffer 1, buffer 5, buffer 6, tokens]>,
+// CHECK-SAME: #moe.launch<kernel = @moe_dispatch_plan, work = 1, block = 1024, args = [buffer 5, buffer 7, buffer 8, buffer 9, tokens]>,
+// CHECK-SAME: #moe.launch<kernel = @moe_dispatch_scatter, work = 1 * T, block = 128, args = [buffer 0, buffer 9, buffer 10, tokens]>,
+// CHECK-SAME: #moe.launch<kernel = @moe_grouped_matmul_gate_up, work = 2 * T, per_block = 128, extra_blocks = 8, block = 256, shared_bytes = 197632, args = [buffer 11, buffer 7, buffer 8, tensor_map 0, tensor_map 1, tokens]>,
+// CHECK-SAME: #moe.launch<kernel = @moe_grouped_matmul_down, work = 2 * T, per_block = 128, extra_blocks = 8, block = 256, shared_bytes = 197632, args = [buffer 12, buffer 7, buffer 8, tensor_map 2, tensor_map 3, tokens]>,
+// CHECK-SAME: #moe.launch<kernel = @moe_combine, work = 1 * T, block = 128, args = [buffer 12, buffer 9, buffer 4, buffer 6, tokens]>]>
+// The function itself is untouched: the host code reads only its plan.
+// CHECK: moe.route
+// CHECK: moe.combine
+// CHECK: gpu.module @layer_kernels
+// CHECK: gpu.func @moe_route(%{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: i64) workgroup({{.*}}llvm.align = 16
+// CHECK-SAME: kernel
+// CHECK: gpu.func @moe_dispatch_plan(
+// CHECK: gpu.func @moe_dispatch_scatter(
+// CHECK: gpu.func @moe_grouped_matmul_gate_up({{.*}}) kernel attributes {moe.tensor_map_args = array<i64: 3, 4>}
+// CHECK: gpu.func @moe_grouped_matmul_down(
+// CHECK: gpu.func @moe_combine(
+#loc = loc("layer.mlir":1:1)
+func.func @layer(%hidden: tensor<?x64xbf16>, %router: tensor<8x64xbf16>,
+                 %w13: tensor<8x64x64xbf16>, %w2: tensor<8x64x32xbf16>)
+    -> tensor<?x64xbf16> {
+  %ids, %weights = moe.route %hidden, %router {router = #moe.router<kind = softmax_topk>}
+      : (tensor<?x64xbf16>, tensor<8x64xbf16>) -> (tensor<?x2xi32>, tensor<?x2xf32>) loc(#route)
+  %dispatched, %counts, %offsets, %rows = moe.dispatch %hidden, %ids
+      : (tensor<?x64xbf16>, tensor<?x2xi32>)
+      -> (tensor<?x64xbf16>, tensor<8xi32>, tensor<9xi32>, tensor<?x2xi32>) loc(#dispatch)
+  %0 = moe.grouped_matmul %dispatched, %w13 groups(%counts, %offsets)
+      {activation = #moe.activation<kind = swiglu>}
+      : (tensor<?x64xbf16>, tensor<8x64x64xbf16>, tensor<8xi32>, tensor<9xi32>)
+      -> tensor<?x32xbf16> loc(#gate_up)
+  %1 = moe.grouped_matmul %0, %w2 groups(%counts, %offsets)
+      : (tensor<?x32xbf16>, tensor<8x64x32xbf16>, tensor<8xi32>, tensor<9xi32>)
+      -> tensor<?x64xbf16> loc(#down)
+  %2 = moe.combine %1, %rows weights %weights
+      : (tensor<?x64xbf16>, tensor<?x2xi32>, tensor<?x2xf32>) -> tensor<?x64xbf16> loc(#combine)
+  return %2 : tensor<?x64xbf16>
+}
+#route = loc("route"(#loc))
+#dispatch = loc("dispatch"(#loc))
+#gate_up = loc("gate_up"(#loc))
+#down = loc("down"(#loc))
+#combine = loc("combine"(#loc))
+
+// -----
+
+// Unnamed ops give plain family names, made unique in the module.
+// CHECK-LABEL: func.func @dense
+// CHECK-SAME: kernel = @moe_matmul,
+// CHECK-SAME: kernel = @moe_matmul_1,
+// CHECK: gpu.func @moe_matmul(
+// CHECK: gpu.func @moe_matmul_1(
+func.func @dense(%x: tensor<?x64xbf16>, %w1: tensor<96x64xbf16>,
+                 %w2: tensor<64x48xbf16>) -> tensor<?x64xbf16> {
+  %0 = moe.grouped_matmul %x, %w1 {activation = #moe.activation<kind = swiglu>}
+      : (tensor<?x64xbf16>, tensor<96x64xbf16>) -> tensor<?x48xbf16>
+  %1 = moe.grouped_matmul %0, %w2 : (tensor<?x48xbf16>, tensor<64x48xbf16>) -> tensor<?x64xbf16>
+  return %1 : tensor<?x64xbf16>
+}
+
+// -----
+
+func.func @undecomposed(%hidden: tensor<?x64xbf16>, %router: tensor<8x64xbf16>,
+                        %w13: tensor<8x64x64xbf16>, %w2: tensor<8x64x32xbf16>)
+    -> tensor<?x64xbf16> {
+  // expected-error @+1 {{must be decomposed first (run moe-decompose)}}
+  %0 = moe.layer %hidden router(%router) experts(%w13, %w2)
+      {config = #moe.config<experts = 8, top_k = 2, hidden = 64, intermediate = 32,
+                            router = <kind = softmax_topk>, activation = <kind = swiglu>>}
+      : (tensor<?x64xbf16>, tensor<8x64xbf16>, tensor<8x64x64xbf16>, tensor<8x64x32xbf16>)
+      -> tensor<?x64xbf16>
+  return %0 : tensor<?x64xbf16>
+}
+
+// -----
+
+// TMA reads rows of 16-byte multiples.
+func.func @odd_k(%x: tensor<?x100xbf16>, %w: tensor<64x100xbf16>) -> tensor<?x64xbf16> {
+  // expected-error @+1 {{has K = 100 (the length of the rows it multiplies): sm_90a loads the operands with TMA, whose rows must be a multiple of 16 bytes, so K must be a multiple of 8}}
+  %0 = moe.grouped_matmul %x, %w : (tensor<?x100xbf16>, tensor<64x100xbf16>) -> tensor<?x64xbf16>
+  return %0 : tensor<?x64xbf16>
+}
+
+// -----
+
+func.func @fp8(%a: tensor<?x64xf8E4M3FN>, %b: tensor<32x64xf8E4M3FN>,
+               %sa: tensor<?x2xf8E8M0FNU>, %sb: tensor<32x2xf8E8M0FNU>)
+    -> tensor<?x32xbf16> {
+  // expected-error @+1 {{with FP8 operands has no sm_90a kernel yet; run moe-legalize-scaled-matmul first}}
+  %0 = moe.grouped_matmul %a, %b scales(%sa, %sb)
+      : (tensor<?x64xf8E4M3FN>, tensor<32x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>,
+         tensor<32x2xf8E8M0FNU>) -> tensor<?x32xbf16>
+  return %0 : tensor<?x32xbf16>
+}
+
+// -----
+
+// Four tokens' scores for every expert must fit in a block's shared memory.
+func.func @too_many_experts(%hidden: tensor<?x64xbf16>, %router: tensor<2048x64xbf16>)
+    -> (tensor<?x2xi32>, tensor<?x2xf32>) {
+  // expected-error @+1 {{needs 73728 bytes of shared memory in moe_route; a sm_90a kernel has at most 49152 without opting in}}
+  %ids, %weights = moe.route %hidden, %router {router = #moe.router<kind = softmax_topk>}
+      : (tensor<?x64xbf16>, tensor<2048x64xbf16>) -> (tensor<?x2xi32>, tensor<?x2xf32>)
+  return %ids, %weights : tensor<?x2xi32>, tensor<?x2xf32>
+}
+
+// -----
+
+func.func @rank1(%x: tensor<256xbf16>) -> (tensor<256xf8E4M3FN>, tensor<8xf8E8M0FNU>) {
+  // expected-error @+1 {{of rank 1 has no sm_90a kernel (ranks 2 and 3 have)}}
+  %data, %scales = moe.quantize %x {scheme = #moe.quant<kind = mxfp8>}
+      : (tensor<256xbf16>) -> (tensor<256xf8E4M3FN>, tensor<8xf8E8M0FNU>)
+  return %data, %scales : tensor<256xf8E4M3FN>, tensor<8xf8E8M0FNU>
+}
+
+// -----
+
+// expected-error @+1 {{must return distinct values computed by moe ops}}
+func.func @returns_argument(%x: tensor<?x64xbf16>, %w: tensor<64x64xbf16>)
+    -> (tensor<?x64xbf16>, tensor<?x64xbf16>) {
+  %0 = moe.grouped_matmul %x, %w : (tensor<?x64xbf16>, tensor<64x64xbf16>) -> tensor<?x64xbf16>
+  return %0, %x : tensor<?x64xbf16>, tensor<?x64xbf16>
+}
+
+// -----
+
+// expected-error @+1 {{argument 2 may be dynamic only in its first (token) dimension}}
+func.func @dynamic_hidden(%x: tensor<?x64xbf16>, %w: tensor<64x64xbf16>,
+                          %unused: tensor<?x?xbf16>) -> tensor<?x64xbf16> {
+  %0 = moe.grouped_matmul %x, %w : (tensor<?x64xbf16>, tensor<64x64xbf16>) -> tensor<?x64xbf16>
+  return %0 : tensor<?x64xbf16>
+}
