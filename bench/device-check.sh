@@ -12,6 +12,10 @@
 #                                   and one layer under compute-sanitizer;
 #                                   results go to $OUT (default
 #                                   build/device/results)
+#   bench/device-check.sh compare DIR  on the GPU machine: times the
+#                                   full-size layers prepared in DIR (another
+#                                   commit's build/device) and in build/device
+#                                   alternately, twice, in one run
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${DEVICE_DIR:-$root/build/device}
@@ -65,8 +69,27 @@ if [[ $mode == prepare ]]; then
   exit 0
 fi
 
+if [[ $mode == compare ]]; then
+  other=${2:?usage: $0 compare DIR}
+  results=${OUT:-$dir/results}
+  mkdir -p "$results"
+  log="$results/compare.jsonl"
+  : > "$log"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sed 's/^/# /' | tee -a "$log"
+  for round in 1 2; do
+    for lib in "$dir"/big_*.so; do
+      name=$(basename "$lib" .so); name=${name#big_}
+      for side in "$other" "$dir"; do
+        echo "{\"what\": \"side\", \"commit\": \"$(cat "$side/COMMIT")\", \"round\": $round}" | tee -a "$log"
+        python3 "$root/bench/device_check.py" "$side/big_$name.so" --tokens 1 128 4096 --time \
+          --label "$name" | tee -a "$log"
+      done
+    done
+  done
+  exit 0
+fi
 if [[ $mode != run ]]; then
-  echo "usage: $0 prepare|run" >&2
+  echo "usage: $0 prepare|run|compare DIR" >&2
   exit 2
 fi
 results=${OUT:-$dir/results}

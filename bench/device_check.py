@@ -184,7 +184,9 @@ def kernel_times(layer, tensors):
         torch.cuda.synchronize()
     times = {}
     for ev in prof.key_averages():
-        if ev.key.startswith("k") and "_" in ev.key:
+        # Our kernels: moe_<family>[_<step>] (k<N>_<family> before they
+        # had stable names).
+        if ev.key.startswith("moe_") or (ev.key.startswith("k") and "_" in ev.key):
             t = getattr(ev, "device_time", None) or ev.cuda_time
             times[ev.key] = times.get(ev.key, 0) + t * ev.count / 3
     return times

@@ -135,19 +135,33 @@ extern "C" int32_t moert_tensor_map_2d(void *descriptor, void *base,
   return 0;
 }
 
-extern "C" int32_t moert_check_call(void *const *args, int32_t count,
-                                    int64_t tokens, int64_t maxTokens) {
+extern "C" int32_t moert_check_call(void *const *args, const char *kinds,
+                                    int64_t tokens, int64_t maxTokens,
+                                    const void *workspace,
+                                    int64_t workspaceBytes) {
   if (tokens < 0 || tokens > maxTokens)
     return fail("the token count " + std::to_string(tokens) +
                 " is outside the layer's range [0, " +
                 std::to_string(maxTokens) + "]");
+  size_t count = std::strlen(kinds);
   if (!args && count > 0)
     return fail("args is null");
-  for (int32_t i = 0; i < count; ++i)
-    if (reinterpret_cast<uintptr_t>(args[i]) % 16 != 0)
+  auto misaligned = [](const void *p) {
+    return reinterpret_cast<uintptr_t>(p) % 16 != 0;
+  };
+  for (size_t i = 0; i < count; ++i) {
+    bool read = kinds[i] == 'w' || tokens > 0;
+    if (read && !args[i])
+      return fail("argument " + std::to_string(i) + " is null");
+    if (misaligned(args[i]))
       return fail("argument " + std::to_string(i) +
                   " is not 16-byte aligned; the kernels read and write 16 "
                   "bytes at a time");
+  }
+  if (workspaceBytes > 0 && (!workspace || misaligned(workspace)))
+    return fail("the workspace (" + std::to_string(workspaceBytes) +
+                " bytes for " + std::to_string(tokens) +
+                " tokens) is null or not 16-byte aligned");
   return 0;
 }
 

@@ -138,7 +138,7 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
   auto mapFn = declare(b, module, loc, "moert_tensor_map_2d", i32,
                        {ptr, ptr, i32, i64, i64, i32, i32});
   auto checkFn = declare(b, module, loc, "moert_check_call", i32,
-                         {ptr, i32, i64, i64});
+                         {ptr, ptr, i64, i64, ptr, i64});
   // The loaded module, cached by the runtime on first use.
   auto moduleSlot = LLVM::GlobalOp::create(
       b, loc, i64, /*isConstant=*/false, LLVM::Linkage::Internal,
@@ -168,9 +168,16 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
   Value argv = entry->getArgument(0), tokens = entry->getArgument(1);
   Value stream = entry->getArgument(2), ws = entry->getArgument(3);
   // A call the kernels cannot take safely fails here, not on the GPU.
-  h.check(LLVM::CallOp::create(b, loc, checkFn,
-                               ValueRange{argv, h.c32(args.size()), tokens,
-                                          h.c64(maxTokens(plan))})
+  std::string kinds;
+  for (const ArgInfo &arg : args)
+    kinds.push_back(!arg.shape.empty() && arg.shape[0] < 0 ? 't' : 'w');
+  kinds.push_back('\0');
+  Value kindsText = LLVM::createGlobalString(loc, b, "moe_arg_kinds", kinds,
+                                             LLVM::Linkage::Internal);
+  h.check(LLVM::CallOp::create(
+              b, loc, checkFn,
+              ValueRange{argv, kindsText, tokens, h.c64(maxTokens(plan)), ws,
+                         h.linear(workspace, tokens)})
               .getResult());
 
   Value image = LLVM::createGlobalString(loc, b, "moe_cubin", cubin,
