@@ -131,6 +131,8 @@ print(json.dumps({"what": "moe-exec", "layer": name, "tokens": gpu.shape[0],
 sys.exit(0 if err <= 1e-2 else 1)
 PY
 done
+# Bad calls fail with a message and leave the context usable.
+python3 "$root/bench/call_checks.py" "$dir/gpu_qwen3_moe.so" | tee -a "$log" || status=1
 for refused in "$dir"/refused_*.txt; do
   [[ -f $refused ]] || continue
   name=$(basename "$refused" .txt); name=${name#refused_}
