@@ -1,4 +1,8 @@
 // RUN: %if ptxas %{ moe-opt %s --moe-assemble-cubin --split-input-file --verify-diagnostics | FileCheck %s %}
+// RUN: not moe-opt %s --moe-assemble-cubin=cuda-path=%t.no-toolkit --split-input-file 2>&1 | FileCheck %s --check-prefix=NONE
+
+// Without a toolkit the error says where ptxas was looked for.
+// NONE: error: no ptxas at {{.*}}.no-toolkit/bin/ptxas (set --cuda-path or CUDA_HOME)
 
 // PTX objects become cubins for their chip; others are left as they are.
 // CHECK-LABEL: gpu.binary @kernels

@@ -139,3 +139,32 @@ func.func @dynamic_hidden(%x: tensor<?x64xbf16>, %w: tensor<64x64xbf16>,
   %0 = moe.grouped_matmul %x, %w : (tensor<?x64xbf16>, tensor<64x64xbf16>) -> tensor<?x64xbf16>
   return %0 : tensor<?x64xbf16>
 }
+
+// -----
+
+func.func @attention(%q: tensor<1x16x4x64xbf16>, %k: tensor<1x16x4x64xbf16>,
+                     %v: tensor<1x16x4x64xbf16>) -> tensor<1x16x4x64xbf16> {
+  // expected-error @+1 {{has no sm_90a kernel}}
+  %0 = moe.attention %q, %k, %v
+      : (tensor<1x16x4x64xbf16>, tensor<1x16x4x64xbf16>, tensor<1x16x4x64xbf16>) -> tensor<1x16x4x64xbf16>
+  return %0 : tensor<1x16x4x64xbf16>
+}
+
+// -----
+
+// expected-error @+1 {{takes only ranked tensors}}
+func.func @scalar_argument(%x: tensor<?x64xbf16>, %w: tensor<64x64xbf16>, %s: f32)
+    -> tensor<?x64xbf16> {
+  %0 = moe.grouped_matmul %x, %w : (tensor<?x64xbf16>, tensor<64x64xbf16>) -> tensor<?x64xbf16>
+  return %0 : tensor<?x64xbf16>
+}
+
+// -----
+
+// expected-error @+1 {{must have a single block to be lowered}}
+func.func @two_blocks(%x: tensor<?x64xbf16>, %w: tensor<64x64xbf16>) -> tensor<?x64xbf16> {
+  %0 = moe.grouped_matmul %x, %w : (tensor<?x64xbf16>, tensor<64x64xbf16>) -> tensor<?x64xbf16>
+  cf.br ^next
+^next:
+  return %0 : tensor<?x64xbf16>
+}
