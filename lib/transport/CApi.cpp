@@ -4,7 +4,13 @@
 #include "Bootstrap.h"
 #include "Communicator.h"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <new>
+#include <unordered_set>
 
 using namespace moe::transport;
 
@@ -13,17 +19,54 @@ struct moe_transport {
 };
 
 namespace {
-thread_local std::string lastError;
+// Reporting never allocates, so it works when memory has run out.
+thread_local char lastError[1024];
 
-moe_transport_status_t report(const Status &status) {
-  lastError = status.failed() ? status.message() : std::string();
-  return status.code();
+moe_transport_status_t reportRaw(moe_transport_status_t code,
+                                 const char *message) noexcept {
+  std::snprintf(lastError, sizeof(lastError), "%s", message);
+  return code;
 }
 
-moe_transport_status_t nullHandle() {
-  return report(Status::error(MOE_TRANSPORT_ERR_INVALID_ARGUMENT,
-                              "transport handle is null"));
+moe_transport_status_t report(const Status &status) noexcept {
+  return reportRaw(status.code(),
+                   status.failed() ? status.message().c_str() : "");
 }
+
+moe_transport_status_t invalid(const char *message) noexcept {
+  return reportRaw(MOE_TRANSPORT_ERR_INVALID_ARGUMENT, message);
+}
+
+moe_transport_status_t nullHandle() noexcept {
+  return invalid("transport handle is null");
+}
+
+/// Runs one C entry point's body: no C++ exception leaves the library.
+template <typename Body>
+moe_transport_status_t guarded(Body &&body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc &) {
+    return reportRaw(MOE_TRANSPORT_ERR_NO_MEMORY, "out of memory");
+  } catch (const std::exception &e) {
+    return reportRaw(MOE_TRANSPORT_ERR_FABRIC, e.what());
+  } catch (...) {
+    return reportRaw(MOE_TRANSPORT_ERR_FABRIC, "unknown C++ exception");
+  }
+}
+
+/// The handles open now, so that closing one twice is harmless. Never
+/// destroyed: a close may run during static destruction.
+std::mutex &handlesMutex() {
+  static std::mutex *mutex = new std::mutex();
+  return *mutex;
+}
+std::unordered_set<const moe_transport *> &liveHandles() {
+  static auto *handles = new std::unordered_set<const moe_transport *>();
+  return *handles;
+}
+
+bool validPort(int port) { return port >= 0 && port <= 65535; }
 } // namespace
 
 extern "C" {
@@ -38,43 +81,72 @@ void moe_transport_config_init(moe_transport_config_t *config) {
 moe_transport_status_t moe_transport_open(const moe_transport_config_t *config,
                                           moe_transport_t **out) {
   if (!config || !out)
-    return report(Status::error(MOE_TRANSPORT_ERR_INVALID_ARGUMENT,
-                                "config and out must not be null"));
+    return invalid(!config ? "config must not be null"
+                           : "out must not be null");
   *out = nullptr;
-  std::unique_ptr<Communicator> comm;
-  if (Status status = Communicator::open(*config, comm); status.failed())
-    return report(status);
-  *out = new moe_transport{std::move(comm)};
-  return report(Status::ok());
+  return guarded([&] {
+    std::unique_ptr<Communicator> comm;
+    if (Status status = Communicator::open(*config, comm); status.failed())
+      return report(status);
+    auto handle = std::make_unique<moe_transport>();
+    handle->comm = std::move(comm);
+    {
+      std::lock_guard<std::mutex> lock(handlesMutex());
+      liveHandles().insert(handle.get());
+    }
+    *out = handle.release();
+    return report(Status::ok());
+  });
 }
 
 void moe_transport_close(moe_transport_t *transport) {
   if (!transport)
     return;
-  // A proxy stuck inside the provider still uses everything: leak it rather
-  // than free memory under it or hang the caller.
-  if (!transport->comm->stopProxy())
-    (void)transport->comm.release();
-  delete transport;
+  {
+    std::lock_guard<std::mutex> lock(handlesMutex());
+    if (!liveHandles().erase(transport))
+      return; // Closed already.
+  }
+  (void)guarded([&] {
+    // A proxy stuck inside the provider still uses everything: leak it
+    // rather than free memory under it or hang the caller.
+    if (!transport->comm->stopProxy())
+      (void)transport->comm.release();
+    delete transport;
+    return MOE_TRANSPORT_OK;
+  });
 }
 
 moe_transport_status_t moe_transport_bootstrap(moe_transport_t *transport,
                                                const char *host, int port,
                                                int listen_fd) {
+  // The listening socket is ours from here on, whatever happens.
+  auto reject = [&](const char *message) {
+    if (listen_fd >= 0)
+      ::close(listen_fd);
+    return invalid(message);
+  };
   if (!transport)
-    return nullHandle();
+    return reject("transport handle is null");
   if (!host)
-    return report(Status::error(MOE_TRANSPORT_ERR_INVALID_ARGUMENT,
-                                "bootstrap host must not be null"));
-  return report(transport->comm->bootstrap(host, port, listen_fd));
+    return reject("bootstrap host must not be null");
+  if (!validPort(port)) {
+    char message[96];
+    std::snprintf(message, sizeof(message),
+                  "bootstrap port %d is outside [0, 65535]", port);
+    return reject(message);
+  }
+  return guarded(
+      [&] { return report(transport->comm->bootstrap(host, port, listen_fd)); });
 }
 
 moe_transport_status_t
 moe_transport_local_info(moe_transport_t *transport,
                          moe_transport_peer_info_t *out) {
-  if (!transport || !out)
-    return report(Status::error(MOE_TRANSPORT_ERR_INVALID_ARGUMENT,
-                                "transport and out must not be null"));
+  if (!transport)
+    return nullHandle();
+  if (!out)
+    return invalid("out must not be null");
   *out = transport->comm->localInfo();
   return report(Status::ok());
 }
@@ -82,19 +154,28 @@ moe_transport_local_info(moe_transport_t *transport,
 moe_transport_status_t
 moe_transport_connect(moe_transport_t *transport,
                       const moe_transport_peer_info_t *peers) {
-  if (!transport || !peers)
+  if (!transport)
     return nullHandle();
-  return report(transport->comm->connect(peers));
+  if (!peers)
+    return invalid("peers must not be null");
+  return guarded([&] { return report(transport->comm->connect(peers)); });
 }
 
 moe_transport_status_t moe_transport_bootstrap_listen(const char *host,
                                                       int port, int *listen_fd,
                                                       int *bound_port) {
   if (!host || !listen_fd || !bound_port)
-    return report(Status::error(MOE_TRANSPORT_ERR_INVALID_ARGUMENT,
-                                "host, listen_fd and bound_port must not be "
-                                "null"));
-  return report(bootstrapListen(host, port, *listen_fd, *bound_port));
+    return invalid(!host        ? "host must not be null"
+                   : !listen_fd ? "listen_fd must not be null"
+                                : "bound_port must not be null");
+  if (!validPort(port)) {
+    char message[96];
+    std::snprintf(message, sizeof(message),
+                  "bootstrap port %d is outside [0, 65535]", port);
+    return invalid(message);
+  }
+  return guarded(
+      [&] { return report(bootstrapListen(host, port, *listen_fd, *bound_port)); });
 }
 
 int moe_transport_rank(const moe_transport_t *transport) {
@@ -107,6 +188,10 @@ int moe_transport_world_size(const moe_transport_t *transport) {
 
 const char *moe_transport_provider(const moe_transport_t *transport) {
   return transport ? transport->comm->fabric().providerName().c_str() : "";
+}
+
+const char *moe_transport_domain(const moe_transport_t *transport) {
+  return transport ? transport->comm->fabric().domainName().c_str() : "";
 }
 
 int moe_transport_hmem_supported(const moe_transport_t *transport) {
@@ -128,9 +213,11 @@ moe_transport_ring_t *moe_transport_command_ring(moe_transport_t *transport) {
 moe_transport_status_t
 moe_transport_post(moe_transport_t *transport,
                    const moe_transport_command_t *command, int timeout_ms) {
-  if (!transport || !command)
+  if (!transport)
     return nullHandle();
-  return report(transport->comm->post(*command, timeout_ms));
+  if (!command)
+    return invalid("command must not be null");
+  return guarded([&] { return report(transport->comm->post(*command, timeout_ms)); });
 }
 
 moe_transport_status_t moe_transport_write(moe_transport_t *transport, int peer,
@@ -143,6 +230,7 @@ moe_transport_status_t moe_transport_write(moe_transport_t *transport, int peer,
     return report(makeError(MOE_TRANSPORT_ERR_INVALID_ARGUMENT,
                             "peer %d is out of range: world size is %d", peer,
                             transport->comm->worldSize()));
+  return guarded([&] {
   moe_transport_command_t command = {};
   command.kind = MOE_TRANSPORT_CMD_WRITE;
   command.peer = static_cast<uint32_t>(peer);
@@ -151,6 +239,7 @@ moe_transport_status_t moe_transport_write(moe_transport_t *transport, int peer,
   command.remote_offset = remote_offset;
   command.counter = counter;
   return report(transport->comm->post(command, timeout_ms));
+  });
 }
 
 uint64_t moe_transport_arrivals(moe_transport_t *transport, int peer,
@@ -164,22 +253,24 @@ moe_transport_status_t moe_transport_wait_arrivals(moe_transport_t *transport,
                                                    int timeout_ms) {
   if (!transport)
     return nullHandle();
-  return report(
-      transport->comm->waitArrivals(peer, counter, target, timeout_ms));
+  return guarded([&] {
+    return report(
+        transport->comm->waitArrivals(peer, counter, target, timeout_ms));
+  });
 }
 
 moe_transport_status_t moe_transport_flush(moe_transport_t *transport,
                                            int timeout_ms) {
   if (!transport)
     return nullHandle();
-  return report(transport->comm->flush(timeout_ms));
+  return guarded([&] { return report(transport->comm->flush(timeout_ms)); });
 }
 
 moe_transport_status_t moe_transport_barrier(moe_transport_t *transport,
                                              int timeout_ms) {
   if (!transport)
     return nullHandle();
-  return report(transport->comm->barrier(timeout_ms));
+  return guarded([&] { return report(transport->comm->barrier(timeout_ms)); });
 }
 
 moe_transport_status_t moe_transport_alltoallv(moe_transport_t *transport,
@@ -190,11 +281,14 @@ moe_transport_status_t moe_transport_alltoallv(moe_transport_t *transport,
                                                int timeout_ms) {
   if (!transport)
     return nullHandle();
-  return report(transport->comm->allToAllV(
-      send_offsets, send_bytes, recv_offsets, recv_bytes, timeout_ms));
+  return guarded([&] {
+    return report(transport->comm->allToAllV(send_offsets, send_bytes,
+                                             recv_offsets, recv_bytes,
+                                             timeout_ms));
+  });
 }
 
-const char *moe_transport_last_error(void) { return lastError.c_str(); }
+const char *moe_transport_last_error(void) { return lastError; }
 
 const char *moe_transport_status_name(moe_transport_status_t status) {
   switch (status) {
@@ -216,6 +310,8 @@ const char *moe_transport_status_name(moe_transport_status_t status) {
     return "fabric error";
   case MOE_TRANSPORT_ERR_STATE:
     return "invalid state";
+  case MOE_TRANSPORT_ERR_NO_MEMORY:
+    return "out of memory";
   }
   return "unknown status";
 }

@@ -19,6 +19,8 @@ namespace {
 constexpr int kDefaultTimeoutMs = 30000;
 constexpr int kDefaultPeerTimeoutMs = 10000;
 constexpr uint32_t kDefaultRingCapacity = 1024;
+// 40 MiB of commands: far more than a proxy drains between two polls.
+constexpr uint32_t kMaxRingCapacity = 1u << 20;
 constexpr uint64_t kMaxChunkBytes = 1ull << 30;
 constexpr size_t kPageBytes = 4096;
 
@@ -97,9 +99,10 @@ Status Communicator::open(const moe_transport_config_t &config,
                      config.send_bytes, config.recv_bytes);
   uint32_t capacity =
       config.ring_capacity ? config.ring_capacity : kDefaultRingCapacity;
-  if (!isPowerOfTwo(capacity))
+  if (!isPowerOfTwo(capacity) || capacity > kMaxRingCapacity)
     return makeError(MOE_TRANSPORT_ERR_INVALID_ARGUMENT,
-                     "ring_capacity %u is not a power of two", capacity);
+                     "ring_capacity %u is not a power of two up to %u",
+                     capacity, kMaxRingCapacity);
 
   std::unique_ptr<Communicator> comm(new Communicator());
   comm->rank_ = config.rank;

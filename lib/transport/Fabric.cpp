@@ -73,8 +73,10 @@ Status Fabric::check(int result, const char *what) {
 }
 
 Status Fabric::open(const char *provider, const char *domain) {
+  // Every domain is asked for and the named one picked below, so that a
+  // domain no entry offers is told apart from a missing provider.
   InfoList list;
-  int result = getInfo(provider, domain, /*hmem=*/false, list);
+  int result = getInfo(provider, nullptr, /*hmem=*/false, list);
   if (result < 0 || !list.head) {
     const char *env = getenv("FI_PROVIDER");
     // libfabric applies FI_PROVIDER itself, process-wide, before our choice:
@@ -91,21 +93,43 @@ Status Fabric::open(const char *provider, const char *domain) {
              : "");
   }
 
+  // Some providers (tcp) answer with every domain whatever the hints name,
+  // so the named domain is honoured here.
+  auto inDomain = [&](const fi_info *info) {
+    return !domain || (info->domain_attr->name &&
+                       strcmp(info->domain_attr->name, domain) == 0);
+  };
+  auto fits = [&](const fi_info *info) { return usable(info) && inDomain(info); };
   // An explicit choice (argument or FI_PROVIDER, which fi_getinfo applies)
   // takes the first match; otherwise the preference order decides.
   fi_info *chosen = nullptr;
   if (!provider && !getenv("FI_PROVIDER")) {
     for (const char *name : kPreferredProviders) {
       for (fi_info *info = list.head; info && !chosen; info = info->next)
-        if (usable(info) && strcmp(info->fabric_attr->prov_name, name) == 0)
+        if (fits(info) && strcmp(info->fabric_attr->prov_name, name) == 0)
           chosen = info;
       if (chosen)
         break;
     }
   }
   for (fi_info *info = list.head; info && !chosen; info = info->next)
-    if (usable(info))
+    if (fits(info))
       chosen = info;
+  if (!chosen && domain) {
+    std::string offered;
+    for (fi_info *info = list.head; info; info = info->next) {
+      const char *name = info->domain_attr->name ? info->domain_attr->name : "?";
+      if (offered.find(std::string("'") + name + "'") != std::string::npos)
+        continue;
+      offered += offered.empty() ? "" : ", ";
+      offered += std::string("'") + name + "'";
+    }
+    return makeError(MOE_TRANSPORT_ERR_INVALID_ARGUMENT,
+                     "domain '%s' is not offered by provider '%s' (it offers "
+                     "%s)",
+                     domain, provider ? provider : list.head->fabric_attr->prov_name,
+                     offered.c_str());
+  }
   if (!chosen)
     return makeError(MOE_TRANSPORT_ERR_FABRIC,
                      "provider '%s' lacks 4-byte remote CQ data",
@@ -114,6 +138,7 @@ Status Fabric::open(const char *provider, const char *domain) {
   if (!info_)
     return makeError(MOE_TRANSPORT_ERR_FABRIC, "fi_dupinfo: out of memory");
   providerName_ = info_->fabric_attr->prov_name;
+  domainName_ = info_->domain_attr->name ? info_->domain_attr->name : "";
   if (providerName_ == "shm") {
     // shm names its shared-memory region after the source address, by
     // default the pid; a process killed before closing leaves the region

@@ -62,6 +62,7 @@ public:
   bool readError(fi_cq_err_entry &error, std::string &text);
 
   const std::string &providerName() const { return providerName_; }
+  const std::string &domainName() const { return domainName_; }
   bool hmemSupported() const { return hmemSupported_; }
   size_t maxMessageSize() const { return maxMessageSize_; }
   size_t transmitDepth() const { return transmitDepth_; }
@@ -78,7 +79,7 @@ private:
   std::vector<fid_mr *> regions_;
   std::vector<fi_addr_t> peerAddresses_;
   std::vector<uint8_t> localAddress_;
-  std::string providerName_;
+  std::string providerName_, domainName_;
   bool hmemSupported_ = false;
   bool virtualAddresses_ = false;
   uint64_t nextKey_ = 1;

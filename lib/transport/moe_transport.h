@@ -33,6 +33,7 @@ typedef enum moe_transport_status {
   MOE_TRANSPORT_ERR_BOOTSTRAP,        /* address exchange failed */
   MOE_TRANSPORT_ERR_FABRIC,           /* libfabric reported an error */
   MOE_TRANSPORT_ERR_STATE, /* call out of order (e.g. not connected) */
+  MOE_TRANSPORT_ERR_NO_MEMORY, /* an allocation failed */
 } moe_transport_status_t;
 
 /* Per (source peer, counter) arrival counts; immediates carry the counter. */
@@ -90,7 +91,7 @@ typedef struct moe_transport_config {
   size_t send_bytes;
   void *recv_buffer;
   size_t recv_bytes;
-  uint32_t ring_capacity; /* commands; power of two; 0: 1024 */
+  uint32_t ring_capacity; /* commands; power of two up to 2^20; 0: 1024 */
   /* Wait timeout used where a call passes a negative one. 0: 30000 ms. */
   int timeout_ms;
   /* How long a silent peer is tolerated before it is declared lost; proxies
@@ -120,7 +121,9 @@ void moe_transport_config_init(moe_transport_config_t *config);
 /* Opens fabric, domain, endpoint, AV and CQ and registers the buffers. */
 moe_transport_status_t moe_transport_open(const moe_transport_config_t *config,
                                           moe_transport_t **out);
-/* Stops the proxy and releases everything; safe on NULL and after errors. */
+/* Stops the proxy and releases everything; safe on NULL, after errors and on
+ * a handle already closed (a second close does nothing; an address reused by
+ * a later open is that open's handle, so close each handle once). */
 void moe_transport_close(moe_transport_t *transport);
 
 /* Either exchange addresses through rank 0 at host:port (rank 0 listens, or
@@ -146,6 +149,8 @@ moe_transport_status_t moe_transport_bootstrap_listen(const char *host,
 int moe_transport_rank(const moe_transport_t *transport);
 int moe_transport_world_size(const moe_transport_t *transport);
 const char *moe_transport_provider(const moe_transport_t *transport);
+/* The libfabric domain the endpoint was opened in (e.g. "lo"). */
+const char *moe_transport_domain(const moe_transport_t *transport);
 /* Whether the provider offers FI_HMEM (device memory registration). */
 int moe_transport_hmem_supported(const moe_transport_t *transport);
 void *moe_transport_send_buffer(moe_transport_t *transport);

@@ -89,6 +89,96 @@ TEST_P(TransportApiTest, RejectsBadConfig) {
       << moe_transport_last_error();
 }
 
+// A ring too large to allocate is an error status, not an exception escaping
+// the C API (std::bad_alloc used to abort the process).
+TEST_P(TransportApiTest, RejectsAHugeRingWithoutThrowing) {
+  moe_transport_t *transport = nullptr;
+  moe_transport_config_t settings = config(4096, /*ringCapacity=*/1u << 31);
+  EXPECT_EQ(moe_transport_open(&settings, &transport),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(moe_transport_last_error(),
+                       "ring_capacity 2147483648 is not a power of two up to"))
+      << moe_transport_last_error();
+  EXPECT_EQ(transport, nullptr);
+}
+
+// The configured domain is the one opened; one the provider lacks is an
+// error naming it (tcp used to bind its first interface whatever was asked).
+TEST_P(TransportApiTest, OpensTheConfiguredDomainOrSaysItIsMissing) {
+  moe_transport_config_t settings = config(4096);
+  moe_transport_t *transport = nullptr;
+  ASSERT_EQ(moe_transport_open(&settings, &transport), MOE_TRANSPORT_OK)
+      << moe_transport_last_error();
+  if (GetParam().domain)
+    EXPECT_STREQ(moe_transport_domain(transport), GetParam().domain);
+  else
+    EXPECT_STRNE(moe_transport_domain(transport), "");
+  moe_transport_close(transport);
+
+  settings.domain = "no-such-domain";
+  transport = nullptr;
+  EXPECT_EQ(moe_transport_open(&settings, &transport),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(moe_transport_last_error(),
+                       "domain 'no-such-domain' is not offered"))
+      << moe_transport_last_error();
+  EXPECT_EQ(transport, nullptr);
+}
+
+// Ports are 16 bits: 70000 used to reach a listener on 4464.
+TEST_P(TransportApiTest, RejectsPortsOutsideSixteenBits) {
+  int fd = -1, bound = 0;
+  EXPECT_EQ(moe_transport_bootstrap_listen("127.0.0.1", 70000, &fd, &bound),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(moe_transport_last_error(),
+                       "port 70000 is outside [0, 65535]"));
+  EXPECT_EQ(moe_transport_bootstrap_listen("127.0.0.1", -1, &fd, &bound),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  moe_transport_config_t settings = config(4096);
+  moe_transport_t *transport = nullptr;
+  ASSERT_EQ(moe_transport_open(&settings, &transport), MOE_TRANSPORT_OK);
+  EXPECT_EQ(moe_transport_bootstrap(transport, "127.0.0.1", 70000, -1),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(moe_transport_last_error(),
+                       "port 70000 is outside [0, 65535]"));
+  moe_transport_close(transport);
+}
+
+// Each null argument is named.
+TEST_P(TransportApiTest, NamesTheNullArgument) {
+  moe_transport_config_t settings = config(4096);
+  moe_transport_t *transport = openSelf(settings);
+  ASSERT_NE(transport, nullptr);
+  EXPECT_EQ(moe_transport_connect(transport, nullptr),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(moe_transport_last_error(), "peers must not be null");
+  EXPECT_EQ(moe_transport_post(transport, nullptr, 0),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(moe_transport_last_error(), "command must not be null");
+  EXPECT_EQ(moe_transport_local_info(transport, nullptr),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(moe_transport_last_error(), "out must not be null");
+  EXPECT_EQ(moe_transport_post(nullptr, nullptr, 0),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(moe_transport_last_error(), "transport handle is null");
+  moe_transport_close(transport);
+}
+
+// Closing a handle twice does nothing the second time.
+TEST_P(TransportApiTest, ClosingTwiceIsHarmless) {
+  moe_transport_config_t settings = config(4096);
+  moe_transport_t *transport = openSelf(settings);
+  ASSERT_NE(transport, nullptr);
+  moe_transport_close(transport);
+  moe_transport_close(transport);
+  // The library still works.
+  transport = openSelf(settings);
+  ASSERT_NE(transport, nullptr);
+  EXPECT_EQ(moe_transport_barrier(transport, 1000), MOE_TRANSPORT_OK)
+      << moe_transport_last_error();
+  moe_transport_close(transport);
+}
+
 TEST_P(TransportApiTest, RejectsUseBeforeConnect) {
   moe_transport_config_t settings = config(4096);
   moe_transport_t *transport = nullptr;
