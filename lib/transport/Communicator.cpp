@@ -128,7 +128,7 @@ Status Communicator::open(const moe_transport_config_t &config,
       {config.recv_buffer, config.recv_bytes, FI_REMOTE_WRITE,
        comm->recvRegion_},
       // Counts we send and counts peers write to us.
-      {nullptr, (world + world * world) * sizeof(uint64_t),
+      {nullptr, (world + 1) * (world + 1) * sizeof(uint64_t),
        FI_WRITE | FI_REMOTE_WRITE, comm->controlRegion_},
   };
   for (Buffer &buffer : buffers) {
@@ -279,9 +279,19 @@ int Communicator::deadLocalPeer() const {
 void Communicator::checkProxyAlive(Clock::time_point now) {
   if (!connected_)
     return;
-  Clock::time_point tick{Clock::duration(proxyTickNs_.load())};
+  // The proxy is stuck only if this thread watched its tick stand still for
+  // the whole peer timeout. A gap in the watching (the process was stopped,
+  // or this thread did not wait for a while) proves nothing: after a stop
+  // this thread may run before the proxy has had a turn.
+  int64_t tick = proxyTickNs_.load(std::memory_order_relaxed);
+  auto slack = std::chrono::milliseconds(peerTimeoutMs_) / 2;
+  if (tick != watchedTick_ || now - lastWatch_ > slack) {
+    watchedTick_ = tick;
+    tickSeenAt_ = now;
+  }
+  lastWatch_ = now;
   auto stuck =
-      std::chrono::duration_cast<std::chrono::milliseconds>(now - tick);
+      std::chrono::duration_cast<std::chrono::milliseconds>(now - tickSeenAt_);
   if (stuck.count() <= peerTimeoutMs_)
     return;
   // The provider call the proxy is in never returns. The dead process is
@@ -320,8 +330,14 @@ Status Communicator::checkUsable() const {
 }
 
 Status Communicator::validate(const moe_transport_command_t &command) const {
-  if (command.kind == MOE_TRANSPORT_CMD_BARRIER)
+  if (command.kind == kBarrierControl)
     return Status::ok();
+  if (command.kind == MOE_TRANSPORT_CMD_BARRIER)
+    return command.counter < MOE_TRANSPORT_NUM_COUNTERS
+               ? Status::ok()
+               : makeError(MOE_TRANSPORT_ERR_INVALID_ARGUMENT,
+                           "counter %u is out of range: there are %d counters",
+                           command.counter, MOE_TRANSPORT_NUM_COUNTERS);
   if (command.kind != MOE_TRANSPORT_CMD_WRITE && command.kind != kWriteControl)
     return makeError(MOE_TRANSPORT_ERR_INVALID_ARGUMENT,
                      "unknown command kind %u", command.kind);
@@ -387,9 +403,17 @@ Status Communicator::post(const moe_transport_command_t &command,
                           int timeoutMs) {
   if (Status status = checkUsable(); status.failed())
     return status;
-  if (command.kind == kWriteControl)
+  if (command.kind == kWriteControl || command.kind == kBarrierControl)
     return makeError(MOE_TRANSPORT_ERR_INVALID_ARGUMENT,
                      "unknown command kind %u", command.kind);
+  // The all-to-all counts its steps on these: a raw write there would make
+  // the next all-to-all miscount.
+  if (command.counter == MOE_TRANSPORT_COUNTER_ALLTOALL_COUNTS ||
+      command.counter == MOE_TRANSPORT_COUNTER_ALLTOALL_PAYLOAD)
+    return makeError(MOE_TRANSPORT_ERR_INVALID_ARGUMENT,
+                     "counter %u belongs to the all-to-all; raw commands use "
+                     "counters 2 to %d",
+                     command.counter, MOE_TRANSPORT_NUM_COUNTERS - 1);
   return enqueue(command, deadlineAfter(timeoutMs), timeoutMs);
 }
 
@@ -410,16 +434,17 @@ Status Communicator::waitArrivals(int peer, uint32_t counter, uint64_t target,
                      "counters)",
                      peer, counter, worldSize_, MOE_TRANSPORT_NUM_COUNTERS);
   std::atomic<uint64_t> &arrived = arrivalCounter(peer, counter);
+  auto ready = [&] { return arrived.load(std::memory_order_acquire) >= target; };
   return waitFor(
-      deadlineAfter(timeoutMs),
-      [&] { return arrived.load(std::memory_order_acquire) >= target; },
+      deadlineAfter(timeoutMs), ready,
       [&] {
         return format("timed out after %d ms waiting for rank %d: %llu of "
                       "%llu writes arrived on counter %u",
                       effectiveTimeout(timeoutMs), peer,
                       (unsigned long long)arrived.load(),
                       (unsigned long long)target, counter);
-      });
+      },
+      [&] { return departed(peer) && !ready() ? peer : -1; });
 }
 
 Status Communicator::waitForAll(uint32_t counter,
@@ -446,6 +471,14 @@ Status Communicator::waitForAll(uint32_t counter,
         });
         return format("timed out after %d ms waiting for %s from %s",
                       effectiveTimeout(timeoutMs), what, missing.c_str());
+      },
+      [&] {
+        for (int peer = 0; peer < worldSize_; ++peer)
+          if (departed(peer) &&
+              arrivalCounter(peer, counter).load(std::memory_order_acquire) <
+                  expected[peer])
+            return peer;
+        return -1;
       });
 }
 
@@ -476,7 +509,7 @@ Status Communicator::barrier(int timeoutMs) {
     return status;
   Clock::time_point deadline = deadlineAfter(timeoutMs);
   moe_transport_command_t command = {};
-  command.kind = MOE_TRANSPORT_CMD_BARRIER;
+  command.kind = kBarrierControl;
   if (Status status = enqueue(command, deadline, timeoutMs); status.failed())
     return status;
   uint64_t generation = ++barrierGeneration_;
@@ -497,6 +530,13 @@ Status Communicator::barrier(int timeoutMs) {
                       "%s",
                       effectiveTimeout(timeoutMs),
                       (unsigned long long)generation, missing.c_str());
+      },
+      [&] {
+        for (int peer = 0; peer < worldSize_; ++peer)
+          if (departed(peer) &&
+              barriers_[peer].load(std::memory_order_acquire) < generation)
+            return peer;
+        return -1;
       });
 }
 

@@ -24,8 +24,15 @@ namespace moe::transport {
 
 using Clock = std::chrono::steady_clock;
 
-/// Command kind for the library's own region; never accepted from callers.
+/// Command kinds of the library's own; never accepted from callers: a write
+/// to the control region, and the barrier of moe_transport_barrier (raw
+/// MOE_TRANSPORT_CMD_BARRIER commands are counted apart, under their counter).
 constexpr uint32_t kWriteControl = 0x100;
+constexpr uint32_t kBarrierControl = 0x101;
+
+/// How long a wait still expects writes from a peer that said goodbye: they
+/// may arrive after its goodbye (nothing is ordered).
+constexpr auto kGoodbyeGrace = std::chrono::milliseconds(500);
 
 /// The 32-bit immediate: source rank, what the write means, and for data the
 /// counter it is counted under. Goodbye: the source closes on purpose, so its
@@ -96,10 +103,20 @@ private:
   int effectiveTimeout(int timeoutMs) const {
     return timeoutMs < 0 ? timeoutMs_ : timeoutMs;
   }
-  /// Polls ready() until it holds, the communicator fails, or the deadline.
+  /// Polls ready() until it holds, the communicator fails, or the deadline;
+  /// or until goneAwaited() has named, for kGoodbyeGrace, a peer that said
+  /// goodbye while this wait still needs writes from it (-1: none).
+  template <typename Ready, typename DescribeTimeout, typename GoneAwaited>
+  Status waitFor(Clock::time_point deadline, Ready ready,
+                 DescribeTimeout describeTimeout, GoneAwaited goneAwaited);
   template <typename Ready, typename DescribeTimeout>
   Status waitFor(Clock::time_point deadline, Ready ready,
-                 DescribeTimeout describeTimeout);
+                 DescribeTimeout describeTimeout) {
+    return waitFor(deadline, ready, describeTimeout, [] { return -1; });
+  }
+  bool departed(int peer) const {
+    return departed_[peer].load(std::memory_order_acquire);
+  }
   /// Waits until every peer's arrivals under counter reach expected[peer].
   Status waitForAll(uint32_t counter, const std::vector<uint64_t> &expected,
                     Clock::time_point deadline, int timeoutMs,
@@ -119,9 +136,13 @@ private:
   uint64_t *countsOut() const {
     return static_cast<uint64_t *>(controlRegion_.base);
   }
-  uint64_t *countsIn() const { return countsOut() + worldSize_; }
+  /// A rank's row of the all-to-all count matrix: the bytes it sends each
+  /// rank, then a word of flags (kRowRejected).
+  size_t countsRowWords() const { return static_cast<size_t>(worldSize_) + 1; }
+  static constexpr uint64_t kRowRejected = 1;
+  uint64_t *countsIn() const { return countsOut() + countsRowWords(); }
   uint64_t countsInOffset(int source) const {
-    return (worldSize_ + static_cast<uint64_t>(source) * worldSize_) *
+    return (countsRowWords() + static_cast<uint64_t>(source) * countsRowWords()) *
            sizeof(uint64_t);
   }
   size_t chunkCount(uint64_t bytes) const {
@@ -156,8 +177,7 @@ private:
                   uint32_t immediate, uint64_t sequence);
   void copyToSelf(const moe_transport_command_t &command);
   void sendHeartbeats(Clock::time_point now);
-  /// previousTurn: when the proxy's previous loop turn began.
-  void checkPeers(Clock::time_point now, Clock::time_point previousTurn);
+  void checkPeers(Clock::time_point now);
   /// After stopProxy(): lets in-flight writes finish and says goodbye.
   void drainAndSayGoodbye();
   void markLost(int peer, const std::string &why);
@@ -199,6 +219,10 @@ private:
   std::atomic<int> proxyWritingTo_{-1};
 
   // Producer only.
+  // The proxy tick the producer last saw change, when it saw that, and when
+  // the producer last looked: the watchdog judges only what it watched.
+  int64_t watchedTick_ = 0;
+  Clock::time_point tickSeenAt_{}, lastWatch_{};
   uint64_t commandsPosted_ = 0;
   uint64_t barrierGeneration_ = 0;
   std::vector<uint64_t> expectedCounts_, expectedPayload_;
@@ -219,10 +243,13 @@ private:
   Clock::time_point lastHeartbeat_;
 };
 
-template <typename Ready, typename DescribeTimeout>
+template <typename Ready, typename DescribeTimeout, typename GoneAwaited>
 Status Communicator::waitFor(Clock::time_point deadline, Ready ready,
-                             DescribeTimeout describeTimeout) {
+                             DescribeTimeout describeTimeout,
+                             GoneAwaited goneAwaited) {
   Clock::time_point start = Clock::now();
+  int gone = -1;
+  Clock::time_point goneSince{};
   for (;;) {
     // Success first: data that landed before a failure still counts.
     if (ready())
@@ -231,6 +258,16 @@ Status Communicator::waitFor(Clock::time_point deadline, Ready ready,
       return failure();
     Clock::time_point now = Clock::now();
     checkProxyAlive(now);
+    int awaited = goneAwaited();
+    if (awaited != gone) {
+      gone = awaited;
+      goneSince = now;
+    } else if (gone >= 0 && now - goneSince >= kGoodbyeGrace) {
+      return makeError(MOE_TRANSPORT_ERR_PEER_LOST,
+                       "rank %d lost peer rank %d: it closed its communicator "
+                       "while this rank still waited for it (%s)",
+                       rank_, gone, describeTimeout().c_str());
+    }
     if (now >= deadline)
       return Status::error(MOE_TRANSPORT_ERR_TIMEOUT, describeTimeout());
     idlePause(now - start);

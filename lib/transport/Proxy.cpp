@@ -35,10 +35,16 @@ void Communicator::runProxy() {
   Clock::time_point lastPeerCheck = idleSince;
   auto checkInterval =
       std::chrono::milliseconds(std::max(peerTimeoutMs_ / 16, 1));
+  auto timeout = std::chrono::milliseconds(peerTimeoutMs_);
   while (!stopProxy_.load(std::memory_order_acquire)) {
     Clock::time_point turn = Clock::now();
     proxyTickNs_.store(turn.time_since_epoch().count(),
                        std::memory_order_relaxed);
+    // If this thread did not run for a long while (the process was stopped,
+    // the host stalled), peers' heartbeats may sit unread in the provider:
+    // the silence is ours. Restart their clocks before anything judges them.
+    if (turn - previousTurn > timeout / 2)
+      std::fill(lastHeard_.begin(), lastHeard_.end(), turn);
     bool busy = pollCompletions();
     // Heartbeats before commands: they may use the operations commands must
     // leave free, so a saturating producer cannot silence us.
@@ -52,7 +58,7 @@ void Communicator::runProxy() {
       bool drained = drainCompletions();
       busy |= !drained;
       if (drained) {
-        checkPeers(now, previousTurn);
+        checkPeers(now);
         lastPeerCheck = now;
       }
     }
@@ -219,6 +225,23 @@ bool Communicator::issueCommands() {
 bool Communicator::issueParts() {
   const moe_transport_command_t &command = current_;
   if (command.kind == MOE_TRANSPORT_CMD_BARRIER) {
+    // A raw barrier: one empty write per peer, counted under its counter.
+    for (; nextPart_ < worldSize_; ++nextPart_) {
+      int peer = (rank_ + nextPart_) % worldSize_;
+      if (peer == rank_) {
+        arrivalCounter(peer, command.counter)
+            .fetch_add(1, std::memory_order_release);
+        continue;
+      }
+      if (!issueWrite(peer, controlRegion_, 0, 0, /*toControl=*/true, 0,
+                      encodeImmediate(rank_, ImmediateKind::Data,
+                                      command.counter),
+                      currentSequence_))
+        return false;
+    }
+    return true;
+  }
+  if (command.kind == kBarrierControl) {
     // One zero-length write per peer; our own arrival is counted here.
     for (; nextPart_ < worldSize_; ++nextPart_) {
       int peer = (rank_ + nextPart_) % worldSize_;
@@ -315,16 +338,8 @@ void Communicator::sendHeartbeats(Clock::time_point now) {
       heartbeatDue_[peer] = 0;
 }
 
-void Communicator::checkPeers(Clock::time_point now,
-                              Clock::time_point previousTurn) {
+void Communicator::checkPeers(Clock::time_point now) {
   auto timeout = std::chrono::milliseconds(peerTimeoutMs_);
-  // If this thread itself did not run for a long while (the host stalled,
-  // the process was stopped or starved), peers' heartbeats may be sitting
-  // unread in the provider: the silence is ours. Restart their clocks.
-  if (now - previousTurn > timeout / 2) {
-    std::fill(lastHeard_.begin(), lastHeard_.end(), now);
-    return;
-  }
   for (int peer = 0; peer < worldSize_; ++peer)
     if (peer != rank_ && active(peer) && now - lastHeard_[peer] > timeout)
       markLost(peer, format("nothing heard from it for %d ms (process died "

@@ -16,6 +16,10 @@ namespace moe::transport {
 /// after the count matrix of this call is known.
 extern void (*allToAllStepHookForTesting)(int rank, int step);
 
+/// Called by allToAllV on the producer thread once every rank's row of
+/// counts has arrived, before the matrix is copied.
+extern void (*allToAllCountsHookForTesting)(int rank);
+
 } // namespace moe::transport
 
 #endif // MOE_TRANSPORT_TESTHOOKS_H

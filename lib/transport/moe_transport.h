@@ -52,7 +52,10 @@ typedef enum moe_transport_status {
 
 typedef enum moe_transport_command_kind {
   MOE_TRANSPORT_CMD_WRITE = 1,   /* send buffer -> peer's receive buffer */
-  MOE_TRANSPORT_CMD_BARRIER = 2, /* zero-length write to every peer */
+  /* zero-length write to every peer (and to itself), counted under the
+   * command's counter: wait for it with moe_transport_wait_arrivals. It is
+   * not moe_transport_barrier's, which counts apart. */
+  MOE_TRANSPORT_CMD_BARRIER = 2,
 } moe_transport_command_kind_t;
 
 typedef struct moe_transport_command {
@@ -162,7 +165,8 @@ moe_transport_ring_t *moe_transport_command_ring(moe_transport_t *transport);
  * ring space) before they enter the ring. A negative timeout_ms means the
  * config's timeout_ms. */
 
-/* Posts one command; waits up to timeout_ms for ring space (0: no wait). */
+/* Posts one command; waits up to timeout_ms for ring space (0: no wait).
+ * Counters 0 and 1 belong to the all-to-all: raw commands use the others. */
 moe_transport_status_t
 moe_transport_post(moe_transport_t *transport,
                    const moe_transport_command_t *command, int timeout_ms);

@@ -221,15 +221,27 @@ TEST_P(TransportApiTest, RejectsBadCommandsBeforeTheRing) {
             MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(moe_transport_wait_arrivals(transport, 3, 0, 1, 0),
             MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
-  std::vector<uint64_t> offsets = {4000}, bytes = {200}, out1(1), out2(1);
-  EXPECT_EQ(moe_transport_alltoallv(transport, offsets.data(), bytes.data(),
-                                    out1.data(), out2.data(), 0),
-            MOE_TRANSPORT_ERR_OUT_OF_BOUNDS);
   EXPECT_EQ(moe_transport_post(nullptr, &unknown, 0),
             MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  // The all-to-all's counters are not for raw commands.
+  EXPECT_EQ(moe_transport_write(transport, 0, 0, 8, 0,
+                                MOE_TRANSPORT_COUNTER_ALLTOALL_PAYLOAD, 0),
+            MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(moe_transport_last_error(), "belongs to the all-to-all"));
 
   // Nothing reached the ring, and the communicator is still healthy.
   EXPECT_EQ(ring->head, headBefore);
+  EXPECT_EQ(moe_transport_barrier(transport, -1), MOE_TRANSPORT_OK)
+      << moe_transport_last_error();
+
+  // An all-to-all whose arguments this rank rejects still runs the exchange
+  // (its peers are in it too), is rejected alike, and leaves the
+  // communicator usable.
+  std::vector<uint64_t> offsets = {4000}, bytes = {200}, out1(1), out2(1);
+  EXPECT_EQ(moe_transport_alltoallv(transport, offsets.data(), bytes.data(),
+                                    out1.data(), out2.data(), -1),
+            MOE_TRANSPORT_ERR_OUT_OF_BOUNDS);
+  EXPECT_TRUE(contains(moe_transport_last_error(), "run past the send buffer"));
   EXPECT_EQ(moe_transport_barrier(transport, -1), MOE_TRANSPORT_OK)
       << moe_transport_last_error();
   moe_transport_close(transport);
