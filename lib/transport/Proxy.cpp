@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 #include "CommandRing.h"
 #include "Communicator.h"
+#include "TestHooks.h"
 
 #include <rdma/fi_errno.h>
 
@@ -17,6 +18,8 @@
 #include <cstring>
 
 namespace moe::transport {
+
+void (*proxyTurnHookForTesting)(int rank) = nullptr;
 
 namespace {
 constexpr size_t kCompletionBatch = 32;
@@ -31,26 +34,34 @@ constexpr int kMaxDrainBatches = 256;
 
 void Communicator::runProxy() {
   Clock::time_point idleSince = Clock::now();
-  Clock::time_point previousTurn = idleSince;
   Clock::time_point lastPeerCheck = idleSince;
   auto checkInterval =
       std::chrono::milliseconds(std::max(peerTimeoutMs_ / 16, 1));
-  auto timeout = std::chrono::milliseconds(peerTimeoutMs_);
+  // If this thread did not run for a long while (the process was stopped,
+  // the host stalled), peers' heartbeats may sit unread in the provider: the
+  // silence is ours. Every reading of the clock checks for such a gap, so
+  // one in the middle of a turn is caught before silence is judged.
+  auto gapAllowance = std::chrono::milliseconds(peerTimeoutMs_) / 2;
+  Clock::time_point lastClock = idleSince;
+  auto readClock = [&] {
+    Clock::time_point now = Clock::now();
+    if (now - lastClock > gapAllowance)
+      std::fill(lastHeard_.begin(), lastHeard_.end(), now);
+    lastClock = now;
+    return now;
+  };
   while (!stopProxy_.load(std::memory_order_acquire)) {
-    Clock::time_point turn = Clock::now();
+    if (proxyTurnHookForTesting)
+      proxyTurnHookForTesting(rank_);
+    Clock::time_point turn = readClock();
     proxyTickNs_.store(turn.time_since_epoch().count(),
                        std::memory_order_relaxed);
-    // If this thread did not run for a long while (the process was stopped,
-    // the host stalled), peers' heartbeats may sit unread in the provider:
-    // the silence is ours. Restart their clocks before anything judges them.
-    if (turn - previousTurn > timeout / 2)
-      std::fill(lastHeard_.begin(), lastHeard_.end(), turn);
     bool busy = pollCompletions();
     // Heartbeats before commands: they may use the operations commands must
     // leave free, so a saturating producer cannot silence us.
     sendHeartbeats(turn);
     busy |= issueCommands();
-    Clock::time_point now = Clock::now();
+    Clock::time_point now = readClock();
     // Judging silence a few times per timeout is enough; every turn would
     // add a CQ read (a round of provider progress) to the hot loop.
     if (now - lastPeerCheck >= checkInterval) {
@@ -62,7 +73,6 @@ void Communicator::runProxy() {
         lastPeerCheck = now;
       }
     }
-    previousTurn = turn;
     publishCompleted();
     if (busy)
       idleSince = now;

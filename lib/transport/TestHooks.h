@@ -16,6 +16,10 @@ namespace moe::transport {
 /// after the count matrix of this call is known.
 extern void (*allToAllStepHookForTesting)(int rank, int step);
 
+/// Called by the proxy thread at the start of each loop turn, before it
+/// records the turn (the producer's watchdog reads that record).
+extern void (*proxyTurnHookForTesting)(int rank);
+
 /// Called by allToAllV on the producer thread once every rank's row of
 /// counts has arrived, before the matrix is copied.
 extern void (*allToAllCountsHookForTesting)(int rank);

@@ -298,6 +298,234 @@ TEST_P(ProviderTest, RankThatClosesIsNotReportedLost) {
   }));
 }
 
+//===--- stalls, rejections, raw barriers, goodbyes mid-wait --------------===//
+
+TEST_P(ProviderTest, StoppedProcessIsNotALostPeer) {
+  // A world of one is stopped for longer than the peer timeout. On resume
+  // the proxy is held back a moment, so the producer's watchdog looks first
+  // and sees a stale proxy tick: the stall was the process's, not the
+  // proxy's, and must not fail the communicator.
+  Provider provider = GetParam();
+  std::vector<RankOutcome> outcomes = runRanks(
+      1, 1, 30000,
+      [&](RankContext &context) {
+        rankContext = &context;
+        moe::transport::proxyTurnHookForTesting = [](int) {
+          int expected = 1;
+          if (rankContext->board->release.compare_exchange_strong(expected,
+                                                                  2)) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            rankContext->board->release.store(3);
+          }
+        };
+        moe_transport_config_t config;
+        moe_transport_config_init(&config);
+        config.send_bytes = config.recv_bytes = 4096;
+        config.timeout_ms = 10000;
+        config.peer_timeout_ms = 800;
+        moe_transport_t *transport = nullptr;
+        RANK_CHECK(context, context.open(provider, config, &transport));
+        while (context.board->release.load() != 3) {
+          RANK_CHECK(context, moe_transport_barrier(transport, -1));
+          context.board->progress[0].fetch_add(1);
+        }
+        for (int i = 0; i < 5; ++i)
+          RANK_CHECK(context, moe_transport_barrier(transport, -1));
+        moe_transport_close(transport);
+        return 0;
+      },
+      [&](const std::vector<pid_t> &pids, Board &board) {
+        while (board.progress[0].load() < 10)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        kill(pids[0], SIGSTOP);
+        board.release.store(1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+        kill(pids[0], SIGCONT);
+      });
+  expectAllSucceeded(outcomes);
+}
+
+TEST_P(ProviderTest, StoppedJobLosesNoPeer) {
+  // Every rank is stopped for longer than the peer timeout, then resumed:
+  // each proxy finds its own silence and none names a live peer.
+  Provider provider = GetParam();
+  constexpr int kRanks = 3;
+  expectAllSucceeded(runRanks(
+      kRanks, kRanks, 40000,
+      [&](RankContext &context) {
+        moe_transport_config_t config;
+        moe_transport_config_init(&config);
+        config.send_bytes = config.recv_bytes = 4096;
+        config.timeout_ms = 10000;
+        config.peer_timeout_ms = 1000;
+        moe_transport_t *transport = nullptr;
+        RANK_CHECK(context, context.open(provider, config, &transport));
+        // Barriers keep the ranks in step; the stop lands somewhere in
+        // them, and as many follow as ran before it.
+        for (int i = 0; i < 4000; ++i) {
+          RANK_CHECK(context, moe_transport_barrier(transport, -1));
+          context.board->progress[context.rank].fetch_add(1);
+        }
+        moe_transport_close(transport);
+        return 0;
+      },
+      [&](const std::vector<pid_t> &pids, Board &board) {
+        for (int rank = 0; rank < kRanks; ++rank)
+          while (board.progress[rank].load() < 100)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        for (pid_t pid : pids)
+          kill(pid, SIGSTOP);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1600));
+        for (pid_t pid : pids)
+          kill(pid, SIGCONT);
+      }));
+}
+
+TEST_P(ProviderTest, OverflowIsRejectedByEveryRankAlike) {
+  // Rank 0 asks to send rank 1 more than its receive buffer holds. Rank 1 is
+  // slow to copy the counts (it waits for rank 0's next call to overwrite
+  // them): rank 0 must not get that far. Both reject the call, and the next
+  // call runs on the same communicator.
+  Provider provider = GetParam();
+  constexpr int kRanks = 2;
+  expectAllSucceeded(runRanks(kRanks, kRanks, 30000, [&](RankContext
+                                                              &context) {
+    rankContext = &context;
+    moe::transport::allToAllCountsHookForTesting = [](int rank) {
+      if (rank != 1 || rankContext->board->release.load() != 0)
+        return;
+      rankContext->board->release.store(1);
+      auto end = std::chrono::steady_clock::now() +
+                 std::chrono::milliseconds(300);
+      while (moe_transport_arrivals(rankTransport, 0,
+                                    MOE_TRANSPORT_COUNTER_ALLTOALL_COUNTS) <
+                 2 &&
+             std::chrono::steady_clock::now() < end)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    };
+    moe_transport_config_t config;
+    moe_transport_config_init(&config);
+    config.send_bytes = 4096;
+    config.recv_bytes = 1024;
+    config.timeout_ms = 5000;
+    moe_transport_t *transport = nullptr;
+    RANK_CHECK(context, context.open(provider, config, &transport));
+    rankTransport = transport;
+    int me = context.rank, peer = 1 - me;
+    std::vector<uint64_t> offsets = {0, 2048}, bytes(kRanks, 0),
+        recvOffsets(kRanks), recvBytes(kRanks);
+    bytes[peer] = me == 0 ? 2048 : 16;
+    moe_transport_status_t first =
+        moe_transport_alltoallv(transport, offsets.data(), bytes.data(),
+                                recvOffsets.data(), recvBytes.data(), -1);
+    if (first != MOE_TRANSPORT_ERR_OUT_OF_BOUNDS)
+      return context.fail(kCheckFailed, "rank %d: first call gave %s: %s", me,
+                          moe_transport_status_name(first),
+                          moe_transport_last_error());
+    if (!strstr(moe_transport_last_error(), "rank 1 would receive 2048 bytes"))
+      return context.fail(kCheckFailed, "rank %d: %s", me,
+                          moe_transport_last_error());
+    auto *send = static_cast<uint8_t *>(moe_transport_send_buffer(transport));
+    auto *recv = static_cast<uint8_t *>(moe_transport_recv_buffer(transport));
+    for (int i = 0; i < 100; ++i)
+      send[offsets[peer] + i] = static_cast<uint8_t>(me * 100 + i);
+    bytes[peer] = 100;
+    RANK_CHECK(context, moe_transport_alltoallv(
+                            transport, offsets.data(), bytes.data(),
+                            recvOffsets.data(), recvBytes.data(), -1));
+    for (int i = 0; i < 100; ++i)
+      if (recv[recvOffsets[peer] + i] != static_cast<uint8_t>(peer * 100 + i))
+        return context.fail(kCheckFailed, "rank %d: byte %d is wrong", me, i);
+    RANK_CHECK(context, moe_transport_barrier(transport, -1));
+    moe_transport_close(transport);
+    return 0;
+  }));
+}
+
+TEST_P(ProviderTest, RawBarrierCommandsDoNotReleaseTheBarrier) {
+  // Both ranks post a raw barrier command, which counts under its counter.
+  // Rank 0 then enters moe_transport_barrier long before rank 1: it must
+  // wait for rank 1, not take the raw barrier for it.
+  Provider provider = GetParam();
+  constexpr int kRanks = 2;
+  expectAllSucceeded(runRanks(kRanks, kRanks, 30000, [&](RankContext &context) {
+    moe_transport_config_t config;
+    moe_transport_config_init(&config);
+    config.send_bytes = config.recv_bytes = 4096;
+    config.timeout_ms = 10000;
+    moe_transport_t *transport = nullptr;
+    RANK_CHECK(context, context.open(provider, config, &transport));
+    int me = context.rank, peer = 1 - me;
+    moe_transport_command_t raw = {};
+    raw.kind = MOE_TRANSPORT_CMD_BARRIER;
+    raw.counter = 6;
+    RANK_CHECK(context, moe_transport_post(transport, &raw, -1));
+    RANK_CHECK(context, moe_transport_flush(transport, -1));
+    RANK_CHECK(context, moe_transport_wait_arrivals(transport, peer, 6, 1, -1));
+    RANK_CHECK(context, moe_transport_wait_arrivals(transport, me, 6, 1, -1));
+    if (me == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      context.board->progress[1].store(1);
+    }
+    RANK_CHECK(context, moe_transport_barrier(transport, -1));
+    if (me == 0 && context.board->progress[1].load() == 0)
+      return context.fail(kCheckFailed,
+                          "rank 0 left the barrier before rank 1 entered it");
+    moe_transport_close(transport);
+    return 0;
+  }));
+}
+
+TEST_P(ProviderTest, GoodbyeMidCollectiveFailsItNamingTheRank) {
+  // Rank 2 closes while ranks 0 and 1 are in an all-to-all with it: they
+  // fail at once with PEER_LOST naming it, not after the wait timeout.
+  Provider provider = GetParam();
+  constexpr int kRanks = 3;
+  std::vector<RankOutcome> outcomes =
+      runRanks(kRanks, kRanks, 30000, [&](RankContext &context) {
+        moe_transport_config_t config;
+        moe_transport_config_init(&config);
+        config.send_bytes = config.recv_bytes = kRanks * 64;
+        config.timeout_ms = 6000;
+        moe_transport_t *transport = nullptr;
+        RANK_CHECK(context, context.open(provider, config, &transport));
+        RANK_CHECK(context, moe_transport_barrier(transport, -1));
+        int me = context.rank;
+        if (me == 2) {
+          while (context.board->progress[0].load() == 0 ||
+                 context.board->progress[1].load() == 0)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          moe_transport_close(transport);
+          return 0;
+        }
+        std::vector<uint64_t> offsets = {0, 64, 128}, bytes(kRanks, 16),
+            recvOffsets(kRanks), recvBytes(kRanks);
+        context.board->progress[me].store(1);
+        auto start = std::chrono::steady_clock::now();
+        moe_transport_status_t status =
+            moe_transport_alltoallv(transport, offsets.data(), bytes.data(),
+                                    recvOffsets.data(), recvBytes.data(), -1);
+        auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
+        context.fail(status, "after %lld ms: %s", (long long)took,
+                     moe_transport_last_error());
+        moe_transport_close(transport);
+        return status == MOE_TRANSPORT_ERR_PEER_LOST && took < 3000
+                   ? static_cast<int>(status)
+                   : kCheckFailed;
+      });
+  EXPECT_EQ(outcomes[2].exitCode, 0) << outcomes[2].message;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(outcomes[rank].exitCode, MOE_TRANSPORT_ERR_PEER_LOST)
+        << "rank " << rank << ": " << outcomes[rank].message;
+    EXPECT_NE(outcomes[rank].message.find("lost peer rank 2: it closed"),
+              std::string::npos)
+        << "rank " << rank << ": " << outcomes[rank].message;
+  }
+}
+
 //===--- addresses handed in by the caller --------------------------------===//
 
 TEST_P(ProviderTest, ConnectsWithAddressesHandedIn) {
