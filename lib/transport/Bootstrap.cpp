@@ -77,21 +77,26 @@ bool sendAll(int fd, const void *data, size_t length,
   return true;
 }
 
-bool receiveAll(int fd, void *data, size_t length, Clock::time_point deadline) {
+enum class Received { All, TimedOut, Closed, Failed };
+
+Received receiveAll(int fd, void *data, size_t length,
+                    Clock::time_point deadline) {
   auto *bytes = static_cast<uint8_t *>(data);
   while (length > 0) {
     if (!waitReady(fd, POLLIN, deadline))
-      return false;
+      return Received::TimedOut;
     ssize_t received = recv(fd, bytes, length, 0);
     if (received < 0 &&
         (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
       continue;
-    if (received <= 0)
-      return false;
+    if (received == 0)
+      return Received::Closed;
+    if (received < 0)
+      return Received::Failed;
     bytes += received;
     length -= static_cast<size_t>(received);
   }
-  return true;
+  return Received::All;
 }
 
 Status resolve(const char *host, int port, sockaddr_storage &address,
@@ -178,16 +183,31 @@ Status runRoot(const char *host, int port, int listenFd, int worldSize,
         status.failed())
       return status;
   }
-  // A client that resets between poll() and accept() must not leave us
-  // blocked in accept() past the deadline.
+  // Connections are served together, each Hello read as its bytes come: a
+  // client that connects and says nothing (or says it slowly) cannot hold
+  // up the ranks behind it.
   setNonBlocking(listenFd);
   all.assign(worldSize, moe_transport_peer_info_t{});
   all[0] = mine;
   std::vector<int> clients(worldSize, -1);
+  struct Pending {
+    int fd;
+    size_t got;
+    Hello hello;
+  };
+  std::vector<Pending> pending;
+  // Strangers beyond this many are turned away at once.
+  const size_t maxPending = 2 * static_cast<size_t>(worldSize) + 16;
   int joined = 1;
   Status status = Status::ok();
   while (joined < worldSize && !status.failed()) {
-    if (!waitReady(listenFd, POLLIN, deadline)) {
+    std::vector<pollfd> fds = {{listenFd, POLLIN, 0}};
+    for (const Pending &p : pending)
+      fds.push_back({p.fd, POLLIN, 0});
+    int ready = poll(fds.data(), fds.size(), remainingMs(deadline));
+    if (ready < 0 && errno == EINTR)
+      continue;
+    if (ready <= 0) {
       std::string missing = joinRanks(worldSize, [&](int rank) {
         return rank > 0 && clients[rank] < 0 ? format("rank %d", rank)
                                              : std::string();
@@ -198,38 +218,66 @@ Status runRoot(const char *host, int port, int listenFd, int worldSize,
                          missing.c_str(), port, timeoutMs);
       break;
     }
-    int client =
-        accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (client < 0)
-      continue;
-    Hello hello;
-    if (!receiveAll(client, &hello, sizeof(hello), deadline) ||
-        hello.magic != kMagic) {
-      ::close(client); // not one of ours, or gone; keep waiting
-      continue;
+    // Backwards, so that erasing keeps the remaining indices valid.
+    for (size_t i = pending.size(); i-- > 0 && !status.failed();) {
+      if (!fds[i + 1].revents)
+        continue;
+      Pending &p = pending[i];
+      ssize_t n = recv(p.fd, reinterpret_cast<uint8_t *>(&p.hello) + p.got,
+                       sizeof(Hello) - p.got, 0);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
+        continue;
+      if (n > 0)
+        p.got += static_cast<size_t>(n);
+      // Gone, or not one of ours: forget it and keep waiting.
+      if (n <= 0 || (p.got >= sizeof(p.hello.magic) && p.hello.magic != kMagic)) {
+        ::close(p.fd);
+        pending.erase(pending.begin() + i);
+        continue;
+      }
+      if (p.got < sizeof(Hello))
+        continue;
+      Hello hello = p.hello;
+      int client = p.fd;
+      pending.erase(pending.begin() + i);
+      if (hello.worldSize != static_cast<uint32_t>(worldSize) ||
+          hello.rank == 0 || hello.rank >= hello.worldSize ||
+          clients[hello.rank] >= 0) {
+        status = makeError(
+            MOE_TRANSPORT_ERR_BOOTSTRAP,
+            "bootstrap: a process claims rank %u of %u, but rank "
+            "0 expects %d ranks and that rank %s",
+            hello.rank, hello.worldSize, worldSize,
+            hello.rank < static_cast<uint32_t>(worldSize) && hello.rank != 0 &&
+                    clients[hello.rank] >= 0
+                ? "already joined"
+                : "cannot exist");
+        Reply reply = {kMagic, 0, {}};
+        snprintf(reply.error, sizeof(reply.error), "%s",
+                 status.message().c_str());
+        sendAll(client, &reply, sizeof(reply), deadline);
+        ::close(client);
+        break;
+      }
+      clients[hello.rank] = client;
+      all[hello.rank] = hello.info;
+      ++joined;
     }
-    if (hello.worldSize != static_cast<uint32_t>(worldSize) ||
-        hello.rank == 0 || hello.rank >= hello.worldSize ||
-        clients[hello.rank] >= 0) {
-      status = makeError(MOE_TRANSPORT_ERR_BOOTSTRAP,
-                         "bootstrap: a process claims rank %u of %u, but rank "
-                         "0 expects %d ranks and that rank %s",
-                         hello.rank, hello.worldSize, worldSize,
-                         hello.rank < static_cast<uint32_t>(worldSize) &&
-                                 hello.rank != 0 && clients[hello.rank] >= 0
-                             ? "already joined"
-                             : "cannot exist");
-      Reply reply = {kMagic, 0, {}};
-      snprintf(reply.error, sizeof(reply.error), "%s",
-               status.message().c_str());
-      sendAll(client, &reply, sizeof(reply), deadline);
-      ::close(client);
-      break;
-    }
-    clients[hello.rank] = client;
-    all[hello.rank] = hello.info;
-    ++joined;
+    if (fds[0].revents & POLLIN)
+      for (;;) {
+        int client =
+            accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (client < 0)
+          break;
+        if (pending.size() >= maxPending) {
+          ::close(client);
+          continue;
+        }
+        pending.push_back({client, 0, {}});
+      }
   }
+  for (const Pending &p : pending)
+    ::close(p.fd);
   ::close(listenFd);
 
   Reply reply = {kMagic, status.failed() ? 0u : 1u, {}};
@@ -302,14 +350,37 @@ Status exchangePeerInfo(const char *host, int port, int listenFd, int rank,
   Clock::time_point replyDeadline =
       deadline + std::chrono::milliseconds(timeoutMs / 2 + 100);
   Reply reply;
-  bool delivered = sendAll(fd, &hello, sizeof(hello), deadline) &&
-                   receiveAll(fd, &reply, sizeof(reply), replyDeadline);
-  if (!delivered || reply.magic != kMagic) {
+  if (!sendAll(fd, &hello, sizeof(hello), deadline)) {
+    int error = errno;
     ::close(fd);
     return makeError(MOE_TRANSPORT_ERR_BOOTSTRAP,
-                     "bootstrap: rank %d got no answer from rank 0 at %s:%d "
-                     "within %d ms",
-                     rank, host, port, timeoutMs + timeoutMs / 2 + 100);
+                     "bootstrap: rank %d could not send its address to rank 0 "
+                     "at %s:%d: %s",
+                     rank, host, port, strerror(error));
+  }
+  Received received = receiveAll(fd, &reply, sizeof(reply), replyDeadline);
+  if (received != Received::All || reply.magic != kMagic) {
+    int error = errno;
+    ::close(fd);
+    if (received == Received::TimedOut)
+      return makeError(MOE_TRANSPORT_ERR_BOOTSTRAP,
+                       "bootstrap: rank %d got no answer from rank 0 at %s:%d "
+                       "within %d ms",
+                       rank, host, port, timeoutMs + timeoutMs / 2 + 100);
+    if (received == Received::Closed)
+      return makeError(MOE_TRANSPORT_ERR_BOOTSTRAP,
+                       "bootstrap: rank 0 at %s:%d closed the connection "
+                       "without answering rank %d",
+                       host, port, rank);
+    if (received == Received::Failed)
+      return makeError(MOE_TRANSPORT_ERR_BOOTSTRAP,
+                       "bootstrap: rank %d lost the connection to rank 0 at "
+                       "%s:%d: %s",
+                       rank, host, port, strerror(error));
+    return makeError(MOE_TRANSPORT_ERR_BOOTSTRAP,
+                     "bootstrap: rank %d got an unexpected reply from %s:%d "
+                     "(magic 0x%08x, expected 0x%08x): is rank 0 there?",
+                     rank, host, port, reply.magic, kMagic);
   }
   if (!reply.ok) {
     ::close(fd);
@@ -317,8 +388,8 @@ Status exchangePeerInfo(const char *host, int port, int listenFd, int rank,
     return Status::error(MOE_TRANSPORT_ERR_BOOTSTRAP, reply.error);
   }
   all.assign(worldSize, moe_transport_peer_info_t{});
-  delivered =
-      receiveAll(fd, all.data(), all.size() * sizeof(all[0]), replyDeadline);
+  bool delivered = receiveAll(fd, all.data(), all.size() * sizeof(all[0]),
+                              replyDeadline) == Received::All;
   ::close(fd);
   if (!delivered)
     return makeError(MOE_TRANSPORT_ERR_BOOTSTRAP,

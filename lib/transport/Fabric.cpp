@@ -9,6 +9,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <cerrno>
+#include <csignal>
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace moe::transport {
@@ -71,6 +76,38 @@ Status Fabric::check(int result, const char *what) {
   return makeError(MOE_TRANSPORT_ERR_FABRIC, "%s failed on provider '%s': %s",
                    what, providerName_.c_str(), fi_strerror(-result));
 }
+
+namespace {
+/// The inode of this process's pid namespace: pids mean something only in it.
+unsigned long long pidNamespace() {
+  struct stat info;
+  if (stat("/proc/self/ns/pid", &info) != 0)
+    return 0;
+  return static_cast<unsigned long long>(info.st_ino);
+}
+
+/// Unlinks the shm regions named moe-<our pid namespace>-<pid>-* whose
+/// process no longer exists (killed before it could close).
+void removeStaleShmRegions() {
+  DIR *dir = opendir("/dev/shm");
+  if (!dir)
+    return;
+  char prefix[48];
+  int prefixLength = std::snprintf(prefix, sizeof(prefix), "moe-%llu-",
+                                   pidNamespace());
+  while (dirent *entry = readdir(dir)) {
+    if (std::strncmp(entry->d_name, prefix, prefixLength) != 0)
+      continue;
+    char *end = nullptr;
+    long pid = std::strtol(entry->d_name + prefixLength, &end, 10);
+    if (pid <= 0 || !end || *end != '-')
+      continue;
+    if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+      unlinkat(dirfd(dir), entry->d_name, 0);
+  }
+  closedir(dir);
+}
+} // namespace
 
 Status Fabric::open(const char *provider, const char *domain) {
   // Every domain is asked for and the named one picked below, so that a
@@ -140,14 +177,18 @@ Status Fabric::open(const char *provider, const char *domain) {
   providerName_ = info_->fabric_attr->prov_name;
   domainName_ = info_->domain_attr->name ? info_->domain_attr->name : "";
   if (providerName_ == "shm") {
-    // shm names its shared-memory region after the source address, by
-    // default the pid; a process killed before closing leaves the region
-    // behind, and a later process given the same pid then cannot open its
-    // endpoint (EBUSY). A random suffix keeps every endpoint's name fresh.
+    // shm names its shared-memory region (/dev/shm/<name>) after the source
+    // address, by default the pid; a process killed before closing leaves
+    // the region behind. Ours are named moe-<pid namespace>-<pid>-<random>:
+    // fresh for every endpoint, and telling which process made them, so
+    // that the regions of processes gone from our pid namespace are removed
+    // here.
+    removeStaleShmRegions();
     std::random_device random;
-    char name[64];
-    std::snprintf(name, sizeof(name), "moe-%d-%08x%08x", int(getpid()),
-                  random(), random());
+    char name[96];
+    std::snprintf(name, sizeof(name), "moe-%llu-%d-%08x%08x",
+                  (unsigned long long)pidNamespace(), int(getpid()), random(),
+                  random());
     free(info_->src_addr);
     info_->src_addr = strdup(name);
     info_->src_addrlen = std::strlen(name) + 1;
@@ -230,9 +271,13 @@ void Fabric::abandon() {
 }
 
 void Fabric::close() {
-  // Children before parents: endpoint, then what it is bound to.
-  if (endpoint_)
-    fi_close(&endpoint_->fid);
+  // Children before parents: endpoint, then what it is bound to. If the
+  // endpoint does not close, what it is bound to may still be in use:
+  // leave it all rather than free it under the provider.
+  if (endpoint_ && fi_close(&endpoint_->fid) != 0) {
+    abandon();
+    return;
+  }
   for (fid_mr *mr : regions_)
     fi_close(&mr->fid);
   if (av_)

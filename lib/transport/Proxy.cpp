@@ -23,8 +23,13 @@ void (*proxyTurnHookForTesting)(int rank) = nullptr;
 
 namespace {
 constexpr size_t kCompletionBatch = 32;
-/// How long close() lets in-flight writes finish before the endpoint goes.
+/// How long close() lets in-flight writes finish before the endpoint goes,
+/// and then again for the goodbyes.
 constexpr auto kDrainTime = std::chrono::seconds(1);
+/// How long close() then reads an idle completion queue (at most), and how
+/// long it must stay empty.
+constexpr auto kQuiesceTime = std::chrono::milliseconds(500);
+constexpr auto kQuietEnough = std::chrono::milliseconds(20);
 /// Commands issued per loop turn, so the CQ, heartbeats and peer checks are
 /// not starved by a producer that keeps the ring full.
 constexpr int kCommandsPerTurn = 64;
@@ -84,14 +89,17 @@ void Communicator::runProxy() {
 }
 
 void Communicator::drainAndSayGoodbye() {
-  Clock::time_point deadline = Clock::now() + kDrainTime;
   // Let the last writes leave before the endpoint closes under them.
+  Clock::time_point deadline = Clock::now() + kDrainTime;
   while (freeOperations_.size() != operations_.size() &&
          Clock::now() < deadline)
     if (!pollCompletions())
       idlePause(std::chrono::milliseconds(1));
   // Then tell every peer we leave on purpose: peers still waiting (say in a
   // final barrier) must not take our silence or closed endpoint for a death.
+  // The goodbyes get their own time: writes to a dead peer may have used up
+  // the drain's.
+  deadline = Clock::now() + kDrainTime;
   std::vector<uint8_t> due(worldSize_, 0);
   for (int peer = 0; peer < worldSize_; ++peer)
     due[peer] = peer != rank_ && active(peer);
@@ -108,6 +116,19 @@ void Communicator::drainAndSayGoodbye() {
     if (!pending || Clock::now() >= deadline)
       break;
     if (!pollCompletions())
+      idlePause(std::chrono::milliseconds(1));
+  }
+  // Quiesce: keep reading until the completion queue stays empty a while.
+  // Progress is manual, so this is when the provider handles the events of
+  // connections that broke (a dead peer's); closing the endpoint with them
+  // still queued is what its teardown copes with worst.
+  deadline = Clock::now() + kQuiesceTime;
+  Clock::time_point quietSince = Clock::now();
+  while (Clock::now() < deadline &&
+         Clock::now() - quietSince < kQuietEnough) {
+    if (pollCompletions())
+      quietSince = Clock::now();
+    else
       idlePause(std::chrono::milliseconds(1));
   }
 }

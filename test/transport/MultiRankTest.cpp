@@ -9,6 +9,12 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -568,9 +574,10 @@ TEST_P(ProviderTest, ConnectsWithAddressesHandedIn) {
 
 //===--- faults ----------------------------------------------------------===//
 
-TEST_P(ProviderTest, KilledRankIsNamedByEverySurvivor) {
-  Provider provider = GetParam();
-  constexpr int kRanks = 4, kVictim = 2;
+/// Kills one rank of kRanks in the middle of all-to-alls; every survivor
+/// must name it, in time, and none may crash (a signal) while closing.
+void expectKilledRankNamed(const Provider &provider, int kRanks) {
+  constexpr int kVictim = 2;
   std::chrono::steady_clock::time_point killedAt;
   std::vector<RankOutcome> outcomes = runRanks(
       kRanks, kRanks, 30000,
@@ -636,12 +643,66 @@ TEST_P(ProviderTest, KilledRankIsNamedByEverySurvivor) {
   for (int rank = 0; rank < kRanks; ++rank) {
     if (rank == kVictim)
       continue;
+    EXPECT_EQ(outcomes[rank].signal, 0)
+        << "rank " << rank << " died of signal " << outcomes[rank].signal;
     EXPECT_FALSE(outcomes[rank].timedOut) << "rank " << rank << " hung";
     EXPECT_EQ(outcomes[rank].exitCode, MOE_TRANSPORT_ERR_PEER_LOST)
         << "rank " << rank << ": " << outcomes[rank].message;
     EXPECT_NE(outcomes[rank].message.find("peer rank 2"), std::string::npos)
         << "rank " << rank << ": " << outcomes[rank].message;
   }
+}
+
+TEST_P(ProviderTest, KilledRankIsNamedByEverySurvivor) {
+  expectKilledRankNamed(GetParam(), 4);
+}
+
+TEST_P(ProviderTest, KilledRankAmongEightIsNamedByEverySurvivor) {
+  expectKilledRankNamed(GetParam(), 8);
+}
+
+/// The shm regions in /dev/shm made by process `pid`.
+std::vector<std::string> shmRegionsOf(pid_t pid) {
+  std::vector<std::string> names;
+  std::string middle = "-" + std::to_string(pid) + "-";
+  if (DIR *dir = opendir("/dev/shm")) {
+    while (dirent *entry = readdir(dir)) {
+      std::string name = entry->d_name;
+      if (name.rfind("moe-", 0) == 0 && name.find(middle) != std::string::npos)
+        names.push_back(name);
+    }
+    closedir(dir);
+  }
+  return names;
+}
+
+TEST(ShmTest, RegionOfAKilledRankIsRemovedByTheNextOpen) {
+  // A shm rank killed before it closes leaves its region in /dev/shm; the
+  // next shm endpoint opened on the host removes it.
+  auto openAlone = [](RankContext &context, bool die) {
+    moe_transport_config_t config;
+    moe_transport_config_init(&config);
+    config.send_bytes = config.recv_bytes = 4096;
+    moe_transport_t *transport = nullptr;
+    RANK_CHECK(context, context.open(kShm, config, &transport));
+    RANK_CHECK(context, moe_transport_barrier(transport, -1));
+    if (die)
+      raise(SIGKILL);
+    moe_transport_close(transport);
+    return 0;
+  };
+  pid_t victim = -1;
+  std::vector<RankOutcome> killed = runRanks(
+      1, 1, 20000, [&](RankContext &context) { return openAlone(context, true); },
+      [&](const std::vector<pid_t> &pids, Board &) { victim = pids[0]; });
+  ASSERT_EQ(killed[0].signal, SIGKILL) << killed[0].message;
+  ASSERT_FALSE(shmRegionsOf(victim).empty())
+      << "the killed rank left no region behind: nothing to test";
+  expectAllSucceeded(runRanks(1, 1, 20000, [&](RankContext &context) {
+    return openAlone(context, false);
+  }));
+  EXPECT_TRUE(shmRegionsOf(victim).empty())
+      << shmRegionsOf(victim).front() << " is still there";
 }
 
 TEST(BootstrapTest, RankThatNeverConnectsIsNamed) {
@@ -690,6 +751,87 @@ TEST(BootstrapTest, NoRootTimesOut) {
       });
   EXPECT_EQ(outcomes[1].exitCode, MOE_TRANSPORT_ERR_BOOTSTRAP);
   EXPECT_NE(outcomes[1].message.find("rank 0 not reachable"), std::string::npos)
+      << outcomes[1].message;
+}
+
+TEST(BootstrapTest, SilentConnectionDoesNotStallTheExchange) {
+  // Before rank 0 starts, a stranger connects to its port and says nothing:
+  // the ranks behind it must still join at once, not after the timeout.
+  std::vector<RankOutcome> outcomes =
+      runRanks(2, 2, 20000, [&](RankContext &context) {
+        int silent = -1;
+        if (context.rank == 1) {
+          silent = socket(AF_INET, SOCK_STREAM, 0);
+          sockaddr_in address = {};
+          address.sin_family = AF_INET;
+          address.sin_port = htons(static_cast<uint16_t>(context.port));
+          address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+          if (connect(silent, reinterpret_cast<sockaddr *>(&address),
+                      sizeof(address)) != 0)
+            return context.fail(kCheckFailed, "connect: %s", strerror(errno));
+          context.board->progress[1].store(1);
+        } else {
+          while (context.board->progress[1].load() == 0)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        moe_transport_config_t config;
+        moe_transport_config_init(&config);
+        config.send_bytes = config.recv_bytes = 4096;
+        config.timeout_ms = 3000;
+        auto start = std::chrono::steady_clock::now();
+        moe_transport_t *transport = nullptr;
+        RANK_CHECK(context, context.open(kTcp, config, &transport));
+        auto took = std::chrono::steady_clock::now() - start;
+        moe_transport_close(transport);
+        if (silent >= 0)
+          close(silent);
+        if (took > std::chrono::milliseconds(1500))
+          return context.fail(kCheckFailed, "rank %d joined after %lld ms",
+                              context.rank,
+                              (long long)std::chrono::duration_cast<
+                                  std::chrono::milliseconds>(took)
+                                  .count());
+        return 0;
+      });
+  expectAllSucceeded(outcomes);
+}
+
+TEST(BootstrapTest, GarbageReplyIsNamedAsSuch) {
+  // Something else answers on rank 0's port: rank 1 says so at once, rather
+  // than waiting out its timeout and calling it no answer.
+  std::vector<RankOutcome> outcomes =
+      runRanks(2, 2, 20000, [&](RankContext &context) {
+        if (context.rank == 0) {
+          int client = accept(context.listenFd, nullptr, nullptr);
+          std::vector<char> garbage(4096, 'X');
+          if (client < 0 ||
+              write(client, garbage.data(), garbage.size()) !=
+                  static_cast<ssize_t>(garbage.size()))
+            return context.fail(kCheckFailed, "accept/write failed");
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          close(client);
+          close(context.listenFd);
+          return 0;
+        }
+        moe_transport_config_t config;
+        moe_transport_config_init(&config);
+        config.send_bytes = config.recv_bytes = 4096;
+        config.timeout_ms = 2000;
+        auto start = std::chrono::steady_clock::now();
+        moe_transport_t *transport = nullptr;
+        moe_transport_status_t status = context.open(kTcp, config, &transport);
+        auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
+        context.fail(status, "after %lld ms: %s", (long long)took,
+                     moe_transport_last_error());
+        moe_transport_close(transport);
+        return took < 1000 ? static_cast<int>(status) : kCheckFailed;
+      });
+  EXPECT_EQ(outcomes[0].exitCode, 0) << outcomes[0].message;
+  EXPECT_EQ(outcomes[1].exitCode, MOE_TRANSPORT_ERR_BOOTSTRAP)
+      << outcomes[1].message;
+  EXPECT_NE(outcomes[1].message.find("unexpected reply"), std::string::npos)
       << outcomes[1].message;
 }
 

@@ -96,6 +96,7 @@ runRanks(int worldSize, int spawn, int limitMs,
       if (waitpid(pids[rank], &status, WNOHANG) != pids[rank])
         continue;
       outcomes[rank].exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      outcomes[rank].signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
       pids[rank] = -1;
       --running;
     }

@@ -54,6 +54,7 @@ struct RankContext {
 
 struct RankOutcome {
   int exitCode = -1; // -1: killed by a signal or by the time limit
+  int signal = 0;    // the signal that ended the rank, if one did
   bool timedOut = false;
   std::string message;
 };
