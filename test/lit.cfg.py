@@ -14,6 +14,7 @@ config.test_exec_root = os.path.join(config.moe_obj_root, "test")
 
 config.substitutions.append(("%moe_src_root", config.moe_src_root))
 config.substitutions.append(("%python", config.python_executable))
+config.substitutions.append(("%moe_tools_dir", config.moe_tools_dir))
 
 llvm_config.with_system_environment(["HOME", "PATH", "PYTHONPATH"])
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
@@ -35,4 +36,4 @@ except OSError:
     pass
 llvm_config.use_default_substitutions()
 llvm_config.add_tool_substitutions(
-    ["moe-opt", "moe-compile", "moe-exec", "moe-reference", "moe-quantize-reference"], [config.moe_tools_dir, config.llvm_tools_dir])
+    ["moe-opt", "moe-compile", "moe-exec", "moe-pack", "moe-reference", "moe-quantize-reference"], [config.moe_tools_dir, config.llvm_tools_dir])

@@ -1,4 +1,14 @@
-"""Python entry to layers compiled by moe-compile (ctypes over the C API)."""
-from .layer import Layer
+"""Python entry to layers compiled by moe-compile (ctypes over the C API),
+and to the MoE layers of HuggingFace checkpoints."""
+from .checkpoint import CheckpointError, load_layer
+from .layer import Layer, LayerError
 
-__all__ = ["Layer"]
+__all__ = ["Layer", "LayerError", "load_layer", "CheckpointError", "MoE"]
+
+
+def __getattr__(name):
+    # The torch module needs PyTorch; loading checkpoints does not.
+    if name == "MoE":
+        from .module import MoE
+        return MoE
+    raise AttributeError(name)

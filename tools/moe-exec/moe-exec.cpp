@@ -17,6 +17,8 @@
 #include <cstring>
 #include <dlfcn.h>
 #include <memory>
+#include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -25,12 +27,13 @@ using namespace moe::rt;
 
 namespace {
 const char *kUsage =
-    "usage: moe-exec LIBRARY.so --inputs IN.safetensors --outputs "
-    "OUT.safetensors [--repeat N] [--device=cpu|cuda]\n"
+    "usage: moe-exec LIBRARY.so --inputs IN.safetensors [--inputs ...] "
+    "--outputs OUT.safetensors [--repeat N] [--device=cpu|cuda]\n"
     "\n"
-    "Runs a layer compiled by moe-compile. IN holds one tensor per input the\n"
-    "layer takes, named as its header says (hidden_states [T, H] bf16,\n"
-    "router_weight, w13, w2, ...); T may be 0. OUT receives the outputs\n"
+    "Runs a layer compiled by moe-compile. The inputs files hold, between\n"
+    "them, one tensor per input the layer takes, named as its header says\n"
+    "(hidden_states [T, H] bf16, router_weight, w13, w2, ...; moe-pack writes\n"
+    "a checkpoint layer's weights); T may be 0. OUT receives the outputs\n"
     "(out [T, H] bf16). --repeat N runs the layer N times and prints the mean\n"
     "time per run.\n"
     "\n"
@@ -101,7 +104,8 @@ bool parseInfo(const char *text, std::string &forward, std::string &target,
 } // namespace
 
 int main(int argc, char **argv) {
-  std::string library, inputPath, outputPath, device;
+  std::string library, outputPath, device;
+  std::vector<std::string> inputPaths;
   long repeat = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -116,8 +120,9 @@ int main(int argc, char **argv) {
       std::fputs(kUsage, stdout);
       return 0;
     } else if (a == "--inputs") {
-      if (!value(inputPath))
+      if (!value(text))
         return fail("--inputs needs a file");
+      inputPaths.push_back(text);
     } else if (a == "--outputs") {
       if (!value(outputPath))
         return fail("--outputs needs a file");
@@ -138,7 +143,7 @@ int main(int argc, char **argv) {
       return fail("more than one library given\n" + std::string(kUsage));
     }
   }
-  if (library.empty() || inputPath.empty() || outputPath.empty())
+  if (library.empty() || inputPaths.empty() || outputPath.empty())
     return fail(std::string("missing arguments\n") + kUsage);
 
   // dlopen searches the library path for bare names: name the file itself.
@@ -166,9 +171,22 @@ int main(int argc, char **argv) {
   if (!forward)
     return fail(library + " lacks its entry point " + forwardName);
 
-  auto inputs = SafetensorsFile::read(inputPath, error);
-  if (!inputs)
-    return fail(error);
+  std::vector<std::unique_ptr<SafetensorsFile>> inputs;
+  // Each tensor name in one file only: which one is meant is not a guess.
+  std::map<std::string, size_t> fileOf;
+  for (const std::string &path : inputPaths) {
+    auto file = SafetensorsFile::read(path, error);
+    if (!file)
+      return fail(error);
+    for (const TensorInfo &tensor : file->tensors())
+      if (!fileOf.emplace(tensor.name, inputs.size()).second)
+        return fail("tensor '" + tensor.name + "' is in both " +
+                    inputPaths[fileOf[tensor.name]] + " and " + path);
+    inputs.push_back(std::move(file));
+  }
+  std::string inputNames;
+  for (const std::string &path : inputPaths)
+    inputNames += (inputNames.empty() ? "" : ", ") + path;
 
   // Match inputs by name; the token count comes from the first that has it.
   int64_t tokens = -1;
@@ -179,9 +197,11 @@ int main(int argc, char **argv) {
     const Arg &arg = args[i];
     if (arg.isOutput)
       continue;
-    const TensorInfo *tensor = inputs->find(arg.name);
-    if (!tensor)
-      return fail("input '" + arg.name + "' is missing from " + inputPath);
+    auto where = fileOf.find(arg.name);
+    if (where == fileOf.end())
+      return fail("input '" + arg.name + "' is missing from " + inputNames);
+    const SafetensorsFile &file = *inputs[where->second];
+    const TensorInfo *tensor = file.find(arg.name);
     used.insert(arg.name);
     if (tensor->dtype != arg.dtype)
       return fail("input '" + arg.name + "' is " + dtypeName(tensor->dtype) +
@@ -204,16 +224,16 @@ int main(int argc, char **argv) {
                   shapeText(tensor->shape) + ", but the layer takes " +
                   shapeText(arg.shape));
     // Copied: the file's data need not be aligned for its dtype.
-    const uint8_t *data = inputs->data(*tensor);
+    const uint8_t *data = file.data(*tensor);
     storage[i].assign(data, data + tensor->bytes);
   }
-  for (const TensorInfo &tensor : inputs->tensors())
-    if (!used.count(tensor.name)) {
+  for (const auto &[name, index] : fileOf)
+    if (!used.count(name)) {
       std::string takes;
       for (const Arg &arg : args)
         if (!arg.isOutput)
           takes += (takes.empty() ? "" : ", ") + arg.name;
-      return fail("unexpected tensor '" + tensor.name + "' in " + inputPath +
+      return fail("unexpected tensor '" + name + "' in " + inputPaths[index] +
                   " (the layer takes " + takes + ")");
     }
   if (tokens < 0)
