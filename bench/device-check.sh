@@ -59,6 +59,21 @@ if [[ $mode == prepare ]]; then
     --name dsv3_ep8_shard --target=sm_90a -o "$dir/big_dsv3_ep8_shard.so"
   "$compile" "$root/examples/mixtral-8x7b.mlir" --target=sm_90a -o "$dir/big_mixtral_8x7b.so"
   "$compile" "$root/examples/qwen3-30b-a3b.mlir" --target=sm_90a -o "$dir/big_qwen3_30b_a3b.so"
+  # The layers bench/hf_check.py compares with transformers' own MoE blocks.
+  mkdir -p "$dir/hf"
+  python3 - "$root/bench/hf_configs.json" "$dir/hf" <<'PY'
+import json, sys
+configs = json.load(open(sys.argv[1]))
+fp8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+       "weight_block_size": [128, 128]}
+configs["deepseek_v3_fp8"] = dict(configs["deepseek_v3"], quantization_config=fp8)
+for name, config in configs.items():
+    json.dump(config, open(f"{sys.argv[2]}/{name}.json", "w"))
+PY
+  for c in "$dir"/hf/*.json; do
+    name=$(basename "$c" .json)
+    "$compile" --from-hf-config "$c" --name "$name" --target=sm_90a -o "$dir/hf/lib$name.so"
+  done
   cp "$root/build/bin/moe-exec" "$dir/"
   # moe-exec's inputs for the same layers on both devices.
   python3 "$root/test/tools/check_layer.py" "$dir/gpu_deepseek_v3.so" --exec "$dir/moe-exec" \
@@ -131,6 +146,9 @@ print(json.dumps({"what": "moe-exec", "layer": name, "tokens": gpu.shape[0],
 sys.exit(0 if err <= 1e-2 else 1)
 PY
 done
+# Our layers against transformers' MoE blocks, from checkpoints it saved.
+python3 "$root/bench/hf_check.py" "$dir/hf" 2>/dev/null | tee -a "$log"
+grep -q '"ok": false' "$log" && status=1
 # Bad calls fail with a message and leave the context usable.
 python3 "$root/bench/call_checks.py" "$dir/gpu_qwen3_moe.so" | tee -a "$log" || status=1
 for refused in "$dir"/refused_*.txt; do

@@ -121,8 +121,11 @@ def text_config(config):
     return config
 
 
-def _need(config, key):
-    if key not in config:
+def _need(config, key, alias=None):
+    # Recent transformers versions save some fields under other names.
+    if (key not in config or config[key] is None) and alias in config:
+        key = alias
+    if key not in config or config[key] is None:
         raise CheckpointError(
             f"config.json ({config.get('model_type')}): missing field '{key}'")
     return config[key]
@@ -329,7 +332,7 @@ def _mixtral(ckpt, config, layer):
 
 
 def _qwen(ckpt, config, layer):
-    experts = _need(config, "num_experts")
+    experts = _need(config, "num_experts", "num_local_experts")
     hidden = _need(config, "hidden_size")
     inter = _need(config, "moe_intermediate_size")
     prefix = _prefix(ckpt, layer, "mlp", ["gate.weight"])
@@ -350,7 +353,7 @@ def _qwen(ckpt, config, layer):
 
 
 def _deepseek(ckpt, config, layer):
-    experts = _need(config, "n_routed_experts")
+    experts = _need(config, "n_routed_experts", "num_local_experts")
     hidden = _need(config, "hidden_size")
     inter = _need(config, "moe_intermediate_size")
     fp8 = _fp8_block128(config)

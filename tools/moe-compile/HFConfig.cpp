@@ -40,6 +40,15 @@ public:
     return asInteger(key, *value);
   }
 
+  /// A required integer field that recent transformers versions may save
+  /// under another name (`alias`).
+  FailureOr<int64_t> integer(StringRef key, StringRef alias) {
+    const json::Value *value = object.get(key);
+    if ((!value || value->kind() == json::Value::Null) && object.get(alias))
+      return integer(alias);
+    return integer(key);
+  }
+
   FailureOr<int64_t> integerOr(StringRef key, int64_t fallback) {
     const json::Value *value = object.get(key);
     if (!value || value->kind() == json::Value::Null)
@@ -135,7 +144,7 @@ static LogicalResult readFields(FieldReader &reader, StringRef modelType,
     return success();
   }
   if (modelType == "qwen2_moe" || modelType == "qwen3_moe") {
-    READ(f.experts, reader.integer("num_experts"));
+    READ(f.experts, reader.integer("num_experts", "num_local_experts"));
     READ(f.intermediate, reader.integer("moe_intermediate_size"));
     READ(f.renormalize, reader.booleanOr("norm_topk_prob", false));
     if (modelType == "qwen2_moe") {
@@ -148,7 +157,7 @@ static LogicalResult readFields(FieldReader &reader, StringRef modelType,
   }
   if (modelType == "deepseek_v2" || modelType == "deepseek_v3" ||
       modelType == "kimi_k2") {
-    READ(f.experts, reader.integer("n_routed_experts"));
+    READ(f.experts, reader.integer("n_routed_experts", "num_local_experts"));
     READ(f.intermediate, reader.integer("moe_intermediate_size"));
     int64_t sharedExperts;
     READ(sharedExperts, reader.integerOr("n_shared_experts", 0));

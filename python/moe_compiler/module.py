@@ -1,0 +1,187 @@
+"""A compiled MoE layer as a torch module.
+
+    moe = MoE.from_pretrained("path/to/checkpoint", layer=3)   # sm_90a
+    out = moe(hidden_states)          # [tokens, H] or [batch, seq, H], bf16
+
+from_pretrained reads the layer's weights (moe_compiler.load_layer), compiles
+the layer from the checkpoint's config.json with moe-compile (or takes it
+from a cache keyed by config, target and compiler), and holds the weights on
+the device. The forward runs on the current stream; it is a torch custom op
+(moe_compiler::moe_forward), so torch.compile keeps it whole and CUDA graphs
+capture it (the layer waits on nothing and copies nothing).
+"""
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+from .checkpoint import load_layer
+from .layer import Layer, LayerError
+
+_TORCH_DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32,
+                 "F8_E4M3": torch.float8_e4m3fn, "I32": torch.int32}
+_layers = {}  # id -> Layer, for the custom op
+_ids = itertools.count()
+
+
+def _progress(message):
+    print(f"moe_compiler: {message}", file=sys.stderr, flush=True)
+
+
+def _to_torch(array):
+    """A numpy array (bf16 and FP8 through ml_dtypes) as a torch tensor."""
+    array = np.ascontiguousarray(array)
+    name = array.dtype.name
+    if name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    if name == "float8_e4m3fn":
+        return torch.from_numpy(array.view(np.uint8)).view(
+            torch.float8_e4m3fn)
+    return torch.from_numpy(array)
+
+
+def find_compiler():
+    """moe-compile: $MOE_COMPILE, else on PATH, else beside this package in a
+    source tree's build/bin."""
+    if os.environ.get("MOE_COMPILE"):
+        return os.environ["MOE_COMPILE"]
+    found = shutil.which("moe-compile")
+    if found:
+        return found
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidate = os.path.join(here, "..", "..", "build", "bin", "moe-compile")
+    if os.path.exists(candidate):
+        return os.path.abspath(candidate)
+    raise LayerError("moe-compile not found: set MOE_COMPILE or put it on "
+                     "PATH")
+
+
+def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None):
+    """The path of a library for `config` (a HF config dict), compiled by
+    moe-compile or found in the cache (key: config, target, compiler)."""
+    compiler = compiler or find_compiler()
+    with open(compiler, "rb") as f:
+        compiler_id = hashlib.sha256(f.read()).hexdigest()
+    key = hashlib.sha256(json.dumps(
+        [config, target, compiler_id], sort_keys=True).encode()).hexdigest()
+    cache_dir = cache_dir or os.environ.get("MOE_COMPILER_CACHE") or \
+        os.path.join(os.path.expanduser("~"), ".cache", "moe-compiler")
+    folder = os.path.join(cache_dir, key[:32])
+    library = os.path.join(folder, "liblayer.so")
+    if os.path.exists(library):
+        return library
+    os.makedirs(cache_dir, exist_ok=True)
+    work = tempfile.mkdtemp(dir=cache_dir, prefix=".compiling-")
+    try:
+        config_path = os.path.join(work, "config.json")
+        with open(config_path, "w") as f:
+            json.dump(config, f)
+        _progress(f"compiling the layer for {target} ...")
+        start = time.time()
+        result = subprocess.run(
+            [compiler, "--from-hf-config", config_path, "--name", "layer",
+             f"--target={target}", "-o", os.path.join(work, "liblayer.so")],
+            capture_output=True, text=True)
+        if result.returncode != 0:
+            raise LayerError(f"moe-compile failed:\n{result.stderr.strip()}")
+        _progress(f"compiled in {time.time() - start:.1f} s")
+        try:
+            os.rename(work, folder)  # atomic: a cache entry is whole or absent
+        except OSError:
+            if not os.path.exists(library):
+                raise
+    finally:
+        if os.path.exists(work):
+            shutil.rmtree(work)
+    return library
+
+
+@torch.library.custom_op("moe_compiler::moe_forward", mutates_args=())
+def moe_forward(hidden_states: torch.Tensor, weights: list[torch.Tensor],
+                layer_id: int) -> torch.Tensor:
+    layer = _layers[layer_id]
+    out = torch.empty(hidden_states.shape, dtype=torch.bfloat16,
+                      device=hidden_states.device)
+    layer.forward(hidden_states.contiguous(), *weights, out)
+    return out
+
+
+@moe_forward.register_fake
+def _(hidden_states, weights, layer_id):
+    return hidden_states.new_empty(hidden_states.shape, dtype=torch.bfloat16)
+
+
+class MoE(torch.nn.Module):
+    """One compiled MoE layer and its weights on a device."""
+
+    def __init__(self, library, tensors, device=None):
+        """`library`: a layer compiled by moe-compile; `tensors`: its weights
+        by argument name (numpy arrays or torch tensors)."""
+        super().__init__()
+        self.layer = Layer(library)
+        gpu = self.layer.target != "cpu"
+        device = torch.device(device if device is not None else
+                              ("cuda" if gpu else "cpu"))
+        self.hidden = next(a["shape"][1] for a in self.layer.args
+                           if a["name"] == "hidden_states")
+        names = [a["name"] for a in self.layer.args
+                 if not a["output"] and a["name"] != "hidden_states"]
+        missing = [n for n in names if n not in tensors]
+        if missing:
+            raise LayerError(f"weights missing: {', '.join(missing)}")
+        extra = sorted(set(tensors) - set(names))
+        if extra:
+            raise LayerError(f"weights the layer does not take: "
+                             f"{', '.join(extra)}")
+        self._names = names
+        for arg in self.layer.args:
+            if arg["name"] not in tensors:
+                continue
+            value = tensors[arg["name"]]
+            if not isinstance(value, torch.Tensor):
+                value = _to_torch(value)
+            value = value.to(device=device, dtype=_TORCH_DTYPES[arg["dtype"]])
+            self.register_buffer(arg["name"], value.contiguous())
+        self.layer.check([torch.empty(0, self.hidden, dtype=torch.bfloat16,
+                                      device=device)] +
+                         [getattr(self, n) for n in names] +
+                         [torch.empty(0, self.hidden, dtype=torch.bfloat16,
+                                      device=device)])
+        self.layer_id = next(_ids)
+        _layers[self.layer_id] = self.layer
+
+    @classmethod
+    def from_pretrained(cls, checkpoint, layer, target="sm_90a", device=None,
+                        library=None, cache_dir=None, compiler=None):
+        """Layer `layer` of a HuggingFace checkpoint folder. `library`: a
+        layer already compiled from its config.json (else compiled here, or
+        found in the cache)."""
+        start = time.time()
+        _progress(f"reading layer {layer} of {checkpoint} ...")
+        weights = load_layer(checkpoint, layer)
+        total = sum(a.nbytes for a in weights.tensors.values())
+        _progress(f"read {total / 2**20:.0f} MiB in {time.time() - start:.1f}"
+                  f" s")
+        if library is None:
+            library = compile_layer(weights.config, target, cache_dir,
+                                    compiler)
+        return cls(library, weights.tensors, device)
+
+    def forward(self, hidden_states):
+        """hidden_states: [tokens, H] or [batch, seq, H], bf16."""
+        shape = hidden_states.shape
+        if shape[-1] != self.hidden:
+            raise LayerError(f"hidden_states has {shape[-1]} features; the "
+                             f"layer takes {self.hidden}")
+        flat = hidden_states.reshape(-1, self.hidden).to(torch.bfloat16)
+        out = torch.ops.moe_compiler.moe_forward(
+            flat, [getattr(self, n) for n in self._names], self.layer_id)
+        return out.reshape(shape)
