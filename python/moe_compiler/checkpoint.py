@@ -216,8 +216,9 @@ def dequantize_mxfp4(blocks, scales):
 class _Reader:
     """Reads one layer, checking every tensor's shape."""
 
-    def __init__(self, ckpt, config, prefix):
+    def __init__(self, ckpt, config, prefix, progress=None):
         self.ckpt, self.config, self.prefix = ckpt, config, prefix
+        self.progress = progress
 
     def get(self, name, shape):
         return self.ckpt.get(self.prefix + name, shape)
@@ -226,8 +227,12 @@ class _Reader:
         return self.prefix + name in self.ckpt
 
     def experts_stacked(self, experts, pattern, shape):
-        return np.stack([self.get(pattern.format(e), shape)
-                         for e in range(experts)])
+        parts = []
+        for e in range(experts):
+            parts.append(self.get(pattern.format(e), shape))
+            if self.progress and (e + 1) % max(experts // 4, 1) == 0:
+                self.progress(f"{pattern.format('*')}: {e + 1} of {experts}")
+        return np.stack(parts)
 
 
 def _fp8_block128(config):
@@ -292,9 +297,11 @@ def _fused_or_per_expert(r, experts, hidden, inter, fused, per_expert, fp8):
     return _linear_experts(r, experts, hidden, inter, per_expert, fp8)
 
 
-def load_layer(checkpoint, layer):
+def load_layer(checkpoint, layer, progress=None):
     """The tensors of decoder layer `layer`'s MoE block, in our ABI (numpy
-    arrays: bf16 through ml_dtypes, FP8 as float8_e4m3fn, scales f32)."""
+    arrays: bf16 through ml_dtypes, FP8 as float8_e4m3fn, scales f32).
+    `progress`, if given, is called with a line of text as experts are read
+    (a layer of a large checkpoint takes a while)."""
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) \
         else Checkpoint(checkpoint)
     config = text_config(ckpt.config)
@@ -313,16 +320,16 @@ def load_layer(checkpoint, layer):
     why = _is_moe_layer(config, layer)
     if why:
         raise CheckpointError(f"layer {layer} has no MoE block: {why}")
-    tensors = loaders[kind](ckpt, config, layer)
+    tensors = loaders[kind](ckpt, config, layer, progress)
     return LayerWeights(ckpt.config, kind, tensors)
 
 
-def _mixtral(ckpt, config, layer):
+def _mixtral(ckpt, config, layer, progress):
     experts = _need(config, "num_local_experts")
     hidden, inter = _need(config, "hidden_size"), _need(config, "intermediate_size")
     prefix = _prefix(ckpt, layer, "block_sparse_moe",
                      ["gate.weight", "experts.gate_up_proj"])
-    r = _Reader(ckpt, config, prefix)
+    r = _Reader(ckpt, config, prefix, progress)
     out = {"router_weight": _bf16(r.get("gate.weight", [experts, hidden]))}
     out.update(_fused_or_per_expert(
         r, experts, hidden, inter,
@@ -331,12 +338,12 @@ def _mixtral(ckpt, config, layer):
     return out
 
 
-def _qwen(ckpt, config, layer):
+def _qwen(ckpt, config, layer, progress):
     experts = _need(config, "num_experts", "num_local_experts")
     hidden = _need(config, "hidden_size")
     inter = _need(config, "moe_intermediate_size")
     prefix = _prefix(ckpt, layer, "mlp", ["gate.weight"])
-    r = _Reader(ckpt, config, prefix)
+    r = _Reader(ckpt, config, prefix, progress)
     out = {"router_weight": _bf16(r.get("gate.weight", [experts, hidden]))}
     out.update(_fused_or_per_expert(
         r, experts, hidden, inter,
@@ -352,13 +359,13 @@ def _qwen(ckpt, config, layer):
     return out
 
 
-def _deepseek(ckpt, config, layer):
+def _deepseek(ckpt, config, layer, progress):
     experts = _need(config, "n_routed_experts", "num_local_experts")
     hidden = _need(config, "hidden_size")
     inter = _need(config, "moe_intermediate_size")
     fp8 = _fp8_block128(config)
     prefix = _prefix(ckpt, layer, "mlp", ["gate.weight"])
-    r = _Reader(ckpt, config, prefix)
+    r = _Reader(ckpt, config, prefix, progress)
     out = {"router_weight": _bf16(r.get("gate.weight", [experts, hidden]))}
     v2 = config["model_type"] == "deepseek_v2"
     scoring = config.get("scoring_func", "softmax" if v2 else "sigmoid")
@@ -376,13 +383,13 @@ def _deepseek(ckpt, config, layer):
     return out
 
 
-def _gpt_oss(ckpt, config, layer):
+def _gpt_oss(ckpt, config, layer, progress):
     experts = _need(config, "num_local_experts")
     hidden, inter = _need(config, "hidden_size"), _need(config, "intermediate_size")
     prefix = _prefix(ckpt, layer, "mlp",
                      ["router.weight", "experts.gate_up_proj",
                       "experts.gate_up_proj_blocks"])
-    r = _Reader(ckpt, config, prefix)
+    r = _Reader(ckpt, config, prefix, progress)
     out = {"router_weight": _bf16(r.get("router.weight", [experts, hidden])),
            "router_bias": np.asarray(
                r.get("router.bias", [experts])).astype(np.float32)}
@@ -415,12 +422,12 @@ def _gpt_oss(ckpt, config, layer):
     return out
 
 
-def _llama4(ckpt, config, layer):
+def _llama4(ckpt, config, layer, progress):
     experts = _need(config, "num_local_experts")
     hidden, inter = _need(config, "hidden_size"), _need(config, "intermediate_size")
     prefix = _prefix(ckpt, layer, "feed_forward",
                      ["router.weight", "experts.gate_up_proj"])
-    r = _Reader(ckpt, config, prefix)
+    r = _Reader(ckpt, config, prefix, progress)
     out = {"router_weight": _bf16(r.get("router.weight", [experts, hidden]))}
     # x @ gate_up_proj with gate_up_proj [E, H, 2I]: gate columns, then up.
     gate_up = np.swapaxes(r.get("experts.gate_up_proj",

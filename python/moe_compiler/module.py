@@ -166,7 +166,7 @@ class MoE(torch.nn.Module):
         found in the cache)."""
         start = time.time()
         _progress(f"reading layer {layer} of {checkpoint} ...")
-        weights = load_layer(checkpoint, layer)
+        weights = load_layer(checkpoint, layer, progress=_progress)
         total = sum(a.nbytes for a in weights.tensors.values())
         _progress(f"read {total / 2**20:.0f} MiB in {time.time() - start:.1f}"
                   f" s")
