@@ -29,9 +29,8 @@ private:
   /// `lhs` [rows, K] times `rhs`^T, per expert when `groups` are given. With a
   /// quant config, `lhs` and bf16 weights are quantized first. `role` names
   /// the step (its ops' location), which the kernels are named after.
-  Value matmul(StringRef role, Value lhs, Value rhs, Value rhsScale,
-               Value bias, ActivationAttr activation, ValueRange groups,
-               bool quantized);
+  Value matmul(StringRef role, Value lhs, Value rhs, Value rhsScale, Value bias,
+               ActivationAttr activation, ValueRange groups, bool quantized);
 
   /// Builds the next ops at the layer's location named `role`.
   void at(const Twine &role) {
@@ -114,9 +113,9 @@ Value LayerDecomposer::build() {
   Value groups[] = {dispatch.getTokensPerExpert(), dispatch.getExpertOffsets()};
 
   ActivationAttr activation = config.getActivation();
-  Value gateUp =
-      matmul("gate_up", dispatch.getDispatched(), layer.getW13(), layer.getW13Scale(),
-             layer.getW13Bias(), activation, groups, /*quantized=*/true);
+  Value gateUp = matmul("gate_up", dispatch.getDispatched(), layer.getW13(),
+                        layer.getW13Scale(), layer.getW13Bias(), activation,
+                        groups, /*quantized=*/true);
   Value expertOut = matmul("down", gateUp, layer.getW2(), layer.getW2Scale(),
                            layer.getW2Bias(), {}, groups, /*quantized=*/true);
 
@@ -128,8 +127,8 @@ Value LayerDecomposer::build() {
                     {}, {}, /*quantized=*/true);
     // The gate is one output column: not worth quantizing.
     if (layer.getSharedGate())
-      sharedGate = matmul("shared_gate", hidden, layer.getSharedGate(), {},
-                          {}, {}, {}, /*quantized=*/false);
+      sharedGate = matmul("shared_gate", hidden, layer.getSharedGate(), {}, {},
+                          {}, {}, /*quantized=*/false);
   }
   at("combine");
   return CombineOp::create(b, layer.getType(), expertOut, dispatch.getRows(),

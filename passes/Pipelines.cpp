@@ -52,8 +52,7 @@ void moe::buildCpuPipeline(OpPassManager &pm, Stop stop) {
   pm.addPass(createReconcileUnrealizedCastsPass());
 }
 
-void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop,
-                             StringRef cudaPath) {
+void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop, StringRef cudaPath) {
   pm.addPass(createDecompose());
   pm.addPass(createLegalizeScaledMatmul());
   if (stop == Stop::L1)
@@ -117,9 +116,8 @@ LogicalResult moe::compileLayer(ModuleOp module, StringRef name,
   if (options.stop != Stop::Library)
     return success();
   if (!gpu)
-    return failure(
-        failed(host::addEntryPoints(module, name, args, config)) ||
-        failed(host::emitSharedLibrary(module, output)));
+    return failure(failed(host::addEntryPoints(module, name, args, config)) ||
+                   failed(host::emitSharedLibrary(module, output)));
   // The host side of a GPU layer: its plan carried out by launches of the
   // embedded cubin, in a module of its own.
   auto func = module.lookupSymbol<func::FuncOp>(name);
@@ -127,8 +125,8 @@ LogicalResult moe::compileLayer(ModuleOp module, StringRef name,
       func ? func->getAttrOfType<LaunchPlanAttr>(LaunchPlanAttr::getAttrName())
            : LaunchPlanAttr();
   if (!plan)
-    return module.emitError() << "the layer function @" << name
-                              << " has no launch plan";
+    return module.emitError()
+           << "the layer function @" << name << " has no launch plan";
   FailureOr<StringRef> cubin = kernelImage(module);
   if (failed(cubin))
     return failure();

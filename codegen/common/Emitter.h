@@ -1,4 +1,5 @@
-//===- Emitter.h - loops and scalar arithmetic for every backend -*- C++ -*-===//
+//===- Emitter.h - loops and scalar arithmetic for every backend -*- C++
+//-*-===//
 //
 // The CPU backend builds whole ops from these; the GPU kernels build their
 // per-thread code from them, so both share the numerics in Numerics.h.

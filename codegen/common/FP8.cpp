@@ -99,7 +99,7 @@ Value mlir::moe::common::decodeE8M0(Emitter &e, Value code) {
 }
 
 Value mlir::moe::common::mxScaleExponent(Emitter &e, Value amax,
-                                      ScaleRounding rounding) {
+                                         ScaleRounding rounding) {
   Bits bits{e};
   Value raw = bits.of(amax);
   // floor(log2(amax)) - 8; a subnormal or zero amax lands below -127.

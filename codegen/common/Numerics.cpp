@@ -9,7 +9,7 @@ using namespace mlir::moe;
 using namespace mlir::moe::common;
 
 std::pair<Value, Value> common::expertScore(Emitter &e, RouterKind kind,
-                                         Value logit, Value bias) {
+                                            Value logit, Value bias) {
   if (bias && kind != RouterKind::SigmoidGroupedTopK)
     logit = e.add(logit, bias);
   Value s = kind == RouterKind::SigmoidGroupedTopK ? e.sigmoid(logit) : logit;
@@ -20,8 +20,8 @@ std::pair<Value, Value> common::expertScore(Emitter &e, RouterKind kind,
 }
 
 void common::selectExperts(Emitter &e, RouterAttr router, int64_t experts,
-                        int64_t topK, const RouteScratch &scratch, Value ids,
-                        Value weights, Value t) {
+                           int64_t topK, const RouteScratch &scratch, Value ids,
+                           Value weights, Value t) {
   RouterKind kind = router.getKind();
   int64_t nGroup = router.getNGroup();
   Value zero8 = arith::ConstantOp::create(e.b, e.loc, e.b.getI8IntegerAttr(0));
@@ -138,7 +138,7 @@ void common::selectExperts(Emitter &e, RouterAttr router, int64_t experts,
 }
 
 Value common::activate(Emitter &e, ActivationAttr activation, Value gate,
-                    Value up) {
+                       Value up) {
   if (activation.getKind() == ActivationKind::SwiGLU)
     return e.mul(e.mul(gate, e.sigmoid(gate)), up);
   // GPT-OSS: gate clamped above, up on both sides, (up + 1) * glu.
@@ -151,7 +151,8 @@ Value common::activate(Emitter &e, ActivationAttr activation, Value gate,
 }
 
 int64_t common::scaleRowsPerBlock(ArrayRef<int64_t> dataShape,
-                               ArrayRef<int64_t> scaleShape, QuantAttr scheme) {
+                                  ArrayRef<int64_t> scaleShape,
+                                  QuantAttr scheme) {
   size_t rows = dataShape.size() - 2;
   bool square = scheme.getKind() == QuantKind::FP8Block128 &&
                 scaleShape[rows] != dataShape[rows];
@@ -161,15 +162,15 @@ int64_t common::scaleRowsPerBlock(ArrayRef<int64_t> dataShape,
 void common::layOutExperts(Emitter &e, int64_t experts, int64_t align,
                            Value offsets, function_ref<Value(Value)> countOf,
                            function_ref<void(Value, Value, Value)> each) {
-  Value total = e.reduce(
-      e.index(0), e.index(experts), {e.i32(0)},
-      [&](Value x, ValueRange acc) -> SmallVector<Value> {
-        Value count = countOf(x);
-        e.storeRaw(acc[0], offsets, {x});
-        if (each)
-          each(x, acc[0], count);
-        return {e.iadd(acc[0], e.roundUp(count, e.i32(align)))};
-      })[0];
+  Value total =
+      e.reduce(e.index(0), e.index(experts), {e.i32(0)},
+               [&](Value x, ValueRange acc) -> SmallVector<Value> {
+                 Value count = countOf(x);
+                 e.storeRaw(acc[0], offsets, {x});
+                 if (each)
+                   each(x, acc[0], count);
+                 return {e.iadd(acc[0], e.roundUp(count, e.i32(align)))};
+               })[0];
   e.storeRaw(total, offsets, {e.index(experts)});
 }
 
@@ -178,10 +179,10 @@ Value common::loadScale(Emitter &e, Value scales, ValueRange indices) {
   return raw.getType().isInteger(8) ? decodeE8M0(e, raw) : raw;
 }
 
-void common::quantizeBlock(Emitter &e, QuantAttr scheme, Value input, Value data,
-                        Value scales, ArrayRef<Value> prefix, Value rb,
-                        Value kb, Value firstRow, Value lastRow, Value firstCol,
-                        Value lastCol) {
+void common::quantizeBlock(Emitter &e, QuantAttr scheme, Value input,
+                           Value data, Value scales, ArrayRef<Value> prefix,
+                           Value rb, Value kb, Value firstRow, Value lastRow,
+                           Value firstCol, Value lastCol) {
   bool mx = scheme.getKind() == QuantKind::MXFP8;
   auto at = [&](Value r, Value c) {
     SmallVector<Value> index(prefix);
@@ -232,9 +233,9 @@ void common::quantizeBlock(Emitter &e, QuantAttr scheme, Value input, Value data
 }
 
 void common::dequantizeBlock(Emitter &e, Value data, Value scales, Value out,
-                          ArrayRef<Value> prefix, Value rb, Value kb,
-                          Value firstRow, Value lastRow, Value firstCol,
-                          Value lastCol) {
+                             ArrayRef<Value> prefix, Value rb, Value kb,
+                             Value firstRow, Value lastRow, Value firstCol,
+                             Value lastCol) {
   SmallVector<Value> scaleIndex(prefix);
   scaleIndex.append({rb, kb});
   Value scale = loadScale(e, scales, scaleIndex);

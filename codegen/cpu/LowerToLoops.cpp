@@ -96,11 +96,10 @@ private:
   /// lastCol) for every scale block of
   /// a rank-2 or rank-3 quantized buffer: `prefix` is the leading (expert)
   /// index, if any; `rowsPerBlock` is 1 or 128.
-  void forEachBlock(
-      Value data, int64_t rowsPerBlock, int64_t kBlock,
-      function_ref<void(ArrayRef<Value>, Value, Value, Value, Value, Value,
-                        Value)>
-          body);
+  void forEachBlock(Value data, int64_t rowsPerBlock, int64_t kBlock,
+                    function_ref<void(ArrayRef<Value>, Value, Value, Value,
+                                      Value, Value, Value)>
+                        body);
 
   Emitter &e;
 };
@@ -367,8 +366,8 @@ void FunctionLowering::forEachBlock(
                 [&](Value kb) {
                   Value firstCol =
                       arith::MulIOp::create(e.b, e.loc, kb, e.index(kBlock));
-                  Value lastCol = e.minUI(e.iadd(firstCol, e.index(kBlock)),
-                                          e.index(k));
+                  Value lastCol =
+                      e.minUI(e.iadd(firstCol, e.index(kBlock)), e.index(k));
                   body(prefix, rb, kb, firstRow, lastRow, firstCol, lastCol);
                 });
     });

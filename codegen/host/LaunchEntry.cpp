@@ -152,9 +152,7 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
                                       LLVM::LLVMFunctionType::get(i64, {i64}));
     Block *entry = f.addEntryBlock(b);
     b.setInsertionPointToStart(entry);
-    LLVM::ReturnOp::create(
-        b, loc,
-        h.linear(workspace, entry->getArgument(0)));
+    LLVM::ReturnOp::create(b, loc, h.linear(workspace, entry->getArgument(0)));
     b.setInsertionPointToEnd(module.getBody());
   }
 
@@ -174,10 +172,10 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
   kinds.push_back('\0');
   Value kindsText = LLVM::createGlobalString(loc, b, "moe_arg_kinds", kinds,
                                              LLVM::Linkage::Internal);
-  h.check(LLVM::CallOp::create(
-              b, loc, checkFn,
-              ValueRange{argv, kindsText, tokens, h.c64(maxTokens(plan)), ws,
-                         h.linear(workspace, tokens)})
+  h.check(LLVM::CallOp::create(b, loc, checkFn,
+                               ValueRange{argv, kindsText, tokens,
+                                          h.c64(maxTokens(plan)), ws,
+                                          h.linear(workspace, tokens)})
               .getResult());
 
   Value image = LLVM::createGlobalString(loc, b, "moe_cubin", cubin,
@@ -231,7 +229,8 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
         b, loc,
         LLVM::AddOp::create(b, loc, work, h.c64(launch.getPerBlock() - 1)),
         h.c64(launch.getPerBlock()));
-    blocks = LLVM::AddOp::create(b, loc, blocks, h.c64(launch.getExtraBlocks()));
+    blocks =
+        LLVM::AddOp::create(b, loc, blocks, h.c64(launch.getExtraBlocks()));
     Value gridX = LLVM::TruncOp::create(b, loc, i32, blocks);
     std::string kernelName = launch.getKernel().getValue().str();
     kernelName.push_back('\0');

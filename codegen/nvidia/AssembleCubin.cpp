@@ -44,8 +44,8 @@ static FailureOr<std::string> assemble(Operation *op, StringRef ptxas,
     std::error_code ec;
     llvm::raw_fd_ostream os(ptxPath, ec);
     if (ec)
-      return op->emitError() << "cannot write " << ptxPath << ": "
-                             << ec.message();
+      return op->emitError()
+             << "cannot write " << ptxPath << ": " << ec.message();
     os << ptx;
   }
   std::string arch = ("-arch=" + chip).str();
@@ -77,8 +77,8 @@ struct AssembleCubinPass
   using AssembleCubinBase::AssembleCubinBase;
 
   void runOnOperation() override {
-    std::string toolkit = cudaPath.empty() ? nvidia::defaultCudaPath()
-                                           : std::string(cudaPath);
+    std::string toolkit =
+        cudaPath.empty() ? nvidia::defaultCudaPath() : std::string(cudaPath);
     SmallString<128> ptxas(toolkit);
     llvm::sys::path::append(ptxas, "bin", "ptxas");
     WalkResult result = getOperation().walk([&](gpu::BinaryOp binary) {
@@ -86,18 +86,17 @@ struct AssembleCubinPass
       for (Attribute attr : binary.getObjects()) {
         auto object = cast<gpu::ObjectAttr>(attr);
         auto target = dyn_cast<NVVM::NVVMTargetAttr>(object.getTarget());
-        if (!target ||
-            object.getFormat() != gpu::CompilationTarget::Assembly) {
+        if (!target || object.getFormat() != gpu::CompilationTarget::Assembly) {
           objects.push_back(object);
           continue;
         }
         if (!llvm::sys::fs::can_execute(ptxas)) {
-          binary.emitError() << "no ptxas at " << ptxas
-                             << " (set --cuda-path or CUDA_HOME)";
+          binary.emitError()
+              << "no ptxas at " << ptxas << " (set --cuda-path or CUDA_HOME)";
           return WalkResult::interrupt();
         }
-        FailureOr<std::string> cubin = assemble(
-            binary, ptxas, target.getChip(), object.getObject().getValue());
+        FailureOr<std::string> cubin = assemble(binary, ptxas, target.getChip(),
+                                                object.getObject().getValue());
         if (failed(cubin))
           return WalkResult::interrupt();
         objects.push_back(gpu::ObjectAttr::get(

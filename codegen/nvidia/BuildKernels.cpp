@@ -32,7 +32,8 @@ static LogicalResult buildKernel(LayerKernels &layer, Operation *op) {
       .Case([&](QuantizeOp o) { return buildQuantize(layer, o); })
       .Case([&](DequantizeOp o) { return buildDequantize(layer, o); })
       .Case([&](LayerOp o) {
-        return o.emitOpError() << "must be decomposed first (run moe-decompose)";
+        return o.emitOpError()
+               << "must be decomposed first (run moe-decompose)";
       })
       .Default([&](Operation *other) {
         return other->emitOpError() << "has no sm_90a kernel";
@@ -64,9 +65,10 @@ static LogicalResult buildLayer(func::FuncOp func) {
         return func.emitOpError()
                << "argument " << arg.getArgNumber()
                << " may be dynamic only in its first (token) dimension";
-    TokenLinear rows = tensor.getRank() == 0    ? TokenLinear{}
-                       : tensor.isDynamicDim(0) ? TokenLinear{0, 1}
-                                                : TokenLinear{tensor.getDimSize(0), 0};
+    TokenLinear rows = tensor.getRank() == 0 ? TokenLinear{}
+                       : tensor.isDynamicDim(0)
+                           ? TokenLinear{0, 1}
+                           : TokenLinear{tensor.getDimSize(0), 0};
     layer.bind(arg, arg.getArgNumber(), rows);
   }
   auto ret = cast<func::ReturnOp>(body.getTerminator());

@@ -36,7 +36,8 @@ LogicalResult nvidia::buildCombine(LayerKernels &layer, CombineOp op) {
       op.getWeights() ? k.view(next++, layer.info(op.getWeights())) : Value();
   Value shared =
       op.getShared() ? k.view(next++, layer.info(op.getShared())) : Value();
-  Value gate = op.getGate() ? k.view(next++, layer.info(op.getGate())) : Value();
+  Value gate =
+      op.getGate() ? k.view(next++, layer.info(op.getGate())) : Value();
   Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
   int64_t width = vectorWidth(h);
   auto f32Vec = VectorType::get({width}, b.getF32Type());
@@ -88,4 +89,3 @@ LogicalResult nvidia::buildCombine(LayerKernels &layer, CombineOp op) {
       e.index(128 * width));
   return k.finish(op);
 }
-

@@ -73,7 +73,8 @@ LogicalResult nvidia::buildDispatch(LayerKernels &layer, DispatchOp op) {
     };
     e.forEach(
         tid, e.index(experts),
-        [&](Value x) { e.storeRaw(e.i32(0), count, {x}); }, e.index(kPlanThreads));
+        [&](Value x) { e.storeRaw(e.i32(0), count, {x}); },
+        e.index(kPlanThreads));
     gpu::BarrierOp::create(e.b, e.loc);
     e.forEach(
         tid, choices,
@@ -125,7 +126,8 @@ LogicalResult nvidia::buildDispatch(LayerKernels &layer, DispatchOp op) {
     Value hidden = k.view(0, layer.info(op.getHiddenStates()));
     Value rows = k.view(1, layer.info(op.getRows()));
     Value dispatched = k.view(2, layer.info(op.getDispatched()));
-    Value scale = op.getScale() ? k.view(3, layer.info(op.getScale())) : Value();
+    Value scale =
+        op.getScale() ? k.view(3, layer.info(op.getScale())) : Value();
     Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
     int64_t width = vectorWidth(h);
     Type bf16 = e.b.getBF16Type();
@@ -158,4 +160,3 @@ LogicalResult nvidia::buildDispatch(LayerKernels &layer, DispatchOp op) {
     return k.finish(op);
   }
 }
-

@@ -129,9 +129,9 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
 
   unsigned mapA =
       layer.plan.addTensorMap(lhs.buffer, 2, lhs.rows, kDim, kTileM, kTileK);
-  unsigned mapB = layer.plan.addTensorMap(layer.info(op.getRhs()).buffer, 2,
-                                          {experts * n, 0}, kDim, kTileN / 2,
-                                          kTileK);
+  unsigned mapB =
+      layer.plan.addTensorMap(layer.info(op.getRhs()).buffer, 2,
+                              {experts * n, 0}, kDim, kTileN / 2, kTileK);
 
   SmallVector<Value> buffers = {op.getOut()};
   if (grouped)
@@ -153,10 +153,13 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   OpBuilder &b = e.b;
   MLIRContext *ctx = b.getContext();
   Value out = k.view(0, layer.info(op.getOut()));
-  Value counts = grouped ? k.view(1, layer.info(op.getTokensPerExpert())) : Value();
-  Value offsets = grouped ? k.view(2, layer.info(op.getExpertOffsets())) : Value();
-  Value bias =
-      op.getBias() ? k.view(buffers.size() - 1, layer.info(op.getBias())) : Value();
+  Value counts =
+      grouped ? k.view(1, layer.info(op.getTokensPerExpert())) : Value();
+  Value offsets =
+      grouped ? k.view(2, layer.info(op.getExpertOffsets())) : Value();
+  Value bias = op.getBias()
+                   ? k.view(buffers.size() - 1, layer.info(op.getBias()))
+                   : Value();
 
   auto workgroup =
       gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup);
@@ -188,7 +191,7 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   Value firstM =
       e.imul(arith::DivUIOp::create(b, e.loc, linearId, perGroup), kGroupM);
   Value groupRows = e.minUI(e.index(kGroupM),
-                          arith::SubIOp::create(b, e.loc, mTiles, firstM));
+                            arith::SubIOp::create(b, e.loc, mTiles, firstM));
   Value inGroup = arith::RemUIOp::create(b, e.loc, linearId, perGroup);
   Value mTile =
       e.iadd(firstM, arith::RemUIOp::create(b, e.loc, inGroup, groupRows));
@@ -335,9 +338,9 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   // its warpgroup), lane l is row 16w + l/4 + 8((i/2)%2), column
   // 8(i/4) + 2(l%4) + i%2.
   Value warp = e.remUI(e.divUI(tid, 32), 4), lane = e.remUI(tid, 32);
-  Value rowBase = e.iadd(e.iadd(e.iadd(rowStartIdx, e.imul(group, kGroupRows)),
-                                e.imul(warp, 16)),
-                         e.divUI(lane, 4));
+  Value rowBase = e.iadd(
+      e.iadd(e.iadd(rowStartIdx, e.imul(group, kGroupRows)), e.imul(warp, 16)),
+      e.divUI(lane, 4));
   Value colBase = e.imul(e.remUI(lane, 4), 2);
   Value rowEndIdx = e.toIndex(rowEnd);
   auto column = [&](Value acc, int64_t i) {
@@ -377,4 +380,3 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   b.setInsertionPointAfter(active);
   return k.finish(op);
 }
-

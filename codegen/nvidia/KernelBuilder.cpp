@@ -92,10 +92,10 @@ Value Kernel::blockId(gpu::Dimension d) {
 Value Kernel::workgroupBuffer(ArrayRef<int64_t> shape, Type element) {
   auto space =
       gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Workgroup);
-  auto type = MemRefType::get(shape, element, MemRefLayoutAttrInterface(), space);
-  int64_t bytes =
-      llvm::alignTo(type.getNumElements() * element.getIntOrFloatBitWidth() / 8,
-                    16);
+  auto type =
+      MemRefType::get(shape, element, MemRefLayoutAttrInterface(), space);
+  int64_t bytes = llvm::alignTo(
+      type.getNumElements() * element.getIntOrFloatBitWidth() / 8, 16);
   staticSharedBytes += bytes;
   Value buffer = func.addWorkgroupAttribution(type, e.loc);
   // Without an explicit alignment the buffer is placed at its element's
@@ -134,8 +134,8 @@ const TensorInfo &LayerKernels::define(Value result, TokenLinear rows) {
   if (it != outputArgs.end())
     index = it->second;
   else
-    index = plan.addWorkspace(dynamic ? rows * rowBytes
-                                      : TokenLinear{rowBytes, 0});
+    index =
+        plan.addWorkspace(dynamic ? rows * rowBytes : TokenLinear{rowBytes, 0});
   return tensors[result] = TensorInfo{index, type, rows};
 }
 
@@ -158,8 +158,7 @@ Kernel LayerKernels::kernel(Operation *op, StringRef family,
   if (auto step = dyn_cast<NameLoc>(op->getLoc()))
     if (!family.starts_with(step.getName().strref()))
       name += "_" + step.getName().str();
-  return Kernel(module, uniqueName(name), plan.addLaunch(), args,
-                op->getLoc());
+  return Kernel(module, uniqueName(name), plan.addLaunch(), args, op->getLoc());
 }
 
 llvm::MaybeAlign nvidia::vectorAlign(int64_t width, Type element) {

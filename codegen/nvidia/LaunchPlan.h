@@ -12,8 +12,8 @@
 
 #include "dialects/moe/MoeDialect.h"
 
-#include <string>
 #include <deque>
+#include <string>
 
 namespace mlir::moe::nvidia {
 
@@ -37,9 +37,8 @@ public:
   unsigned addWorkspace(TokenLinear bytes);
   /// A TMA descriptor of buffer `buffer` read as a row-major [rows, cols]
   /// matrix in [boxRows, boxCols] tiles.
-  unsigned addTensorMap(unsigned buffer, int64_t elementBytes,
-                        TokenLinear rows, int64_t cols, int64_t boxRows,
-                        int64_t boxCols);
+  unsigned addTensorMap(unsigned buffer, int64_t elementBytes, TokenLinear rows,
+                        int64_t cols, int64_t boxRows, int64_t boxCols);
   Launch &addLaunch();
 
   LaunchPlanAttr toAttr() const;

@@ -18,8 +18,8 @@ struct MarkTensorMapParamsPass
     : public nvidia::impl::MarkTensorMapParamsBase<MarkTensorMapParamsPass> {
   void runOnOperation() override {
     MLIRContext *ctx = &getContext();
-    auto descriptor = TypeAttr::get(
-        LLVM::LLVMArrayType::get(IntegerType::get(ctx, 8), 128));
+    auto descriptor =
+        TypeAttr::get(LLVM::LLVMArrayType::get(IntegerType::get(ctx, 8), 128));
     auto align = IntegerAttr::get(IntegerType::get(ctx, 64), 64);
     getOperation().walk([&](LLVM::LLVMFuncOp f) {
       auto maps = f->getAttrOfType<DenseI64ArrayAttr>(kTensorMapArgs);

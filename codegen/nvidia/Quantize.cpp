@@ -38,15 +38,15 @@ static LogicalResult buildBlocks(LayerKernels &layer, Operation *op,
   if (quantize)
     layer.define(scales, rows);
   Kernel k = layer.kernel(op, quantize ? "quantize" : "dequantize",
-                    quantize ? SmallVector<Value>{input, output, scales}
-                             : SmallVector<Value>{input, scales, output});
+                          quantize ? SmallVector<Value>{input, output, scales}
+                                   : SmallVector<Value>{input, scales, output});
   // One thread per block: prefix x rowBlocks x kBlocks of them.
   int64_t prefix = rank == 3 ? dataType.getDimSize(0) : 1;
   TokenLinear blockRows =
       dynamic ? rows
-              : TokenLinear{int64_t(llvm::divideCeil(dataType.getDimSize(rank - 2),
-                                                rowsPerBlock)),
-                       0};
+              : TokenLinear{int64_t(llvm::divideCeil(
+                                dataType.getDimSize(rank - 2), rowsPerBlock)),
+                            0};
   int64_t perRowBlock = prefix * kBlocks;
   k.launch.work = blockRows * perRowBlock;
   k.launch.perBlock = 128;
@@ -75,10 +75,10 @@ static LogicalResult buildBlocks(LayerKernels &layer, Operation *op,
     Value lastCol = e.minUI(e.iadd(firstCol, e.index(kBlock)), e.index(kDim));
     if (quantize)
       common::quantizeBlock(e, scheme, in, second, third, prefixIndex, rb, kb,
-                         firstRow, lastRow, firstCol, lastCol);
+                            firstRow, lastRow, firstCol, lastCol);
     else
-      common::dequantizeBlock(e, in, second, third, prefixIndex, rb, kb, firstRow,
-                           lastRow, firstCol, lastCol);
+      common::dequantizeBlock(e, in, second, third, prefixIndex, rb, kb,
+                              firstRow, lastRow, firstCol, lastCol);
   });
   return k.finish(op);
 }
@@ -92,4 +92,3 @@ LogicalResult nvidia::buildDequantize(LayerKernels &layer, DequantizeOp op) {
   return buildBlocks(layer, op, op.getData(), op.getOutput(), op.getScales(),
                      op.getScheme(), /*quantize=*/false);
 }
-

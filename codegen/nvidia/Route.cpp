@@ -132,7 +132,7 @@ LogicalResult nvidia::buildRoute(LayerKernels &layer, RouteOp op) {
             e.ifThen(e.eq(lane, e.index(0)), [&] {
               auto [s, choice] =
                   common::expertScore(e, router.getKind(), partial,
-                                   bias ? e.load(bias, {x}) : Value());
+                                      bias ? e.load(bias, {x}) : Value());
               e.storeRaw(s, all.score, {slot, x});
               e.storeRaw(choice, all.choice, {slot, x});
             });
@@ -143,15 +143,14 @@ LogicalResult nvidia::buildRoute(LayerKernels &layer, RouteOp op) {
   gpu::BarrierOp::create(e.b, e.loc);
   // The first lane of warp p chooses token p's experts.
   Value t = e.iadd(firstToken, warp);
-  Value chooses = e.andi(
-      e.eq(lane, e.index(0)),
-      e.andi(e.ult(warp, e.index(kRouteTokens)), e.ult(t, tokenCount)));
+  Value chooses =
+      e.andi(e.eq(lane, e.index(0)),
+             e.andi(e.ult(warp, e.index(kRouteTokens)), e.ult(t, tokenCount)));
   e.ifThen(chooses, [&] {
     common::RouteScratch mine{row(all.score, warp), row(all.choice, warp),
-                           row(all.taken, warp), row(all.groupScore, warp),
-                           row(all.groupTaken, warp)};
+                              row(all.taken, warp), row(all.groupScore, warp),
+                              row(all.groupTaken, warp)};
     common::selectExperts(e, router, experts, topK, mine, ids, weights, t);
   });
   return k.finish(op);
 }
-

@@ -248,7 +248,8 @@ void mlir::moe::printTokenLinear(AsmPrinter &printer,
   printer << value.perToken << " * T";
 }
 
-FailureOr<SmallVector<KernelArg>> mlir::moe::parseKernelArgs(AsmParser &parser) {
+FailureOr<SmallVector<KernelArg>>
+mlir::moe::parseKernelArgs(AsmParser &parser) {
   SmallVector<KernelArg> args;
   auto parseOne = [&]() -> ParseResult {
     StringRef keyword;
@@ -279,8 +280,9 @@ void mlir::moe::printKernelArgs(AsmPrinter &printer, ArrayRef<KernelArg> args) {
   printer << "]";
 }
 
-LogicalResult PlanBufferAttr::verify(function_ref<InFlightDiagnostic()> emitError,
-                                     int64_t arg, TokenLinear bytes) {
+LogicalResult
+PlanBufferAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                       int64_t arg, TokenLinear bytes) {
   if (arg < -1)
     return emitError() << "buffer arg must be an argument index or -1 (a "
                           "workspace slice), but is "
@@ -293,10 +295,10 @@ LogicalResult PlanBufferAttr::verify(function_ref<InFlightDiagnostic()> emitErro
   return success();
 }
 
-LogicalResult TensorMapAttr::verify(function_ref<InFlightDiagnostic()> emitError,
-                                    int64_t buffer, int64_t elementBytes,
-                                    TokenLinear rows, int64_t cols,
-                                    int64_t boxRows, int64_t boxCols) {
+LogicalResult
+TensorMapAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                      int64_t buffer, int64_t elementBytes, TokenLinear rows,
+                      int64_t cols, int64_t boxRows, int64_t boxCols) {
   if (buffer < 0)
     return emitError() << "tensor_map buffer must be a plan buffer index";
   if (elementBytes != 1 && elementBytes != 2 && elementBytes != 4)
@@ -312,12 +314,10 @@ LogicalResult TensorMapAttr::verify(function_ref<InFlightDiagnostic()> emitError
   return success();
 }
 
-LogicalResult
-KernelLaunchAttr::verify(function_ref<InFlightDiagnostic()> emitError,
-                         FlatSymbolRefAttr kernel, TokenLinear work,
-                         int64_t perBlock, int64_t extraBlocks, int64_t gridY,
-                         int64_t block, int64_t sharedBytes,
-                         ArrayRef<KernelArg> args) {
+LogicalResult KernelLaunchAttr::verify(
+    function_ref<InFlightDiagnostic()> emitError, FlatSymbolRefAttr kernel,
+    TokenLinear work, int64_t perBlock, int64_t extraBlocks, int64_t gridY,
+    int64_t block, int64_t sharedBytes, ArrayRef<KernelArg> args) {
   if (!kernel)
     return emitError() << "launch needs a kernel";
   if (perBlock < 1 || extraBlocks < 0 || gridY < 1 || gridY > 65535)
@@ -333,9 +333,10 @@ KernelLaunchAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   return success();
 }
 
-LogicalResult LaunchPlanAttr::verify(function_ref<InFlightDiagnostic()> emitError,
-                                     ArrayAttr buffers, ArrayAttr tensorMaps,
-                                     ArrayAttr launches) {
+LogicalResult
+LaunchPlanAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                       ArrayAttr buffers, ArrayAttr tensorMaps,
+                       ArrayAttr launches) {
   for (Attribute a : buffers)
     if (!isa<PlanBufferAttr>(a))
       return emitError() << "launch_plan buffers must be #moe.buffer";
@@ -352,23 +353,20 @@ LogicalResult LaunchPlanAttr::verify(function_ref<InFlightDiagnostic()> emitErro
     if (!launch)
       return emitError() << "launch_plan launches must be #moe.launch";
     for (const KernelArg &arg : launch.getArgs()) {
-      int64_t limit = arg.kind == KernelArgKind::Buffer ? buffers.size()
-                      : arg.kind == KernelArgKind::TensorMap
-                          ? tensorMaps.size()
-                          : 1;
+      int64_t limit = arg.kind == KernelArgKind::Buffer      ? buffers.size()
+                      : arg.kind == KernelArgKind::TensorMap ? tensorMaps.size()
+                                                             : 1;
       if (arg.index < 0 || arg.index >= limit)
-        return emitError() << "launch of " << launch.getKernel()
-                           << " names " << stringifyKernelArgKind(arg.kind)
-                           << " " << arg.index << ", which the plan lacks";
+        return emitError() << "launch of " << launch.getKernel() << " names "
+                           << stringifyKernelArgKind(arg.kind) << " "
+                           << arg.index << ", which the plan lacks";
     }
   }
   return success();
 }
 
-template <typename AttrT>
-static SmallVector<AttrT> listOf(ArrayAttr array) {
-  return llvm::map_to_vector(array,
-                             [](Attribute a) { return cast<AttrT>(a); });
+template <typename AttrT> static SmallVector<AttrT> listOf(ArrayAttr array) {
+  return llvm::map_to_vector(array, [](Attribute a) { return cast<AttrT>(a); });
 }
 
 SmallVector<PlanBufferAttr> LaunchPlanAttr::getBufferList() const {

@@ -230,7 +230,8 @@ Status runRoot(const char *host, int port, int listenFd, int worldSize,
       if (n > 0)
         p.got += static_cast<size_t>(n);
       // Gone, or not one of ours: forget it and keep waiting.
-      if (n <= 0 || (p.got >= sizeof(p.hello.magic) && p.hello.magic != kMagic)) {
+      if (n <= 0 ||
+          (p.got >= sizeof(p.hello.magic) && p.hello.magic != kMagic)) {
         ::close(p.fd);
         pending.erase(pending.begin() + i);
         continue;
@@ -243,15 +244,15 @@ Status runRoot(const char *host, int port, int listenFd, int worldSize,
       if (hello.worldSize != static_cast<uint32_t>(worldSize) ||
           hello.rank == 0 || hello.rank >= hello.worldSize ||
           clients[hello.rank] >= 0) {
-        status = makeError(
-            MOE_TRANSPORT_ERR_BOOTSTRAP,
-            "bootstrap: a process claims rank %u of %u, but rank "
-            "0 expects %d ranks and that rank %s",
-            hello.rank, hello.worldSize, worldSize,
-            hello.rank < static_cast<uint32_t>(worldSize) && hello.rank != 0 &&
-                    clients[hello.rank] >= 0
-                ? "already joined"
-                : "cannot exist");
+        status =
+            makeError(MOE_TRANSPORT_ERR_BOOTSTRAP,
+                      "bootstrap: a process claims rank %u of %u, but rank "
+                      "0 expects %d ranks and that rank %s",
+                      hello.rank, hello.worldSize, worldSize,
+                      hello.rank < static_cast<uint32_t>(worldSize) &&
+                              hello.rank != 0 && clients[hello.rank] >= 0
+                          ? "already joined"
+                          : "cannot exist");
         Reply reply = {kMagic, 0, {}};
         snprintf(reply.error, sizeof(reply.error), "%s",
                  status.message().c_str());

@@ -42,8 +42,7 @@ moe_transport_status_t nullHandle() noexcept {
 }
 
 /// Runs one C entry point's body: no C++ exception leaves the library.
-template <typename Body>
-moe_transport_status_t guarded(Body &&body) noexcept {
+template <typename Body> moe_transport_status_t guarded(Body &&body) noexcept {
   try {
     return body();
   } catch (const std::bad_alloc &) {
@@ -136,8 +135,9 @@ moe_transport_status_t moe_transport_bootstrap(moe_transport_t *transport,
                   "bootstrap port %d is outside [0, 65535]", port);
     return reject(message);
   }
-  return guarded(
-      [&] { return report(transport->comm->bootstrap(host, port, listen_fd)); });
+  return guarded([&] {
+    return report(transport->comm->bootstrap(host, port, listen_fd));
+  });
 }
 
 moe_transport_status_t
@@ -174,8 +174,9 @@ moe_transport_status_t moe_transport_bootstrap_listen(const char *host,
                   "bootstrap port %d is outside [0, 65535]", port);
     return invalid(message);
   }
-  return guarded(
-      [&] { return report(bootstrapListen(host, port, *listen_fd, *bound_port)); });
+  return guarded([&] {
+    return report(bootstrapListen(host, port, *listen_fd, *bound_port));
+  });
 }
 
 int moe_transport_rank(const moe_transport_t *transport) {
@@ -217,7 +218,8 @@ moe_transport_post(moe_transport_t *transport,
     return nullHandle();
   if (!command)
     return invalid("command must not be null");
-  return guarded([&] { return report(transport->comm->post(*command, timeout_ms)); });
+  return guarded(
+      [&] { return report(transport->comm->post(*command, timeout_ms)); });
 }
 
 moe_transport_status_t moe_transport_write(moe_transport_t *transport, int peer,
@@ -231,14 +233,14 @@ moe_transport_status_t moe_transport_write(moe_transport_t *transport, int peer,
                             "peer %d is out of range: world size is %d", peer,
                             transport->comm->worldSize()));
   return guarded([&] {
-  moe_transport_command_t command = {};
-  command.kind = MOE_TRANSPORT_CMD_WRITE;
-  command.peer = static_cast<uint32_t>(peer);
-  command.src_offset = src_offset;
-  command.length = length;
-  command.remote_offset = remote_offset;
-  command.counter = counter;
-  return report(transport->comm->post(command, timeout_ms));
+    moe_transport_command_t command = {};
+    command.kind = MOE_TRANSPORT_CMD_WRITE;
+    command.peer = static_cast<uint32_t>(peer);
+    command.src_offset = src_offset;
+    command.length = length;
+    command.remote_offset = remote_offset;
+    command.counter = counter;
+    return report(transport->comm->post(command, timeout_ms));
   });
 }
 
@@ -282,9 +284,8 @@ moe_transport_status_t moe_transport_alltoallv(moe_transport_t *transport,
   if (!transport)
     return nullHandle();
   return guarded([&] {
-    return report(transport->comm->allToAllV(send_offsets, send_bytes,
-                                             recv_offsets, recv_bytes,
-                                             timeout_ms));
+    return report(transport->comm->allToAllV(
+        send_offsets, send_bytes, recv_offsets, recv_bytes, timeout_ms));
   });
 }
 

@@ -434,7 +434,9 @@ Status Communicator::waitArrivals(int peer, uint32_t counter, uint64_t target,
                      "counters)",
                      peer, counter, worldSize_, MOE_TRANSPORT_NUM_COUNTERS);
   std::atomic<uint64_t> &arrived = arrivalCounter(peer, counter);
-  auto ready = [&] { return arrived.load(std::memory_order_acquire) >= target; };
+  auto ready = [&] {
+    return arrived.load(std::memory_order_acquire) >= target;
+  };
   return waitFor(
       deadlineAfter(timeoutMs), ready,
       [&] {

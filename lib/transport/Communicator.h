@@ -142,7 +142,8 @@ private:
   static constexpr uint64_t kRowRejected = 1;
   uint64_t *countsIn() const { return countsOut() + countsRowWords(); }
   uint64_t countsInOffset(int source) const {
-    return (countsRowWords() + static_cast<uint64_t>(source) * countsRowWords()) *
+    return (countsRowWords() +
+            static_cast<uint64_t>(source) * countsRowWords()) *
            sizeof(uint64_t);
   }
   size_t chunkCount(uint64_t bytes) const {

@@ -5,14 +5,14 @@
 #include <rdma/fi_errno.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
-#include <cerrno>
-#include <csignal>
 #include <dirent.h>
 #include <fcntl.h>
+#include <random>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -93,8 +93,8 @@ void removeStaleShmRegions() {
   if (!dir)
     return;
   char prefix[48];
-  int prefixLength = std::snprintf(prefix, sizeof(prefix), "moe-%llu-",
-                                   pidNamespace());
+  int prefixLength =
+      std::snprintf(prefix, sizeof(prefix), "moe-%llu-", pidNamespace());
   while (dirent *entry = readdir(dir)) {
     if (std::strncmp(entry->d_name, prefix, prefixLength) != 0)
       continue;
@@ -136,7 +136,9 @@ Status Fabric::open(const char *provider, const char *domain) {
     return !domain || (info->domain_attr->name &&
                        strcmp(info->domain_attr->name, domain) == 0);
   };
-  auto fits = [&](const fi_info *info) { return usable(info) && inDomain(info); };
+  auto fits = [&](const fi_info *info) {
+    return usable(info) && inDomain(info);
+  };
   // An explicit choice (argument or FI_PROVIDER, which fi_getinfo applies)
   // takes the first match; otherwise the preference order decides.
   fi_info *chosen = nullptr;
@@ -155,7 +157,8 @@ Status Fabric::open(const char *provider, const char *domain) {
   if (!chosen && domain) {
     std::string offered;
     for (fi_info *info = list.head; info; info = info->next) {
-      const char *name = info->domain_attr->name ? info->domain_attr->name : "?";
+      const char *name =
+          info->domain_attr->name ? info->domain_attr->name : "?";
       if (offered.find(std::string("'") + name + "'") != std::string::npos)
         continue;
       offered += offered.empty() ? "" : ", ";
@@ -164,7 +167,8 @@ Status Fabric::open(const char *provider, const char *domain) {
     return makeError(MOE_TRANSPORT_ERR_INVALID_ARGUMENT,
                      "domain '%s' is not offered by provider '%s' (it offers "
                      "%s)",
-                     domain, provider ? provider : list.head->fabric_attr->prov_name,
+                     domain,
+                     provider ? provider : list.head->fabric_attr->prov_name,
                      offered.c_str());
   }
   if (!chosen)

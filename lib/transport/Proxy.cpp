@@ -124,8 +124,7 @@ void Communicator::drainAndSayGoodbye() {
   // still queued is what its teardown copes with worst.
   deadline = Clock::now() + kQuiesceTime;
   Clock::time_point quietSince = Clock::now();
-  while (Clock::now() < deadline &&
-         Clock::now() - quietSince < kQuietEnough) {
+  while (Clock::now() < deadline && Clock::now() - quietSince < kQuietEnough) {
     if (pollCompletions())
       quietSince = Clock::now();
     else
@@ -264,10 +263,10 @@ bool Communicator::issueParts() {
             .fetch_add(1, std::memory_order_release);
         continue;
       }
-      if (!issueWrite(peer, controlRegion_, 0, 0, /*toControl=*/true, 0,
-                      encodeImmediate(rank_, ImmediateKind::Data,
-                                      command.counter),
-                      currentSequence_))
+      if (!issueWrite(
+              peer, controlRegion_, 0, 0, /*toControl=*/true, 0,
+              encodeImmediate(rank_, ImmediateKind::Data, command.counter),
+              currentSequence_))
         return false;
     }
     return true;

@@ -32,7 +32,7 @@ typedef enum moe_transport_status {
   MOE_TRANSPORT_ERR_PEER_LOST,        /* a peer died or fell silent */
   MOE_TRANSPORT_ERR_BOOTSTRAP,        /* address exchange failed */
   MOE_TRANSPORT_ERR_FABRIC,           /* libfabric reported an error */
-  MOE_TRANSPORT_ERR_STATE, /* call out of order (e.g. not connected) */
+  MOE_TRANSPORT_ERR_STATE,     /* call out of order (e.g. not connected) */
   MOE_TRANSPORT_ERR_NO_MEMORY, /* an allocation failed */
 } moe_transport_status_t;
 
@@ -51,7 +51,7 @@ typedef enum moe_transport_status {
  * (acquire/release). */
 
 typedef enum moe_transport_command_kind {
-  MOE_TRANSPORT_CMD_WRITE = 1,   /* send buffer -> peer's receive buffer */
+  MOE_TRANSPORT_CMD_WRITE = 1, /* send buffer -> peer's receive buffer */
   /* zero-length write to every peer (and to itself), counted under the
    * command's counter: wait for it with moe_transport_wait_arrivals. It is
    * not moe_transport_barrier's, which counts apart. */

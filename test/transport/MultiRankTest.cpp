@@ -394,18 +394,16 @@ TEST_P(ProviderTest, OverflowIsRejectedByEveryRankAlike) {
   // call runs on the same communicator.
   Provider provider = GetParam();
   constexpr int kRanks = 2;
-  expectAllSucceeded(runRanks(kRanks, kRanks, 30000, [&](RankContext
-                                                              &context) {
+  expectAllSucceeded(runRanks(kRanks, kRanks, 30000, [&](RankContext &context) {
     rankContext = &context;
     moe::transport::allToAllCountsHookForTesting = [](int rank) {
       if (rank != 1 || rankContext->board->release.load() != 0)
         return;
       rankContext->board->release.store(1);
-      auto end = std::chrono::steady_clock::now() +
-                 std::chrono::milliseconds(300);
-      while (moe_transport_arrivals(rankTransport, 0,
-                                    MOE_TRANSPORT_COUNTER_ALLTOALL_COUNTS) <
-                 2 &&
+      auto end =
+          std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+      while (moe_transport_arrivals(
+                 rankTransport, 0, MOE_TRANSPORT_COUNTER_ALLTOALL_COUNTS) < 2 &&
              std::chrono::steady_clock::now() < end)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     };
@@ -419,7 +417,7 @@ TEST_P(ProviderTest, OverflowIsRejectedByEveryRankAlike) {
     rankTransport = transport;
     int me = context.rank, peer = 1 - me;
     std::vector<uint64_t> offsets = {0, 2048}, bytes(kRanks, 0),
-        recvOffsets(kRanks), recvBytes(kRanks);
+                          recvOffsets(kRanks), recvBytes(kRanks);
     bytes[peer] = me == 0 ? 2048 : 16;
     moe_transport_status_t first =
         moe_transport_alltoallv(transport, offsets.data(), bytes.data(),
@@ -506,7 +504,7 @@ TEST_P(ProviderTest, GoodbyeMidCollectiveFailsItNamingTheRank) {
           return 0;
         }
         std::vector<uint64_t> offsets = {0, 64, 128}, bytes(kRanks, 16),
-            recvOffsets(kRanks), recvBytes(kRanks);
+                              recvOffsets(kRanks), recvBytes(kRanks);
         context.board->progress[me].store(1);
         auto start = std::chrono::steady_clock::now();
         moe_transport_status_t status =
@@ -693,7 +691,8 @@ TEST(ShmTest, RegionOfAKilledRankIsRemovedByTheNextOpen) {
   };
   pid_t victim = -1;
   std::vector<RankOutcome> killed = runRanks(
-      1, 1, 20000, [&](RankContext &context) { return openAlone(context, true); },
+      1, 1, 20000,
+      [&](RankContext &context) { return openAlone(context, true); },
       [&](const std::vector<pid_t> &pids, Board &) { victim = pids[0]; });
   ASSERT_EQ(killed[0].signal, SIGKILL) << killed[0].message;
   ASSERT_FALSE(shmRegionsOf(victim).empty())
@@ -786,11 +785,11 @@ TEST(BootstrapTest, SilentConnectionDoesNotStallTheExchange) {
         if (silent >= 0)
           close(silent);
         if (took > std::chrono::milliseconds(1500))
-          return context.fail(kCheckFailed, "rank %d joined after %lld ms",
-                              context.rank,
-                              (long long)std::chrono::duration_cast<
-                                  std::chrono::milliseconds>(took)
-                                  .count());
+          return context.fail(
+              kCheckFailed, "rank %d joined after %lld ms", context.rank,
+              (long long)std::chrono::duration_cast<std::chrono::milliseconds>(
+                  took)
+                  .count());
         return 0;
       });
   expectAllSucceeded(outcomes);
@@ -804,9 +803,8 @@ TEST(BootstrapTest, GarbageReplyIsNamedAsSuch) {
         if (context.rank == 0) {
           int client = accept(context.listenFd, nullptr, nullptr);
           std::vector<char> garbage(4096, 'X');
-          if (client < 0 ||
-              write(client, garbage.data(), garbage.size()) !=
-                  static_cast<ssize_t>(garbage.size()))
+          if (client < 0 || write(client, garbage.data(), garbage.size()) !=
+                                static_cast<ssize_t>(garbage.size()))
             return context.fail(kCheckFailed, "accept/write failed");
           std::this_thread::sleep_for(std::chrono::milliseconds(500));
           close(client);

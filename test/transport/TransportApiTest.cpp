@@ -130,8 +130,8 @@ TEST_P(TransportApiTest, RejectsPortsOutsideSixteenBits) {
   int fd = -1, bound = 0;
   EXPECT_EQ(moe_transport_bootstrap_listen("127.0.0.1", 70000, &fd, &bound),
             MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(contains(moe_transport_last_error(),
-                       "port 70000 is outside [0, 65535]"));
+  EXPECT_TRUE(
+      contains(moe_transport_last_error(), "port 70000 is outside [0, 65535]"));
   EXPECT_EQ(moe_transport_bootstrap_listen("127.0.0.1", -1, &fd, &bound),
             MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
   moe_transport_config_t settings = config(4096);
@@ -139,8 +139,8 @@ TEST_P(TransportApiTest, RejectsPortsOutsideSixteenBits) {
   ASSERT_EQ(moe_transport_open(&settings, &transport), MOE_TRANSPORT_OK);
   EXPECT_EQ(moe_transport_bootstrap(transport, "127.0.0.1", 70000, -1),
             MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(contains(moe_transport_last_error(),
-                       "port 70000 is outside [0, 65535]"));
+  EXPECT_TRUE(
+      contains(moe_transport_last_error(), "port 70000 is outside [0, 65535]"));
   moe_transport_close(transport);
 }
 
@@ -227,7 +227,8 @@ TEST_P(TransportApiTest, RejectsBadCommandsBeforeTheRing) {
   EXPECT_EQ(moe_transport_write(transport, 0, 0, 8, 0,
                                 MOE_TRANSPORT_COUNTER_ALLTOALL_PAYLOAD, 0),
             MOE_TRANSPORT_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(contains(moe_transport_last_error(), "belongs to the all-to-all"));
+  EXPECT_TRUE(
+      contains(moe_transport_last_error(), "belongs to the all-to-all"));
 
   // Nothing reached the ring, and the communicator is still healthy.
   EXPECT_EQ(ring->head, headBefore);

@@ -6,9 +6,9 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "passes/Pipelines.h"
 #include "dialects/moe/MoeOps.h"
 #include "passes/Passes.h"
+#include "passes/Pipelines.h"
 #include "test/reference/Layer.h"
 #include "test/reference/Quantize.h"
 

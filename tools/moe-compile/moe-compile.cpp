@@ -179,13 +179,14 @@ static bool compileSharedLibrary(ModuleOp module, const char *argv0) {
       return false;
     }
   }
-  if (failed(moe::compileLayer(module, name, *args, config, options,
-                               outputFile, archive)))
+  if (failed(moe::compileLayer(module, name, *args, config, options, outputFile,
+                               archive)))
     return false;
   if (emit == Emit::PTX) {
     for (auto binary : module.getOps<gpu::BinaryOp>())
       for (Attribute object : binary.getObjects())
-        return writeOutput(cast<gpu::ObjectAttr>(object).getObject().getValue());
+        return writeOutput(
+            cast<gpu::ObjectAttr>(object).getObject().getValue());
     return false;
   }
   if (!library) {

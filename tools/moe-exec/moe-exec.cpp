@@ -16,7 +16,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
-#include <memory>
 #include <map>
 #include <memory>
 #include <set>
