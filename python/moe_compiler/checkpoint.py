@@ -324,12 +324,23 @@ def load_layer(checkpoint, layer, progress=None):
     return LayerWeights(ckpt.config, kind, tensors)
 
 
+def _layer(ckpt, config, layer, progress, block, probe, inter_key):
+    """The block's sizes (experts, hidden, intermediate) and its reader."""
+    experts = _need(config, {"qwen2_moe": "num_experts",
+                             "qwen3_moe": "num_experts",
+                             "deepseek_v2": "n_routed_experts",
+                             "deepseek_v3": "n_routed_experts",
+                             "kimi_k2": "n_routed_experts"}.get(
+        config["model_type"], "num_local_experts"), "num_local_experts")
+    sizes = experts, _need(config, "hidden_size"), _need(config, inter_key)
+    prefix = _prefix(ckpt, layer, block, probe)
+    return sizes, _Reader(ckpt, config, prefix, progress)
+
+
 def _mixtral(ckpt, config, layer, progress):
-    experts = _need(config, "num_local_experts")
-    hidden, inter = _need(config, "hidden_size"), _need(config, "intermediate_size")
-    prefix = _prefix(ckpt, layer, "block_sparse_moe",
-                     ["gate.weight", "experts.gate_up_proj"])
-    r = _Reader(ckpt, config, prefix, progress)
+    (experts, hidden, inter), r = _layer(
+        ckpt, config, layer, progress, "block_sparse_moe",
+        ["gate.weight", "experts.gate_up_proj"], "intermediate_size")
     out = {"router_weight": _bf16(r.get("gate.weight", [experts, hidden]))}
     out.update(_fused_or_per_expert(
         r, experts, hidden, inter,
@@ -339,11 +350,9 @@ def _mixtral(ckpt, config, layer, progress):
 
 
 def _qwen(ckpt, config, layer, progress):
-    experts = _need(config, "num_experts", "num_local_experts")
-    hidden = _need(config, "hidden_size")
-    inter = _need(config, "moe_intermediate_size")
-    prefix = _prefix(ckpt, layer, "mlp", ["gate.weight"])
-    r = _Reader(ckpt, config, prefix, progress)
+    (experts, hidden, inter), r = _layer(ckpt, config, layer, progress, "mlp",
+                                         ["gate.weight"],
+                                         "moe_intermediate_size")
     out = {"router_weight": _bf16(r.get("gate.weight", [experts, hidden]))}
     out.update(_fused_or_per_expert(
         r, experts, hidden, inter,
@@ -360,12 +369,10 @@ def _qwen(ckpt, config, layer, progress):
 
 
 def _deepseek(ckpt, config, layer, progress):
-    experts = _need(config, "n_routed_experts", "num_local_experts")
-    hidden = _need(config, "hidden_size")
-    inter = _need(config, "moe_intermediate_size")
+    (experts, hidden, inter), r = _layer(ckpt, config, layer, progress, "mlp",
+                                         ["gate.weight"],
+                                         "moe_intermediate_size")
     fp8 = _fp8_block128(config)
-    prefix = _prefix(ckpt, layer, "mlp", ["gate.weight"])
-    r = _Reader(ckpt, config, prefix, progress)
     out = {"router_weight": _bf16(r.get("gate.weight", [experts, hidden]))}
     v2 = config["model_type"] == "deepseek_v2"
     scoring = config.get("scoring_func", "softmax" if v2 else "sigmoid")
@@ -384,12 +391,10 @@ def _deepseek(ckpt, config, layer, progress):
 
 
 def _gpt_oss(ckpt, config, layer, progress):
-    experts = _need(config, "num_local_experts")
-    hidden, inter = _need(config, "hidden_size"), _need(config, "intermediate_size")
-    prefix = _prefix(ckpt, layer, "mlp",
-                     ["router.weight", "experts.gate_up_proj",
-                      "experts.gate_up_proj_blocks"])
-    r = _Reader(ckpt, config, prefix, progress)
+    (experts, hidden, inter), r = _layer(
+        ckpt, config, layer, progress, "mlp",
+        ["router.weight", "experts.gate_up_proj",
+         "experts.gate_up_proj_blocks"], "intermediate_size")
     out = {"router_weight": _bf16(r.get("router.weight", [experts, hidden])),
            "router_bias": np.asarray(
                r.get("router.bias", [experts])).astype(np.float32)}
@@ -423,11 +428,9 @@ def _gpt_oss(ckpt, config, layer, progress):
 
 
 def _llama4(ckpt, config, layer, progress):
-    experts = _need(config, "num_local_experts")
-    hidden, inter = _need(config, "hidden_size"), _need(config, "intermediate_size")
-    prefix = _prefix(ckpt, layer, "feed_forward",
-                     ["router.weight", "experts.gate_up_proj"])
-    r = _Reader(ckpt, config, prefix, progress)
+    (experts, hidden, inter), r = _layer(
+        ckpt, config, layer, progress, "feed_forward",
+        ["router.weight", "experts.gate_up_proj"], "intermediate_size")
     out = {"router_weight": _bf16(r.get("router.weight", [experts, hidden]))}
     # x @ gate_up_proj with gate_up_proj [E, H, 2I]: gate columns, then up.
     gate_up = np.swapaxes(r.get("experts.gate_up_proj",

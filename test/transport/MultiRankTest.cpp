@@ -41,6 +41,18 @@ struct AllToAllRun {
   uint32_t ringCapacity;
 };
 
+/// A rank's config: send and receive buffers of `bytes`, the wait timeout
+/// and the peer timeout (0: the default).
+moe_transport_config_t rankConfig(size_t bytes, int timeoutMs,
+                                  int peerTimeoutMs = 0) {
+  moe_transport_config_t config;
+  moe_transport_config_init(&config);
+  config.send_bytes = config.recv_bytes = bytes;
+  config.timeout_ms = timeoutMs;
+  config.peer_timeout_ms = peerTimeoutMs;
+  return config;
+}
+
 /// This rank's transport and context, for hooks (each rank is a process).
 moe_transport_t *rankTransport = nullptr;
 RankContext *rankContext = nullptr;
@@ -256,11 +268,7 @@ TEST_P(ProviderTest, FloodToOnePeerDoesNotSilenceTheOthers) {
   constexpr int kRanks = 3;
   constexpr uint64_t kBytes = 256 * 1024;
   expectAllSucceeded(runRanks(kRanks, kRanks, 60000, [&](RankContext &context) {
-    moe_transport_config_t config;
-    moe_transport_config_init(&config);
-    config.send_bytes = config.recv_bytes = kBytes;
-    config.timeout_ms = 20000;
-    config.peer_timeout_ms = 1500;
+    moe_transport_config_t config = rankConfig(kBytes, 20000, 1500);
     moe_transport_t *transport = nullptr;
     RANK_CHECK(context, context.open(provider, config, &transport));
     if (context.rank == 0) {
@@ -281,10 +289,7 @@ TEST_P(ProviderTest, RankThatClosesIsNotReportedLost) {
   Provider provider = GetParam();
   constexpr int kRanks = 3;
   expectAllSucceeded(runRanks(kRanks, kRanks, 30000, [&](RankContext &context) {
-    moe_transport_config_t config;
-    moe_transport_config_init(&config);
-    config.send_bytes = config.recv_bytes = 4096;
-    config.timeout_ms = 10000;
+    moe_transport_config_t config = rankConfig(4096, 10000);
     // Not much shorter: a peer starved of CPU on a loaded 2-core machine
     // must not be declared lost for real.
     config.peer_timeout_ms = 1000;
@@ -324,11 +329,7 @@ TEST_P(ProviderTest, StoppedProcessIsNotALostPeer) {
             rankContext->board->release.store(3);
           }
         };
-        moe_transport_config_t config;
-        moe_transport_config_init(&config);
-        config.send_bytes = config.recv_bytes = 4096;
-        config.timeout_ms = 10000;
-        config.peer_timeout_ms = 800;
+        moe_transport_config_t config = rankConfig(4096, 10000, 800);
         moe_transport_t *transport = nullptr;
         RANK_CHECK(context, context.open(provider, config, &transport));
         while (context.board->release.load() != 3) {
@@ -359,11 +360,7 @@ TEST_P(ProviderTest, StoppedJobLosesNoPeer) {
   expectAllSucceeded(runRanks(
       kRanks, kRanks, 40000,
       [&](RankContext &context) {
-        moe_transport_config_t config;
-        moe_transport_config_init(&config);
-        config.send_bytes = config.recv_bytes = 4096;
-        config.timeout_ms = 10000;
-        config.peer_timeout_ms = 1000;
+        moe_transport_config_t config = rankConfig(4096, 10000, 1000);
         moe_transport_t *transport = nullptr;
         RANK_CHECK(context, context.open(provider, config, &transport));
         // Barriers keep the ranks in step; the stop lands somewhere in
@@ -453,10 +450,7 @@ TEST_P(ProviderTest, RawBarrierCommandsDoNotReleaseTheBarrier) {
   Provider provider = GetParam();
   constexpr int kRanks = 2;
   expectAllSucceeded(runRanks(kRanks, kRanks, 30000, [&](RankContext &context) {
-    moe_transport_config_t config;
-    moe_transport_config_init(&config);
-    config.send_bytes = config.recv_bytes = 4096;
-    config.timeout_ms = 10000;
+    moe_transport_config_t config = rankConfig(4096, 10000);
     moe_transport_t *transport = nullptr;
     RANK_CHECK(context, context.open(provider, config, &transport));
     int me = context.rank, peer = 1 - me;
@@ -487,10 +481,7 @@ TEST_P(ProviderTest, GoodbyeMidCollectiveFailsItNamingTheRank) {
   constexpr int kRanks = 3;
   std::vector<RankOutcome> outcomes =
       runRanks(kRanks, kRanks, 30000, [&](RankContext &context) {
-        moe_transport_config_t config;
-        moe_transport_config_init(&config);
-        config.send_bytes = config.recv_bytes = kRanks * 64;
-        config.timeout_ms = 6000;
+        moe_transport_config_t config = rankConfig(kRanks * 64, 6000);
         moe_transport_t *transport = nullptr;
         RANK_CHECK(context, context.open(provider, config, &transport));
         RANK_CHECK(context, moe_transport_barrier(transport, -1));
@@ -580,11 +571,7 @@ void expectKilledRankNamed(const Provider &provider, int kRanks) {
   std::vector<RankOutcome> outcomes = runRanks(
       kRanks, kRanks, 30000,
       [&](RankContext &context) {
-        moe_transport_config_t config;
-        moe_transport_config_init(&config);
-        config.send_bytes = config.recv_bytes = kRanks * 1024;
-        config.timeout_ms = 8000;
-        config.peer_timeout_ms = 1000;
+        moe_transport_config_t config = rankConfig(kRanks * 1024, 8000, 1000);
         moe_transport_t *transport = nullptr;
         RANK_CHECK(context, context.open(provider, config, &transport));
         std::vector<uint64_t> offsets(kRanks), bytes(kRanks, 512),
@@ -709,10 +696,7 @@ TEST(BootstrapTest, RankThatNeverConnectsIsNamed) {
   auto start = std::chrono::steady_clock::now();
   std::vector<RankOutcome> outcomes =
       runRanks(3, 2, 20000, [&](RankContext &context) {
-        moe_transport_config_t config;
-        moe_transport_config_init(&config);
-        config.send_bytes = config.recv_bytes = 4096;
-        config.timeout_ms = 1500;
+        moe_transport_config_t config = rankConfig(4096, 1500);
         moe_transport_t *transport = nullptr;
         moe_transport_status_t status = context.open(kTcp, config, &transport);
         context.fail(status, "%s", moe_transport_last_error());
@@ -738,10 +722,7 @@ TEST(BootstrapTest, NoRootTimesOut) {
           return 0;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        moe_transport_config_t config;
-        moe_transport_config_init(&config);
-        config.send_bytes = config.recv_bytes = 4096;
-        config.timeout_ms = 500;
+        moe_transport_config_t config = rankConfig(4096, 500);
         moe_transport_t *transport = nullptr;
         moe_transport_status_t status = context.open(kTcp, config, &transport);
         context.fail(status, "%s", moe_transport_last_error());
@@ -773,10 +754,7 @@ TEST(BootstrapTest, SilentConnectionDoesNotStallTheExchange) {
           while (context.board->progress[1].load() == 0)
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
-        moe_transport_config_t config;
-        moe_transport_config_init(&config);
-        config.send_bytes = config.recv_bytes = 4096;
-        config.timeout_ms = 3000;
+        moe_transport_config_t config = rankConfig(4096, 3000);
         auto start = std::chrono::steady_clock::now();
         moe_transport_t *transport = nullptr;
         RANK_CHECK(context, context.open(kTcp, config, &transport));
@@ -811,10 +789,7 @@ TEST(BootstrapTest, GarbageReplyIsNamedAsSuch) {
           close(context.listenFd);
           return 0;
         }
-        moe_transport_config_t config;
-        moe_transport_config_init(&config);
-        config.send_bytes = config.recv_bytes = 4096;
-        config.timeout_ms = 2000;
+        moe_transport_config_t config = rankConfig(4096, 2000);
         auto start = std::chrono::steady_clock::now();
         moe_transport_t *transport = nullptr;
         moe_transport_status_t status = context.open(kTcp, config, &transport);
