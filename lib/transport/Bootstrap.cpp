@@ -201,13 +201,21 @@ Status runRoot(const char *host, int port, int listenFd, int worldSize,
   int joined = 1;
   Status status = Status::ok();
   while (joined < worldSize && !status.failed()) {
+    // A stream of strangers keeps poll() ready: the deadline still holds.
+    bool late = Clock::now() >= deadline;
     std::vector<pollfd> fds = {{listenFd, POLLIN, 0}};
     for (const Pending &p : pending)
       fds.push_back({p.fd, POLLIN, 0});
-    int ready = poll(fds.data(), fds.size(), remainingMs(deadline));
+    int ready = late ? 0 : poll(fds.data(), fds.size(), remainingMs(deadline));
     if (ready < 0 && errno == EINTR)
       continue;
-    if (ready <= 0) {
+    if (ready < 0) {
+      status = makeError(MOE_TRANSPORT_ERR_BOOTSTRAP,
+                         "bootstrap: rank 0 cannot wait for connections: %s",
+                         strerror(errno));
+      break;
+    }
+    if (ready == 0) {
       std::string missing = joinRanks(worldSize, [&](int rank) {
         return rank > 0 && clients[rank] < 0 ? format("rank %d", rank)
                                              : std::string();
@@ -351,13 +359,14 @@ Status exchangePeerInfo(const char *host, int port, int listenFd, int rank,
   Clock::time_point replyDeadline =
       deadline + std::chrono::milliseconds(timeoutMs / 2 + 100);
   Reply reply;
+  errno = 0;
   if (!sendAll(fd, &hello, sizeof(hello), deadline)) {
     int error = errno;
     ::close(fd);
     return makeError(MOE_TRANSPORT_ERR_BOOTSTRAP,
                      "bootstrap: rank %d could not send its address to rank 0 "
                      "at %s:%d: %s",
-                     rank, host, port, strerror(error));
+                     rank, host, port, error ? strerror(error) : "timed out");
   }
   Received received = receiveAll(fd, &reply, sizeof(reply), replyDeadline);
   if (received != Received::All || reply.magic != kMagic) {

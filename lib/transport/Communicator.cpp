@@ -68,8 +68,9 @@ bool processAlive(pid_t pid) {
   return !(end && end[1] == ' ' && (end[2] == 'Z' || end[2] == 'X'));
 }
 
-/// How long a stopping proxy may take (it drains for up to a second).
-constexpr auto kProxyStopTime = std::chrono::seconds(2);
+/// How long a stopping proxy may take: it drains (up to 1 s), says goodbye
+/// (up to 1 s) and quiesces (up to 0.5 s).
+constexpr auto kProxyStopTime = std::chrono::seconds(4);
 } // namespace
 
 void idlePause(Clock::duration idleFor) {
@@ -185,7 +186,9 @@ Communicator::~Communicator() {
     fabric_.abandon();
     return;
   }
-  fabric_.close();
+  // Buffers an endpoint that would not close may still use are left too.
+  if (!fabric_.close())
+    return;
   for (void *buffer : ownedBuffers_)
     free(buffer);
 }

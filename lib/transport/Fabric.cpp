@@ -154,7 +154,10 @@ Status Fabric::open(const char *provider, const char *domain) {
   for (fi_info *info = list.head; info && !chosen; info = info->next)
     if (fits(info))
       chosen = info;
-  if (!chosen && domain) {
+  bool domainOffered = false;
+  for (fi_info *info = list.head; info && domain; info = info->next)
+    domainOffered |= inDomain(info);
+  if (!chosen && domain && !domainOffered) {
     std::string offered;
     for (fi_info *info = list.head; info; info = info->next) {
       const char *name =
@@ -274,13 +277,13 @@ void Fabric::abandon() {
   info_ = nullptr;
 }
 
-void Fabric::close() {
+bool Fabric::close() {
   // Children before parents: endpoint, then what it is bound to. If the
   // endpoint does not close, what it is bound to may still be in use:
   // leave it all rather than free it under the provider.
   if (endpoint_ && fi_close(&endpoint_->fid) != 0) {
     abandon();
-    return;
+    return false;
   }
   for (fid_mr *mr : regions_)
     fi_close(&mr->fid);
@@ -296,6 +299,7 @@ void Fabric::close() {
     fi_freeinfo(info_);
   abandon();
   peerAddresses_.clear();
+  return true;
 }
 
 Status Fabric::registerRegion(void *base, size_t bytes, uint64_t access,

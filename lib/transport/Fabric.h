@@ -34,7 +34,9 @@ public:
 
   /// Picks a provider (see moe_transport_config) and opens everything.
   Status open(const char *provider, const char *domain);
-  void close();
+  /// False if the endpoint would not close: then everything is left as it
+  /// is (abandoned), since the provider may still use it.
+  bool close();
   /// Forgets every handle without closing it: for when a thread that cannot
   /// be stopped may still use them.
   void abandon();

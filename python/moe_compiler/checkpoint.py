@@ -11,7 +11,8 @@ Kimi-K2, as published) are stacked; fused ones (GPT-OSS, Llama-4, and what
 recent transformers versions save) are split and transposed; GPT-OSS's
 interleaved gate/up columns are de-interleaved; MXFP4 experts (GPT-OSS as
 published) are dequantized to bf16. FP8 checkpoints with 128 x 128 blocks
-(DeepSeek-V3, Kimi-K2) stay FP8 as moe-compile's `--quant=auto` expects,
+(DeepSeek-V3, Kimi-K2, or any model type shipped so) stay FP8 as
+moe-compile's `--quant=auto` expects,
 with their shared experts dequantized (the layer takes those in bf16).
 
 The ABI is the order moe-compile --from-hf-config gives the layer's
@@ -291,6 +292,10 @@ def _fused_or_per_expert(r, experts, hidden, inter, fused, per_expert, fp8):
     """Experts stored fused ([E, 2I, H] gate_up_proj and [E, H, I] down_proj,
     as recent transformers versions hold them) or per expert."""
     if r.has(fused[0]):
+        if fp8:
+            raise CheckpointError(
+                f"{r.prefix}{fused[0]}: fused FP8 experts are not read (the "
+                f"published FP8 checkpoints hold them per expert)")
         gate_up = r.get(fused[0], [experts, 2 * inter, hidden])
         down = r.get(fused[1], [experts, hidden, inter])
         return {"w13": _bf16(gate_up), "w2": _bf16(down)}
@@ -345,7 +350,8 @@ def _mixtral(ckpt, config, layer, progress):
     out.update(_fused_or_per_expert(
         r, experts, hidden, inter,
         ("experts.gate_up_proj", "experts.down_proj"),
-        ("experts.{}.w1", "experts.{}.w3", "experts.{}.w2"), False))
+        ("experts.{}.w1", "experts.{}.w3", "experts.{}.w2"),
+        _fp8_block128(config)))
     return out
 
 
@@ -358,11 +364,12 @@ def _qwen(ckpt, config, layer, progress):
         r, experts, hidden, inter,
         ("experts.gate_up_proj", "experts.down_proj"),
         ("experts.{}.gate_proj", "experts.{}.up_proj",
-         "experts.{}.down_proj"), False))
+         "experts.{}.down_proj"), _fp8_block128(config)))
     if config["model_type"] == "qwen2_moe":
         shared = _need(config, "shared_expert_intermediate_size")
         if shared > 0:
-            out.update(_shared(r, "shared_expert", hidden, shared, False))
+            out.update(_shared(r, "shared_expert", hidden, shared,
+                               _fp8_block128(config)))
             out["shared_gate"] = _bf16(r.get("shared_expert_gate.weight",
                                              [1, hidden]))
     return out

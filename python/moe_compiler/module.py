@@ -68,8 +68,15 @@ def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None):
     """The path of a library for `config` (a HF config dict), compiled by
     moe-compile or found in the cache (key: config, target, compiler)."""
     compiler = compiler or find_compiler()
-    with open(compiler, "rb") as f:
-        compiler_id = hashlib.sha256(f.read()).hexdigest()
+    # The compiler and the runtime it links into GPU layers make the library.
+    digest = hashlib.sha256()
+    runtime = os.path.join(os.path.dirname(os.path.abspath(compiler)), "..",
+                           "lib", "libmoert.a")
+    for part in (compiler, runtime):
+        if os.path.exists(part):
+            with open(part, "rb") as f:
+                digest.update(f.read())
+    compiler_id = digest.hexdigest()
     key = hashlib.sha256(json.dumps(
         [config, target, compiler_id], sort_keys=True).encode()).hexdigest()
     cache_dir = cache_dir or os.environ.get("MOE_COMPILER_CACHE") or \

@@ -7,6 +7,7 @@ checks the header before any tensor is handed out; writing goes to a temporary
 file renamed into place, so a failure leaves nothing half written.
 """
 import json
+import math
 import os
 import tempfile
 
@@ -64,15 +65,19 @@ class SafetensorsFile:
         self._map = None
 
     def _check(self, name, entry):
+        def integer(x):
+            if type(x) is not int:
+                raise TypeError(x)
+            return x
         try:
             dtype = DTYPES[entry["dtype"]]
-            shape = [int(d) for d in entry["shape"]]
-            begin, end = (int(x) for x in entry["data_offsets"])
+            shape = [integer(d) for d in entry["shape"]]
+            begin, end = (integer(x) for x in entry["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise SafetensorsError(
                 f"{self.path}: tensor '{name}' has a malformed or unsupported "
                 f"header entry {entry!r}") from None
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        count = math.prod(shape)  # Python integers: no overflow
         if min(shape, default=0) < 0 or not 0 <= begin <= end <= \
                 self._data_size or end - begin != count * np.dtype(dtype).itemsize:
             raise SafetensorsError(
@@ -86,10 +91,6 @@ class SafetensorsFile:
 
     def __contains__(self, name):
         return name in self._entries
-
-    def dtype_name(self, name):
-        dtype = self._entries[name][0]
-        return next(k for k, v in DTYPES.items() if v is dtype)
 
     def get(self, name):
         dtype, shape, begin, end = self._entries[name]
@@ -124,6 +125,12 @@ def write_safetensors(path, tensors, dtypes=None):
             f.write(text)
             for array in arrays:
                 f.write(array.tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+            # mkstemp makes the file private; give it the usual mode.
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(f.fileno(), 0o666 & ~umask)
         os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)

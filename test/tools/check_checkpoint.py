@@ -44,6 +44,13 @@ CONFIGS = {
                       moe_intermediate_size=I, num_experts=E,
                       num_experts_per_tok=K, norm_topk_prob=True,
                       num_hidden_layers=2),
+    "qwen3_moe_fp8": dict(model_type="qwen3_moe", hidden_size=H,
+                          moe_intermediate_size=I, num_experts=E,
+                          num_experts_per_tok=K, norm_topk_prob=True,
+                          num_hidden_layers=2, quantization_config={
+                              "quant_method": "fp8", "fmt": "e4m3",
+                              "activation_scheme": "dynamic",
+                              "weight_block_size": [128, 128]}),
     "deepseek_v3": dict(model_type="deepseek_v3", hidden_size=H,
                         moe_intermediate_size=I, n_routed_experts=E,
                         num_experts_per_tok=K, n_shared_experts=1, n_group=2,
