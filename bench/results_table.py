@@ -33,5 +33,7 @@ for r in rows:
         print(f"\nmoe-exec --device=cuda, {r['layer']} at {r['tokens']} tokens: "
               f"relative difference to the CPU library {r['rel_error_vs_cpu']:.1e}.")
     if r["what"] == "memcheck":
-        print(f"\ncompute-sanitizer memcheck (deepseek_v3, 1 and 33 tokens): "
-              f"{'0 errors' if r['ok'] else 'ERRORS'}.")
+        print(f"\ncompute-sanitizer memcheck ({r.get('layer', 'deepseek_v3')},"
+              f" 1, 33 and 200 tokens): {'0 errors' if r['ok'] else 'ERRORS'}.")
+    if r["what"] == "refused":
+        print(f"\nrefused at compile time, {r['layer']}: {r['message']}")
