@@ -64,9 +64,6 @@ if [[ $mode == prepare ]]; then
   python3 - "$root/bench/hf_configs.json" "$dir/hf" <<'PY'
 import json, sys
 configs = json.load(open(sys.argv[1]))
-fp8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-       "weight_block_size": [128, 128]}
-configs["deepseek_v3_fp8"] = dict(configs["deepseek_v3"], quantization_config=fp8)
 for name, config in configs.items():
     json.dump(config, open(f"{sys.argv[2]}/{name}.json", "w"))
 PY

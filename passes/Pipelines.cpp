@@ -90,8 +90,7 @@ void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop, StringRef cudaPath) {
   pm.addPass(nvidia::createAssembleCubin(assemble));
 }
 
-/// The one object of the module's one gpu.binary.
-static FailureOr<StringRef> kernelImage(ModuleOp module) {
+FailureOr<StringRef> moe::kernelImage(ModuleOp module) {
   for (auto binary : module.getOps<gpu::BinaryOp>())
     for (Attribute object : binary.getObjects())
       return cast<gpu::ObjectAttr>(object).getObject().getValue();
@@ -127,7 +126,7 @@ LogicalResult moe::compileLayer(ModuleOp module, StringRef name,
   if (!plan)
     return module.emitError()
            << "the layer function @" << name << " has no launch plan";
-  FailureOr<StringRef> cubin = kernelImage(module);
+  FailureOr<StringRef> cubin = moe::kernelImage(module);
   if (failed(cubin))
     return failure();
   OwningOpRef<ModuleOp> host = ModuleOp::create(module.getLoc());

@@ -50,6 +50,9 @@ LogicalResult compileLayer(ModuleOp module, StringRef name,
                            const PipelineOptions &options, StringRef output,
                            StringRef runtimeArchive);
 
+/// The one object (PTX or cubin) of the module's gpu.binary, or an error.
+FailureOr<StringRef> kernelImage(ModuleOp module);
+
 /// Registers moe-cpu-pipeline and moe-sm90a-pipeline for moe-opt.
 void registerPipelines();
 

@@ -225,8 +225,9 @@ LogicalResult FunctionLowering::lowerMatmul(GroupedMatmulOp op) {
   // both operands' block scales into the accumulator.
   int64_t kBlock = 0, rhsScaleRows = 1;
   if (lhsScale) {
-    auto rhsScaleShape = cast<MemRefType>(rhsScale.getType()).getShape();
-    rhsScaleRows = rhsScaleShape[rhsScaleShape.size() - 2] == n ? 1 : 128;
+    rhsScaleRows = common::scaleRowsPerBlock(
+        rhsType.getShape(), cast<MemRefType>(rhsScale.getType()).getShape(),
+        op.getScheme());
     kBlock = op.getScheme().getBlockSize();
   }
   auto dot = [&](Value r, ArrayRef<Value> rhsPrefix) -> Value {
@@ -394,7 +395,6 @@ static FailureOr<int64_t> scaleRowsPerBlock(Operation *op, MemRefType data,
 LogicalResult FunctionLowering::lowerQuantize(QuantizeOp op) {
   Value input = buffer(op.getInput());
   auto inputType = cast<MemRefType>(input.getType());
-  int64_t rank = inputType.getRank();
   auto scaleShape = cast<RankedTensorType>(op.getScales().getType()).getShape();
   FailureOr<int64_t> rowsPerBlock =
       scaleRowsPerBlock(op, inputType, scaleShape, op.getScheme());
@@ -420,7 +420,6 @@ LogicalResult FunctionLowering::lowerQuantize(QuantizeOp op) {
 LogicalResult FunctionLowering::lowerDequantize(DequantizeOp op) {
   Value data = buffer(op.getData()), scales = buffer(op.getScales());
   auto dataType = cast<MemRefType>(data.getType());
-  int64_t rank = dataType.getRank();
   FailureOr<int64_t> rowsPerBlock = scaleRowsPerBlock(
       op, dataType, cast<MemRefType>(scales.getType()).getShape(),
       op.getScheme());

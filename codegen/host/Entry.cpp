@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "codegen/host/Host.h"
+#include "codegen/host/HostBuilder.h"
 
 #include "dialects/moe/MoeOps.h"
 
@@ -16,6 +17,7 @@
 
 using namespace mlir;
 using namespace mlir::moe;
+using host::HostBuilder;
 
 static FailureOr<std::string> dtypeName(Type type) {
   if (type.isBF16())
@@ -170,11 +172,10 @@ LogicalResult host::addEntryPoints(ModuleOp module, StringRef name,
   auto layer = module.lookupSymbol<LLVM::LLVMFuncOp>(name);
   if (!layer)
     return module.emitError() << "no lowered function '" << name << "'";
-  MLIRContext *ctx = module.getContext();
   Location loc = layer.getLoc();
   OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
-  Type ptr = LLVM::LLVMPointerType::get(ctx), i64 = b.getI64Type();
-  Type i32 = b.getI32Type();
+  HostBuilder h(b, loc);
+  Type ptr = h.ptr, i64 = h.i64, i32 = h.i32;
 
   auto forward =
       LLVM::LLVMFuncOp::create(b, loc, ("moe_" + name + "_forward").str(),
@@ -182,9 +183,6 @@ LogicalResult host::addEntryPoints(ModuleOp module, StringRef name,
   Block *entry = forward.addEntryBlock(b);
   b.setInsertionPointToStart(entry);
   Value argv = entry->getArgument(0), tokens = entry->getArgument(1);
-  auto constant = [&](int64_t v) -> Value {
-    return LLVM::ConstantOp::create(b, loc, i64, b.getI64IntegerAttr(v));
-  };
   // Each buffer becomes a memref descriptor: pointer twice, offset 0, sizes,
   // row-major strides (static: only the leading size is dynamic).
   SmallVector<Value> operands;
@@ -192,14 +190,14 @@ LogicalResult host::addEntryPoints(ModuleOp module, StringRef name,
     Value slot = LLVM::GEPOp::create(b, loc, ptr, ptr, argv,
                                      ArrayRef<LLVM::GEPArg>{int32_t(i)});
     Value data = LLVM::LoadOp::create(b, loc, ptr, slot);
-    operands.append({data, data, constant(0)});
+    operands.append({data, data, h.c64(0)});
     for (int64_t size : arg.shape)
-      operands.push_back(size < 0 ? tokens : constant(size));
+      operands.push_back(size < 0 ? tokens : h.c64(size));
     SmallVector<int64_t> strides(arg.shape.size(), 1);
     for (int64_t d = int64_t(arg.shape.size()) - 2; d >= 0; --d)
       strides[d] = strides[d + 1] * arg.shape[d + 1];
     for (int64_t stride : strides)
-      operands.push_back(constant(stride));
+      operands.push_back(h.c64(stride));
   }
   if (layer.getNumArguments() != operands.size())
     return layer.emitOpError()
@@ -208,8 +206,7 @@ LogicalResult host::addEntryPoints(ModuleOp module, StringRef name,
   LLVM::CallOp::create(b, loc, layer, operands);
   // Only the entry points are the library's interface.
   layer.setLinkage(LLVM::Linkage::Internal);
-  LLVM::ReturnOp::create(
-      b, loc, LLVM::ConstantOp::create(b, loc, i32, b.getI32IntegerAttr(0)));
+  LLVM::ReturnOp::create(b, loc, h.c32(0));
 
   addLayerInfo(module, infoJson(name, args, config, "cpu"));
   return success();

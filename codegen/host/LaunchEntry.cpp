@@ -16,19 +16,13 @@
 //===----------------------------------------------------------------------===//
 
 #include "codegen/host/Host.h"
+#include "codegen/host/HostBuilder.h"
 
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 
 using namespace mlir;
 using namespace mlir::moe;
-
-static int64_t alignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
-
-/// A workspace buffer's slice.
-static TokenLinear workspaceSlice(PlanBufferAttr buffer) {
-  return {alignUp(buffer.getBytes().fixed, 256),
-          alignUp(buffer.getBytes().perToken, 256)};
-}
+using host::HostBuilder;
 
 /// The largest token count whose grids and tensor maps stay within 2^31 - 1
 /// blocks and rows (rows are i32 in the kernels).
@@ -46,52 +40,6 @@ static int64_t maxTokens(LaunchPlanAttr plan) {
     bound(map.getRows(), limit);
   return std::max<int64_t>(most, 0);
 }
-
-namespace {
-/// Builds LLVM dialect code in one function, with an early return of any
-/// nonzero status.
-struct HostBuilder {
-  OpBuilder &b;
-  Location loc;
-  Block *failure = nullptr;
-  Type ptr, i64, i32;
-
-  HostBuilder(OpBuilder &b, Location loc) : b(b), loc(loc) {
-    ptr = LLVM::LLVMPointerType::get(b.getContext());
-    i64 = b.getI64Type();
-    i32 = b.getI32Type();
-  }
-  Value c64(int64_t v) {
-    return LLVM::ConstantOp::create(b, loc, i64, b.getI64IntegerAttr(v));
-  }
-  Value c32(int64_t v) {
-    return LLVM::ConstantOp::create(b, loc, i32, b.getI32IntegerAttr(v));
-  }
-  Value linear(TokenLinear l, Value tokens) {
-    return LLVM::AddOp::create(
-        b, loc, c64(l.fixed),
-        LLVM::MulOp::create(b, loc, c64(l.perToken), tokens));
-  }
-  Value offset(Value base, Value bytes) {
-    return LLVM::GEPOp::create(b, loc, ptr, b.getI8Type(), base,
-                               ValueRange{bytes});
-  }
-  Value stackSlot(Type element, int64_t count, int64_t align = 8) {
-    return LLVM::AllocaOp::create(b, loc, ptr, element, c64(count), align);
-  }
-  /// Returns `status` from the function if it is nonzero.
-  void check(Value status) {
-    Block *current = b.getInsertionBlock();
-    Block *next = b.createBlock(current->getParent());
-    b.setInsertionPointToEnd(current);
-    Value bad =
-        LLVM::ICmpOp::create(b, loc, LLVM::ICmpPredicate::ne, status, c32(0));
-    LLVM::CondBrOp::create(b, loc, bad, failure, ValueRange{status}, next,
-                           ValueRange{});
-    b.setInsertionPointToStart(next);
-  }
-};
-} // namespace
 
 static LLVM::LLVMFuncOp declare(OpBuilder &b, ModuleOp module, Location loc,
                                 StringRef name, Type result,
@@ -120,7 +68,7 @@ static SmallVector<Value> bufferAddresses(HostBuilder &h, LaunchPlanAttr plan,
     }
     addresses.push_back(h.offset(workspace, cursor));
     cursor = LLVM::AddOp::create(h.b, h.loc, cursor,
-                                 h.linear(workspaceSlice(buffer), tokens));
+                                 h.linear(buffer.getSliceBytes(), tokens));
   }
   return addresses;
 }

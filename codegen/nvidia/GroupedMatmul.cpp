@@ -34,17 +34,14 @@ constexpr int64_t kStageBytes = (kTileM + kTileN) * kTileK * 2;
 /// The pieces of the wgmma main loop: the accumulator is an LLVM struct of
 /// kFragment f32 per thread, one m64n256 fragment per warpgroup.
 struct Wgmma {
+  Kernel &k;
   OpBuilder &b;
   Location loc;
   Type fragment;
 
-  Wgmma(OpBuilder &b, Location loc) : b(b), loc(loc) {
+  explicit Wgmma(Kernel &k) : k(k), b(k.b), loc(k.e.loc) {
     SmallVector<Type> fields(kFragment, b.getF32Type());
     fragment = LLVM::LLVMStructType::getLiteral(b.getContext(), fields);
-  }
-  Value i64(int64_t v) {
-    return LLVM::ConstantOp::create(b, loc, b.getI64Type(),
-                                    b.getI64IntegerAttr(v));
   }
   Value zero() {
     Value acc = LLVM::PoisonOp::create(b, loc, fragment);
@@ -58,10 +55,11 @@ struct Wgmma {
   /// 128-byte swizzle, 1024 bytes between 8-row groups.
   Value descriptor(Value address) {
     Value field = LLVM::LShrOp::create(
-        b, loc, LLVM::AndOp::create(b, loc, address, i64(0x3FFFF)), i64(4));
+        b, loc, LLVM::AndOp::create(b, loc, address, k.constI64(0x3FFFF)),
+        k.constI64(4));
     int64_t fixedBits =
         (int64_t(1) << 62) | (int64_t(1024 >> 4) << 32) | (int64_t(1) << 16);
-    return LLVM::OrOp::create(b, loc, field, i64(fixedBits));
+    return LLVM::OrOp::create(b, loc, field, k.constI64(fixedBits));
   }
   Value mma(Value acc, Value a, Value bDesc) {
     MLIRContext *ctx = b.getContext();
@@ -295,7 +293,7 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
               [&](Value kt) { issue(kt); });
   });
 
-  Wgmma w(b, e.loc);
+  Wgmma w(k);
   Value zero = w.zero();
   // This thread's warpgroup computes rows [64 g, 64 g + 64) of the tile.
   Value group = e.divUI(tid, 128);
@@ -317,10 +315,10 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
     Value aBase = LLVM::AddOp::create(b, e.loc, address(slot, 0), groupOffset);
     Value bBase = address(slot, kTileM * kTileK * 2);
     for (int64_t kk = 0; kk < kTileK / 16; ++kk) {
-      Value bDesc =
-          w.descriptor(LLVM::AddOp::create(b, e.loc, bBase, w.i64(kk * 32)));
-      Value aDesc =
-          w.descriptor(LLVM::AddOp::create(b, e.loc, aBase, w.i64(kk * 32)));
+      Value bDesc = w.descriptor(
+          LLVM::AddOp::create(b, e.loc, bBase, k.constI64(kk * 32)));
+      Value aDesc = w.descriptor(
+          LLVM::AddOp::create(b, e.loc, aBase, k.constI64(kk * 32)));
       acc = w.mma(acc, aDesc, bDesc);
     }
     NVVM::WgmmaGroupSyncAlignedOp::create(b, e.loc);

@@ -77,8 +77,7 @@ Value Kernel::linear(TokenLinear l) {
 }
 
 Value Kernel::constI64(int64_t v) {
-  return LLVM::ConstantOp::create(b, e.loc, b.getI64Type(),
-                                  b.getI64IntegerAttr(v));
+  return LLVM::ConstantOp::create(b, e.loc, b.getI64Type(), v);
 }
 
 Value Kernel::threadId() {

@@ -379,14 +379,18 @@ SmallVector<KernelLaunchAttr> LaunchPlanAttr::getLaunchList() const {
   return listOf<KernelLaunchAttr>(getLaunches());
 }
 
-TokenLinear LaunchPlanAttr::getWorkspaceBytes() const {
+TokenLinear PlanBufferAttr::getSliceBytes() const {
   auto alignUp = [](int64_t x) { return (x + 255) / 256 * 256; };
+  return {alignUp(getBytes().fixed), alignUp(getBytes().perToken)};
+}
+
+TokenLinear LaunchPlanAttr::getWorkspaceBytes() const {
   TokenLinear total;
   for (PlanBufferAttr buffer : getBufferList()) {
     if (buffer.getArg() >= 0)
       continue;
-    total.fixed += alignUp(buffer.getBytes().fixed);
-    total.perToken += alignUp(buffer.getBytes().perToken);
+    total.fixed += buffer.getSliceBytes().fixed;
+    total.perToken += buffer.getSliceBytes().perToken;
   }
   return total;
 }

@@ -212,6 +212,11 @@ def Moe_PlanBufferAttr : Moe_Attr<"PlanBuffer", "buffer"> {
     Moe_CountParameter<"argument index, -1 for a workspace slice", "-1">:$arg,
     Moe_TokenLinearParameter:$bytes
   );
+  let extraClassDeclaration = [{
+    /// The room a workspace slice takes: its bytes, each term rounded up to
+    /// 256 so every slice starts 256-byte aligned.
+    TokenLinear getSliceBytes() const;
+  }];
 }
 
 def Moe_TensorMapAttr : Moe_Attr<"TensorMap", "tensor_map"> {

@@ -99,6 +99,14 @@ Received receiveAll(int fd, void *data, size_t length,
   return Received::All;
 }
 
+/// getaddrinfo would take a port past 16 bits modulo 2^16.
+Status checkPort(int port) {
+  if (port < 0 || port > 65535)
+    return makeError(MOE_TRANSPORT_ERR_INVALID_ARGUMENT,
+                     "bootstrap port %d is outside [0, 65535]", port);
+  return Status::ok();
+}
+
 Status resolve(const char *host, int port, sockaddr_storage &address,
                socklen_t &length) {
   addrinfo hints = {};
@@ -309,6 +317,8 @@ Status runRoot(const char *host, int port, int listenFd, int worldSize,
 
 Status bootstrapListen(const char *host, int port, int &listenFd,
                        int &boundPort) {
+  if (Status status = checkPort(port); status.failed())
+    return status;
   sockaddr_storage address;
   socklen_t length;
   if (Status status = resolve(host, port, address, length); status.failed())
@@ -340,6 +350,11 @@ Status exchangePeerInfo(const char *host, int port, int listenFd, int rank,
                         int worldSize, int timeoutMs,
                         const moe_transport_peer_info_t &mine,
                         std::vector<moe_transport_peer_info_t> &all) {
+  if (Status status = checkPort(port); status.failed()) {
+    if (listenFd >= 0)
+      ::close(listenFd);
+    return status;
+  }
   Clock::time_point deadline =
       Clock::now() + std::chrono::milliseconds(timeoutMs);
   if (rank == 0)

@@ -65,7 +65,6 @@ std::unordered_set<const moe_transport *> &liveHandles() {
   return *handles;
 }
 
-bool validPort(int port) { return port >= 0 && port <= 65535; }
 } // namespace
 
 extern "C" {
@@ -129,12 +128,6 @@ moe_transport_status_t moe_transport_bootstrap(moe_transport_t *transport,
     return reject("transport handle is null");
   if (!host)
     return reject("bootstrap host must not be null");
-  if (!validPort(port)) {
-    char message[96];
-    std::snprintf(message, sizeof(message),
-                  "bootstrap port %d is outside [0, 65535]", port);
-    return reject(message);
-  }
   return guarded([&] {
     return report(transport->comm->bootstrap(host, port, listen_fd));
   });
@@ -168,12 +161,6 @@ moe_transport_status_t moe_transport_bootstrap_listen(const char *host,
     return invalid(!host        ? "host must not be null"
                    : !listen_fd ? "listen_fd must not be null"
                                 : "bound_port must not be null");
-  if (!validPort(port)) {
-    char message[96];
-    std::snprintf(message, sizeof(message),
-                  "bootstrap port %d is outside [0, 65535]", port);
-    return invalid(message);
-  }
   return guarded([&] {
     return report(bootstrapListen(host, port, *listen_fd, *bound_port));
   });

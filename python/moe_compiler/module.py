@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 
 import numpy as np
 import torch
@@ -28,7 +29,7 @@ from .layer import Layer, LayerError
 
 _TORCH_DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32,
                  "F8_E4M3": torch.float8_e4m3fn, "I32": torch.int32}
-_layers = {}  # id -> Layer, for the custom op
+_layers = weakref.WeakValueDictionary()  # id -> Layer, for the custom op
 _ids = itertools.count()
 
 

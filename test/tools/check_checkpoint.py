@@ -30,6 +30,9 @@ from moe_compiler.safetensors_io import (SafetensorsFile,  # noqa: E402
 
 BF16, E4M3 = ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn
 H, I, E, K = 256, 128, 8, 2  # multiples of 128 so FP8 blocks line up
+# How DeepSeek-V3 (and other FP8 checkpoints) declare their weights.
+FP8_BLOCK128 = {"quant_method": "fp8", "fmt": "e4m3",
+                "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 
 CONFIGS = {
     "mixtral": dict(model_type="mixtral", hidden_size=H, intermediate_size=I,
@@ -47,10 +50,8 @@ CONFIGS = {
     "qwen3_moe_fp8": dict(model_type="qwen3_moe", hidden_size=H,
                           moe_intermediate_size=I, num_experts=E,
                           num_experts_per_tok=K, norm_topk_prob=True,
-                          num_hidden_layers=2, quantization_config={
-                              "quant_method": "fp8", "fmt": "e4m3",
-                              "activation_scheme": "dynamic",
-                              "weight_block_size": [128, 128]}),
+                          num_hidden_layers=2,
+                          quantization_config=FP8_BLOCK128),
     "deepseek_v3": dict(model_type="deepseek_v3", hidden_size=H,
                         moe_intermediate_size=I, n_routed_experts=E,
                         num_experts_per_tok=K, n_shared_experts=1, n_group=2,
@@ -63,10 +64,7 @@ CONFIGS = {
                             n_group=2, topk_group=1,
                             routed_scaling_factor=2.5, norm_topk_prob=True,
                             first_k_dense_replace=1, num_hidden_layers=2,
-                            quantization_config={
-                                "quant_method": "fp8", "fmt": "e4m3",
-                                "activation_scheme": "dynamic",
-                                "weight_block_size": [128, 128]}),
+                            quantization_config=FP8_BLOCK128),
     "gpt_oss": dict(model_type="gpt_oss", hidden_size=H, intermediate_size=I,
                     num_local_experts=E, num_experts_per_tok=K,
                     num_hidden_layers=2, swiglu_limit=7.0),

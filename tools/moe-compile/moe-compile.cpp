@@ -13,7 +13,6 @@
 #include "tools/moe-compile/HFConfig.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
-#include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Support/FileUtilities.h"
@@ -183,11 +182,8 @@ static bool compileSharedLibrary(ModuleOp module, const char *argv0) {
                                archive)))
     return false;
   if (emit == Emit::PTX) {
-    for (auto binary : module.getOps<gpu::BinaryOp>())
-      for (Attribute object : binary.getObjects())
-        return writeOutput(
-            cast<gpu::ObjectAttr>(object).getObject().getValue());
-    return false;
+    FailureOr<StringRef> ptx = moe::kernelImage(module);
+    return succeeded(ptx) && writeOutput(*ptx);
   }
   if (!library) {
     std::string text;

@@ -1,0 +1,55 @@
+//===- HostBuilder.h - LLVM dialect code of the host entry points *- C++
+//-*-===//
+
+#ifndef MOE_CODEGEN_HOST_HOSTBUILDER_H
+#define MOE_CODEGEN_HOST_HOSTBUILDER_H
+
+#include "dialects/moe/MoeDialect.h"
+
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+
+namespace mlir::moe::host {
+
+/// Builds LLVM dialect code in one function, with an early return of any
+/// nonzero status.
+struct HostBuilder {
+  OpBuilder &b;
+  Location loc;
+  Block *failure = nullptr;
+  Type ptr, i64, i32;
+
+  HostBuilder(OpBuilder &b, Location loc) : b(b), loc(loc) {
+    ptr = LLVM::LLVMPointerType::get(b.getContext());
+    i64 = b.getI64Type();
+    i32 = b.getI32Type();
+  }
+  Value c64(int64_t v) { return LLVM::ConstantOp::create(b, loc, i64, v); }
+  Value c32(int64_t v) { return LLVM::ConstantOp::create(b, loc, i32, v); }
+  Value linear(TokenLinear l, Value tokens) {
+    return LLVM::AddOp::create(
+        b, loc, c64(l.fixed),
+        LLVM::MulOp::create(b, loc, c64(l.perToken), tokens));
+  }
+  Value offset(Value base, Value bytes) {
+    return LLVM::GEPOp::create(b, loc, ptr, b.getI8Type(), base,
+                               ValueRange{bytes});
+  }
+  Value stackSlot(Type element, int64_t count, int64_t align = 8) {
+    return LLVM::AllocaOp::create(b, loc, ptr, element, c64(count), align);
+  }
+  /// Returns `status` from the function if it is nonzero.
+  void check(Value status) {
+    Block *current = b.getInsertionBlock();
+    Block *next = b.createBlock(current->getParent());
+    b.setInsertionPointToEnd(current);
+    Value bad =
+        LLVM::ICmpOp::create(b, loc, LLVM::ICmpPredicate::ne, status, c32(0));
+    LLVM::CondBrOp::create(b, loc, bad, failure, ValueRange{status}, next,
+                           ValueRange{});
+    b.setInsertionPointToStart(next);
+  }
+};
+
+} // namespace mlir::moe::host
+
+#endif // MOE_CODEGEN_HOST_HOSTBUILDER_H
