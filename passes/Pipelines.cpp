@@ -54,7 +54,6 @@ void moe::buildCpuPipeline(OpPassManager &pm, Stop stop) {
 
 void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop, StringRef cudaPath) {
   pm.addPass(createDecompose());
-  pm.addPass(createLegalizeScaledMatmul());
   if (stop == Stop::L1)
     return;
   pm.addPass(nvidia::createBuildKernels());

@@ -13,6 +13,7 @@
 #include "dialects/moe/MoeOps.h"
 
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/JSON.h"
 
 using namespace mlir;
@@ -55,8 +56,41 @@ static FailureOr<host::ArgInfo> describe(Operation *where, StringRef name,
   return info;
 }
 
+/// A function of L1 ops (one kernel family, say): its arguments are named
+/// by their `moe.name` attribute, else argN, and its one result is `out`.
+static FailureOr<SmallVector<host::ArgInfo>>
+describeKernelFunction(func::FuncOp func) {
+  if (func.getNumResults() != 1)
+    return func.emitOpError() << "must return one tensor to be compiled, but "
+                                 "returns "
+                              << func.getNumResults();
+  SmallVector<host::ArgInfo> args;
+  llvm::StringSet<> seen;
+  for (unsigned i = 0; i < func.getNumArguments(); ++i) {
+    auto given = func.getArgAttrOfType<StringAttr>(i, "moe.name");
+    std::string name = given ? given.str() : "arg" + std::to_string(i);
+    if (name == "out" || !seen.insert(name).second)
+      return func.emitOpError()
+             << "argument " << i << " is named '" << name
+             << "', which another argument or the result has";
+    FailureOr<host::ArgInfo> info =
+        describe(func, name, func.getArgument(i).getType(), false);
+    if (failed(info))
+      return failure();
+    args.push_back(*info);
+  }
+  FailureOr<host::ArgInfo> out =
+      describe(func, "out", func.getResultTypes()[0], true);
+  if (failed(out))
+    return failure();
+  args.push_back(*out);
+  return args;
+}
+
 FailureOr<SmallVector<host::ArgInfo>> host::describeLayer(func::FuncOp func) {
   SmallVector<LayerOp> layers(func.getOps<LayerOp>());
+  if (layers.empty())
+    return describeKernelFunction(func);
   if (layers.size() != 1)
     return func.emitOpError() << "must hold exactly one moe.layer to be "
                                  "compiled, but holds "
@@ -113,7 +147,10 @@ FailureOr<SmallVector<host::ArgInfo>> host::describeLayer(func::FuncOp func) {
 }
 
 /// The layer's configuration, as a runner or a reference needs it.
-static llvm::json::Object configJson(ConfigAttr config) {
+static llvm::json::Value configJson(ConfigAttr config) {
+  // A function of L1 ops has no layer config.
+  if (!config)
+    return nullptr;
   RouterAttr router = config.getRouter();
   ActivationAttr activation = config.getActivation();
   llvm::json::Object object{

@@ -1,10 +1,15 @@
 //===- GroupedMatmul.cpp - the expert matmul kernel -----------------------===//
 //
-// moe.grouped_matmul (and its dense form) on the tensor cores. A block
-// computes a tile of 128 rows x 256 weight rows: thread 0 loads 64-wide K
-// slices of both operands with TMA into a 4-stage shared-memory ring
-// (128-byte swizzle, one mbarrier per stage) and two warpgroups each issue
-// wgmma m64n256k16 for 64 of the rows, both operands K-major. The epilogue
+// moe.grouped_matmul (and its dense form) on the tensor cores, for bf16 and
+// FP8 (E4M3) operands. A block computes a tile of 128 rows x 256 weight rows:
+// thread 0 loads 128-byte K slices of both operands (64 bf16 or 128 E4M3)
+// with TMA into a 4-stage shared-memory ring (128-byte swizzle, one mbarrier
+// per stage) and two warpgroups each issue wgmma for 64 of the rows, both
+// operands K-major. bf16 accumulates the whole K in one m64n256k16 fragment.
+// FP8 multiplies each scale block (128 of K for FP8 block-128, 32 for MXFP8)
+// into a fresh f32 partial with m64n128k32 and adds partial x row scale x
+// column scale to the accumulator, as the CPU backend does: the tensor
+// cores' FP8 sums are short, and the scales differ per block. The epilogue
 // adds the bias, applies the gated activation (a tile holds 128 gate and the
 // matching 128 up columns) and stores bf16 from registers. A grouped matmul
 // finds its block's expert and rows from the device's counts, so its grid is
@@ -23,31 +28,58 @@ using namespace mlir::moe;
 using namespace mlir::moe::nvidia;
 
 namespace {
-// A tile is 128 rows x 256 columns (B rows), 64 deep per stage; each of its
-// two warpgroups computes 64 rows with wgmma m64n256k16.
-constexpr int64_t kTileM = 128, kTileN = 256, kTileK = 64;
+// A tile is 128 rows x 256 columns (B rows), 128 bytes of K per stage; each
+// of its two warpgroups computes 64 rows.
+constexpr int64_t kTileM = 128, kTileN = 256, kSliceBytes = 128;
 constexpr int64_t kWarpGroups = 2, kGroupRows = kTileM / kWarpGroups;
 constexpr int64_t kFragment = kGroupRows * kTileN / 128; // f32 per thread
 constexpr int64_t kStages = 4; // A ring of 48 KiB stages.
-constexpr int64_t kStageBytes = (kTileM + kTileN) * kTileK * 2;
+constexpr int64_t kStageBytes = (kTileM + kTileN) * kSliceBytes;
+constexpr int64_t kHalfBytes = kTileN / 2 * kSliceBytes; // 128 B rows
 
-/// The pieces of the wgmma main loop: the accumulator is an LLVM struct of
-/// kFragment f32 per thread, one m64n256 fragment per warpgroup.
+/// The operands' encoding and the wgmma that multiplies them.
+struct Encoding {
+  explicit Encoding(QuantAttr scheme) : scheme(scheme) {
+    if (!scheme)
+      return;
+    elementBytes = 1;
+    // An FP8 partial needs registers beside the accumulator: two m64n128
+    // fragments (gate and up, or the two column halves) of 64 f32 each.
+    instN = 128;
+    scaleK = scheme.getBlockSize();
+    type = NVVM::WGMMATypes::e4m3;
+  }
+  bool fp8() const { return static_cast<bool>(scheme); }
+  int64_t tileK() const { return kSliceBytes / elementBytes; }
+  int64_t instK() const { return 32 / elementBytes; }
+  int64_t halves() const { return kTileN / instN; }
+  int64_t fragment() const { return instN / 2; }
+  /// Scale blocks along K in one stage.
+  int64_t subBlocks() const { return fp8() ? tileK() / scaleK : 1; }
+
+  QuantAttr scheme;
+  int64_t elementBytes = 2, instN = kTileN, scaleK = 0;
+  NVVM::WGMMATypes type = NVVM::WGMMATypes::bf16;
+};
+
+/// The pieces of the wgmma main loop: an accumulator is an LLVM struct of
+/// f32, one m64nN fragment per warpgroup.
 struct Wgmma {
   Kernel &k;
   OpBuilder &b;
   Location loc;
+  const Encoding &enc;
   Type fragment;
 
-  explicit Wgmma(Kernel &k) : k(k), b(k.b), loc(k.e.loc) {
-    SmallVector<Type> fields(kFragment, b.getF32Type());
+  Wgmma(Kernel &k, const Encoding &enc) : k(k), b(k.b), loc(k.e.loc), enc(enc) {
+    SmallVector<Type> fields(enc.fragment(), b.getF32Type());
     fragment = LLVM::LLVMStructType::getLiteral(b.getContext(), fields);
   }
   Value zero() {
     Value acc = LLVM::PoisonOp::create(b, loc, fragment);
     Value z = LLVM::ConstantOp::create(b, loc, b.getF32Type(),
                                        b.getF32FloatAttr(0.0));
-    for (int64_t i = 0; i < kFragment; ++i)
+    for (int64_t i = 0; i < enc.fragment(); ++i)
       acc = LLVM::InsertValueOp::create(b, loc, acc, z, ArrayRef<int64_t>{i});
     return acc;
   }
@@ -61,17 +93,40 @@ struct Wgmma {
         (int64_t(1) << 62) | (int64_t(1024 >> 4) << 32) | (int64_t(1) << 16);
     return LLVM::OrOp::create(b, loc, field, k.constI64(fixedBits));
   }
-  Value mma(Value acc, Value a, Value bDesc) {
+  /// `acc` itself, through an empty volatile asm that reads and writes each
+  /// register: LLVM may not move arithmetic on the fragment across it, so a
+  /// partial's promotion stays between its wait and the next wgmma (sunk
+  /// past them, two partials would be live at once and spill).
+  Value fence(Value acc) {
+    SmallVector<Value> fields;
+    std::string constraints;
+    for (int64_t i = 0; i < enc.fragment(); ++i) {
+      fields.push_back(
+          LLVM::ExtractValueOp::create(b, loc, acc, ArrayRef<int64_t>{i}));
+      constraints += "=f,";
+    }
+    for (int64_t i = 0; i < enc.fragment(); ++i)
+      constraints += std::to_string(i) + (i + 1 < enc.fragment() ? "," : "");
+    return LLVM::InlineAsmOp::create(b, loc, fragment, fields, "", constraints,
+                                     /*has_side_effects=*/true,
+                                     /*is_align_stack=*/false,
+                                     LLVM::tailcallkind::TailCallKind::None,
+                                     LLVM::AsmDialectAttr(), ArrayAttr())
+        .getResult(0);
+  }
+  /// acc + A x B, or A x B alone when `accumulate` is false.
+  Value mma(Value acc, Value a, Value bDesc, bool accumulate = true) {
     MLIRContext *ctx = b.getContext();
     auto type = [&](NVVM::WGMMATypes t) {
       return NVVM::WGMMATypesAttr::get(ctx, t);
     };
     return NVVM::WgmmaMmaAsyncOp::create(
         b, loc, fragment, acc, a, bDesc,
-        NVVM::MMAShapeAttr::get(ctx, 64, kTileN, 16),
-        type(NVVM::WGMMATypes::bf16), type(NVVM::WGMMATypes::bf16),
-        type(NVVM::WGMMATypes::f32),
-        NVVM::WGMMAScaleOutAttr::get(ctx, NVVM::WGMMAScaleOut::one),
+        NVVM::MMAShapeAttr::get(ctx, 64, enc.instN, enc.instK()),
+        type(enc.type), type(enc.type), type(NVVM::WGMMATypes::f32),
+        NVVM::WGMMAScaleOutAttr::get(ctx, accumulate
+                                              ? NVVM::WGMMAScaleOut::one
+                                              : NVVM::WGMMAScaleOut::zero),
         NVVM::WGMMAScaleInAttr::get(ctx, NVVM::WGMMAScaleIn::one),
         NVVM::WGMMAScaleInAttr::get(ctx, NVVM::WGMMAScaleIn::one),
         // Both operands K-major: NVVM's `col` for B is PTX's imm-trans-b 0.
@@ -97,25 +152,28 @@ static std::string describeK(GroupedMatmulOp op) {
 
 LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
                                          GroupedMatmulOp op) {
-  if (op.getLhsScale())
-    return op.emitOpError()
-           << "with FP8 operands has no sm_90a kernel yet; run "
-              "moe-legalize-scaled-matmul first";
-  auto lhsType = cast<RankedTensorType>(op.getLhs().getType());
   auto rhsType = cast<RankedTensorType>(op.getRhs().getType());
-  // The verifier allows FP8 operands only with scales, caught above.
-  assert(lhsType.getElementType().isBF16() &&
-         rhsType.getElementType().isBF16() && "bf16 operands");
+  Encoding enc(op.getScheme());
   bool grouped = static_cast<bool>(op.getTokensPerExpert());
   int64_t experts = grouped ? rhsType.getDimSize(0) : 1;
   int64_t n = rhsType.getDimSize(rhsType.getRank() - 2);
   int64_t kDim = rhsType.getDimSize(rhsType.getRank() - 1);
   // TMA reads rows whose length in bytes is a multiple of 16.
-  if (kDim % 8 != 0)
+  if ((kDim * enc.elementBytes) % 16 != 0)
     return op.emitOpError()
            << "has K = " << kDim << " (" << describeK(op)
            << "): sm_90a loads the operands with TMA, whose rows must be a "
-              "multiple of 16 bytes, so K must be a multiple of 8";
+              "multiple of 16 bytes, so K must be a multiple of "
+           << 16 / enc.elementBytes;
+  // Weight scales: one per 128 x 128 block (FP8 block-128) or per row and
+  // K block (MXFP8, or block-128 weights quantized in 1 x 128 blocks).
+  int64_t rhsScaleRows = 1;
+  if (enc.fp8())
+    rhsScaleRows = common::scaleRowsPerBlock(
+        rhsType.getShape(),
+        cast<RankedTensorType>(op.getRhsScale().getType()).getShape(),
+        enc.scheme);
+  bool columnScales = enc.fp8() && rhsScaleRows == 1;
   ActivationAttr activation = op.getActivationAttr();
   int64_t outN = activation ? n / 2 : n;
   // With an activation a tile computes 128 gate and the matching 128 up
@@ -125,17 +183,19 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   TensorInfo lhs = layer.info(op.getLhs());
   layer.define(op.getOut(), lhs.rows);
 
-  unsigned mapA =
-      layer.plan.addTensorMap(lhs.buffer, 2, lhs.rows, kDim, kTileM, kTileK);
+  unsigned mapA = layer.plan.addTensorMap(lhs.buffer, enc.elementBytes,
+                                          lhs.rows, kDim, kTileM, enc.tileK());
   unsigned mapB =
-      layer.plan.addTensorMap(layer.info(op.getRhs()).buffer, 2,
-                              {experts * n, 0}, kDim, kTileN / 2, kTileK);
+      layer.plan.addTensorMap(layer.info(op.getRhs()).buffer, enc.elementBytes,
+                              {experts * n, 0}, kDim, kTileN / 2, enc.tileK());
 
   SmallVector<Value> buffers = {op.getOut()};
   if (grouped)
     buffers.append({op.getTokensPerExpert(), op.getExpertOffsets()});
   if (op.getBias())
     buffers.push_back(op.getBias());
+  if (enc.fp8())
+    buffers.append({op.getLhsScale(), op.getRhsScale()});
   Kernel k = layer.kernel(op, grouped ? "grouped_matmul" : "matmul", buffers,
                           {mapA, mapB});
   Launch &launch = k.launch;
@@ -146,23 +206,29 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   launch.extraBlocks = grouped ? experts : 0;
   launch.gridY = llvm::divideCeil(outN, outTile);
   launch.block = kWarpGroups * 128;
-  launch.sharedBytes = kStages * kStageBytes + 1024;
+  // Per-column weight scales of two stages, decoded to f32, follow the ring.
+  int64_t columnScaleBytes =
+      columnScales ? 2 * enc.subBlocks() * kTileN * 4 : 0;
+  launch.sharedBytes = kStages * kStageBytes + columnScaleBytes + 1024;
   Emitter &e = k.e;
   OpBuilder &b = e.b;
   MLIRContext *ctx = b.getContext();
-  Value out = k.view(0, layer.info(op.getOut()));
-  Value counts =
-      grouped ? k.view(1, layer.info(op.getTokensPerExpert())) : Value();
-  Value offsets =
-      grouped ? k.view(2, layer.info(op.getExpertOffsets())) : Value();
-  Value bias = op.getBias()
-                   ? k.view(buffers.size() - 1, layer.info(op.getBias()))
-                   : Value();
+  auto view = [&](Value tensor) {
+    return k.view(llvm::find(buffers, tensor) - buffers.begin(),
+                  layer.info(tensor));
+  };
+  Value out = view(op.getOut());
+  Value counts = grouped ? view(op.getTokensPerExpert()) : Value();
+  Value offsets = grouped ? view(op.getExpertOffsets()) : Value();
+  Value bias = op.getBias() ? view(op.getBias()) : Value();
+  Value lhsScale = enc.fp8() ? view(op.getLhsScale()) : Value();
+  Value rhsScale = enc.fp8() ? view(op.getRhsScale()) : Value();
 
   auto workgroup =
       gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup);
+  Type element = enc.fp8() ? Type(b.getI8Type()) : Type(b.getBF16Type());
   auto tileType = [&](int64_t rows) {
-    return MemRefType::get({rows, kTileK}, b.getBF16Type(),
+    return MemRefType::get({rows, enc.tileK()}, element,
                            MemRefLayoutAttrInterface(), workgroup);
   };
   auto mapType = [&](int64_t rows) {
@@ -231,8 +297,8 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
       /*withElse=*/false);
   b.setInsertionPointToStart(&active.getThenRegion().front());
 
-  // Shared memory: kStages x (A 128x64, B 256x64), 1024-byte aligned for
-  // the 128-byte swizzle.
+  // Shared memory: kStages x (A 128 rows, B 256 rows) of 128 bytes,
+  // 1024-byte aligned for the 128-byte swizzle.
   auto bytesType = MemRefType::get({ShapedType::kDynamic}, b.getI8Type(),
                                    MemRefLayoutAttrInterface(), workgroup);
   Value smem = gpu::DynamicSharedMemoryOp::create(b, e.loc, bytesType);
@@ -250,6 +316,14 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
                      e.iadd(e.imul(slot, kStageBytes), e.index(offset)));
     return arith::IndexCastOp::create(b, e.loc, b.getI64Type(), a).getResult();
   };
+  // [2 stages][sub-blocks][256 columns] f32, after the ring.
+  Value columnScaleTile;
+  if (columnScales)
+    columnScaleTile = memref::ViewOp::create(
+        b, e.loc,
+        MemRefType::get({2, enc.subBlocks(), kTileN}, b.getF32Type(),
+                        MemRefLayoutAttrInterface(), workgroup),
+        smem, e.iadd(pad, e.index(kStages * kStageBytes)), ValueRange{});
 
   auto barrierType = nvgpu::MBarrierGroupType::get(ctx, workgroup, kStages);
   Value barriers = nvgpu::MBarrierCreateOp::create(b, e.loc, barrierType);
@@ -263,29 +337,32 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
     nvgpu::TmaPrefetchOp::create(b, e.loc, descA, Value());
     nvgpu::TmaPrefetchOp::create(b, e.loc, descB, Value());
   });
-  gpu::BarrierOp::create(b, e.loc);
 
   Value rowStartIdx = e.toIndex(rowStart);
+  Value rowEndIdx = e.toIndex(rowEnd);
   Value expertIdx = e.toIndex(expert);
   Value colTile = e.imul(nTile, outTile);
-  Value bRow0 = e.iadd(e.imul(expertIdx, n), colTile);
-  Value bRow1 = activation ? e.iadd(bRow0, e.index(n / 2))
-                           : e.iadd(bRow0, e.index(kTileN / 2));
-  int64_t kTiles = llvm::divideCeil(kDim, kTileK);
+  // The first weight row (within the expert) of each 128-column half.
+  Value halfRow0 = colTile;
+  Value halfRow1 = activation ? e.iadd(colTile, e.index(n / 2))
+                              : e.iadd(colTile, e.index(kTileN / 2));
+  Value bRow0 = e.iadd(e.imul(expertIdx, n), halfRow0);
+  Value bRow1 = e.iadd(e.imul(expertIdx, n), halfRow1);
+  int64_t kTiles = llvm::divideCeil(kDim, enc.tileK());
   // Thread 0 loads K slice `kt` into its ring slot.
   auto issue = [&](Value kt) {
     Value slot = e.remUI(kt, kStages);
-    Value col = e.imul(kt, kTileK);
+    Value col = e.imul(kt, enc.tileK());
     nvgpu::MBarrierArriveExpectTxOp::create(
         b, e.loc, barriers, e.index(kStageBytes), slot, Value());
     nvgpu::TmaAsyncLoadOp::create(b, e.loc, tile(slot, 0, kTileM), barriers,
                                   descA, ValueRange{col, rowStartIdx}, slot,
                                   Value(), Value());
     nvgpu::TmaAsyncLoadOp::create(
-        b, e.loc, tile(slot, kTileM * kTileK * 2, kTileN / 2), barriers, descB,
+        b, e.loc, tile(slot, kTileM * kSliceBytes, kTileN / 2), barriers, descB,
         ValueRange{col, bRow0}, slot, Value(), Value());
     nvgpu::TmaAsyncLoadOp::create(
-        b, e.loc, tile(slot, (kTileM + kTileN / 2) * kTileK * 2, kTileN / 2),
+        b, e.loc, tile(slot, kTileM * kSliceBytes + kHalfBytes, kTileN / 2),
         barriers, descB, ValueRange{col, bRow1}, slot, Value(), Value());
   };
   e.ifThen(leader, [&] {
@@ -293,56 +370,222 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
               [&](Value kt) { issue(kt); });
   });
 
-  Wgmma w(k);
-  Value zero = w.zero();
-  // This thread's warpgroup computes rows [64 g, 64 g + 64) of the tile.
+  // Fragment element i of a thread in warp w (of its warpgroup), lane l is
+  // row 16w + l/4 + 8((i/2)%2) and column 8(i/4) + 2(l%4) + i%2 of its
+  // m64nN result.
   Value group = e.divUI(tid, 128);
-  Value groupOffset = arith::IndexCastOp::create(
-      b, e.loc, b.getI64Type(), e.imul(group, kGroupRows * kTileK * 2));
-  auto loop = scf::ForOp::create(b, e.loc, e.index(0), e.index(kTiles),
-                                 e.index(1), ValueRange{zero});
-  {
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(loop.getBody());
-    Value kt = loop.getInductionVar();
-    Value slot = e.remUI(kt, kStages);
-    Value parity = arith::TruncIOp::create(
-        b, e.loc, b.getI1Type(), e.toI32(e.remUI(e.divUI(kt, kStages), 2)));
-    nvgpu::MBarrierTryWaitParityOp::create(b, e.loc, barriers, parity,
-                                           e.index(10000000), slot);
-    NVVM::WgmmaFenceAlignedOp::create(b, e.loc);
-    Value acc = loop.getRegionIterArgs()[0];
-    Value aBase = LLVM::AddOp::create(b, e.loc, address(slot, 0), groupOffset);
-    Value bBase = address(slot, kTileM * kTileK * 2);
-    for (int64_t kk = 0; kk < kTileK / 16; ++kk) {
-      Value bDesc = w.descriptor(
-          LLVM::AddOp::create(b, e.loc, bBase, k.constI64(kk * 32)));
-      Value aDesc = w.descriptor(
-          LLVM::AddOp::create(b, e.loc, aBase, k.constI64(kk * 32)));
-      acc = w.mma(acc, aDesc, bDesc);
-    }
-    NVVM::WgmmaGroupSyncAlignedOp::create(b, e.loc);
-    // The previous slice's wgmma are done: its slot can be refilled.
-    NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 1);
-    gpu::BarrierOp::create(b, e.loc);
-    Value next = e.iadd(kt, e.index(kStages - 1));
-    e.ifThen(e.andi(leader, e.ult(next, e.index(kTiles))),
-             [&] { issue(next); });
-    scf::YieldOp::create(b, e.loc, acc);
-  }
-  NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 0);
-
-  // Epilogue from registers: fragment element i of a thread in warp w (of
-  // its warpgroup), lane l is row 16w + l/4 + 8((i/2)%2), column
-  // 8(i/4) + 2(l%4) + i%2.
   Value warp = e.remUI(e.divUI(tid, 32), 4), lane = e.remUI(tid, 32);
   Value rowBase = e.iadd(
       e.iadd(e.iadd(rowStartIdx, e.imul(group, kGroupRows)), e.imul(warp, 16)),
       e.divUI(lane, 4));
   Value colBase = e.imul(e.remUI(lane, 4), 2);
-  Value rowEndIdx = e.toIndex(rowEnd);
-  auto column = [&](Value acc, int64_t i) {
-    return LLVM::ExtractValueOp::create(b, e.loc, acc, ArrayRef<int64_t>{i})
+  auto fragmentColumn = [&](int64_t i) {
+    return e.iadd(colBase, e.index((i / 4) * 8 + i % 2));
+  };
+
+  // FP8 scales. A stage's scales are loaded one stage ahead into registers
+  // (the loop carries them) so their latency hides behind the wgmma.
+  int64_t kBlocks = enc.fp8() ? llvm::divideCeil(kDim, enc.scaleK) : 0;
+  int64_t sub = enc.subBlocks();
+  // This thread's two rows, clamped into the block's rows for the loads.
+  Value lastRow = e.isub(rowEndIdx, e.index(1));
+  Value scaleRows[2] = {e.minUI(rowBase, lastRow),
+                        e.minUI(e.iadd(rowBase, e.index(8)), lastRow)};
+  // Square weight blocks: the block row of each half's first column; a half
+  // whose first row is not a multiple of 128 (the up half when n/2 is not)
+  // spans two blocks, and its columns from `split` on use the second.
+  int64_t weightBlockRows = llvm::divideCeil(n, int64_t(128));
+  int64_t split[2] = {128, 128};
+  if (activation && (n / 2) % 128 != 0)
+    split[1] = 128 - (n / 2) % 128;
+  Value halfRows[2] = {halfRow0, halfRow1};
+  auto kBlockOf = [&](Value kt, int64_t s) {
+    return e.minUI(e.iadd(e.imul(kt, sub), e.index(s)), e.index(kBlocks - 1));
+  };
+  // The scales of stage `kt`: per sub-block, both rows' scales, then for
+  // square weight blocks each half's one or two block scales.
+  auto loadScales = [&](Value kt) {
+    SmallVector<Value> values;
+    for (int64_t s = 0; s < sub; ++s) {
+      Value kb = kBlockOf(kt, s);
+      // A sub-block past K (MXFP8, K not a multiple of 128) adds nothing.
+      Value past =
+          e.icmp(arith::CmpIPredicate::uge, e.iadd(e.imul(kt, sub), e.index(s)),
+                 e.index(kBlocks));
+      for (Value row : scaleRows) {
+        Value scale = common::loadScale(e, lhsScale, {row, kb});
+        if (kBlocks % sub != 0)
+          scale = e.select(past, e.f32(0.0), scale);
+        values.push_back(scale);
+      }
+      if (columnScales)
+        continue;
+      for (int64_t h = 0; h < 2; ++h) {
+        Value blockRow = e.divUI(halfRows[h], 128);
+        for (int64_t part = 0; part < (split[h] < 128 ? 2 : 1); ++part) {
+          Value r = e.minUI(e.iadd(blockRow, e.index(part)),
+                            e.index(weightBlockRows - 1));
+          SmallVector<Value> index;
+          if (grouped)
+            index.push_back(expertIdx);
+          index.append({r, kb});
+          values.push_back(common::loadScale(e, rhsScale, index));
+        }
+      }
+    }
+    return values;
+  };
+  // Per-column weight scales: thread t holds tile column t's scales of a
+  // stage (weight row clamped into the expert), staged in shared memory.
+  Value ownRow;
+  if (columnScales) {
+    Value h = e.divUI(tid, 128), j = e.remUI(tid, 128);
+    Value row = e.iadd(e.select(e.eq(h, e.index(0)), halfRow0, halfRow1), j);
+    ownRow = e.minUI(row, e.index(n - 1));
+  }
+  auto loadColumnScales = [&](Value kt) {
+    SmallVector<Value> values;
+    for (int64_t s = 0; s < sub; ++s) {
+      SmallVector<Value> index;
+      if (grouped)
+        index.push_back(expertIdx);
+      index.append({ownRow, kBlockOf(kt, s)});
+      values.push_back(common::loadScale(e, rhsScale, index));
+    }
+    return values;
+  };
+  auto storeColumnScales = [&](Value kt, ValueRange values) {
+    Value stage = e.remUI(kt, 2);
+    for (int64_t s = 0; s < sub; ++s)
+      memref::StoreOp::create(b, e.loc, values[s], columnScaleTile,
+                              ValueRange{stage, e.index(s), tid});
+  };
+  if (columnScales)
+    storeColumnScales(e.index(0), loadColumnScales(e.index(0)));
+  gpu::BarrierOp::create(b, e.loc);
+
+  Wgmma w(k, enc);
+  Value zero = w.zero();
+  SmallVector<Value> init(enc.halves(), zero);
+  int64_t scaleValues = 0;
+  if (enc.fp8()) {
+    SmallVector<Value> first = loadScales(e.index(0));
+    scaleValues = first.size();
+    init.append(first);
+  }
+  // This thread's warpgroup computes rows [64 g, 64 g + 64) of the tile.
+  Value groupOffset = arith::IndexCastOp::create(
+      b, e.loc, b.getI64Type(), e.imul(group, kGroupRows * kSliceBytes));
+  auto loop = scf::ForOp::create(b, e.loc, e.index(0), e.index(kTiles),
+                                 e.index(1), init);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value kt = loop.getInductionVar();
+    Value slot = e.remUI(kt, kStages);
+    ValueRange carried = loop.getRegionIterArgs();
+    SmallVector<Value> accs(carried.take_front(enc.halves()));
+    ValueRange scales = carried.drop_front(enc.halves());
+    // The next stage's scales, needed only after this stage's wgmma.
+    Value next = e.iadd(kt, e.index(1));
+    SmallVector<Value> nextScales, nextColumnScales;
+    if (enc.fp8())
+      nextScales = loadScales(next);
+    if (columnScales)
+      nextColumnScales = loadColumnScales(next);
+    Value parity = arith::TruncIOp::create(
+        b, e.loc, b.getI1Type(), e.toI32(e.remUI(e.divUI(kt, kStages), 2)));
+    nvgpu::MBarrierTryWaitParityOp::create(b, e.loc, barriers, parity,
+                                           e.index(10000000), slot);
+    Value aBase = LLVM::AddOp::create(b, e.loc, address(slot, 0), groupOffset);
+    Value bBase = address(slot, kTileM * kSliceBytes);
+    // wgmma over instructions [first, last) of the slice into `acc` for
+    // columns of half `h` (all 256 for bf16).
+    auto multiply = [&](Value acc, int64_t h, int64_t first, int64_t last,
+                        bool accumulate) {
+      for (int64_t kk = first; kk < last; ++kk) {
+        Value bDesc = w.descriptor(LLVM::AddOp::create(
+            b, e.loc, bBase, k.constI64(h * kHalfBytes + kk * 32)));
+        Value aDesc = w.descriptor(
+            LLVM::AddOp::create(b, e.loc, aBase, k.constI64(kk * 32)));
+        acc = w.mma(acc, aDesc, bDesc, accumulate || kk != first);
+      }
+      return acc;
+    };
+    int64_t perSlice = enc.tileK() / enc.instK();
+    if (!enc.fp8()) {
+      NVVM::WgmmaFenceAlignedOp::create(b, e.loc);
+      accs[0] = multiply(accs[0], 0, 0, perSlice, /*accumulate=*/true);
+      NVVM::WgmmaGroupSyncAlignedOp::create(b, e.loc);
+      // The previous slice's wgmma are done: its slot can be refilled.
+      NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 1);
+    } else {
+      Value stage = columnScales ? e.remUI(kt, 2) : Value();
+      int64_t perBlock = perSlice / sub;
+      // Each scale block into a fresh partial, then scaled into the
+      // accumulator: acc += partial * (row scale * column scale).
+      for (int64_t s = 0; s < sub; ++s) {
+        ValueRange blockScales =
+            scales.slice(s * (scaleValues / sub), scaleValues / sub);
+        for (int64_t h = 0; h < enc.halves(); ++h) {
+          NVVM::WgmmaFenceAlignedOp::create(b, e.loc);
+          // The first wgmma ignores its input: no registers for it.
+          Value partial =
+              multiply(LLVM::PoisonOp::create(b, e.loc, w.fragment), h,
+                       s * perBlock, (s + 1) * perBlock, /*accumulate=*/false);
+          NVVM::WgmmaGroupSyncAlignedOp::create(b, e.loc);
+          NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 0);
+          partial = w.fence(partial);
+          Value acc = accs[h];
+          // Square blocks: this half's first (and second) block scale.
+          int64_t first = 2;
+          for (int64_t g = 0; g < h; ++g)
+            first += split[g] < 128 ? 2 : 1;
+          for (int64_t i = 0; i < enc.fragment(); ++i) {
+            Value rowScale = blockScales[(i / 2) % 2];
+            Value columnScale;
+            if (columnScales) {
+              Value c = e.iadd(fragmentColumn(i), e.index(h * 128));
+              columnScale = memref::LoadOp::create(
+                  b, e.loc, columnScaleTile, ValueRange{stage, e.index(s), c});
+            } else if (split[h] == 128) {
+              columnScale = blockScales[first];
+            } else {
+              Value inFirst = e.ult(fragmentColumn(i), e.index(split[h]));
+              columnScale =
+                  e.select(inFirst, blockScales[first], blockScales[first + 1]);
+            }
+            Value p = LLVM::ExtractValueOp::create(b, e.loc, partial,
+                                                   ArrayRef<int64_t>{i});
+            Value a = LLVM::ExtractValueOp::create(b, e.loc, acc,
+                                                   ArrayRef<int64_t>{i});
+            Value sum = e.add(a, e.mul(p, e.mul(rowScale, columnScale)));
+            acc = LLVM::InsertValueOp::create(b, e.loc, acc, sum,
+                                              ArrayRef<int64_t>{i});
+          }
+          accs[h] = w.fence(acc);
+        }
+      }
+      if (columnScales)
+        storeColumnScales(next, nextColumnScales);
+    }
+    gpu::BarrierOp::create(b, e.loc);
+    Value refill = e.iadd(kt, e.index(kStages - 1));
+    e.ifThen(e.andi(leader, e.ult(refill, e.index(kTiles))),
+             [&] { issue(refill); });
+    SmallVector<Value> yielded(accs);
+    yielded.append(nextScales);
+    scf::YieldOp::create(b, e.loc, yielded);
+  }
+  if (!enc.fp8())
+    NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 0);
+
+  // Epilogue from registers: element i of the m64n256 tile is element
+  // i % fragment of half i / fragment.
+  auto column = [&](int64_t i) {
+    return LLVM::ExtractValueOp::create(b, e.loc,
+                                        loop.getResult(i / enc.fragment()),
+                                        ArrayRef<int64_t>{i % enc.fragment()})
         .getResult();
   };
   auto addBias = [&](Value v, Value col) {
@@ -356,19 +599,17 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   // With an activation, gate column c is element i and its up column
   // c + kTileN / 2 is element i + kFragment / 2.
   int64_t perThread = activation ? kFragment / 2 : kFragment;
-  Value acc = loop.getResult(0);
   for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
     Value row = e.iadd(rowBase, e.index(rowHalf * 8));
     e.ifThen(e.ult(row, rowEndIdx), [&] {
       for (int64_t i = 0; i < perThread; ++i) {
         if ((i / 2) % 2 != rowHalf)
           continue;
-        Value c =
-            e.iadd(colTile, e.iadd(colBase, e.index((i / 4) * 8 + i % 2)));
-        Value v = addBias(column(acc, i), c);
+        Value c = e.iadd(colTile, fragmentColumn(i));
+        Value v = addBias(column(i), c);
         if (activation) {
-          Value up = addBias(column(acc, i + kFragment / 2),
-                             e.iadd(c, e.index(n / 2)));
+          Value up =
+              addBias(column(i + kFragment / 2), e.iadd(c, e.index(n / 2)));
           v = common::activate(e, activation, v, up);
         }
         e.ifThen(e.ult(c, e.index(outN)), [&] { e.store(v, out, {row, c}); });

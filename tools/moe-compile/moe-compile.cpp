@@ -136,14 +136,20 @@ static bool compileSharedLibrary(ModuleOp module, const char *argv0) {
     llvm::errs() << "moe-compile: --emit=so needs -o libNAME.so\n";
     return false;
   }
-  SmallVector<func::FuncOp> layers;
-  for (auto func : module.getOps<func::FuncOp>())
+  // A library holds one layer function, or one function of L1 ops (a
+  // kernel family on its own, for checks and benchmarks).
+  SmallVector<func::FuncOp> layers, functions(module.getOps<func::FuncOp>());
+  for (auto func : functions)
     if (!func.getOps<moe::LayerOp>().empty())
       layers.push_back(func);
+  if (layers.empty() && functions.size() == 1)
+    layers = functions;
   if (layers.size() != 1) {
-    emitError(module.getLoc()) << "a library holds one layer function, but "
-                                  "the input has "
-                               << layers.size();
+    emitError(module.getLoc()) << "a library holds one layer function (or "
+                                  "one function of moe ops), but the input "
+                                  "has "
+                               << layers.size() << " layer functions and "
+                               << functions.size() << " functions";
     return false;
   }
   func::FuncOp func = layers.front();
@@ -159,7 +165,9 @@ static bool compileSharedLibrary(ModuleOp module, const char *argv0) {
       moe::host::describeLayer(func);
   if (failed(args))
     return false;
-  moe::ConfigAttr config = (*func.getOps<moe::LayerOp>().begin()).getConfig();
+  auto layerOps = func.getOps<moe::LayerOp>();
+  moe::ConfigAttr config =
+      layerOps.empty() ? moe::ConfigAttr() : (*layerOps.begin()).getConfig();
 
   // --emit values are stops along the target's pipeline (passes/Pipelines.h).
   moe::PipelineOptions options;

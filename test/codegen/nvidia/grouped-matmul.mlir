@@ -1,5 +1,5 @@
-// RUN: moe-opt %s --moe-build-kernels | FileCheck %s
-// RUN: moe-opt %s --moe-sm90a-pipeline=stop-after=ptx | FileCheck %s --check-prefix=PTX
+// RUN: moe-opt %s --split-input-file --moe-build-kernels | FileCheck %s
+// RUN: moe-opt %s --split-input-file --moe-sm90a-pipeline=stop-after=ptx | FileCheck %s --check-prefix=PTX
 
 // The grouped matmul: tiles of 128 rows x 256 weight rows. Each operand has a
 // TMA descriptor (128-row boxes of 64 bf16), passed by value; the grid has a
@@ -27,4 +27,49 @@ func.func @gate_up(%x: tensor<?x64xbf16>, %w13: tensor<8x256x64xbf16>,
       : (tensor<?x64xbf16>, tensor<8x256x64xbf16>, tensor<8xi32>, tensor<9xi32>,
          tensor<8x256xf32>) -> tensor<?x128xbf16>
   return %0 : tensor<?x128xbf16>
+}
+
+// -----
+
+// FP8 block-128: E4M3 operands in 128-byte boxes (128 codes), two m64n128k32
+// wgmma halves per 128 of K into a fresh partial, which the scales promote
+// into the accumulator. The up half of this tile starts 32 rows into a
+// 128-row weight block (I = 160), so its columns take one of two scales.
+// CHECK: tensor_maps = [#moe.tensor_map<buffer = {{[0-9]+}}, element_bytes = 1, rows = 1 * T, cols = 256, box_rows = 128, box_cols = 128>
+// CHECK-SAME: #moe.tensor_map<buffer = {{[0-9]+}}, element_bytes = 1, rows = 1280, cols = 256, box_rows = 128, box_cols = 128>
+// CHECK-SAME: shared_bytes = 197632
+// CHECK: gpu.func @moe_grouped_matmul
+// CHECK: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 128, k = 32>, D[<f32>, <zero>], A[<e4m3>, <one>, <row>], B[<e4m3>, <one>, <col>]
+// CHECK: nvvm.wgmma.wait.group.sync.aligned 0
+// CHECK: llvm.inline_asm has_side_effects
+// PTX: .visible .entry moe_grouped_matmul(
+// PTX: wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3
+func.func @block128(%x: tensor<?x256xf8E4M3FN>, %w13: tensor<4x320x256xf8E4M3FN>,
+                    %counts: tensor<4xi32>, %offsets: tensor<5xi32>,
+                    %sx: tensor<?x2xf32>, %sw: tensor<4x3x2xf32>)
+    -> tensor<?x160xbf16> {
+  %0 = moe.grouped_matmul %x, %w13 groups(%counts, %offsets) scales(%sx, %sw)
+      {activation = #moe.activation<kind = swiglu>}
+      : (tensor<?x256xf8E4M3FN>, tensor<4x320x256xf8E4M3FN>, tensor<4xi32>,
+         tensor<5xi32>, tensor<?x2xf32>, tensor<4x3x2xf32>) -> tensor<?x160xbf16>
+  return %0 : tensor<?x160xbf16>
+}
+
+// -----
+
+// MXFP8: a scale per 32 of K and weight row, so a 128-code slice holds four
+// scale blocks, each promoted on its own; the weight rows' scales of two
+// stages are staged in shared memory (8 KiB after the ring).
+// CHECK: shared_bytes = 205824
+// CHECK: gpu.func @moe_matmul
+// CHECK-COUNT-8: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 128, k = 32>, D[<f32>, <zero>]
+// PTX: .visible .entry moe_matmul(
+// PTX: wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3
+func.func @mxfp8(%a: tensor<?x128xf8E4M3FN>, %b: tensor<96x128xf8E4M3FN>,
+                 %sa: tensor<?x4xf8E8M0FNU>, %sb: tensor<96x4xf8E8M0FNU>)
+    -> tensor<?x96xbf16> {
+  %0 = moe.grouped_matmul %a, %b scales(%sa, %sb)
+      : (tensor<?x128xf8E4M3FN>, tensor<96x128xf8E4M3FN>, tensor<?x4xf8E8M0FNU>,
+         tensor<96x4xf8E8M0FNU>) -> tensor<?x96xbf16>
+  return %0 : tensor<?x96xbf16>
 }

@@ -92,18 +92,6 @@ func.func @odd_k(%x: tensor<?x100xbf16>, %w: tensor<64x100xbf16>) -> tensor<?x64
 
 // -----
 
-func.func @fp8(%a: tensor<?x64xf8E4M3FN>, %b: tensor<32x64xf8E4M3FN>,
-               %sa: tensor<?x2xf8E8M0FNU>, %sb: tensor<32x2xf8E8M0FNU>)
-    -> tensor<?x32xbf16> {
-  // expected-error @+1 {{with FP8 operands has no sm_90a kernel yet; run moe-legalize-scaled-matmul first}}
-  %0 = moe.grouped_matmul %a, %b scales(%sa, %sb)
-      : (tensor<?x64xf8E4M3FN>, tensor<32x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>,
-         tensor<32x2xf8E8M0FNU>) -> tensor<?x32xbf16>
-  return %0 : tensor<?x32xbf16>
-}
-
-// -----
-
 // Four tokens' scores for every expert must fit in a block's shared memory.
 func.func @too_many_experts(%hidden: tensor<?x64xbf16>, %router: tensor<2048x64xbf16>)
     -> (tensor<?x2xi32>, tensor<?x2xf32>) {

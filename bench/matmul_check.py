@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""The grouped matmul alone: checked against float64 and timed beside
+torch._grouped_mm (bf16) and torch._scaled_grouped_mm (FP8 rowwise).
+
+  matmul_check.py prepare DIR   on the build machine: writes one function
+                                holding one moe.grouped_matmul per shape and
+                                scheme and compiles it for sm_90a into DIR
+  matmul_check.py run DIR       on the GPU machine: for each library, random
+                                operands (FP8 codes and scales for the
+                                quantized schemes), the output poisoned with
+                                NaN, one call checked against float64, then
+                                timed beside the PyTorch peers; one JSON line
+                                per result
+
+The shapes are ../shared/bench/peers-h100.md's: E experts x M rows each, N
+weight rows, K; "up" shapes have no activation, so every scheme computes the
+same product as the peers.
+"""
+import json
+import os
+import subprocess
+import sys
+
+SHAPES = {
+    "dsv3_up_decode": (32, 128, 4096, 7168),
+    "dsv3_down_decode": (32, 128, 7168, 2048),
+    "dsv3_up_prefill": (32, 2048, 4096, 7168),
+    "dsv3_down_prefill": (32, 2048, 7168, 2048),
+    "mixtral_up": (8, 4096, 28672, 4096),
+    "mixtral_down": (8, 4096, 4096, 14336),
+    "qwen3_30b_up": (128, 512, 1536, 2048),
+    "qwen3_30b_down": (128, 512, 2048, 768),
+}
+SCHEMES = ["bf16", "fp8_block128", "mxfp8"]
+
+
+def function(name, scheme, e, n, k):
+    """The .mlir of one grouped matmul [?, K] x [E, N, K]^T."""
+    if scheme == "bf16":
+        elem, scales, types = "bf16", "", ""
+    else:
+        elem = "f8E4M3FN"
+        if scheme == "fp8_block128":
+            sa = f"tensor<?x{-(-k // 128)}xf32>"
+            sb = f"tensor<{e}x{-(-n // 128)}x{-(-k // 128)}xf32>"
+        else:
+            sa = f"tensor<?x{-(-k // 32)}xf8E8M0FNU>"
+            sb = f"tensor<{e}x{n}x{-(-k // 32)}xf8E8M0FNU>"
+        scales = " scales(%sa, %sb)"
+        types = f", {sa}, {sb}"
+    a, b = f"tensor<?x{k}x{elem}>", f"tensor<{e}x{n}x{k}x{elem}>"
+    c, o = f"tensor<{e}xi32>", f"tensor<{e + 1}xi32>"
+    args = [f"%a: {a} {{moe.name = \"lhs\"}}", f"%b: {b} {{moe.name = \"rhs\"}}",
+            f"%c: {c} {{moe.name = \"counts\"}}",
+            f"%o: {o} {{moe.name = \"offsets\"}}"]
+    if scales:
+        args += [f"%sa: {sa} {{moe.name = \"lhs_scale\"}}",
+                 f"%sb: {sb} {{moe.name = \"rhs_scale\"}}"]
+    out = f"tensor<?x{n}xbf16>"
+    return (f"func.func @{name}({', '.join(args)}) -> {out} {{\n"
+            f"  %0 = moe.grouped_matmul %a, %b groups(%c, %o){scales}\n"
+            f"      : ({a}, {b}, {c}, {o}{types}) -> {out}\n"
+            f"  return %0 : {out}\n}}\n")
+
+
+def prepare(out_dir):
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    compile_ = os.path.join(root, "build", "bin", "moe-compile")
+    os.makedirs(out_dir, exist_ok=True)
+    for shape, (e, m, n, k) in SHAPES.items():
+        for scheme in SCHEMES:
+            name = f"mm_{shape}_{scheme}"
+            src = os.path.join(out_dir, name + ".mlir")
+            with open(src, "w") as f:
+                f.write(function(name, scheme, e, n, k))
+            subprocess.run([compile_, src, "--target=sm_90a", "-o",
+                            os.path.join(out_dir, f"lib{name}.so")],
+                           check=True)
+    with open(os.path.join(out_dir, "shapes.json"), "w") as f:
+        json.dump(SHAPES, f)
+
+
+def run(lib_dir):
+    import torch
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..",
+                                    "python"))
+    from moe_compiler import Layer
+    from device_check import bench
+
+    def out(**kw):
+        print(json.dumps(kw), flush=True)
+
+    shapes = json.load(open(os.path.join(lib_dir, "shapes.json")))
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    failed = False
+    for shape, (e, m, n, k) in shapes.items():
+        rows = e * m
+        counts = torch.full((e,), m, dtype=torch.int32, device=dev)
+        offsets = torch.arange(0, rows + 1, m, dtype=torch.int32, device=dev)
+        a = torch.randn(rows, k, generator=gen, device=dev)
+        b = torch.randn(e, n, k, generator=gen, device=dev) / k ** 0.5
+        flops = 2.0 * rows * n * k
+        weight_bytes = {"bf16": 2 * e * n * k}
+        for scheme in SCHEMES:
+            lib = os.path.join(lib_dir, f"libmm_{shape}_{scheme}.so")
+            layer = Layer(lib)
+            if scheme == "bf16":
+                operands = [a.bfloat16(), b.bfloat16()]
+                deq_a, deq_b = operands[0].double(), operands[1].double()
+                scales = []
+            else:
+                block = 128 if scheme == "fp8_block128" else 32
+                qa, sa = quantize_rows(a, block)
+                if scheme == "fp8_block128":
+                    qb, sb = quantize_square(b)
+                    deq_b = qb.double() * expand(sb.double(), n, k, 128, 128)
+                else:
+                    qb, sb = quantize_rows(b.reshape(e * n, k), block)
+                    qb, sb = qb.view(e, n, k), sb.view(e, n, -1)
+                    deq_b = qb.double() * expand(sb.double(), n, k, 1, 32)
+                deq_a = qa.double() * sa.double().repeat_interleave(
+                    block, 1)[:, :k]
+                operands = [qa, qb]
+                # The ABI takes E8M0 scales as bytes.
+                scales = [t.view(torch.uint8) if t.dtype != torch.float32
+                          else t for t in (sa, sb)]
+            result = torch.full((rows, n), float("nan"), dtype=torch.bfloat16,
+                                device=dev)
+            args = operands + [counts, offsets] + scales + [result]
+            layer.forward(*args)
+            torch.cuda.synchronize()
+            ref = torch.empty(rows, n, dtype=torch.float64, device=dev)
+            for x in range(e):
+                ref[x * m:(x + 1) * m] = deq_a[x * m:(x + 1) * m] @ deq_b[x].t()
+            got = result.double()
+            err = ((got - ref).norm() / ref.norm()).item()
+            # What rounding the exact product to bf16 alone costs.
+            floor = ((ref.bfloat16().double() - ref).norm() /
+                     ref.norm()).item()
+            ok = bool(torch.isfinite(got).all()) and err <= 2 * floor + 1e-3
+            failed |= not ok
+            out(what="check", shape=shape, scheme=scheme, rel_error=err,
+                bf16_rounding=floor, ok=ok)
+            us = bench(lambda: layer.forward(*args), 10 if m >= 1024 else 20)
+            wbytes = e * n * k * (2 if scheme == "bf16" else 1)
+            out(what="time", shape=shape, scheme=scheme, us=us,
+                tflops=flops / us / 1e6, weight_tbps=wbytes / us / 1e6)
+            del args, operands, scales, deq_a, deq_b, ref, got
+        peers(out, shape, a, b, offsets[1:], flops, e, n, k)
+    return 1 if failed else 0
+
+
+def peers(out, shape, a, b, ends, flops, e, n, k):
+    import torch
+    from device_check import bench
+    iters = 10 if a.shape[0] // e >= 1024 else 20
+    a16, bt16 = a.bfloat16(), b.bfloat16().transpose(-2, -1)
+    try:
+        us = bench(lambda: torch._grouped_mm(a16, bt16, offs=ends), iters)
+        out(what="peer", shape=shape, peer="torch._grouped_mm bf16", us=us,
+            tflops=flops / us / 1e6, weight_tbps=2 * e * n * k / us / 1e6)
+    except Exception as ex:  # the peer's own limits
+        out(what="peer", shape=shape, peer="torch._grouped_mm bf16",
+            error=repr(ex)[:200])
+    try:
+        fp8 = torch.float8_e4m3fn
+        sa = a.abs().amax(-1).clamp(min=1e-4) / 448
+        sb = b.abs().amax(-1).clamp(min=1e-4) / 448
+        qa = (a / sa[:, None]).to(fp8)
+        qbt = (b / sb[:, :, None]).to(fp8).transpose(-2, -1)
+        us = bench(lambda: torch._scaled_grouped_mm(
+            qa, qbt, sa, sb, offs=ends, out_dtype=torch.bfloat16), iters)
+        out(what="peer", shape=shape, peer="torch._scaled_grouped_mm fp8 "
+            "rowwise", us=us, tflops=flops / us / 1e6,
+            weight_tbps=e * n * k / us / 1e6)
+    except Exception as ex:
+        out(what="peer", shape=shape, peer="torch._scaled_grouped_mm fp8 "
+            "rowwise", error=repr(ex)[:200])
+
+
+def quantize_rows(x, block):
+    """E4M3 codes and scales per 1 x block: f32 amax/448 for 128, E8M0
+    2^(floor(log2 amax) - 8) for 32 (docs/numerics.md)."""
+    import torch
+    rows, k = x.shape
+    pad = (-k) % block
+    b = torch.nn.functional.pad(x.float(), (0, pad)).view(rows, -1, block)
+    amax = b.abs().amax(-1, keepdim=True)
+    if block == 128:
+        scale = amax.clamp(min=1e-4) / 448.0
+        stored = scale.squeeze(-1)
+    else:
+        exp = (torch.floor(torch.log2(amax.clamp(min=2.0 ** -126))) - 8
+               ).clamp(-127, 127)
+        scale = torch.exp2(exp)
+        stored = scale.squeeze(-1).to(torch.float8_e8m0fnu)
+    codes = (b / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return codes.view(rows, -1)[:, :k].contiguous(), stored.contiguous()
+
+
+def quantize_square(w):
+    """E4M3 codes and f32 scales per 128 x 128 block of [E, N, K]."""
+    import torch
+    e, n, k = w.shape
+    pn, pk = (-n) % 128, (-k) % 128
+    b = torch.nn.functional.pad(w.float(), (0, pk, 0, pn))
+    b = b.view(e, (n + pn) // 128, 128, (k + pk) // 128, 128)
+    amax = b.abs().amax(dim=(2, 4), keepdim=True)
+    scale = amax.clamp(min=1e-4) / 448.0
+    codes = (b / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    codes = codes.view(e, n + pn, k + pk)[:, :n, :k].contiguous()
+    return codes, scale.view(e, (n + pn) // 128, (k + pk) // 128).contiguous()
+
+
+def expand(scales, n, k, rows, cols):
+    """Per-element scales of [E, N, K] from block scales."""
+    full = scales.repeat_interleave(rows, 1)[:, :n]
+    return full.repeat_interleave(cols, 2)[:, :, :k]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in ("prepare", "run"):
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    if sys.argv[1] == "prepare":
+        prepare(sys.argv[2])
+    else:
+        sys.exit(run(sys.argv[2]))
