@@ -30,24 +30,45 @@ def out(**kw):
     print(json.dumps(kw), flush=True)
 
 
-def quantize_blocks(values, scale_shape):
-    """E4M3 codes and f32 scales per 128 x 128 (or 1 x 128) block, as
-    DeepSeek-V3 stores FP8 weights."""
+def quantize_blocks(values, scale_shape, scale_dtype):
+    """FP8 weights ([E,] N, K) as a quantized layer takes them: E4M3 codes
+    and f32 scales per 128 x 128 (or 1 x 128) block as DeepSeek-V3 stores
+    them, or E8M0 scales (as bytes) per 1 x 32 block for MXFP8."""
+    squeeze = values.dim() == 2
+    if squeeze:
+        values, scale_shape = values[None], [1] + list(scale_shape)
     e, n, k = values.shape
-    rb = 1 if scale_shape[1] == n else 128
-    padded = torch.zeros(e, scale_shape[1] * rb, scale_shape[2] * 128,
-                         dtype=torch.float32, device=values.device)
-    padded[:, :n, :k] = values
-    blocks = padded.view(e, scale_shape[1], rb, scale_shape[2], 128)
-    amax = blocks.abs().amax(dim=(2, 4)).clamp(min=1e-4)
-    scales = amax / 448.0
-    codes = (blocks / scales[:, :, None, :, None]).view_as(padded)
-    return codes[:, :n, :k].contiguous().to(torch.float8_e4m3fn), scales
+    if scale_dtype == "F8_E8M0":
+        pad = (-k) % 32
+        b = torch.nn.functional.pad(values.float(), (0, pad))
+        b = b.view(e, n, -1, 32)
+        amax = b.abs().amax(-1, keepdim=True)
+        exp = (torch.floor(torch.log2(amax.clamp(min=2.0 ** -126))) - 8
+               ).clamp(-127, 127)
+        exp = torch.where(amax > 0, exp, torch.full_like(exp, -127.0))
+        codes = (b / torch.exp2(exp)).clamp(-448, 448)
+        codes = codes.view(e, n, -1)[:, :, :k].contiguous().to(
+            torch.float8_e4m3fn)
+        scales = (exp.squeeze(-1) + 127).to(torch.uint8)
+    else:
+        rb = 1 if scale_shape[1] == n else 128
+        padded = torch.zeros(e, scale_shape[1] * rb, scale_shape[2] * 128,
+                             dtype=torch.float32, device=values.device)
+        padded[:, :n, :k] = values
+        blocks = padded.view(e, scale_shape[1], rb, scale_shape[2], 128)
+        amax = blocks.abs().amax(dim=(2, 4)).clamp(min=1e-4)
+        scales = amax / 448.0
+        codes = (blocks / scales[:, :, None, :, None]).view_as(padded)
+        codes = codes[:, :n, :k].contiguous().to(torch.float8_e4m3fn)
+    if squeeze:
+        codes, scales = codes[0], scales[0]
+    return codes, scales.contiguous()
 
 
 def make_inputs(layer, tokens, gen, device):
     """Random inputs in ABI order, output last (poisoned)."""
     shapes = {a["name"]: a["shape"] for a in layer.args}
+    dtypes = {a["name"]: a["dtype"] for a in layer.args}
     made = {}
     for arg in layer.args:
         name = arg["name"]
@@ -59,8 +80,8 @@ def make_inputs(layer, tokens, gen, device):
         values = torch.randn(shape, generator=gen, device=device) * scale
         if arg["dtype"] == "F8_E4M3":
             scale_shape = shapes[name + "_scale"]
-            made[name], made[name + "_scale"] = quantize_blocks(values,
-                                                                scale_shape)
+            made[name], made[name + "_scale"] = quantize_blocks(
+                values, scale_shape, dtypes[name + "_scale"])
             continue
         made[name] = values.to(DTYPES[arg["dtype"]])
     res = layer.args[-1]
@@ -71,13 +92,19 @@ def make_inputs(layer, tokens, gen, device):
 
 
 def dequantized(named, name):
-    """FP8 weights times their block scales, in float32."""
+    """FP8 weights ([E,] N, K) times their block scales, in float32."""
     w = named[name]
-    s = named[name + "_scale"].float()
+    s = named[name + "_scale"]
+    s = torch.exp2(s.float() - 127) if s.dtype == torch.uint8 else s.float()
+    squeeze = w.dim() == 2
+    if squeeze:
+        w, s = w[None], s[None]
     e, n, k = w.shape
-    rb, kb = -(-n // s.shape[1]), -(-k // s.shape[2])
+    rb = 1 if s.shape[1] == n else 128
+    kb = 32 if named[name + "_scale"].dtype == torch.uint8 else 128
     full = s.repeat_interleave(rb, 1)[:, :n].repeat_interleave(kb, 2)
-    return w.float() * full[:, :, :k]
+    out = w.float() * full[:, :, :k]
+    return out[0] if squeeze else out
 
 
 def reference(info, named):

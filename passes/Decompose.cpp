@@ -122,9 +122,10 @@ Value LayerDecomposer::build() {
   Value shared, sharedGate;
   if (layer.getSharedW13()) {
     Value sharedGateUp = matmul("shared_gate_up", hidden, layer.getSharedW13(),
-                                {}, {}, activation, {}, /*quantized=*/true);
-    shared = matmul("shared_down", sharedGateUp, layer.getSharedW2(), {}, {},
-                    {}, {}, /*quantized=*/true);
+                                layer.getSharedW13Scale(), {}, activation, {},
+                                /*quantized=*/true);
+    shared = matmul("shared_down", sharedGateUp, layer.getSharedW2(),
+                    layer.getSharedW2Scale(), {}, {}, {}, /*quantized=*/true);
     // The gate is one output column: not worth quantizing.
     if (layer.getSharedGate())
       sharedGate = matmul("shared_gate", hidden, layer.getSharedGate(), {}, {},

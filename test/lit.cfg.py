@@ -36,4 +36,4 @@ except OSError:
     pass
 llvm_config.use_default_substitutions()
 llvm_config.add_tool_substitutions(
-    ["moe-opt", "moe-compile", "moe-exec", "moe-pack", "moe-reference", "moe-quantize-reference"], [config.moe_tools_dir, config.llvm_tools_dir])
+    ["moe-opt", "moe-compile", "moe-exec", "moe-pack", "moe-quantize", "moe-reference", "moe-quantize-reference"], [config.moe_tools_dir, config.llvm_tools_dir])

@@ -110,6 +110,8 @@ FailureOr<SmallVector<host::ArgInfo>> host::describeLayer(func::FuncOp func) {
       {"shared_w13", layer.getSharedW13()},
       {"shared_w2", layer.getSharedW2()},
       {"shared_gate", layer.getSharedGate()},
+      {"shared_w13_scale", layer.getSharedW13Scale()},
+      {"shared_w2_scale", layer.getSharedW2Scale()},
   };
   SmallVector<StringRef> names(func.getNumArguments());
   for (auto [name, value] : operands) {

@@ -137,6 +137,41 @@ static LogicalResult requireTogether(Operation *op, Value a, StringRef aName,
   return success();
 }
 
+/// A pair of weights (w13 and w2, or the shared experts'): both bf16, or
+/// both FP8 with the config's scheme and scales given by `keyword`.
+static LogicalResult checkWeightPair(Operation *op, StringRef name13, Value w13,
+                                     Value scale13, StringRef name2, Value w2,
+                                     Value scale2, QuantAttr quant,
+                                     StringRef keyword) {
+  Type weightType = elementTypeOf(w13);
+  if (weightType != elementTypeOf(w2))
+    return op->emitOpError() << name13 << " and " << name2
+                             << " must have the same element type, but are "
+                             << weightType << " and " << elementTypeOf(w2);
+  std::string scaleName13 = (name13 + "_scale").str();
+  std::string scaleName2 = (name2 + "_scale").str();
+  if (failed(requireTogether(op, scale13, scaleName13, scale2, scaleName2)))
+    return failure();
+  if (isa<Float8E4M3FNType>(weightType)) {
+    if (!quant)
+      return op->emitOpError() << "f8E4M3FN " << name13 << " and " << name2
+                               << " need a quant scheme in the config";
+    if (!scale13)
+      return op->emitOpError()
+             << "f8E4M3FN " << name13 << " and " << name2 << " need " << keyword
+             << "(" << scaleName13 << ", " << scaleName2 << ")";
+    return failure(
+        failed(
+            checkScales(op, scaleName13, scale13, shapeOf(w13), quant, true)) ||
+        failed(checkScales(op, scaleName2, scale2, shapeOf(w2), quant, true)));
+  }
+  if (scale13)
+    return op->emitOpError() << scaleName13 << " and " << scaleName2
+                             << " are given, but " << name13 << " and " << name2
+                             << " are " << weightType << ", not f8E4M3FN";
+  return success();
+}
+
 //===----------------------------------------------------------------------===//
 // LayerOp
 //===----------------------------------------------------------------------===//
@@ -170,33 +205,9 @@ LogicalResult LayerOp::verify() {
                          size(inter, "intermediate")})))
     return failure();
 
-  // Expert weights: bf16, or FP8 with the config's scales.
-  Type weightType = elementTypeOf(getW13());
-  if (weightType != elementTypeOf(getW2()))
-    return emitOpError() << "w13 and w2 must have the same element type, but "
-                            "are "
-                         << weightType << " and " << elementTypeOf(getW2());
-  if (failed(requireTogether(op, getW13Scale(), "w13_scale", getW2Scale(),
-                             "w2_scale")))
+  if (failed(checkWeightPair(op, "w13", getW13(), getW13Scale(), "w2", getW2(),
+                             getW2Scale(), config.getQuant(), "scales")))
     return failure();
-  QuantAttr quant = config.getQuant();
-  if (isa<Float8E4M3FNType>(weightType)) {
-    if (!quant)
-      return emitOpError() << "f8E4M3FN expert weights need a quant scheme "
-                              "in the config";
-    if (!getW13Scale())
-      return emitOpError() << "f8E4M3FN expert weights need "
-                              "scales(w13_scale, w2_scale)";
-    if (failed(checkScales(op, "w13_scale", getW13Scale(), shapeOf(getW13()),
-                           quant, true)) ||
-        failed(checkScales(op, "w2_scale", getW2Scale(), shapeOf(getW2()),
-                           quant, true)))
-      return failure();
-  } else if (getW13Scale()) {
-    return emitOpError() << "weight scales are given, but the expert weights "
-                            "are "
-                         << weightType << ", not f8E4M3FN";
-  }
 
   if (failed(requireTogether(op, getW13Bias(), "w13_bias", getW2Bias(),
                              "w2_bias")))
@@ -227,8 +238,15 @@ LogicalResult LayerOp::verify() {
                           size(hidden, "hidden")})) ||
        failed(checkShape(op, "shared_w2", getSharedW2(),
                          {size(hidden, "hidden"),
-                          size(sharedInter, "shared intermediate")}))))
+                          size(sharedInter, "shared intermediate")})) ||
+       failed(checkWeightPair(op, "shared_w13", getSharedW13(),
+                              getSharedW13Scale(), "shared_w2", getSharedW2(),
+                              getSharedW2Scale(), config.getQuant(),
+                              "shared_scales"))))
     return failure();
+  if (!getSharedW13() && getSharedW13Scale())
+    return emitOpError() << "shared_scales are given without shared expert "
+                            "weights";
   if (config.getSharedGate() != static_cast<bool>(getSharedGate()))
     return emitOpError() << (config.getSharedGate()
                                  ? "the config has shared_gate = true, but no "

@@ -34,9 +34,11 @@ def Moe_LayerOp : Moe_Op<"layer", [Pure, AttrSizedOperandSegments]> {
     correction bias, GPT-OSS's router bias), `w13` [El, 2I, H] (gate rows, then
     up rows) and `w2` [El, H, I], where El = E / ep_size. With a `quant`
     config the expert weights may be given already quantized (`f8E4M3FN`)
-    with `scales(w13_scale, w2_scale)`; bf16 weights are then quantized by
-    the layer. `biases` are GPT-OSS's [El, 2I] and [El, H]; `shared` holds
-    [2Is, H], [H, Is] and, with `shared_gate`, the gate [1, H].
+    with `scales(w13_scale, w2_scale)`, and the shared experts' with
+    `shared_scales(shared_w13_scale, shared_w2_scale)`; bf16 weights are
+    then quantized by the layer on every call. `biases` are GPT-OSS's
+    [El, 2I] and [El, H]; `shared` holds [2Is, H], [H, Is] and, with
+    `shared_gate`, the gate [1, H].
 
     ```mlir
     %out = moe.layer %x router(%rw) experts(%w13, %w2)
@@ -57,9 +59,11 @@ def Moe_LayerOp : Moe_Op<"layer", [Pure, AttrSizedOperandSegments]> {
     Optional<Moe_Scales>:$w2_scale,
     Optional<Moe_RealTensor>:$w13_bias,
     Optional<Moe_RealTensor>:$w2_bias,
-    Optional<Moe_Activations>:$shared_w13,
-    Optional<Moe_Activations>:$shared_w2,
+    Optional<Moe_Weights>:$shared_w13,
+    Optional<Moe_Weights>:$shared_w2,
     Optional<Moe_Activations>:$shared_gate,
+    Optional<Moe_Scales>:$shared_w13_scale,
+    Optional<Moe_Scales>:$shared_w2_scale,
     Moe_ConfigAttr:$config
   );
   let results = (outs Moe_Activations:$out);
@@ -69,6 +73,7 @@ def Moe_LayerOp : Moe_Op<"layer", [Pure, AttrSizedOperandSegments]> {
     (`scales` `(` $w13_scale^ `,` $w2_scale `)`)?
     (`biases` `(` $w13_bias^ `,` $w2_bias `)`)?
     (`shared` `(` $shared_w13^ `,` $shared_w2 (`,` $shared_gate^)? `)`)?
+    (`shared_scales` `(` $shared_w13_scale^ `,` $shared_w2_scale `)`)?
     attr-dict `:` functional-type(operands, results)
   }];
   let hasVerifier = 1;

@@ -12,13 +12,13 @@ recent transformers versions save) are split and transposed; GPT-OSS's
 interleaved gate/up columns are de-interleaved; MXFP4 experts (GPT-OSS as
 published) are dequantized to bf16. FP8 checkpoints with 128 x 128 blocks
 (DeepSeek-V3, Kimi-K2, or any model type shipped so) stay FP8 as
-moe-compile's `--quant=auto` expects,
-with their shared experts dequantized (the layer takes those in bf16).
+moe-compile's `--quant=auto` expects, their shared experts too (quantized
+here once if the checkpoint holds those in bf16).
 
 The ABI is the order moe-compile --from-hf-config gives the layer's
 arguments: router_weight, [router_bias], w13 (gate rows, then up rows), w2,
 [w13_scale, w2_scale], [w13_bias, w2_bias], [shared_w13, shared_w2,
-[shared_gate]].
+[shared_w13_scale, shared_w2_scale], [shared_gate]].
 """
 import json
 import os
@@ -26,6 +26,7 @@ import os
 import ml_dtypes
 import numpy as np
 
+from .quantize import quantize_weight
 from .safetensors_io import SafetensorsError, SafetensorsFile
 
 BF16 = ml_dtypes.bfloat16
@@ -282,10 +283,35 @@ def _linear(r, name, shape, fp8):
 
 
 def _shared(r, prefix, hidden, inter, fp8):
-    g = _linear(r, prefix + ".gate_proj", [inter, hidden], fp8)
-    u = _linear(r, prefix + ".up_proj", [inter, hidden], fp8)
-    d = _linear(r, prefix + ".down_proj", [hidden, inter], fp8)
-    return {"shared_w13": np.concatenate([g, u], axis=0), "shared_w2": d}
+    """The shared experts' weights: bf16, or for an FP8 checkpoint E4M3 with
+    f32 scales per 128 x 128 block, as the layer takes them (weights the
+    checkpoint stores in bf16 are quantized here, once)."""
+    names = [prefix + p for p in (".gate_proj", ".up_proj", ".down_proj")]
+    shapes = [[inter, hidden], [inter, hidden], [hidden, inter]]
+    if not fp8:
+        g, u, d = (_linear(r, n, s, False) for n, s in zip(names, shapes))
+        return {"shared_w13": np.concatenate([g, u], axis=0), "shared_w2": d}
+    if inter % 128 != 0:
+        raise CheckpointError(
+            f"FP8 shared experts with intermediate size {inter}: the layer "
+            f"keeps one scale per 128 x 128 block of shared_w13 (gate rows, "
+            f"then up rows), so it must be a multiple of 128")
+    codes, scales = [], []
+    for name, shape in zip(names, shapes):
+        weight = r.get(name + ".weight", shape)
+        if r.has(name + ".weight_scale_inv"):
+            codes.append(np.asarray(weight).astype(E4M3))
+            scales.append(np.asarray(r.get(
+                name + ".weight_scale_inv",
+                [-(-shape[0] // 128), -(-shape[1] // 128)])).astype(np.float32))
+        else:
+            c, s = quantize_weight(_bf16(weight), "fp8-block128")
+            codes.append(c)
+            scales.append(s)
+    return {"shared_w13": np.concatenate(codes[:2], axis=0),
+            "shared_w2": codes[2],
+            "shared_w13_scale": np.concatenate(scales[:2], axis=0),
+            "shared_w2_scale": scales[2]}
 
 
 def _fused_or_per_expert(r, experts, hidden, inter, fused, per_expert, fp8):

@@ -100,7 +100,7 @@ func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x8xbf
 // -----
 
 func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x8xf8E4M3FN>, %w2: tensor<4x8x8xf8E4M3FN>) -> tensor<?x8xbf16> {
-  // expected-error @+1 {{f8E4M3FN expert weights need a quant scheme in the config}}
+  // expected-error @+1 {{f8E4M3FN w13 and w2 need a quant scheme in the config}}
   %0 = moe.layer %x router(%rw) experts(%w13, %w2) {config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>>}
       : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<4x16x8xf8E4M3FN>, tensor<4x8x8xf8E4M3FN>) -> tensor<?x8xbf16>
   return %0 : tensor<?x8xbf16>
@@ -109,7 +109,7 @@ func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x8xf8
 // -----
 
 func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x8xf8E4M3FN>, %w2: tensor<4x8x8xf8E4M3FN>) -> tensor<?x8xbf16> {
-  // expected-error @+1 {{f8E4M3FN expert weights need scales(w13_scale, w2_scale)}}
+  // expected-error @+1 {{f8E4M3FN w13 and w2 need scales(w13_scale, w2_scale)}}
   %0 = moe.layer %x router(%rw) experts(%w13, %w2) {config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>, quant = <kind = mxfp8>>}
       : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<4x16x8xf8E4M3FN>, tensor<4x8x8xf8E4M3FN>) -> tensor<?x8xbf16>
   return %0 : tensor<?x8xbf16>
@@ -136,7 +136,7 @@ func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x8xf8
 // -----
 
 func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x8xbf16>, %w2: tensor<4x8x8xbf16>, %s13: tensor<4x16x1xf8E8M0FNU>, %s2: tensor<4x8x1xf8E8M0FNU>) -> tensor<?x8xbf16> {
-  // expected-error @+1 {{weight scales are given, but the expert weights are 'bf16', not f8E4M3FN}}
+  // expected-error @+1 {{w13_scale and w2_scale are given, but w13 and w2 are 'bf16', not f8E4M3FN}}
   %0 = moe.layer %x router(%rw) experts(%w13, %w2) scales(%s13, %s2) {config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>, quant = <kind = mxfp8>>}
       : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<4x16x8xbf16>, tensor<4x8x8xbf16>, tensor<4x16x1xf8E8M0FNU>, tensor<4x8x1xf8E8M0FNU>) -> tensor<?x8xbf16>
   return %0 : tensor<?x8xbf16>
@@ -227,7 +227,7 @@ func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x8xbf
 
 func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x8xbf16>, %w2: tensor<4x8x8xbf16>, %b13: tensor<4x16xbf16>) -> tensor<?x8xbf16> {
   // expected-error @+1 {{w13_bias and w2_bias must be given together}}
-  %0 = "moe.layer"(%x, %rw, %w13, %w2, %b13) <{config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>>, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 0, 1, 0, 0, 0, 0>}>
+  %0 = "moe.layer"(%x, %rw, %w13, %w2, %b13) <{config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>>, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0>}>
       : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<4x16x8xbf16>, tensor<4x8x8xbf16>, tensor<4x16xbf16>) -> tensor<?x8xbf16>
   return %0 : tensor<?x8xbf16>
 }
@@ -236,7 +236,7 @@ func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x8xbf
 
 func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x8xf8E4M3FN>, %w2: tensor<4x8x8xf8E4M3FN>, %s2: tensor<4x8x1xf8E8M0FNU>) -> tensor<?x8xbf16> {
   // expected-error @+1 {{w13_scale and w2_scale must be given together}}
-  %0 = "moe.layer"(%x, %rw, %w13, %w2, %s2) <{config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>, quant = <kind = mxfp8>>, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 1, 0, 0, 0, 0, 0>}>
+  %0 = "moe.layer"(%x, %rw, %w13, %w2, %s2) <{config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>, quant = <kind = mxfp8>>, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0>}>
       : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<4x16x8xf8E4M3FN>, tensor<4x8x8xf8E4M3FN>, tensor<4x8x1xf8E8M0FNU>) -> tensor<?x8xbf16>
   return %0 : tensor<?x8xbf16>
 }
@@ -245,7 +245,7 @@ func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x8xf8
 
 func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x8xbf16>, %w2: tensor<4x8x8xbf16>, %sw2: tensor<8x4xbf16>) -> tensor<?x8xbf16> {
   // expected-error @+1 {{shared_w13 and shared_w2 must be given together}}
-  %0 = "moe.layer"(%x, %rw, %w13, %w2, %sw2) <{config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>, shared_intermediate = 4>, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 1, 0>}>
+  %0 = "moe.layer"(%x, %rw, %w13, %w2, %sw2) <{config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>, shared_intermediate = 4>, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0>}>
       : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<4x16x8xbf16>, tensor<4x8x8xbf16>, tensor<8x4xbf16>) -> tensor<?x8xbf16>
   return %0 : tensor<?x8xbf16>
 }
@@ -254,7 +254,29 @@ func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x8xbf
 
 func.func @f(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x8xf16>, %w2: tensor<4x8x8xbf16>) -> tensor<?x8xbf16> {
   // expected-error @+1 {{operand #2 must be ranked tensor of bfloat16 type or f8E4M3FN type values, but got 'tensor<4x16x8xf16>'}}
-  %0 = "moe.layer"(%x, %rw, %w13, %w2) <{config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>>, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0>}>
+  %0 = "moe.layer"(%x, %rw, %w13, %w2) <{config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>>, operandSegmentSizes = array<i32: 1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0>}>
       : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<4x16x8xf16>, tensor<4x8x8xbf16>) -> tensor<?x8xbf16>
+  return %0 : tensor<?x8xbf16>
+}
+
+// -----
+
+// The shared experts' FP8 weights need their own scales.
+func.func @shared_fp8_without_scales(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>,
+    %w13: tensor<4x16x8xbf16>, %w2: tensor<4x8x8xbf16>,
+    %sw13: tensor<8x8xf8E4M3FN>, %sw2: tensor<8x4xf8E4M3FN>) -> tensor<?x8xbf16> {
+  // expected-error @+1 {{f8E4M3FN shared_w13 and shared_w2 need shared_scales(shared_w13_scale, shared_w2_scale)}}
+  %0 = moe.layer %x router(%rw) experts(%w13, %w2) shared(%sw13, %sw2) {config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>, shared_intermediate = 4, quant = <kind = mxfp8>>} : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<4x16x8xbf16>, tensor<4x8x8xbf16>, tensor<8x8xf8E4M3FN>, tensor<8x4xf8E4M3FN>) -> tensor<?x8xbf16>
+  return %0 : tensor<?x8xbf16>
+}
+
+// -----
+
+func.func @shared_scale_shape(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>,
+    %w13: tensor<4x16x8xbf16>, %w2: tensor<4x8x8xbf16>,
+    %sw13: tensor<8x8xf8E4M3FN>, %sw2: tensor<8x4xf8E4M3FN>,
+    %s13: tensor<8x2xf8E8M0FNU>, %s2: tensor<8x1xf8E8M0FNU>) -> tensor<?x8xbf16> {
+  // expected-error @+1 {{shared_w13_scale must have shape [8, 1] for mxfp8 blocks of 32 along the last dimension of [8, 8], but has [8, 2]}}
+  %0 = moe.layer %x router(%rw) experts(%w13, %w2) shared(%sw13, %sw2) shared_scales(%s13, %s2) {config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>, shared_intermediate = 4, quant = <kind = mxfp8>>} : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<4x16x8xbf16>, tensor<4x8x8xbf16>, tensor<8x8xf8E4M3FN>, tensor<8x4xf8E4M3FN>, tensor<8x2xf8E8M0FNU>, tensor<8x1xf8E8M0FNU>) -> tensor<?x8xbf16>
   return %0 : tensor<?x8xbf16>
 }

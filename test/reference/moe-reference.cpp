@@ -127,23 +127,37 @@ int main(int argc, char **argv) {
     if (!slots.count(tensor.name))
       return fail("cannot use input '" + tensor.name + "'");
     if (tensor.dtype == rt::DType::F8_E4M3) {
-      // FP8 weights stored with f32 scales per 128 x 128 (or 1 x 128) block.
+      // FP8 weights ([E,] N, K) with f32 scales per 128 x 128 or 1 x 128
+      // block (FP8 block-128), or E8M0 scales per 1 x 32 block (MXFP8).
       const rt::TensorInfo *scale = inputs->find(tensor.name + "_scale");
-      if (!scale || scale->dtype != rt::DType::F32 ||
-          tensor.shape.size() != 3 || scale->shape.size() != 3)
-        return fail("FP8 input '" + tensor.name + "' needs F32 scales '" +
-                    tensor.name + "_scale'");
-      std::vector<double> scales = values(*inputs, *scale);
-      int64_t n = tensor.shape[1], k = tensor.shape[2];
-      int64_t rowBlock = scale->shape[1] == n ? 1 : 128;
-      int64_t nb = scale->shape[1], kb = scale->shape[2];
+      size_t rank = tensor.shape.size();
+      if (!scale ||
+          (scale->dtype != rt::DType::F32 &&
+           scale->dtype != rt::DType::F8_E8M0) ||
+          (rank != 2 && rank != 3) || scale->shape.size() != rank)
+        return fail("FP8 input '" + tensor.name +
+                    "' needs F32 or F8_E8M0 "
+                    "scales '" +
+                    tensor.name + "_scale' of its rank");
+      bool mx = scale->dtype == rt::DType::F8_E8M0;
+      std::vector<double> scales;
+      if (mx) {
+        const uint8_t *codes = inputs->data(*scale);
+        for (int64_t i = 0; i < scale->numElements(); ++i)
+          scales.push_back(ref::decodeE8M0(codes[i]));
+      } else {
+        scales = values(*inputs, *scale);
+      }
+      int64_t n = tensor.shape[rank - 2], k = tensor.shape[rank - 1];
+      int64_t nb = scale->shape[rank - 2], kb = scale->shape[rank - 1];
+      int64_t rowBlock = nb == n ? 1 : 128, colBlock = mx ? 32 : 128;
       std::vector<double> &out = *slots[tensor.name];
       out.resize(tensor.numElements());
       const uint8_t *codes = inputs->data(tensor);
       for (int64_t i = 0; i < int64_t(out.size()); ++i) {
         int64_t x = i / (n * k), r = (i / k) % n, c = i % k;
         out[i] = ref::decodeE4M3(codes[i]) *
-                 scales[(x * nb + r / rowBlock) * kb + c / 128];
+                 scales[(x * nb + r / rowBlock) * kb + c / colBlock];
       }
       continue;
     }

@@ -18,24 +18,41 @@ DTYPES = {"BF16": (ml_dtypes.bfloat16, 2), "F32": (np.float32, 4),
           "F8_E4M3": (ml_dtypes.float8_e4m3fn, 1)}
 
 
-def quantize_blocks(values, scale_shape):
-    """FP8 weights as DeepSeek-V3 stores them: E4M3 codes and one f32 scale
-    (amax / 448) per 128 x 128 block, or per 1 x 128 when the scale has a row
-    per weight row."""
+def quantize_blocks(values, scale_shape, scale_dtype):
+    """FP8 weights ([E,] N, K) as a quantized layer takes them: E4M3 codes
+    and one f32 scale (amax / 448) per 128 x 128 block, or per 1 x 128 when
+    the scale has a row per weight row (FP8 block-128, as DeepSeek-V3 stores
+    them); or one E8M0 scale 2^(floor(log2 amax) - 8) per 1 x 32 block
+    (MXFP8), as codes."""
+    squeeze = values.ndim == 2
+    if squeeze:
+        values, scale_shape = values[None], [1] + list(scale_shape)
     experts, n, k = values.shape
+    mx = scale_dtype == "F8_E8M0"
     row_block = 1 if scale_shape[1] == n else 128
-    scales = np.zeros(scale_shape, np.float32)
+    col_block = 32 if mx else 128
+    scales = np.zeros(scale_shape, np.uint8 if mx else np.float32)
     codes = np.zeros(values.shape, ml_dtypes.float8_e4m3fn)
     for x in range(experts):
         for rb in range(scale_shape[1]):
             for cb in range(scale_shape[2]):
                 rows = slice(rb * row_block, (rb + 1) * row_block)
-                cols = slice(cb * 128, (cb + 1) * 128)
+                cols = slice(cb * col_block, (cb + 1) * col_block)
                 tile = values[x, rows, cols].astype(np.float32)
-                scale = max(np.abs(tile).max(), 1e-4) / np.float32(448)
-                scales[x, rb, cb] = scale
-                codes[x, rows, cols] = (tile / scale).astype(
-                    ml_dtypes.float8_e4m3fn)
+                amax = np.abs(tile).max()
+                if mx:
+                    e = int(np.floor(np.log2(amax))) - 8 if amax > 0 else -127
+                    e = min(max(e, -127), 127)
+                    scales[x, rb, cb] = e + 127
+                    scale = np.float32(2.0 ** e)
+                    tile = np.clip(tile / scale, -448, 448)
+                else:
+                    scale = max(amax, 1e-4) / np.float32(448)
+                    scales[x, rb, cb] = scale
+                    tile = tile / scale
+                codes[x, rows, cols] = tile.astype(ml_dtypes.float8_e4m3fn)
+    if squeeze:
+        codes, scales = codes[0], scales[0]
     return codes, scales
 
 
@@ -88,6 +105,7 @@ def main():
     rng = np.random.default_rng(opts.seed)
     inputs = {}
     shapes = {a["name"]: a["shape"] for a in info["args"]}
+    dtypes = {a["name"]: a["dtype"] for a in info["args"]}
     for arg in info["args"]:
         if arg["output"] or arg["name"] in inputs:
             continue
@@ -101,9 +119,10 @@ def main():
             scale = 1.0 / np.sqrt(shape[-1])
         values = rng.standard_normal(shape) * scale
         if arg["dtype"] == "F8_E4M3":
-            codes, scales = quantize_blocks(values, shapes[name + "_scale"])
+            codes, scales = quantize_blocks(values, shapes[name + "_scale"],
+                                            dtypes[name + "_scale"])
             inputs[name] = ("F8_E4M3", codes)
-            inputs[name + "_scale"] = ("F32", scales)
+            inputs[name + "_scale"] = (dtypes[name + "_scale"], scales)
             continue
         inputs[name] = (arg["dtype"], values.astype(DTYPES[arg["dtype"]][0]))
 

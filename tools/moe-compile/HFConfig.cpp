@@ -263,11 +263,11 @@ mlir::moe::importHFConfig(MLIRContext &context, StringRef path, StringRef text,
     modelType = "llama4_text";
   }
 
-  // Stored weights are FP8 only when the config says so; a scheme chosen on
-  // the command line quantizes bf16 weights in the layer.
+  // A quantized layer takes its weights quantized (moe-quantize converts
+  // bf16 ones once), shared experts included, as DeepSeek-V3 ships them.
   QuantAttr quant =
       quantOverride.value_or(configuredQuant(context, *object, loc));
-  bool fp8Weights = !quantOverride && quant;
+  bool fp8Weights = static_cast<bool>(quant);
 
   FieldReader reader(*object, *modelType, loc);
   LayerFields f;
@@ -306,23 +306,30 @@ mlir::moe::importHFConfig(MLIRContext &context, StringRef path, StringRef text,
   if (f.routerBias)
     argTypes.push_back(tensor({e}, b.getF32Type()));
   Type weightType = fp8Weights ? b.getType<Float8E4M3FNType>() : bf16;
+  // FP8 block-128 weights have one f32 scale per 128 x 128 block, as the
+  // checkpoints store them; MXFP8 one E8M0 scale per row and 32 of K.
+  auto scaleType = [&](ArrayRef<int64_t> shape) {
+    return tensor(
+        getScaleShape(quant, shape, quant.getKind() == QuantKind::FP8Block128),
+        quant.getScaleType());
+  };
   argTypes.push_back(tensor({e, 2 * i, h}, weightType));
   argTypes.push_back(tensor({e, h, i}, weightType));
   if (fp8Weights) {
-    // One f32 scale per 128 x 128 block, as the checkpoint stores them.
-    auto blocks = [](int64_t size) -> int64_t {
-      return llvm::divideCeil(size, 128);
-    };
-    argTypes.push_back(tensor({e, blocks(2 * i), blocks(h)}, b.getF32Type()));
-    argTypes.push_back(tensor({e, blocks(h), blocks(i)}, b.getF32Type()));
+    argTypes.push_back(scaleType({e, 2 * i, h}));
+    argTypes.push_back(scaleType({e, h, i}));
   }
   if (f.expertBiases) {
     argTypes.push_back(tensor({e, 2 * i}, bf16));
     argTypes.push_back(tensor({e, h}, bf16));
   }
   if (is > 0) {
-    argTypes.push_back(tensor({2 * is, h}, bf16));
-    argTypes.push_back(tensor({h, is}, bf16));
+    argTypes.push_back(tensor({2 * is, h}, weightType));
+    argTypes.push_back(tensor({h, is}, weightType));
+    if (fp8Weights) {
+      argTypes.push_back(scaleType({2 * is, h}));
+      argTypes.push_back(scaleType({h, is}));
+    }
   }
   if (f.sharedGate)
     argTypes.push_back(tensor({1, h}, bf16));
@@ -352,10 +359,13 @@ mlir::moe::importHFConfig(MLIRContext &context, StringRef path, StringRef text,
   Value w13Scale = take(fp8Weights), w2Scale = take(fp8Weights);
   Value w13Bias = take(f.expertBiases), w2Bias = take(f.expertBiases);
   Value sharedW13 = take(is > 0), sharedW2 = take(is > 0);
+  Value sharedW13Scale = take(is > 0 && fp8Weights);
+  Value sharedW2Scale = take(is > 0 && fp8Weights);
   Value sharedGate = take(f.sharedGate);
-  auto layer = LayerOp::create(b, loc, outType, args[0], args[1], routerBias,
-                               w13, w2, w13Scale, w2Scale, w13Bias, w2Bias,
-                               sharedW13, sharedW2, sharedGate, config);
+  auto layer =
+      LayerOp::create(b, loc, outType, args[0], args[1], routerBias, w13, w2,
+                      w13Scale, w2Scale, w13Bias, w2Bias, sharedW13, sharedW2,
+                      sharedGate, sharedW13Scale, sharedW2Scale, config);
   func::ReturnOp::create(b, loc, layer.getResult());
   if (failed(verify(*module)))
     return nullptr;
