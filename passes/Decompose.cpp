@@ -83,8 +83,10 @@ Value LayerDecomposer::matmul(StringRef role, Value lhs, Value rhs,
   Value counts = groups.empty() ? Value() : groups[0];
   Value offsets = groups.empty() ? Value() : groups[1];
   return GroupedMatmulOp::create(
-      b, tensorType({rows, activation ? n / 2 : n}, b.getBF16Type()), lhs, rhs,
-      counts, offsets, lhsScale, rhsScale, bias, activation);
+             b, tensorType({rows, activation ? n / 2 : n}, b.getBF16Type()),
+             /*out_scale=*/Type(), lhs, rhs, counts, offsets, lhsScale,
+             rhsScale, bias, activation, /*out_quant=*/QuantAttr())
+      .getOut();
 }
 
 Value LayerDecomposer::build() {
@@ -108,8 +110,9 @@ Value LayerDecomposer::build() {
       b,
       tensorType({ShapedType::kDynamic, config.getHidden()}, b.getBF16Type()),
       tensorType({localExperts}, i32), tensorType({localExperts + 1}, i32),
-      tensorType({tokens, topK}, i32), hidden, route.getExpertIds(),
-      scaleInput ? routeWeights : Value(), /*align=*/1);
+      tensorType({tokens, topK}, i32), /*dispatched_scales=*/Type(), hidden,
+      route.getExpertIds(), scaleInput ? routeWeights : Value(), /*align=*/1,
+      /*quant=*/QuantAttr());
   Value groups[] = {dispatch.getTokensPerExpert(), dispatch.getExpertOffsets()};
 
   ActivationAttr activation = config.getActivation();

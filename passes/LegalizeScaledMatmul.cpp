@@ -47,9 +47,10 @@ struct DequantizeOperands : OpRewritePattern<GroupedMatmulOp> {
     Value lhs = dequantize(op.getLhs(), op.getLhsScale(), "input");
     Value rhs = dequantize(op.getRhs(), op.getRhsScale(), "weights");
     rewriter.replaceOpWithNewOp<GroupedMatmulOp>(
-        op, op.getType(), lhs, rhs, op.getTokensPerExpert(),
-        op.getExpertOffsets(), Value(), Value(), op.getBias(),
-        op.getActivationAttr());
+        op, op.getOut().getType(),
+        op.getOutScale() ? op.getOutScale().getType() : Type(), lhs, rhs,
+        op.getTokensPerExpert(), op.getExpertOffsets(), Value(), Value(),
+        op.getBias(), op.getActivationAttr(), op.getOutQuantAttr());
     return success();
   }
 };

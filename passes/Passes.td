@@ -19,6 +19,24 @@ def Decompose : Pass<"moe-decompose"> {
   let dependentDialects = ["::mlir::moe::MoeDialect"];
 }
 
+def FuseQuantization : Pass<"moe-fuse-quantization"> {
+  let summary = "Quantize activations in the kernels that produce them";
+  let description = [{
+    After it, a quantized layer has no standalone activation quantize or
+    dequantize step:
+    - a `moe.quantize` of `moe.dispatch`'s rows becomes the dispatch's
+      `quant`: the rows are quantized as they are scattered;
+    - a `moe.quantize` of a `moe.grouped_matmul`'s result becomes the
+      matmul's `out_quant`: its epilogue (after the activation) quantizes;
+    - a `moe.grouped_matmul` of two `moe.dequantize`d operands takes the
+      codes and their scales instead.
+    Each fused op computes the bf16 values the unfused steps stored and
+    quantizes those, so results are bit for bit the same. A quantize whose
+    input has other users stays as it is.
+  }];
+  let dependentDialects = ["::mlir::moe::MoeDialect"];
+}
+
 def LegalizeScaledMatmul : Pass<"moe-legalize-scaled-matmul"> {
   let summary = "Run FP8 matmuls as a dequantize and a bf16 matmul";
   let description = [{

@@ -34,6 +34,7 @@ using namespace mlir::moe;
 
 void moe::buildCpuPipeline(OpPassManager &pm, Stop stop) {
   pm.addPass(createDecompose());
+  pm.addPass(createFuseQuantization());
   if (stop == Stop::L1)
     return;
   pm.addPass(cpu::createLowerToLoops());
@@ -54,6 +55,7 @@ void moe::buildCpuPipeline(OpPassManager &pm, Stop stop) {
 
 void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop, StringRef cudaPath) {
   pm.addPass(createDecompose());
+  pm.addPass(createFuseQuantization());
   if (stop == Stop::L1)
     return;
   pm.addPass(nvidia::createBuildKernels());

@@ -196,40 +196,53 @@ void common::quantizeBlock(Emitter &e, QuantAttr scheme, Value input,
         return e.reduce(
             firstCol, lastCol, acc,
             [&](Value c, ValueRange inner) -> SmallVector<Value> {
-              Value x =
-                  math::AbsFOp::create(e.b, e.loc, e.load(input, at(r, c)));
-              Value special = arith::CmpFOp::create(
-                  e.b, e.loc, arith::CmpFPredicate::UGE, x, e.f32(INFINITY));
+              Value special;
+              Value x = blockStats(e, e.load(input, at(r, c)), special);
               return {arith::MaxNumFOp::create(e.b, e.loc, inner[0], x),
-                      e.select(special, e.f32(1.0), inner[1])};
+                      arith::MaximumFOp::create(e.b, e.loc, inner[1], special)};
             });
       });
-  Value amax = stats[0];
   SmallVector<Value> scaleIndex(prefix);
   scaleIndex.append({rb, kb});
-  Value multiplier;
-  if (mx) {
-    Value special = e.fgt(stats[1], e.f32(0.0));
-    Value exponent = e.select(special, e.i32(0),
-                              mxScaleExponent(e, amax, scheme.getRounding()));
-    Value code = e.select(special, e.i32(0xFF), e.iadd(exponent, e.i32(127)));
-    e.storeRaw(arith::TruncIOp::create(e.b, e.loc, e.b.getI8Type(), code),
-               scales, scaleIndex);
-    multiplier = exp2(e, arith::SubIOp::create(e.b, e.loc, e.i32(0), exponent));
-  } else {
-    Value scale = e.div(arith::MaxNumFOp::create(e.b, e.loc, amax, e.f32(1e-4)),
-                        e.f32(448.0));
-    e.storeRaw(scale, scales, scaleIndex);
-    multiplier = scale;
-  }
+  BlockScale scale = blockScale(e, scheme, stats[0], stats[1]);
+  e.storeRaw(scale.stored, scales, scaleIndex);
   e.forEach(firstRow, lastRow, [&](Value r) {
     e.forEach(firstCol, lastCol, [&](Value c) {
-      Value x = e.load(input, at(r, c));
-      // MXFP8 multiplies by 2^-e (exact); FP8 block-128 divides in f32.
-      Value scaled = mx ? e.mul(x, multiplier) : e.div(x, multiplier);
-      e.storeRaw(encodeE4M3(e, scaled), data, at(r, c));
+      e.storeRaw(scale.encode(e, e.load(input, at(r, c))), data, at(r, c));
     });
   });
+}
+
+common::BlockScale common::blockScale(Emitter &e, QuantAttr scheme, Value amax,
+                                      Value special) {
+  BlockScale out;
+  out.mx = scheme.getKind() == QuantKind::MXFP8;
+  if (out.mx) {
+    Value isSpecial = e.fgt(special, e.f32(0.0));
+    Value exponent = e.select(isSpecial, e.i32(0),
+                              mxScaleExponent(e, amax, scheme.getRounding()));
+    Value code = e.select(isSpecial, e.i32(0xFF), e.iadd(exponent, e.i32(127)));
+    out.stored = arith::TruncIOp::create(e.b, e.loc, e.b.getI8Type(), code);
+    out.factor = exp2(e, arith::SubIOp::create(e.b, e.loc, e.i32(0), exponent));
+  } else {
+    out.stored = e.div(arith::MaxNumFOp::create(e.b, e.loc, amax, e.f32(1e-4)),
+                       e.f32(448.0));
+    out.factor = out.stored;
+  }
+  return out;
+}
+
+Value common::BlockScale::encode(Emitter &e, Value x) const {
+  // MXFP8 multiplies by 2^-e (exact); FP8 block-128 divides in f32.
+  return encodeE4M3(e, mx ? e.mul(x, factor) : e.div(x, factor));
+}
+
+Value common::blockStats(Emitter &e, Value x, Value &special) {
+  Value magnitude = math::AbsFOp::create(e.b, e.loc, x);
+  Value isSpecial = arith::CmpFOp::create(e.b, e.loc, arith::CmpFPredicate::UGE,
+                                          magnitude, e.f32(INFINITY));
+  special = e.select(isSpecial, e.f32(1.0), e.f32(0.0));
+  return magnitude;
 }
 
 void common::dequantizeBlock(Emitter &e, Value data, Value scales, Value out,

@@ -45,6 +45,26 @@ void quantizeBlock(Emitter &e, QuantAttr scheme, Value input, Value data,
                    Value firstRow, Value lastRow, Value firstCol,
                    Value lastCol);
 
+/// A quantization block's scale: `stored` is its code (i8 E8M0) or value
+/// (f32), and encode() gives an element's E4M3 code (i8).
+struct BlockScale {
+  Value stored, factor;
+  bool mx = false;
+  Value encode(Emitter &e, Value x) const;
+};
+
+/// The scale of a block whose largest magnitude is `amax` (f32, NaN
+/// skipped) and whose `special` (f32) is positive if it holds NaN or an
+/// infinity, under `scheme`, as quantizeBlock computes it. Kernels that
+/// quantize what they produce reduce amax and special across their threads
+/// (max of each) and call this.
+BlockScale blockScale(Emitter &e, QuantAttr scheme, Value amax, Value special);
+
+/// One element's contribution to a block's statistics: returns |x| (for
+/// amax, combined with maxnum so NaN is skipped) and sets `special` to 1.0
+/// for NaN or an infinity, else 0.0 (combined with maximum).
+Value blockStats(Emitter &e, Value x, Value &special);
+
 /// The inverse of quantizeBlock, into `out`.
 void dequantizeBlock(Emitter &e, Value data, Value scales, Value out,
                      ArrayRef<Value> prefix, Value rb, Value kb, Value firstRow,

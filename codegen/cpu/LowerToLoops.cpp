@@ -76,6 +76,30 @@ private:
     return buffer;
   }
 
+  /// A bf16 scratch buffer for a result that the op quantizes on the way
+  /// out (`quant`), else the result's own buffer.
+  Value realResult(Value result, QuantAttr quant, ValueRange dynamicSizes) {
+    if (!quant)
+      return resultBuffer(result, dynamicSizes);
+    auto type = cast<RankedTensorType>(result.getType());
+    MemRefType real = MemRefType::get(type.getShape(), e.b.getBF16Type());
+    return e.alloc(real,
+                   real.getNumDynamicDims() ? dynamicSizes : ValueRange());
+  }
+  /// Quantizes the rank-2 bf16 `real` into `data` and `scales` (the fused
+  /// results), one scale per row and block, as lowerQuantize does.
+  void quantizeResult(Value real, Value data, Value scales, QuantAttr scheme,
+                      Value rowCount) {
+    Value codes = resultBuffer(data, {rowCount});
+    Value blockScales = resultBuffer(scales, {rowCount});
+    forEachBlock(real, 1, scheme.getBlockSize(),
+                 [&](ArrayRef<Value> prefix, Value rb, Value kb, Value firstRow,
+                     Value lastRow, Value firstCol, Value lastCol) {
+                   quantizeBlock(e, scheme, real, codes, blockScales, prefix,
+                                 rb, kb, firstRow, lastRow, firstCol, lastCol);
+                 });
+  }
+
   LogicalResult lowerRoute(RouteOp op);
   LogicalResult lowerDispatch(DispatchOp op);
   LogicalResult lowerMatmul(GroupedMatmulOp op);
@@ -180,7 +204,8 @@ LogicalResult FunctionLowering::lowerDispatch(DispatchOp op) {
       [&](Value x, Value offset, Value) { e.storeRaw(offset, cursor, {x}); });
   Value total = e.loadRaw(offsets, {e.index(experts)});
 
-  Value dispatched = resultBuffer(op.getDispatched(), {e.toIndex(total)});
+  QuantAttr quant = op.getQuantAttr();
+  Value dispatched = realResult(op.getDispatched(), quant, {e.toIndex(total)});
   e.fill(dispatched, arith::ConstantOp::create(
                          e.b, e.loc, e.b.getZeroAttr(e.b.getBF16Type())));
   // Fill each expert's rows in token order.
@@ -205,6 +230,9 @@ LogicalResult FunctionLowering::lowerDispatch(DispatchOp op) {
       });
     });
   });
+  if (quant)
+    quantizeResult(dispatched, op.getDispatched(), op.getDispatchedScales(),
+                   quant, e.toIndex(total));
   return success();
 }
 
@@ -218,7 +246,8 @@ LogicalResult FunctionLowering::lowerMatmul(GroupedMatmulOp op) {
   ActivationAttr activation = op.getActivationAttr();
   int64_t outN = activation ? n / 2 : n;
   Value rowCount = e.dim(lhs, 0);
-  Value out = resultBuffer(op.getOut(), {rowCount});
+  QuantAttr outQuant = op.getOutQuantAttr();
+  Value out = realResult(op.getOut(), outQuant, {rowCount});
   Value lhsScale = op.getLhsScale() ? buffer(op.getLhsScale()) : Value();
   Value rhsScale = op.getRhsScale() ? buffer(op.getRhsScale()) : Value();
   // FP8: products of decoded codes summed per K block in f32, then scaled by
@@ -288,9 +317,14 @@ LogicalResult FunctionLowering::lowerMatmul(GroupedMatmulOp op) {
     });
   };
 
+  auto finish = [&] {
+    if (outQuant)
+      quantizeResult(out, op.getOut(), op.getOutScale(), outQuant, rowCount);
+    return success();
+  };
   if (!grouped) {
     rowsOf(e.index(0), rowCount, Value());
-    return success();
+    return finish();
   }
   // Rows outside every expert's segment (alignment padding) are zero.
   e.fill(out, arith::ConstantOp::create(
@@ -304,7 +338,7 @@ LogicalResult FunctionLowering::lowerMatmul(GroupedMatmulOp op) {
     Value last = e.iadd(first, e.toIndex(e.loadRaw(counts, {x})));
     rowsOf(first, last, x);
   });
-  return success();
+  return finish();
 }
 
 LogicalResult FunctionLowering::lowerCombine(CombineOp op) {

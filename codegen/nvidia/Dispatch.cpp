@@ -35,8 +35,12 @@ LogicalResult nvidia::buildDispatch(LayerKernels &layer, DispatchOp op) {
   TokenLinear tokens = layer.info(op.getHiddenStates()).rows;
   layer.define(op.getRows(), tokens);
   // Rows for every choice, plus each expert's alignment padding.
-  layer.define(op.getDispatched(), {tokens.fixed * topK + experts * (align - 1),
-                                    tokens.perToken * topK});
+  TokenLinear dispatchedRows = {tokens.fixed * topK + experts * (align - 1),
+                                tokens.perToken * topK};
+  layer.define(op.getDispatched(), dispatchedRows);
+  QuantAttr quant = op.getQuantAttr();
+  if (quant)
+    layer.define(op.getDispatchedScales(), dispatchedRows);
 
   {
     // The plan, in one block: counts by shared-memory atomics, offsets by one
@@ -113,50 +117,129 @@ LogicalResult nvidia::buildDispatch(LayerKernels &layer, DispatchOp op) {
     if (failed(k.finish(op)))
       return failure();
   }
-  {
-    // The scatter: a block per token copies its row to each chosen slot.
-    SmallVector<Value> buffers = {op.getHiddenStates(), op.getRows(),
-                                  op.getDispatched()};
-    if (op.getScale())
-      buffers.push_back(op.getScale());
-    Kernel k = layer.kernel(op, "dispatch_scatter", buffers);
-    k.launch.work = tokens;
-    k.launch.block = 128;
-    Emitter &e = k.e;
-    Value hidden = k.view(0, layer.info(op.getHiddenStates()));
-    Value rows = k.view(1, layer.info(op.getRows()));
-    Value dispatched = k.view(2, layer.info(op.getDispatched()));
-    Value scale =
-        op.getScale() ? k.view(3, layer.info(op.getScale())) : Value();
-    Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
-    int64_t width = vectorWidth(h);
-    Type bf16 = e.b.getBF16Type();
-    auto vecType = VectorType::get({width}, bf16);
+  // The scatter: a block per token copies its row to each chosen slot.
+  SmallVector<Value> buffers = {op.getHiddenStates(), op.getRows(),
+                                op.getDispatched()};
+  if (op.getScale())
+    buffers.push_back(op.getScale());
+  if (quant)
+    buffers.push_back(op.getDispatchedScales());
+  Kernel k = layer.kernel(op, "dispatch_scatter", buffers);
+  k.launch.work = tokens;
+  k.launch.block = 128;
+  Emitter &e = k.e;
+  Value hidden = k.view(0, layer.info(op.getHiddenStates()));
+  Value rows = k.view(1, layer.info(op.getRows()));
+  Value dispatched = k.view(2, layer.info(op.getDispatched()));
+  Value scale = op.getScale() ? k.view(3, layer.info(op.getScale())) : Value();
+  Value scales =
+      quant ? k.view(buffers.size() - 1, layer.info(op.getDispatchedScales()))
+            : Value();
+  Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
+  int64_t width = vectorWidth(h);
+  Type bf16 = e.b.getBF16Type(), f32 = e.b.getF32Type();
+  auto vecType = VectorType::get({width}, bf16);
+  auto f32Vec = VectorType::get({width}, f32);
+  // The token's weight for choice j, as the row's multiplier.
+  auto scaled = [&](Value v, Value j) {
+    if (!scale)
+      return v;
+    Value splat = vector::BroadcastOp::create(e.b, e.loc, f32Vec,
+                                              e.loadRaw(scale, {t, j}));
+    return arith::TruncFOp::create(
+               e.b, e.loc, vecType,
+               e.mul(arith::ExtFOp::create(e.b, e.loc, f32Vec, v), splat))
+        .getResult();
+  };
+  if (!quant) {
     e.forEach(e.index(0), e.index(topK), [&](Value j) {
       Value row = e.loadRaw(rows, {t, j});
       e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)), [&] {
         Value r = e.toIndex(row);
-        Value s = scale ? e.loadRaw(scale, {t, j}) : Value();
         e.forEach(
             e.imul(tid, width), e.index(h),
             [&](Value c) {
               Value v =
                   vector::LoadOp::create(e.b, e.loc, vecType, hidden, {t, c},
                                          false, vectorAlign(width, bf16));
-              if (s) {
-                auto f32Vec = VectorType::get({width}, e.b.getF32Type());
-                Value wide = arith::ExtFOp::create(e.b, e.loc, f32Vec, v);
-                Value splat =
-                    vector::BroadcastOp::create(e.b, e.loc, f32Vec, s);
-                v = arith::TruncFOp::create(e.b, e.loc, vecType,
-                                            e.mul(wide, splat));
-              }
-              vector::StoreOp::create(e.b, e.loc, v, dispatched, {r, c}, false,
-                                      vectorAlign(width, bf16));
+              vector::StoreOp::create(e.b, e.loc, scaled(v, j), dispatched,
+                                      {r, c}, false, vectorAlign(width, bf16));
             },
             e.index(128 * width));
       });
     });
     return k.finish(op);
   }
+
+  // Quantized on the way: a block of `bs` columns is bs / width consecutive
+  // threads' vectors, which combine their statistics by shuffles. Every
+  // thread runs every chunk (past H with zeros), so the shuffles see whole
+  // warps; a row shared by all choices (no scale) is quantized once.
+  int64_t bs = quant.getBlockSize();
+  int64_t lanes = bs / width;
+  if (width != 8)
+    return op->emitOpError()
+           << "quantizes rows of hidden size " << h
+           << " on sm_90a, which reads them in 8-element vectors: the hidden "
+              "size must be a multiple of 8";
+  Type i8 = e.b.getI8Type();
+  auto codesType = VectorType::get({width}, i8);
+  e.forEach(
+      e.index(0), e.index(llvm::divideCeil(h, 128 * width) * 128 * width),
+      [&](Value chunk) {
+        Value c = e.iadd(chunk, e.imul(tid, width));
+        Value valid = e.ult(c, e.index(h));
+        Value safe = e.minUI(c, e.index(h - width));
+        Value loaded =
+            vector::LoadOp::create(e.b, e.loc, vecType, hidden, {t, safe},
+                                   false, vectorAlign(width, bf16));
+        Value zeros = arith::ConstantOp::create(
+            e.b, e.loc, DenseElementsAttr::get(vecType, e.b.getZeroAttr(bf16)));
+        Value v = e.select(valid, loaded, zeros);
+        // The codes and scale of the (scaled) row's block.
+        auto quantize = [&](Value row) {
+          Value wide = arith::ExtFOp::create(e.b, e.loc, f32Vec, row);
+          Value amax = e.f32(0.0), special = e.f32(0.0);
+          SmallVector<Value> elements;
+          for (int64_t i = 0; i < width; ++i) {
+            Value x = vector::ExtractOp::create(e.b, e.loc, wide, i);
+            Value isSpecial;
+            amax = arith::MaxNumFOp::create(
+                e.b, e.loc, amax, common::blockStats(e, x, isSpecial));
+            special = arith::MaximumFOp::create(e.b, e.loc, special, isSpecial);
+            elements.push_back(x);
+          }
+          reduceBlockStats(e, amax, special, lanes);
+          common::BlockScale s = common::blockScale(e, quant, amax, special);
+          Value codes = arith::ConstantOp::create(
+              e.b, e.loc,
+              DenseElementsAttr::get(codesType, e.b.getI8IntegerAttr(0)));
+          for (int64_t i = 0; i < width; ++i)
+            codes = vector::InsertOp::create(
+                e.b, e.loc, s.encode(e, elements[i]), codes, i);
+          return std::make_pair(codes, s.stored);
+        };
+        auto store = [&](Value r, Value codes, Value stored) {
+          e.ifThen(valid, [&] {
+            vector::StoreOp::create(e.b, e.loc, codes, dispatched, {r, c},
+                                    false, vectorAlign(width, i8));
+            e.ifThen(e.eq(e.remUI(tid, lanes), e.index(0)), [&] {
+              e.storeRaw(stored, scales, {r, e.divUI(c, bs)});
+            });
+          });
+        };
+        std::pair<Value, Value> shared;
+        if (!scale)
+          shared = quantize(v);
+        e.forEach(e.index(0), e.index(topK), [&](Value j) {
+          Value row = e.loadRaw(rows, {t, j});
+          // Uniform across the block: every thread reads the same row.
+          e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)), [&] {
+            auto [codes, stored] = scale ? quantize(scaled(v, j)) : shared;
+            store(e.toIndex(row), codes, stored);
+          });
+        });
+      },
+      e.index(128 * width));
+  return k.finish(op);
 }

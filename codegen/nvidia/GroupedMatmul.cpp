@@ -182,6 +182,9 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   // A copy: define() may grow the map it lives in.
   TensorInfo lhs = layer.info(op.getLhs());
   layer.define(op.getOut(), lhs.rows);
+  QuantAttr outQuant = op.getOutQuantAttr();
+  if (outQuant)
+    layer.define(op.getOutScale(), lhs.rows);
 
   unsigned mapA = layer.plan.addTensorMap(lhs.buffer, enc.elementBytes,
                                           lhs.rows, kDim, kTileM, enc.tileK());
@@ -196,6 +199,8 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
     buffers.push_back(op.getBias());
   if (enc.fp8())
     buffers.append({op.getLhsScale(), op.getRhsScale()});
+  if (outQuant)
+    buffers.push_back(op.getOutScale());
   Kernel k = layer.kernel(op, grouped ? "grouped_matmul" : "matmul", buffers,
                           {mapA, mapB});
   Launch &launch = k.launch;
@@ -223,6 +228,7 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   Value bias = op.getBias() ? view(op.getBias()) : Value();
   Value lhsScale = enc.fp8() ? view(op.getLhsScale()) : Value();
   Value rhsScale = enc.fp8() ? view(op.getRhsScale()) : Value();
+  Value outScale = outQuant ? view(op.getOutScale()) : Value();
 
   auto workgroup =
       gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup);
@@ -599,22 +605,79 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   // With an activation, gate column c is element i and its up column
   // c + kTileN / 2 is element i + kFragment / 2.
   int64_t perThread = activation ? kFragment / 2 : kFragment;
+  // Output column c of the tile and its value (bias and activation applied).
+  auto output = [&](int64_t i, Value c) {
+    Value v = addBias(column(i), c);
+    if (activation) {
+      Value up = addBias(column(i + kFragment / 2), e.iadd(c, e.index(n / 2)));
+      v = common::activate(e, activation, v, up);
+    }
+    return v;
+  };
+  if (!outQuant) {
+    for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
+      Value row = e.iadd(rowBase, e.index(rowHalf * 8));
+      e.ifThen(e.ult(row, rowEndIdx), [&] {
+        for (int64_t i = 0; i < perThread; ++i) {
+          if ((i / 2) % 2 != rowHalf)
+            continue;
+          Value c = e.iadd(colTile, fragmentColumn(i));
+          Value v = output(i, c);
+          e.ifThen(e.ult(c, e.index(outN)), [&] { e.store(v, out, {row, c}); });
+        }
+      });
+    }
+    b.setInsertionPointAfter(active);
+    return k.finish(op);
+  }
+
+  // Quantized on the way out: a row's block of `bs` columns is held by the
+  // four lanes that share the row, elements i with i/4 in the block's range
+  // of 8-column groups. Each value is rounded to bf16 first, as the unfused
+  // matmul stores it; the lanes combine their statistics by shuffles, which
+  // every lane runs (rows past the segment are computed, not stored).
+  int64_t bs = outQuant.getBlockSize();
+  assert(outTile % bs == 0 && "the tile holds whole quantization blocks");
+  Type bf16 = b.getBF16Type();
   for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
     Value row = e.iadd(rowBase, e.index(rowHalf * 8));
-    e.ifThen(e.ult(row, rowEndIdx), [&] {
+    Value rowValid = e.ult(row, rowEndIdx);
+    for (int64_t block = 0; block < outTile / bs; ++block) {
+      SmallVector<std::pair<Value, Value>> values; // (column, value)
+      Value amax = e.f32(0.0), special = e.f32(0.0);
       for (int64_t i = 0; i < perThread; ++i) {
-        if ((i / 2) % 2 != rowHalf)
+        if ((i / 2) % 2 != rowHalf || (i / 4) * 8 / bs != block)
           continue;
         Value c = e.iadd(colTile, fragmentColumn(i));
-        Value v = addBias(column(i), c);
-        if (activation) {
-          Value up =
-              addBias(column(i + kFragment / 2), e.iadd(c, e.index(n / 2)));
-          v = common::activate(e, activation, v, up);
-        }
-        e.ifThen(e.ult(c, e.index(outN)), [&] { e.store(v, out, {row, c}); });
+        Value v = arith::ExtFOp::create(
+            b, e.loc, b.getF32Type(),
+            arith::TruncFOp::create(b, e.loc, bf16, output(i, c)).getResult());
+        // Columns past N are no part of any block.
+        v = e.select(e.ult(c, e.index(outN)), v, e.f32(0.0));
+        Value isSpecial;
+        Value magnitude = common::blockStats(e, v, isSpecial);
+        amax = arith::MaxNumFOp::create(b, e.loc, amax, magnitude);
+        special = arith::MaximumFOp::create(b, e.loc, special, isSpecial);
+        values.push_back({c, v});
       }
-    });
+      reduceBlockStats(e, amax, special, 4);
+      common::BlockScale scale = common::blockScale(e, outQuant, amax, special);
+      Value first = e.iadd(colTile, e.index(block * bs));
+      e.ifThen(rowValid, [&] {
+        for (auto [c, v] : values) {
+          Value code = scale.encode(e, v);
+          e.ifThen(e.ult(c, e.index(outN)), [&] {
+            e.storeRaw(code, out, {row, c});
+          });
+        }
+        e.ifThen(
+            e.andi(e.eq(e.remUI(lane, 4), e.index(0)),
+                   e.ult(first, e.index(outN))),
+            [&] {
+              e.storeRaw(scale.stored, outScale, {row, e.divUI(first, bs)});
+            });
+      });
+    }
   }
   b.setInsertionPointAfter(active);
   return k.finish(op);

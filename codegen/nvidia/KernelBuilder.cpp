@@ -175,3 +175,16 @@ Value nvidia::loadF32Vector(Emitter &e, Value buffer, ValueRange index,
   return arith::ExtFOp::create(e.b, e.loc,
                                VectorType::get({width}, e.b.getF32Type()), v);
 }
+
+void nvidia::reduceBlockStats(Emitter &e, Value &amax, Value &special,
+                              int64_t lanes) {
+  for (int64_t offset = 1; offset < lanes; offset *= 2) {
+    auto shuffle = [&](Value v) {
+      return gpu::ShuffleOp::create(e.b, e.loc, v, offset, 32,
+                                    gpu::ShuffleMode::XOR)
+          .getShuffleResult();
+    };
+    amax = arith::MaxNumFOp::create(e.b, e.loc, amax, shuffle(amax));
+    special = arith::MaximumFOp::create(e.b, e.loc, special, shuffle(special));
+  }
+}

@@ -121,6 +121,12 @@ inline int64_t vectorWidth(int64_t rowElements) {
 /// `width` consecutive elements of `buffer` at `index`, as f32.
 Value loadF32Vector(Emitter &e, Value buffer, ValueRange index, int64_t width);
 
+/// Combines a quantization block's statistics (amax, special; see
+/// common::blockStats) across groups of `lanes` consecutive lanes of a warp
+/// (a power of two up to 32): every lane of the group gets the block's.
+/// Every lane of the warp must execute it.
+void reduceBlockStats(Emitter &e, Value &amax, Value &special, int64_t lanes);
+
 // The kernel families, one file each.
 LogicalResult buildRoute(LayerKernels &layer, RouteOp op);
 LogicalResult buildDispatch(LayerKernels &layer, DispatchOp op);

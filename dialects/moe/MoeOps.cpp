@@ -333,6 +333,32 @@ LogicalResult RouteOp::verify() {
 // DispatchOp
 //===----------------------------------------------------------------------===//
 
+/// A result that is quantized on the way out (with `quant`): E4M3 codes
+/// with scales as moe.quantize gives them; otherwise real, with no scales.
+static LogicalResult verifyQuantizedResult(Operation *op, StringRef name,
+                                           Value result, Value scales,
+                                           QuantAttr quant) {
+  Type element = elementTypeOf(result);
+  if (!quant) {
+    if (scales)
+      return op->emitOpError()
+             << "has " << name << " scales but no quant scheme";
+    if (isa<Float8E4M3FNType>(element))
+      return op->emitOpError() << name
+                               << " is f8E4M3FN, which needs a "
+                                  "quant scheme";
+    return success();
+  }
+  if (!isa<Float8E4M3FNType>(element))
+    return op->emitOpError() << "quantizes " << name << ", which must then "
+                             << "be f8E4M3FN, but is " << element;
+  if (!scales)
+    return op->emitOpError()
+           << "quantizes " << name << ", but has no result for its scales";
+  return checkScales(op, (name + " scales").str(), scales, shapeOf(result),
+                     quant, /*allowSquareBlocks=*/false);
+}
+
 LogicalResult DispatchOp::verify() {
   Operation *op = getOperation();
   if (getAlign() < 1)
@@ -361,7 +387,8 @@ LogicalResult DispatchOp::verify() {
       failed(checkShape(op, "rows", getRows(),
                         {count(tokens, "tokens"), size(topK, "top-k")})))
     return failure();
-  return success();
+  return verifyQuantizedResult(op, "dispatched", getDispatched(),
+                               getDispatchedScales(), getQuantAttr());
 }
 
 //===----------------------------------------------------------------------===//
@@ -474,7 +501,8 @@ LogicalResult GroupedMatmulOp::verify() {
   if (failed(checkShape(op, "result", getOut(),
                         {count(rows, "rows"), size(outN, "N")})))
     return failure();
-  return success();
+  return verifyQuantizedResult(op, "out", getOut(), getOutScale(),
+                               getOutQuantAttr());
 }
 
 //===----------------------------------------------------------------------===//

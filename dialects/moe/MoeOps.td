@@ -18,6 +18,7 @@ def Moe_IndexTensor : RankedTensorOf<[I32]>;
 def Moe_QuantData : RankedTensorOf<[F8E4M3FN]>;
 def Moe_Scales : RankedTensorOf<[F8E8M0FNU, F32]>;
 def Moe_MatmulInput : RankedTensorOf<[BF16, F8E4M3FN]>;
+def Moe_MatmulOutput : RankedTensorOf<[BF16, F32, F8E4M3FN]>;
 
 //===----------------------------------------------------------------------===//
 // L0: whole layers
@@ -138,19 +139,23 @@ def Moe_DispatchOp : Moe_Op<"dispatch", [Pure]> {
     rows of each expert, `expert_offsets` [E + 1] gives where each starts
     (the last entry is R) and `rows` [T, k] where each (token, choice) went,
     or -1 for ids outside [0, E). With `scale`, a row is the token times its
-    weight, rounded to bf16 (Llama-4).
+    weight, rounded to bf16 (Llama-4). With `quant`, each row (as bf16) is
+    quantized on the way, as `moe.quantize` would quantize `dispatched`:
+    `dispatched` holds its E4M3 codes and `dispatched_scales` its scales.
   }];
   let arguments = (ins
     Moe_Activations:$hidden_states,
     Moe_IndexTensor:$expert_ids,
     Optional<Moe_F32Tensor>:$scale,
-    DefaultValuedAttr<I64Attr, "1">:$align
+    DefaultValuedAttr<I64Attr, "1">:$align,
+    OptionalAttr<Moe_QuantAttr>:$quant
   );
   let results = (outs
-    Moe_Activations:$dispatched,
+    Moe_MatmulInput:$dispatched,
     Moe_IndexTensor:$tokens_per_expert,
     Moe_IndexTensor:$expert_offsets,
-    Moe_IndexTensor:$rows
+    Moe_IndexTensor:$rows,
+    Optional<Moe_Scales>:$dispatched_scales
   );
   let assemblyFormat = [{
     $hidden_states `,` $expert_ids (`scale` $scale^)? attr-dict `:`
@@ -211,9 +216,10 @@ def Moe_GroupedMatmulOp : Moe_Op<"grouped_matmul",
     Optional<Moe_Scales>:$lhs_scale,
     Optional<Moe_Scales>:$rhs_scale,
     Optional<Moe_RealTensor>:$bias,
-    OptionalAttr<Moe_ActivationAttr>:$activation
+    OptionalAttr<Moe_ActivationAttr>:$activation,
+    OptionalAttr<Moe_QuantAttr>:$out_quant
   );
-  let results = (outs Moe_RealTensor:$out);
+  let results = (outs Moe_MatmulOutput:$out, Optional<Moe_Scales>:$out_scale);
   let assemblyFormat = [{
     $lhs `,` $rhs
     (`groups` `(` $tokens_per_expert^ `,` $expert_offsets `)`)?

@@ -4,17 +4,19 @@
 // RUN: %if ptxas %{ moe-opt %s --moe-sm90a-pipeline | FileCheck %s --check-prefix=CUBIN %}
 
 // The sm_90a target's stages (passes/Pipelines.cpp), stop by stop. An FP8
-// layer: decomposed; its matmuls take the FP8 operands and their scales.
+// layer: decomposed, its activations quantized by the dispatch and the
+// gate/up matmul's epilogue; its matmuls take FP8 operands and scales.
 // L1: moe.route
-// L1: moe.quantize
+// L1-NOT: moe.quantize
 // L1-NOT: moe.dequantize
+// L1: moe.dispatch {{.*}}quant = #moe.quant<kind = mxfp8>
+// L1: moe.grouped_matmul %{{[^ ,]+}}, %{{[^ ,]+}} groups({{.*}}) scales({{.*}}out_quant = #moe.quant<kind = mxfp8>
 // L1: moe.grouped_matmul %{{[^ ,]+}}, %{{[^ ,]+}} groups({{.*}}) scales(
 // L1: moe.combine
 
 // Kernels and the launch plan beside the L1 ops, named after their steps.
 // KERNELS: func.func @layer({{.*}}moe.launch_plan = #moe.launch_plan<
 // KERNELS-SAME: @moe_route
-// KERNELS-SAME: @moe_quantize_gate_up_input
 // KERNELS-SAME: @moe_grouped_matmul_gate_up
 // KERNELS-SAME: @moe_combine
 // KERNELS: gpu.module @layer_kernels
@@ -23,7 +25,7 @@
 // PTX: gpu.binary @layer_kernels  [#gpu.object<#nvvm.target<O = 3, chip = "sm_90a", features = "+ptx85">, properties = {{.*}}, assembly = "
 // PTX-SAME: .target sm_90a
 // PTX-SAME: .visible .entry moe_grouped_matmul_gate_up(
-// PTX-SAME: .param .align 64 .b8 moe_grouped_matmul_gate_up_param_5[128]
+// PTX-SAME: .param .align 64 .b8 moe_grouped_matmul_gate_up_param_6[128]
 // PTX-SAME: wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3
 
 // CUBIN: gpu.binary @layer_kernels  [#gpu.object<#nvvm.target<O = 3, chip = "sm_90a", features = "+ptx85">, properties = {{.*}}, bin = "\7FELF

@@ -1,0 +1,126 @@
+//===- FuseQuantization.cpp - quantize where activations are produced ----===//
+//
+// Moves each activation quantize into the op that produces its input (the
+// dispatch's scatter, a matmul's epilogue) and each dequantize into the
+// matmul that reads it, so no activation makes an extra trip through memory
+// to change its encoding.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/Passes.h"
+
+#include "mlir/IR/PatternMatch.h"
+#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
+
+namespace mlir::moe {
+#define GEN_PASS_DEF_FUSEQUANTIZATION
+#include "passes/Passes.h.inc"
+} // namespace mlir::moe
+
+using namespace mlir;
+using namespace mlir::moe;
+
+/// Whether `op` quantizes `input` row by row (one scale per row and block),
+/// as activations are, and is its only user.
+static bool quantizesRowsOf(QuantizeOp op, Value input) {
+  auto scales = cast<RankedTensorType>(op.getScales().getType());
+  auto data = cast<RankedTensorType>(op.getData().getType());
+  return op.getInput() == input && input.hasOneUse() && data.getRank() == 2 &&
+         scales.getDimSize(0) == data.getDimSize(0);
+}
+
+namespace {
+/// quantize(dispatch(x)) -> dispatch(x) {quant}.
+struct IntoDispatch : OpRewritePattern<QuantizeOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(QuantizeOp op,
+                                PatternRewriter &rewriter) const override {
+    auto dispatch = op.getInput().getDefiningOp<DispatchOp>();
+    if (!dispatch || dispatch.getQuant() ||
+        !quantizesRowsOf(op, dispatch.getDispatched()))
+      return failure();
+    rewriter.setInsertionPoint(dispatch);
+    auto fused = DispatchOp::create(
+        rewriter, dispatch.getLoc(), op.getData().getType(),
+        dispatch.getTokensPerExpert().getType(),
+        dispatch.getExpertOffsets().getType(), dispatch.getRows().getType(),
+        op.getScales().getType(), dispatch.getHiddenStates(),
+        dispatch.getExpertIds(), dispatch.getScale(), dispatch.getAlign(),
+        op.getScheme());
+    rewriter.replaceOp(op,
+                       {fused.getDispatched(), fused.getDispatchedScales()});
+    rewriter.replaceAllUsesWith(dispatch.getTokensPerExpert(),
+                                fused.getTokensPerExpert());
+    rewriter.replaceAllUsesWith(dispatch.getExpertOffsets(),
+                                fused.getExpertOffsets());
+    rewriter.replaceAllUsesWith(dispatch.getRows(), fused.getRows());
+    rewriter.eraseOp(dispatch);
+    return success();
+  }
+};
+
+/// quantize(grouped_matmul(...)) -> grouped_matmul(...) {out_quant}.
+struct IntoMatmulEpilogue : OpRewritePattern<QuantizeOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(QuantizeOp op,
+                                PatternRewriter &rewriter) const override {
+    auto matmul = op.getInput().getDefiningOp<GroupedMatmulOp>();
+    if (!matmul || matmul.getOutQuant() ||
+        !cast<RankedTensorType>(matmul.getOut().getType())
+             .getElementType()
+             .isBF16() ||
+        !quantizesRowsOf(op, matmul.getOut()))
+      return failure();
+    rewriter.setInsertionPoint(matmul);
+    auto fused = GroupedMatmulOp::create(
+        rewriter, matmul.getLoc(), op.getData().getType(),
+        op.getScales().getType(), matmul.getLhs(), matmul.getRhs(),
+        matmul.getTokensPerExpert(), matmul.getExpertOffsets(),
+        matmul.getLhsScale(), matmul.getRhsScale(), matmul.getBias(),
+        matmul.getActivationAttr(), op.getScheme());
+    rewriter.replaceOp(op, {fused.getOut(), fused.getOutScale()});
+    rewriter.eraseOp(matmul);
+    return success();
+  }
+};
+
+/// grouped_matmul(dequantize(a), dequantize(b)) -> grouped_matmul(a, b)
+/// scales(...), when both use one scheme and the activations' scales are
+/// per row.
+struct DequantizeIntoMatmul : OpRewritePattern<GroupedMatmulOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(GroupedMatmulOp op,
+                                PatternRewriter &rewriter) const override {
+    auto lhs = op.getLhs().getDefiningOp<DequantizeOp>();
+    auto rhs = op.getRhs().getDefiningOp<DequantizeOp>();
+    if (op.getLhsScale() || !lhs || !rhs ||
+        lhs.getScheme().getKind() != rhs.getScheme().getKind())
+      return failure();
+    auto lhsScales = cast<RankedTensorType>(lhs.getScales().getType());
+    auto lhsData = cast<RankedTensorType>(lhs.getData().getType());
+    if (lhsScales.getDimSize(0) != lhsData.getDimSize(0))
+      return failure();
+    rewriter.replaceOpWithNewOp<GroupedMatmulOp>(
+        op, op.getOut().getType(),
+        op.getOutScale() ? op.getOutScale().getType() : Type(), lhs.getData(),
+        rhs.getData(), op.getTokensPerExpert(), op.getExpertOffsets(),
+        lhs.getScales(), rhs.getScales(), op.getBias(), op.getActivationAttr(),
+        op.getOutQuantAttr());
+    return success();
+  }
+};
+
+struct FuseQuantizationPass
+    : public moe::impl::FuseQuantizationBase<FuseQuantizationPass> {
+  void runOnOperation() override {
+    RewritePatternSet patterns(&getContext());
+    patterns.add<IntoDispatch, IntoMatmulEpilogue, DequantizeIntoMatmul>(
+        &getContext());
+    if (failed(applyPatternsGreedily(getOperation(), std::move(patterns))))
+      signalPassFailure();
+  }
+};
+} // namespace
