@@ -32,9 +32,11 @@
 using namespace mlir;
 using namespace mlir::moe;
 
-void moe::buildCpuPipeline(OpPassManager &pm, Stop stop) {
+void moe::buildCpuPipeline(OpPassManager &pm, Stop stop,
+                           bool fuseQuantization) {
   pm.addPass(createDecompose());
-  pm.addPass(createFuseQuantization());
+  if (fuseQuantization)
+    pm.addPass(createFuseQuantization());
   if (stop == Stop::L1)
     return;
   pm.addPass(cpu::createLowerToLoops());
@@ -53,9 +55,11 @@ void moe::buildCpuPipeline(OpPassManager &pm, Stop stop) {
   pm.addPass(createReconcileUnrealizedCastsPass());
 }
 
-void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop, StringRef cudaPath) {
+void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop, StringRef cudaPath,
+                             bool fuseQuantization) {
   pm.addPass(createDecompose());
-  pm.addPass(createFuseQuantization());
+  if (fuseQuantization)
+    pm.addPass(createFuseQuantization());
   if (stop == Stop::L1)
     return;
   pm.addPass(nvidia::createBuildKernels());
@@ -108,9 +112,10 @@ LogicalResult moe::compileLayer(ModuleOp module, StringRef name,
   if (passesStop == Stop::Library)
     passesStop = gpu ? Stop::Cubin : Stop::LLVM;
   if (gpu)
-    buildSm90aPipeline(pm, passesStop, options.cudaPath);
+    buildSm90aPipeline(pm, passesStop, options.cudaPath,
+                       options.fuseQuantization);
   else
-    buildCpuPipeline(pm, passesStop);
+    buildCpuPipeline(pm, passesStop, options.fuseQuantization);
   if (failed(pm.run(module)))
     return failure();
   if (options.stop != Stop::Library)

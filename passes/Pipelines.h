@@ -30,15 +30,19 @@ struct PipelineOptions {
   /// The CUDA toolkit whose ptxas assembles (empty: $CUDA_HOME, else
   /// /usr/local/cuda).
   std::string cudaPath;
+  /// moe-fuse-quantization runs; off only to check that fusing changes no
+  /// bit of the result.
+  bool fuseQuantization = true;
 };
 
 /// Appends the CPU target's passes: a layer (L0 or L1) to the LLVM dialect,
 /// or to `stop`.
-void buildCpuPipeline(OpPassManager &pm, Stop stop = Stop::LLVM);
+void buildCpuPipeline(OpPassManager &pm, Stop stop = Stop::LLVM,
+                      bool fuseQuantization = true);
 
 /// Appends the sm_90a target's passes up to `stop` (at most Cubin).
 void buildSm90aPipeline(OpPassManager &pm, Stop stop = Stop::Cubin,
-                        StringRef cudaPath = "");
+                        StringRef cudaPath = "", bool fuseQuantization = true);
 
 /// Compiles `module`, whose one layer function `name` has the C arguments
 /// `args`, through every stage of `options.target` up to `options.stop`.

@@ -79,6 +79,12 @@ cl::opt<Quant> quant(
                    "FP8 with f32 scales per 128 elements (DeepSeek-V3); bf16 "
                    "weights quantized by the layer")),
     cl::init(Quant::Auto), cl::cat(category));
+cl::opt<bool> fuseQuantization(
+    "fuse-quantization",
+    cl::desc("Quantize activations in the kernels that produce them "
+             "(moe-fuse-quantization; default on). Off, each quantize is a "
+             "step of its own: for checking that fusing changes nothing"),
+    cl::init(true), cl::cat(category));
 cl::opt<Target> target(
     "target", cl::desc("What the library runs on"),
     cl::values(clEnumValN(Target::CPU, "cpu",
@@ -173,6 +179,7 @@ static bool compileSharedLibrary(ModuleOp module, const char *argv0) {
   moe::PipelineOptions options;
   options.target = target;
   options.cudaPath = cudaPath;
+  options.fuseQuantization = fuseQuantization;
   options.stop = emit == Emit::L1        ? moe::Stop::L1
                  : emit == Emit::Kernels ? moe::Stop::Kernels
                  : emit == Emit::PTX     ? moe::Stop::PTX
