@@ -40,6 +40,10 @@ if [[ $mode == prepare ]]; then
   small qwen3_mxfp8 "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=mxfp8
   small qwen3_mxfp8_ceil "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=mxfp8-ceil
   small qwen3_fp8_block128 "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=fp8-block128
+  small llama4_mxfp8 "$root/test/tools/Inputs/tiny/llama4.json" --quant=mxfp8
+  # Several K stages, a partial 128-block in K and in the intermediate.
+  small h384_i320_fp8_block128 "$root/test/tools/Inputs/odd/h384_i320.json" --quant=fp8-block128
+  small h384_i320_mxfp8 "$root/test/tools/Inputs/odd/h384_i320.json" --quant=mxfp8
   # Odd shapes: each either compiles (and must then run right, under
   # compute-sanitizer too) or is refused with a message, kept beside it.
   for c in "$root"/test/tools/Inputs/odd/*.json; do
@@ -59,6 +63,15 @@ if [[ $mode == prepare ]]; then
     --name dsv3_ep8_shard --target=sm_90a -o "$dir/big_dsv3_ep8_shard.so"
   "$compile" "$root/examples/mixtral-8x7b.mlir" --target=sm_90a -o "$dir/big_mixtral_8x7b.so"
   "$compile" "$root/examples/qwen3-30b-a3b.mlir" --target=sm_90a -o "$dir/big_qwen3_30b_a3b.so"
+  # Quantized full-size layers: the CPU backend is their reference at a few
+  # tokens; FP8 weights as DeepSeek-V3 ships them, MXFP8 from moe-quantize.
+  big_quant() {  # name config [moe-compile options]
+    local name=$1 config=$2; shift 2
+    "$compile" --from-hf-config "$config" --name "$name" "$@" --target=sm_90a -o "$dir/big_$name.so" &&
+      "$compile" --from-hf-config "$config" --name "$name" "$@" -o "$dir/cpu_big_$name.so"
+  }
+  big_quant dsv3_ep8_shard_fp8 "$root/examples/configs/deepseek-v3-ep8-shard-fp8.json"
+  big_quant qwen3_30b_a3b_mxfp8 "$root/examples/configs/qwen3-30b-a3b.json" --quant=mxfp8
   # The layers bench/hf_check.py compares with transformers' own MoE blocks.
   mkdir -p "$dir/hf"
   python3 - "$root/bench/hf_configs.json" "$dir/hf" <<'PY'
@@ -115,13 +128,20 @@ echo "{\"what\": \"commit\", \"commit\": \"$(cat "$dir/COMMIT")\"}" | tee -a "$l
 for lib in "$dir"/gpu_*.so; do
   name=$(basename "$lib" .so); name=${name#gpu_}
   bound=1e-2
-  [[ $name == *fp8* || $name == *mxfp8* ]] && bound=5e-2
+  # docs/numerics.md: a last-bit difference in a bf16 intermediate can move
+  # its E4M3 code by a step (1/16), which is what quantized layers show.
+  [[ $name == *fp8* || $name == *mxfp8* ]] && bound=2e-2
   check "$lib" --cpu "$dir/cpu_$name.so" --tokens 0 1 128 4096 --bound "$bound" --label "$name"
 done
 check "$dir/fixed_static_tokens.so" --cpu "$dir/cpu_static_tokens.so" --tokens 3 --label static_tokens
 for lib in "$dir"/big_*.so; do
   name=$(basename "$lib" .so); name=${name#big_}
-  check "$lib" --tokens 1 128 4096 --time --graph --label "$name"
+  if [[ -f $dir/cpu_big_$name.so ]]; then
+    check "$lib" --cpu "$dir/cpu_big_$name.so" --cpu-tokens 4 --bound 2e-2 \
+      --tokens 1 4 128 4096 --time --graph --label "$name"
+  else
+    check "$lib" --tokens 1 128 4096 --time --graph --label "$name"
+  fi
 done
 # moe-exec --device=cuda against the CPU library, on the same safetensors.
 for name in deepseek_v3 static_tokens; do

@@ -183,7 +183,6 @@ LogicalResult nvidia::buildDispatch(LayerKernels &layer, DispatchOp op) {
            << " on sm_90a, which reads them in 8-element vectors: the hidden "
               "size must be a multiple of 8";
   Type i8 = e.b.getI8Type();
-  auto codesType = VectorType::get({width}, i8);
   e.forEach(
       e.index(0), e.index(llvm::divideCeil(h, 128 * width) * 128 * width),
       [&](Value chunk) {
@@ -198,26 +197,7 @@ LogicalResult nvidia::buildDispatch(LayerKernels &layer, DispatchOp op) {
         Value v = e.select(valid, loaded, zeros);
         // The codes and scale of the (scaled) row's block.
         auto quantize = [&](Value row) {
-          Value wide = arith::ExtFOp::create(e.b, e.loc, f32Vec, row);
-          Value amax = e.f32(0.0), special = e.f32(0.0);
-          SmallVector<Value> elements;
-          for (int64_t i = 0; i < width; ++i) {
-            Value x = vector::ExtractOp::create(e.b, e.loc, wide, i);
-            Value isSpecial;
-            amax = arith::MaxNumFOp::create(
-                e.b, e.loc, amax, common::blockStats(e, x, isSpecial));
-            special = arith::MaximumFOp::create(e.b, e.loc, special, isSpecial);
-            elements.push_back(x);
-          }
-          reduceBlockStats(e, amax, special, lanes);
-          common::BlockScale s = common::blockScale(e, quant, amax, special);
-          Value codes = arith::ConstantOp::create(
-              e.b, e.loc,
-              DenseElementsAttr::get(codesType, e.b.getI8IntegerAttr(0)));
-          for (int64_t i = 0; i < width; ++i)
-            codes = vector::InsertOp::create(
-                e.b, e.loc, s.encode(e, elements[i]), codes, i);
-          return std::make_pair(codes, s.stored);
+          return quantizeVector(e, quant, row, lanes);
         };
         auto store = [&](Value r, Value codes, Value stored) {
           e.ifThen(valid, [&] {

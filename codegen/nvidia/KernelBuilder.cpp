@@ -1,6 +1,7 @@
 //===- KernelBuilder.cpp - building a layer's sm_90a kernels --------------===//
 
 #include "codegen/nvidia/KernelBuilder.h"
+#include "codegen/common/Numerics.h"
 
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 
@@ -187,4 +188,31 @@ void nvidia::reduceBlockStats(Emitter &e, Value &amax, Value &special,
     amax = arith::MaxNumFOp::create(e.b, e.loc, amax, shuffle(amax));
     special = arith::MaximumFOp::create(e.b, e.loc, special, shuffle(special));
   }
+}
+
+std::pair<Value, Value> nvidia::quantizeVector(Emitter &e, QuantAttr scheme,
+                                               Value values, int64_t lanes) {
+  auto type = cast<VectorType>(values.getType());
+  int64_t width = type.getNumElements();
+  auto f32Vec = VectorType::get({width}, e.b.getF32Type());
+  Value wide = arith::ExtFOp::create(e.b, e.loc, f32Vec, values);
+  Value amax = e.f32(0.0), special = e.f32(0.0);
+  SmallVector<Value> elements;
+  for (int64_t i = 0; i < width; ++i) {
+    Value x = vector::ExtractOp::create(e.b, e.loc, wide, i);
+    Value isSpecial;
+    amax = arith::MaxNumFOp::create(e.b, e.loc, amax,
+                                    common::blockStats(e, x, isSpecial));
+    special = arith::MaximumFOp::create(e.b, e.loc, special, isSpecial);
+    elements.push_back(x);
+  }
+  reduceBlockStats(e, amax, special, lanes);
+  common::BlockScale scale = common::blockScale(e, scheme, amax, special);
+  auto codesType = VectorType::get({width}, e.b.getI8Type());
+  Value codes = arith::ConstantOp::create(
+      e.b, e.loc, DenseElementsAttr::get(codesType, e.b.getI8IntegerAttr(0)));
+  for (int64_t i = 0; i < width; ++i)
+    codes = vector::InsertOp::create(e.b, e.loc, scale.encode(e, elements[i]),
+                                     codes, i);
+  return {codes, scale.stored};
 }

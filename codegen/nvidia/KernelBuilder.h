@@ -127,6 +127,13 @@ Value loadF32Vector(Emitter &e, Value buffer, ValueRange index, int64_t width);
 /// Every lane of the warp must execute it.
 void reduceBlockStats(Emitter &e, Value &amax, Value &special, int64_t lanes);
 
+/// Quantizes `values` (a vector of bf16), this lane's part of a block held by
+/// groups of `lanes` consecutive lanes: returns the vector of E4M3 codes
+/// (i8) and the block's stored scale (every lane of the group gets it).
+/// Every lane of the warp must execute it.
+std::pair<Value, Value> quantizeVector(Emitter &e, QuantAttr scheme,
+                                       Value values, int64_t lanes);
+
 // The kernel families, one file each.
 LogicalResult buildRoute(LayerKernels &layer, RouteOp op);
 LogicalResult buildDispatch(LayerKernels &layer, DispatchOp op);

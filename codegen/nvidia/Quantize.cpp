@@ -9,6 +9,8 @@
 #include "codegen/common/Numerics.h"
 #include "codegen/nvidia/KernelBuilder.h"
 
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::nvidia;
@@ -83,7 +85,63 @@ static LogicalResult buildBlocks(LayerKernels &layer, Operation *op,
   return k.finish(op);
 }
 
+/// Activations (bf16 rows, a scale per row and block, rows a multiple of 8
+/// long): a block of 128 threads per row, each quantizing 8 elements of a
+/// block that its neighbours share, statistics combined by shuffles; loads
+/// and stores coalesced.
+static LogicalResult buildRowQuantize(LayerKernels &layer, QuantizeOp op) {
+  QuantAttr scheme = op.getScheme();
+  int64_t k = cast<RankedTensorType>(op.getInput().getType()).getDimSize(1);
+  constexpr int64_t width = 8, threads = 128;
+  TokenLinear rows = layer.info(op.getInput()).rows;
+  layer.define(op.getData(), rows);
+  layer.define(op.getScales(), rows);
+  Kernel kernel = layer.kernel(op, "quantize",
+                               {op.getInput(), op.getData(), op.getScales()});
+  kernel.launch.work = rows;
+  kernel.launch.block = threads;
+  Emitter &e = kernel.e;
+  Value input = kernel.view(0, layer.info(op.getInput()));
+  Value data = kernel.view(1, layer.info(op.getData()));
+  Value scales = kernel.view(2, layer.info(op.getScales()));
+  Value r = kernel.blockId(gpu::Dimension::x), tid = kernel.threadId();
+  int64_t bs = scheme.getBlockSize();
+  Type bf16 = e.b.getBF16Type(), i8 = e.b.getI8Type();
+  auto vecType = VectorType::get({width}, bf16);
+  // Every thread runs every chunk (zeros past K), so shuffles see whole
+  // warps.
+  e.forEach(
+      e.index(0),
+      e.index(llvm::divideCeil(k, threads * width) * threads * width),
+      [&](Value chunk) {
+        Value c = e.iadd(chunk, e.imul(tid, width));
+        Value valid = e.ult(c, e.index(k));
+        Value loaded = vector::LoadOp::create(
+            e.b, e.loc, vecType, input, {r, e.minUI(c, e.index(k - width))},
+            false, vectorAlign(width, bf16));
+        Value zeros = arith::ConstantOp::create(
+            e.b, e.loc, DenseElementsAttr::get(vecType, e.b.getZeroAttr(bf16)));
+        auto [codes, stored] = quantizeVector(
+            e, scheme, e.select(valid, loaded, zeros), bs / width);
+        e.ifThen(valid, [&] {
+          vector::StoreOp::create(e.b, e.loc, codes, data, {r, c}, false,
+                                  vectorAlign(width, i8));
+          e.ifThen(e.eq(e.remUI(tid, bs / width), e.index(0)), [&] {
+            e.storeRaw(stored, scales, {r, e.divUI(c, bs)});
+          });
+        });
+      },
+      e.index(threads * width));
+  return kernel.finish(op);
+}
+
 LogicalResult nvidia::buildQuantize(LayerKernels &layer, QuantizeOp op) {
+  auto input = cast<RankedTensorType>(op.getInput().getType());
+  auto scales = cast<RankedTensorType>(op.getScales().getType());
+  if (input.getRank() == 2 && input.getElementType().isBF16() &&
+      input.getDimSize(1) % 8 == 0 &&
+      scales.getDimSize(0) == input.getDimSize(0))
+    return buildRowQuantize(layer, op);
   return buildBlocks(layer, op, op.getInput(), op.getData(), op.getScales(),
                      op.getScheme(), /*quantize=*/true);
 }
