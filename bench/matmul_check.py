@@ -5,7 +5,8 @@ torch._grouped_mm (bf16) and torch._scaled_grouped_mm (FP8 rowwise).
   matmul_check.py prepare DIR   on the build machine: writes one function
                                 holding one moe.grouped_matmul per shape and
                                 scheme and compiles it for sm_90a into DIR
-  matmul_check.py run DIR       on the GPU machine: for each library, random
+  matmul_check.py run DIR [ONLY]  on the GPU machine: for each library
+                                (those whose name holds ONLY), random
                                 operands (FP8 codes and scales for the
                                 quantized schemes), the output poisoned with
                                 NaN, one call checked against float64, then
@@ -80,7 +81,7 @@ def prepare(out_dir):
         json.dump(SHAPES, f)
 
 
-def run(lib_dir):
+def run(lib_dir, only=None):
     import torch
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..",
                                     "python"))
@@ -95,6 +96,9 @@ def run(lib_dir):
     gen = torch.Generator(device=dev).manual_seed(0)
     failed = False
     for shape, (e, m, n, k) in shapes.items():
+        if only and only not in shape and not any(
+                only in f"{shape}_{s}" for s in SCHEMES):
+            continue
         rows = e * m
         counts = torch.full((e,), m, dtype=torch.int32, device=dev)
         offsets = torch.arange(0, rows + 1, m, dtype=torch.int32, device=dev)
@@ -103,6 +107,8 @@ def run(lib_dir):
         flops = 2.0 * rows * n * k
         weight_bytes = {"bf16": 2 * e * n * k}
         for scheme in SCHEMES:
+            if only and only not in f"{shape}_{scheme}":
+                continue
             lib = os.path.join(lib_dir, f"libmm_{shape}_{scheme}.so")
             layer = Layer(lib)
             if scheme == "bf16":
@@ -147,7 +153,8 @@ def run(lib_dir):
             out(what="time", shape=shape, scheme=scheme, us=us,
                 tflops=flops / us / 1e6, weight_tbps=wbytes / us / 1e6)
             del args, operands, scales, deq_a, deq_b, ref, got
-        peers(out, shape, a, b, offsets[1:], flops, e, n, k)
+        if not only:
+            peers(out, shape, a, b, offsets[1:], flops, e, n, k)
     return 1 if failed else 0
 
 
@@ -220,10 +227,10 @@ def expand(scales, n, k, rows, cols):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("prepare", "run"):
+    if len(sys.argv) not in (3, 4) or sys.argv[1] not in ("prepare", "run"):
         print(__doc__, file=sys.stderr)
         sys.exit(2)
     if sys.argv[1] == "prepare":
         prepare(sys.argv[2])
     else:
-        sys.exit(run(sys.argv[2]))
+        sys.exit(run(sys.argv[2], sys.argv[3] if len(sys.argv) == 4 else None))

@@ -34,6 +34,8 @@ constexpr int64_t kTileM = 128, kTileN = 256, kSliceBytes = 128;
 constexpr int64_t kWarpGroups = 2, kGroupRows = kTileM / kWarpGroups;
 constexpr int64_t kFragment = kGroupRows * kTileN / 128; // f32 per thread
 constexpr int64_t kStages = 4; // A ring of 48 KiB stages.
+// Registers per thread after setmaxnreg: 128 x 24 + 256 x 240 <= 64 Ki.
+constexpr int64_t kProducerRegisters = 24, kConsumerRegisters = 240;
 constexpr int64_t kStageBytes = (kTileM + kTileN) * kSliceBytes;
 constexpr int64_t kHalfBytes = kTileN / 2 * kSliceBytes; // 128 B rows
 
@@ -210,7 +212,11 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   launch.perBlock = kTileM;
   launch.extraBlocks = grouped ? experts : 0;
   launch.gridY = llvm::divideCeil(outN, outTile);
-  launch.block = kWarpGroups * 128;
+  // Two consumer warpgroups and a producer warpgroup; the block size is
+  // fixed (.reqntid), so ptxas plans registers for 384 threads.
+  launch.block = (kWarpGroups + 1) * 128;
+  k.func.setKnownBlockSizeAttr(k.b.getDenseI32ArrayAttr(
+      {int32_t(launch.block), 1, 1}));
   // Per-column weight scales of two stages, decoded to f32, follow the ring.
   int64_t columnScaleBytes =
       columnScales ? 2 * enc.subBlocks() * kTileN * 4 : 0;
@@ -331,17 +337,22 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
                         MemRefLayoutAttrInterface(), workgroup),
         smem, e.iadd(pad, e.index(kStages * kStageBytes)), ValueRange{});
 
+  // `barriers[s]` completes when slot s is loaded (TMA bytes), `empty[s]`
+  // when every consumer thread is done reading it.
   auto barrierType = nvgpu::MBarrierGroupType::get(ctx, workgroup, kStages);
   Value barriers = nvgpu::MBarrierCreateOp::create(b, e.loc, barrierType);
+  Value empty = nvgpu::MBarrierCreateOp::create(b, e.loc, barrierType);
+  constexpr int64_t kConsumers = kWarpGroups * 128;
   Value leader = e.eq(tid, e.index(0));
-  for (int64_t s = 0; s < kStages; ++s)
+  for (int64_t s = 0; s < kStages; ++s) {
     nvgpu::MBarrierInitOp::create(b, e.loc, barriers, e.index(1), e.index(s),
                                   leader);
+    nvgpu::MBarrierInitOp::create(b, e.loc, empty, e.index(kConsumers),
+                                  e.index(s), leader);
+  }
   e.ifThen(leader, [&] {
     // The barriers' initialization must be visible to the TMA unit.
     NVVM::FenceMbarrierInitOp::create(b, e.loc);
-    nvgpu::TmaPrefetchOp::create(b, e.loc, descA, Value());
-    nvgpu::TmaPrefetchOp::create(b, e.loc, descB, Value());
   });
 
   Value rowStartIdx = e.toIndex(rowStart);
@@ -371,10 +382,6 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
         b, e.loc, tile(slot, kTileM * kSliceBytes + kHalfBytes, kTileN / 2),
         barriers, descB, ValueRange{col, bRow1}, slot, Value(), Value());
   };
-  e.ifThen(leader, [&] {
-    e.forEach(e.index(0), e.index(std::min(kStages - 1, kTiles)),
-              [&](Value kt) { issue(kt); });
-  });
 
   // Fragment element i of a thread in warp w (of its warpgroup), lane l is
   // row 16w + l/4 + 8((i/2)%2) and column 8(i/4) + 2(l%4) + i%2 of its
@@ -466,9 +473,52 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
       memref::StoreOp::create(b, e.loc, values[s], columnScaleTile,
                               ValueRange{stage, e.index(s), tid});
   };
+  Value consumer = e.ult(tid, e.index(kConsumers));
   if (columnScales)
-    storeColumnScales(e.index(0), loadColumnScales(e.index(0)));
+    e.ifThen(consumer, [&] {
+      storeColumnScales(e.index(0), loadColumnScales(e.index(0)));
+    });
   gpu::BarrierOp::create(b, e.loc);
+
+  // Warp specialization: the producer warpgroup gives up registers and one
+  // of its threads keeps the ring full, waiting only for a slot to be
+  // released; the consumers take the registers and never wait on each
+  // other, so one's promotion or epilogue overlaps the other's wgmma.
+  auto roles = scf::IfOp::create(b, e.loc, consumer, /*withElse=*/true);
+  b.setInsertionPointToStart(&roles.getElseRegion().front());
+  NVVM::SetMaxRegisterOp::create(b, e.loc, kProducerRegisters,
+                                 NVVM::SetMaxRegisterAction::decrease);
+  e.ifThen(e.eq(tid, e.index(kConsumers)), [&] {
+    nvgpu::TmaPrefetchOp::create(b, e.loc, descA, Value());
+    nvgpu::TmaPrefetchOp::create(b, e.loc, descB, Value());
+    e.forEach(e.index(0), e.index(kTiles), [&](Value kt) {
+      Value slot = e.remUI(kt, kStages);
+      // From the second round on, wait for the slot's previous use.
+      e.ifThen(e.icmp(arith::CmpIPredicate::uge, kt, e.index(kStages)), [&] {
+        Value parity = arith::TruncIOp::create(
+            b, e.loc, b.getI1Type(),
+            e.toI32(e.remUI(e.iadd(e.divUI(kt, kStages), e.index(1)), 2)));
+        nvgpu::MBarrierTryWaitParityOp::create(b, e.loc, empty, parity,
+                                               e.index(10000000), slot);
+      });
+      issue(kt);
+    });
+  });
+  b.setInsertionPointToStart(&roles.getThenRegion().front());
+  NVVM::SetMaxRegisterOp::create(b, e.loc, kConsumerRegisters,
+                                 NVVM::SetMaxRegisterAction::increase);
+  // Every consumer thread releases slot `slot`. (As inline PTX: the
+  // arrive's token is unused, and the NVVM op without a use is dropped.)
+  auto release = [&](Value slot) {
+    Value address =
+        nvgpu::MBarrierGetOp::create(b, e.loc, b.getI32Type(), empty, slot);
+    LLVM::InlineAsmOp::create(
+        b, e.loc, TypeRange{}, ValueRange{address},
+        "mbarrier.arrive.shared::cta.b64 _, [$0];", "r",
+        /*has_side_effects=*/true, /*is_align_stack=*/false,
+        LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
+        ArrayAttr());
+  };
 
   Wgmma w(k, enc);
   Value zero = w.zero();
@@ -525,6 +575,9 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
       NVVM::WgmmaGroupSyncAlignedOp::create(b, e.loc);
       // The previous slice's wgmma are done: its slot can be refilled.
       NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 1);
+      e.ifThen(e.icmp(arith::CmpIPredicate::uge, kt, e.index(1)), [&] {
+        release(e.remUI(e.isub(kt, e.index(1)), kStages));
+      });
     } else {
       Value stage = columnScales ? e.remUI(kt, 2) : Value();
       int64_t perBlock = perSlice / sub;
@@ -565,20 +618,28 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
                                                    ArrayRef<int64_t>{i});
             Value a = LLVM::ExtractValueOp::create(b, e.loc, acc,
                                                    ArrayRef<int64_t>{i});
-            Value sum = e.add(a, e.mul(p, e.mul(rowScale, columnScale)));
+            // MXFP8 promotes four times per 128 of K, which bounds it: one
+            // multiply-add there (one rounding), the CPU's two steps else.
+            Value scale = e.mul(rowScale, columnScale);
+            Value sum = columnScales
+                            ? math::FmaOp::create(b, e.loc, p, scale, a)
+                                  .getResult()
+                            : e.add(a, e.mul(p, scale));
             acc = LLVM::InsertValueOp::create(b, e.loc, acc, sum,
                                               ArrayRef<int64_t>{i});
           }
           accs[h] = w.fence(acc);
         }
       }
-      if (columnScales)
+      release(slot);
+      if (columnScales) {
         storeColumnScales(next, nextColumnScales);
+        // The consumers (only) meet: the next stage's column scales are
+        // written, this stage's no longer read.
+        NVVM::BarrierOp::create(b, e.loc, Type(), e.i32(1),
+                                e.i32(kConsumers), {}, Value());
+      }
     }
-    gpu::BarrierOp::create(b, e.loc);
-    Value refill = e.iadd(kt, e.index(kStages - 1));
-    e.ifThen(e.andi(leader, e.ult(refill, e.index(kTiles))),
-             [&] { issue(refill); });
     SmallVector<Value> yielded(accs);
     yielded.append(nextScales);
     scf::YieldOp::create(b, e.loc, yielded);

@@ -7,18 +7,18 @@
 // column tile per 128 outputs with an activation (gate and up halves): one
 // here.
 // CHECK: tensor_maps = [#moe.tensor_map<buffer = 0, element_bytes = 2, rows = 1 * T, cols = 64, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 1, element_bytes = 2, rows = 2048, cols = 64, box_rows = 128, box_cols = 64>]
-// CHECK-SAME: launches = [#moe.launch<kernel = @moe_grouped_matmul, work = 1 * T, per_block = 128, extra_blocks = 8, block = 256, shared_bytes = 197632, args = [buffer 5, buffer 2, buffer 3, buffer 4, tensor_map 0, tensor_map 1, tokens]>]
-// CHECK: gpu.func @moe_grouped_matmul({{.*}}) kernel attributes {moe.tensor_map_args = array<i64: 4, 5>}
+// CHECK-SAME: launches = [#moe.launch<kernel = @moe_grouped_matmul, work = 1 * T, per_block = 128, extra_blocks = 8, block = 384, shared_bytes = 197632, args = [buffer 5, buffer 2, buffer 3, buffer 4, tensor_map 0, tensor_map 1, tokens]>]
+// CHECK: gpu.func @moe_grouped_matmul({{.*}}) kernel attributes {known_block_size = array<i32: 384, 1, 1>, moe.tensor_map_args = array<i64: 4, 5>}
 // CHECK: nvgpu.mbarrier.create
-// CHECK: nvgpu.tma.async.load
 // CHECK: nvvm.wgmma.mma_async
+// CHECK: nvgpu.tma.async.load
 // PTX: .visible .entry moe_grouped_matmul(
 // PTX-SAME: .param .align 64 .b8 moe_grouped_matmul_param_4[128]
 // PTX-SAME: mbarrier.init.shared.b64
-// PTX-SAME: cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
 // PTX-SAME: mbarrier.try_wait.parity.shared.b64
 // PTX-SAME: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 // PTX-SAME: wgmma.wait_group.sync.aligned
+// PTX-SAME: cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
 func.func @gate_up(%x: tensor<?x64xbf16>, %w13: tensor<8x256x64xbf16>,
                    %counts: tensor<8xi32>, %offsets: tensor<9xi32>,
                    %bias: tensor<8x256xf32>) -> tensor<?x128xbf16> {
@@ -43,7 +43,11 @@ func.func @gate_up(%x: tensor<?x64xbf16>, %w13: tensor<8x256x64xbf16>,
 // CHECK: nvvm.wgmma.wait.group.sync.aligned 0
 // CHECK: llvm.inline_asm has_side_effects
 // PTX: .visible .entry moe_grouped_matmul(
-// PTX: wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3
+// PTX-SAME: setmaxnreg.inc.sync.aligned.u32
+// PTX-SAME: wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3
+// PTX-SAME: mbarrier.arrive.shared::cta.b64
+// PTX-SAME: setmaxnreg.dec.sync.aligned.u32
+// PTX-SAME: cp.async.bulk.tensor.2d
 func.func @block128(%x: tensor<?x256xf8E4M3FN>, %w13: tensor<4x320x256xf8E4M3FN>,
                     %counts: tensor<4xi32>, %offsets: tensor<5xi32>,
                     %sx: tensor<?x2xf32>, %sw: tensor<4x3x2xf32>)

@@ -11,8 +11,8 @@
 // CHECK-SAME: launches = [#moe.launch<kernel = @moe_route, work = 1 * T, per_block = 4, block = 256, args = [buffer 0, buffer 1, buffer 5, buffer 6, tokens]>,
 // CHECK-SAME: #moe.launch<kernel = @moe_dispatch_plan, work = 1, block = 1024, args = [buffer 5, buffer 7, buffer 8, buffer 9, tokens]>,
 // CHECK-SAME: #moe.launch<kernel = @moe_dispatch_scatter, work = 1 * T, block = 128, args = [buffer 0, buffer 9, buffer 10, tokens]>,
-// CHECK-SAME: #moe.launch<kernel = @moe_grouped_matmul_gate_up, work = 2 * T, per_block = 128, extra_blocks = 8, block = 256, shared_bytes = 197632, args = [buffer 11, buffer 7, buffer 8, tensor_map 0, tensor_map 1, tokens]>,
-// CHECK-SAME: #moe.launch<kernel = @moe_grouped_matmul_down, work = 2 * T, per_block = 128, extra_blocks = 8, block = 256, shared_bytes = 197632, args = [buffer 12, buffer 7, buffer 8, tensor_map 2, tensor_map 3, tokens]>,
+// CHECK-SAME: #moe.launch<kernel = @moe_grouped_matmul_gate_up, work = 2 * T, per_block = 128, extra_blocks = 8, block = 384, shared_bytes = 197632, args = [buffer 11, buffer 7, buffer 8, tensor_map 0, tensor_map 1, tokens]>,
+// CHECK-SAME: #moe.launch<kernel = @moe_grouped_matmul_down, work = 2 * T, per_block = 128, extra_blocks = 8, block = 384, shared_bytes = 197632, args = [buffer 12, buffer 7, buffer 8, tensor_map 2, tensor_map 3, tokens]>,
 // CHECK-SAME: #moe.launch<kernel = @moe_combine, work = 1 * T, block = 128, args = [buffer 12, buffer 9, buffer 4, buffer 6, tokens]>]>
 // The function itself is untouched: the host code reads only its plan.
 // CHECK: moe.route
@@ -22,7 +22,7 @@
 // CHECK-SAME: kernel
 // CHECK: gpu.func @moe_dispatch_plan(
 // CHECK: gpu.func @moe_dispatch_scatter(
-// CHECK: gpu.func @moe_grouped_matmul_gate_up({{.*}}) kernel attributes {moe.tensor_map_args = array<i64: 3, 4>}
+// CHECK: gpu.func @moe_grouped_matmul_gate_up({{.*}}) kernel attributes {known_block_size = array<i32: 384, 1, 1>, moe.tensor_map_args = array<i64: 3, 4>}
 // CHECK: gpu.func @moe_grouped_matmul_down(
 // CHECK: gpu.func @moe_combine(
 #loc = loc("layer.mlir":1:1)
