@@ -215,11 +215,11 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   // Two consumer warpgroups and a producer warpgroup; the block size is
   // fixed (.reqntid), so ptxas plans registers for 384 threads.
   launch.block = (kWarpGroups + 1) * 128;
-  k.func.setKnownBlockSizeAttr(k.b.getDenseI32ArrayAttr(
-      {int32_t(launch.block), 1, 1}));
+  k.func.setKnownBlockSizeAttr(
+      k.b.getDenseI32ArrayAttr({int32_t(launch.block), 1, 1}));
   // Per-column weight scales of two stages, decoded to f32, follow the ring.
   int64_t columnScaleBytes =
-      columnScales ? 2 * enc.subBlocks() * kTileN * 4 : 0;
+      columnScales ? kStages * enc.subBlocks() * kTileN * 4 : 0;
   launch.sharedBytes = kStages * kStageBytes + columnScaleBytes + 1024;
   Emitter &e = k.e;
   OpBuilder &b = e.b;
@@ -329,11 +329,13 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
     return arith::IndexCastOp::create(b, e.loc, b.getI64Type(), a).getResult();
   };
   // [2 stages][sub-blocks][256 columns] f32, after the ring.
+  // [kStages][sub-blocks][256 columns] f32, after the ring: each stage's
+  // per-column weight scales, written by the producer warpgroup.
   Value columnScaleTile;
   if (columnScales)
     columnScaleTile = memref::ViewOp::create(
         b, e.loc,
-        MemRefType::get({2, enc.subBlocks(), kTileN}, b.getF32Type(),
+        MemRefType::get({kStages, enc.subBlocks(), kTileN}, b.getF32Type(),
                         MemRefLayoutAttrInterface(), workgroup),
         smem, e.iadd(pad, e.index(kStages * kStageBytes)), ValueRange{});
 
@@ -344,9 +346,12 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   Value empty = nvgpu::MBarrierCreateOp::create(b, e.loc, barrierType);
   constexpr int64_t kConsumers = kWarpGroups * 128;
   Value leader = e.eq(tid, e.index(0));
+  // With per-column scales every producer thread also arrives on a slot's
+  // barrier once it has stored its columns' scales there.
+  int64_t fullArrivals = columnScales ? 1 + 128 : 1;
   for (int64_t s = 0; s < kStages; ++s) {
-    nvgpu::MBarrierInitOp::create(b, e.loc, barriers, e.index(1), e.index(s),
-                                  leader);
+    nvgpu::MBarrierInitOp::create(b, e.loc, barriers, e.index(fullArrivals),
+                                  e.index(s), leader);
     nvgpu::MBarrierInitOp::create(b, e.loc, empty, e.index(kConsumers),
                                   e.index(s), leader);
   }
@@ -448,49 +453,57 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
     }
     return values;
   };
-  // Per-column weight scales: thread t holds tile column t's scales of a
-  // stage (weight row clamped into the expert), staged in shared memory.
-  Value ownRow;
-  if (columnScales) {
-    Value h = e.divUI(tid, 128), j = e.remUI(tid, 128);
-    Value row = e.iadd(e.select(e.eq(h, e.index(0)), halfRow0, halfRow1), j);
-    ownRow = e.minUI(row, e.index(n - 1));
-  }
-  auto loadColumnScales = [&](Value kt) {
-    SmallVector<Value> values;
-    for (int64_t s = 0; s < sub; ++s) {
-      SmallVector<Value> index;
-      if (grouped)
-        index.push_back(expertIdx);
-      index.append({ownRow, kBlockOf(kt, s)});
-      values.push_back(common::loadScale(e, rhsScale, index));
+  // Per-column weight scales: producer thread p stores tile columns p and
+  // p + 128 of a stage (weight rows clamped into the expert).
+  auto storeColumnScales = [&](Value kt, Value slot, Value p) {
+    for (int64_t h = 0; h < 2; ++h) {
+      Value row =
+          e.minUI(e.iadd(h == 0 ? halfRow0 : halfRow1, p), e.index(n - 1));
+      for (int64_t s = 0; s < sub; ++s) {
+        SmallVector<Value> index;
+        if (grouped)
+          index.push_back(expertIdx);
+        index.append({row, kBlockOf(kt, s)});
+        memref::StoreOp::create(
+            b, e.loc, common::loadScale(e, rhsScale, index), columnScaleTile,
+            ValueRange{slot, e.index(s), e.iadd(p, e.index(h * 128))});
+      }
     }
-    return values;
-  };
-  auto storeColumnScales = [&](Value kt, ValueRange values) {
-    Value stage = e.remUI(kt, 2);
-    for (int64_t s = 0; s < sub; ++s)
-      memref::StoreOp::create(b, e.loc, values[s], columnScaleTile,
-                              ValueRange{stage, e.index(s), tid});
   };
   Value consumer = e.ult(tid, e.index(kConsumers));
-  if (columnScales)
-    e.ifThen(consumer, [&] {
-      storeColumnScales(e.index(0), loadColumnScales(e.index(0)));
-    });
   gpu::BarrierOp::create(b, e.loc);
 
   // Warp specialization: the producer warpgroup gives up registers and one
   // of its threads keeps the ring full, waiting only for a slot to be
   // released; the consumers take the registers and never wait on each
   // other, so one's promotion or epilogue overlaps the other's wgmma.
+  // An arrival on barrier `slot` of `group`, as inline PTX: the NVVM
+  // arrive's token is unused, and the op without a use is dropped.
+  auto arrive = [&](Value group, Value slot) {
+    Value address =
+        nvgpu::MBarrierGetOp::create(b, e.loc, b.getI32Type(), group, slot);
+    LLVM::InlineAsmOp::create(b, e.loc, TypeRange{}, ValueRange{address},
+                              "mbarrier.arrive.shared::cta.b64 _, [$0];", "r",
+                              /*has_side_effects=*/true,
+                              /*is_align_stack=*/false,
+                              LLVM::tailcallkind::TailCallKind::None,
+                              LLVM::AsmDialectAttr(), ArrayAttr());
+  };
   auto roles = scf::IfOp::create(b, e.loc, consumer, /*withElse=*/true);
   b.setInsertionPointToStart(&roles.getElseRegion().front());
   NVVM::SetMaxRegisterOp::create(b, e.loc, kProducerRegisters,
                                  NVVM::SetMaxRegisterAction::decrease);
-  e.ifThen(e.eq(tid, e.index(kConsumers)), [&] {
-    nvgpu::TmaPrefetchOp::create(b, e.loc, descA, Value());
-    nvgpu::TmaPrefetchOp::create(b, e.loc, descB, Value());
+  Value producerLead = e.eq(tid, e.index(kConsumers));
+  // The producer threads taking part: the lead alone, or all of them when
+  // they also stage column scales.
+  Value producing =
+      columnScales ? arith::ConstantIntOp::create(b, e.loc, 1, 1).getResult()
+                   : producerLead;
+  e.ifThen(producing, [&] {
+    e.ifThen(producerLead, [&] {
+      nvgpu::TmaPrefetchOp::create(b, e.loc, descA, Value());
+      nvgpu::TmaPrefetchOp::create(b, e.loc, descB, Value());
+    });
     e.forEach(e.index(0), e.index(kTiles), [&](Value kt) {
       Value slot = e.remUI(kt, kStages);
       // From the second round on, wait for the slot's previous use.
@@ -501,24 +514,18 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
         nvgpu::MBarrierTryWaitParityOp::create(b, e.loc, empty, parity,
                                                e.index(10000000), slot);
       });
-      issue(kt);
+      e.ifThen(producerLead, [&] { issue(kt); });
+      if (columnScales) {
+        storeColumnScales(kt, slot, e.isub(tid, e.index(kConsumers)));
+        arrive(barriers, slot);
+      }
     });
   });
   b.setInsertionPointToStart(&roles.getThenRegion().front());
   NVVM::SetMaxRegisterOp::create(b, e.loc, kConsumerRegisters,
                                  NVVM::SetMaxRegisterAction::increase);
-  // Every consumer thread releases slot `slot`. (As inline PTX: the
-  // arrive's token is unused, and the NVVM op without a use is dropped.)
-  auto release = [&](Value slot) {
-    Value address =
-        nvgpu::MBarrierGetOp::create(b, e.loc, b.getI32Type(), empty, slot);
-    LLVM::InlineAsmOp::create(
-        b, e.loc, TypeRange{}, ValueRange{address},
-        "mbarrier.arrive.shared::cta.b64 _, [$0];", "r",
-        /*has_side_effects=*/true, /*is_align_stack=*/false,
-        LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
-        ArrayAttr());
-  };
+  // Every consumer thread releases slot `slot`.
+  auto release = [&](Value slot) { arrive(empty, slot); };
 
   Wgmma w(k, enc);
   Value zero = w.zero();
@@ -544,11 +551,9 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
     ValueRange scales = carried.drop_front(enc.halves());
     // The next stage's scales, needed only after this stage's wgmma.
     Value next = e.iadd(kt, e.index(1));
-    SmallVector<Value> nextScales, nextColumnScales;
+    SmallVector<Value> nextScales;
     if (enc.fp8())
       nextScales = loadScales(next);
-    if (columnScales)
-      nextColumnScales = loadColumnScales(next);
     Value parity = arith::TruncIOp::create(
         b, e.loc, b.getI1Type(), e.toI32(e.remUI(e.divUI(kt, kStages), 2)));
     nvgpu::MBarrierTryWaitParityOp::create(b, e.loc, barriers, parity,
@@ -575,11 +580,10 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
       NVVM::WgmmaGroupSyncAlignedOp::create(b, e.loc);
       // The previous slice's wgmma are done: its slot can be refilled.
       NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 1);
-      e.ifThen(e.icmp(arith::CmpIPredicate::uge, kt, e.index(1)), [&] {
-        release(e.remUI(e.isub(kt, e.index(1)), kStages));
-      });
+      e.ifThen(e.icmp(arith::CmpIPredicate::uge, kt, e.index(1)),
+               [&] { release(e.remUI(e.isub(kt, e.index(1)), kStages)); });
     } else {
-      Value stage = columnScales ? e.remUI(kt, 2) : Value();
+      Value stage = slot;
       int64_t perBlock = perSlice / sub;
       // Each scale block into a fresh partial, then scaled into the
       // accumulator: acc += partial * (row scale * column scale).
@@ -621,10 +625,10 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
             // MXFP8 promotes four times per 128 of K, which bounds it: one
             // multiply-add there (one rounding), the CPU's two steps else.
             Value scale = e.mul(rowScale, columnScale);
-            Value sum = columnScales
-                            ? math::FmaOp::create(b, e.loc, p, scale, a)
-                                  .getResult()
-                            : e.add(a, e.mul(p, scale));
+            Value sum =
+                columnScales
+                    ? math::FmaOp::create(b, e.loc, p, scale, a).getResult()
+                    : e.add(a, e.mul(p, scale));
             acc = LLVM::InsertValueOp::create(b, e.loc, acc, sum,
                                               ArrayRef<int64_t>{i});
           }
@@ -632,13 +636,6 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
         }
       }
       release(slot);
-      if (columnScales) {
-        storeColumnScales(next, nextColumnScales);
-        // The consumers (only) meet: the next stage's column scales are
-        // written, this stage's no longer read.
-        NVVM::BarrierOp::create(b, e.loc, Type(), e.i32(1),
-                                e.i32(kConsumers), {}, Value());
-      }
     }
     SmallVector<Value> yielded(accs);
     yielded.append(nextScales);

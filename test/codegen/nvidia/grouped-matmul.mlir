@@ -62,9 +62,10 @@ func.func @block128(%x: tensor<?x256xf8E4M3FN>, %w13: tensor<4x320x256xf8E4M3FN>
 // -----
 
 // MXFP8: a scale per 32 of K and weight row, so a 128-code slice holds four
-// scale blocks, each promoted on its own; the weight rows' scales of two
-// stages are staged in shared memory (8 KiB after the ring).
-// CHECK: shared_bytes = 205824
+// scale blocks, each promoted on its own; the producer warpgroup stages each
+// slot's weight-row scales in shared memory (16 KiB after the ring) and
+// arrives on the slot's barrier with the TMA bytes.
+// CHECK: shared_bytes = 214016
 // CHECK: gpu.func @moe_matmul
 // CHECK-COUNT-8: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 128, k = 32>, D[<f32>, <zero>]
 // PTX: .visible .entry moe_matmul(
