@@ -110,7 +110,7 @@ Value LayerDecomposer::build() {
       b,
       tensorType({ShapedType::kDynamic, config.getHidden()}, b.getBF16Type()),
       tensorType({localExperts}, i32), tensorType({localExperts + 1}, i32),
-      tensorType({tokens, topK}, i32), /*dispatched_scales=*/Type(), hidden,
+      tensorType({tokens, topK}, i32), /*quantized=*/TypeRange(), hidden,
       route.getExpertIds(), scaleInput ? routeWeights : Value(), /*align=*/1,
       /*quant=*/QuantAttr());
   Value groups[] = {dispatch.getTokensPerExpert(), dispatch.getExpertOffsets()};

@@ -45,7 +45,7 @@ struct IntoDispatch : OpRewritePattern<QuantizeOp> {
         rewriter, dispatch.getLoc(), op.getData().getType(),
         dispatch.getTokensPerExpert().getType(),
         dispatch.getExpertOffsets().getType(), dispatch.getRows().getType(),
-        op.getScales().getType(), dispatch.getHiddenStates(),
+        TypeRange{op.getScales().getType()}, dispatch.getHiddenStates(),
         dispatch.getExpertIds(), dispatch.getScale(), dispatch.getAlign(),
         op.getScheme());
     rewriter.replaceOp(op,
@@ -56,6 +56,44 @@ struct IntoDispatch : OpRewritePattern<QuantizeOp> {
                                 fused.getExpertOffsets());
     rewriter.replaceAllUsesWith(dispatch.getRows(), fused.getRows());
     rewriter.eraseOp(dispatch);
+    return success();
+  }
+};
+
+/// quantize(x), where x is also what a quantizing dispatch scatters (with
+/// the same scheme, unscaled) -> the dispatch's `tokens`: it has each row's
+/// codes in hand already.
+struct IntoDispatchTokens : OpRewritePattern<QuantizeOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(QuantizeOp op,
+                                PatternRewriter &rewriter) const override {
+    DispatchOp dispatch;
+    for (Operation *user : op.getInput().getUsers())
+      if (auto d = dyn_cast<DispatchOp>(user))
+        if (d.getHiddenStates() == op.getInput() &&
+            d.getQuant() == op.getScheme() && !d.getScale() && !d.getTokens())
+          dispatch = d;
+    auto scales = cast<RankedTensorType>(op.getScales().getType());
+    auto data = cast<RankedTensorType>(op.getData().getType());
+    if (!dispatch || dispatch->getBlock() != op->getBlock() ||
+        !dispatch->isBeforeInBlock(op) || data.getRank() != 2 ||
+        scales.getDimSize(0) != data.getDimSize(0))
+      return failure();
+    rewriter.setInsertionPoint(dispatch);
+    auto fused = DispatchOp::create(
+        rewriter, dispatch.getLoc(), dispatch.getDispatched().getType(),
+        dispatch.getTokensPerExpert().getType(),
+        dispatch.getExpertOffsets().getType(), dispatch.getRows().getType(),
+        TypeRange{dispatch.getDispatchedScales().getType(),
+                  op.getData().getType(), op.getScales().getType()},
+        dispatch.getHiddenStates(), dispatch.getExpertIds(), Value(),
+        dispatch.getAlign(), op.getScheme());
+    rewriter.replaceOp(op, {fused.getTokens(), fused.getTokenScales()});
+    rewriter.replaceOp(dispatch,
+                       {fused.getDispatched(), fused.getTokensPerExpert(),
+                        fused.getExpertOffsets(), fused.getRows(),
+                        fused.getDispatchedScales()});
     return success();
   }
 };
@@ -117,8 +155,8 @@ struct FuseQuantizationPass
     : public moe::impl::FuseQuantizationBase<FuseQuantizationPass> {
   void runOnOperation() override {
     RewritePatternSet patterns(&getContext());
-    patterns.add<IntoDispatch, IntoMatmulEpilogue, DequantizeIntoMatmul>(
-        &getContext());
+    patterns.add<IntoDispatch, IntoDispatchTokens, IntoMatmulEpilogue,
+                 DequantizeIntoMatmul>(&getContext());
     if (failed(applyPatternsGreedily(getOperation(), std::move(patterns))))
       signalPassFailure();
   }

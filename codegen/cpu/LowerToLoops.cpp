@@ -233,6 +233,8 @@ LogicalResult FunctionLowering::lowerDispatch(DispatchOp op) {
   if (quant)
     quantizeResult(dispatched, op.getDispatched(), op.getDispatchedScales(),
                    quant, e.toIndex(total));
+  if (op.getTokens())
+    quantizeResult(hidden, op.getTokens(), op.getTokenScales(), quant, tokens);
   return success();
 }
 

@@ -41,6 +41,10 @@ LogicalResult nvidia::buildDispatch(LayerKernels &layer, DispatchOp op) {
   QuantAttr quant = op.getQuantAttr();
   if (quant)
     layer.define(op.getDispatchedScales(), dispatchedRows);
+  if (op.getTokens()) {
+    layer.define(op.getTokens(), tokens);
+    layer.define(op.getTokenScales(), tokens);
+  }
 
   {
     // The plan, in one block: counts by shared-memory atomics, offsets by one
@@ -124,6 +128,8 @@ LogicalResult nvidia::buildDispatch(LayerKernels &layer, DispatchOp op) {
     buffers.push_back(op.getScale());
   if (quant)
     buffers.push_back(op.getDispatchedScales());
+  if (op.getTokens())
+    buffers.append({op.getTokens(), op.getTokenScales()});
   Kernel k = layer.kernel(op, "dispatch_scatter", buffers);
   k.launch.work = tokens;
   k.launch.block = 128;
@@ -132,9 +138,13 @@ LogicalResult nvidia::buildDispatch(LayerKernels &layer, DispatchOp op) {
   Value rows = k.view(1, layer.info(op.getRows()));
   Value dispatched = k.view(2, layer.info(op.getDispatched()));
   Value scale = op.getScale() ? k.view(3, layer.info(op.getScale())) : Value();
-  Value scales =
-      quant ? k.view(buffers.size() - 1, layer.info(op.getDispatchedScales()))
-            : Value();
+  auto view = [&](Value tensor) {
+    return k.view(llvm::find(buffers, tensor) - buffers.begin(),
+                  layer.info(tensor));
+  };
+  Value scales = quant ? view(op.getDispatchedScales()) : Value();
+  Value tokenCodes = op.getTokens() ? view(op.getTokens()) : Value();
+  Value tokenScales = op.getTokens() ? view(op.getTokenScales()) : Value();
   Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
   int64_t width = vectorWidth(h);
   Type bf16 = e.b.getBF16Type(), f32 = e.b.getF32Type();
@@ -199,24 +209,28 @@ LogicalResult nvidia::buildDispatch(LayerKernels &layer, DispatchOp op) {
         auto quantize = [&](Value row) {
           return quantizeVector(e, quant, row, lanes);
         };
-        auto store = [&](Value r, Value codes, Value stored) {
+        auto store = [&](Value data, Value blockScales, Value r, Value codes,
+                         Value stored) {
           e.ifThen(valid, [&] {
-            vector::StoreOp::create(e.b, e.loc, codes, dispatched, {r, c},
-                                    false, vectorAlign(width, i8));
+            vector::StoreOp::create(e.b, e.loc, codes, data, {r, c}, false,
+                                    vectorAlign(width, i8));
             e.ifThen(e.eq(e.remUI(tid, lanes), e.index(0)), [&] {
-              e.storeRaw(stored, scales, {r, e.divUI(c, bs)});
+              e.storeRaw(stored, blockScales, {r, e.divUI(c, bs)});
             });
           });
         };
         std::pair<Value, Value> shared;
         if (!scale)
           shared = quantize(v);
+        // The token's own quantized row, for the shared experts.
+        if (tokenCodes)
+          store(tokenCodes, tokenScales, t, shared.first, shared.second);
         e.forEach(e.index(0), e.index(topK), [&](Value j) {
           Value row = e.loadRaw(rows, {t, j});
           // Uniform across the block: every thread reads the same row.
           e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)), [&] {
             auto [codes, stored] = scale ? quantize(scaled(v, j)) : shared;
-            store(e.toIndex(row), codes, stored);
+            store(dispatched, scales, e.toIndex(row), codes, stored);
           });
         });
       },

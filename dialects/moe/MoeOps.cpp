@@ -387,8 +387,25 @@ LogicalResult DispatchOp::verify() {
       failed(checkShape(op, "rows", getRows(),
                         {count(tokens, "tokens"), size(topK, "top-k")})))
     return failure();
-  return verifyQuantizedResult(op, "dispatched", getDispatched(),
-                               getDispatchedScales(), getQuantAttr());
+  size_t extra = getQuantized().size();
+  if (extra != 0 && extra != 1 && extra != 3)
+    return emitOpError() << "has " << extra
+                         << " quantized results: none, the dispatched rows' "
+                            "scales, or those and the quantized tokens with "
+                            "their scales";
+  if (failed(verifyQuantizedResult(op, "dispatched", getDispatched(),
+                                   getDispatchedScales(), getQuantAttr())))
+    return failure();
+  if (!getTokens())
+    return success();
+  if (!getQuantAttr() || getScale())
+    return emitOpError() << "gives quantized tokens only when it quantizes "
+                            "and does not scale its rows";
+  if (failed(checkShape(op, "tokens", getTokens(),
+                        {count(tokens, "tokens"), size(hidden, "hidden")})))
+    return failure();
+  return verifyQuantizedResult(op, "tokens", getTokens(), getTokenScales(),
+                               getQuantAttr());
 }
 
 //===----------------------------------------------------------------------===//

@@ -141,7 +141,10 @@ def Moe_DispatchOp : Moe_Op<"dispatch", [Pure]> {
     or -1 for ids outside [0, E). With `scale`, a row is the token times its
     weight, rounded to bf16 (Llama-4). With `quant`, each row (as bf16) is
     quantized on the way, as `moe.quantize` would quantize `dispatched`:
-    `dispatched` holds its E4M3 codes and `dispatched_scales` its scales.
+    `dispatched` holds its E4M3 codes and the first of the `quantized`
+    results its scales; two more, when present, are the tokens themselves
+    quantized the same way ([T, H] codes and their scales; not with
+    `scale`), for the shared experts.
   }];
   let arguments = (ins
     Moe_Activations:$hidden_states,
@@ -155,8 +158,21 @@ def Moe_DispatchOp : Moe_Op<"dispatch", [Pure]> {
     Moe_IndexTensor:$tokens_per_expert,
     Moe_IndexTensor:$expert_offsets,
     Moe_IndexTensor:$rows,
-    Optional<Moe_Scales>:$dispatched_scales
+    Variadic<AnyRankedTensor>:$quantized
   );
+  let extraClassDeclaration = [{
+    /// With `quant`: the scales of `dispatched`.
+    ::mlir::Value getDispatchedScales() {
+      return getQuantized().empty() ? ::mlir::Value() : getQuantized()[0];
+    }
+    /// With `quant` and asked for: the tokens quantized, and their scales.
+    ::mlir::Value getTokens() {
+      return getQuantized().size() == 3 ? getQuantized()[1] : ::mlir::Value();
+    }
+    ::mlir::Value getTokenScales() {
+      return getQuantized().size() == 3 ? getQuantized()[2] : ::mlir::Value();
+    }
+  }];
   let assemblyFormat = [{
     $hidden_states `,` $expert_ids (`scale` $scale^)? attr-dict `:`
     functional-type(operands, results)

@@ -31,6 +31,26 @@ func.func @layer(%x: tensor<?x64xbf16>, %ids: tensor<?x2xi32>,
 
 // -----
 
+// The tokens themselves, quantized for the shared experts with the scheme the
+// dispatch quantizes its rows with: the dispatch gives them too, having each
+// row's codes in hand.
+// CHECK-LABEL: func.func @shared_input
+// CHECK: %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %[[Q:.+]]:3 = moe.dispatch %arg0, %arg1 {quant = #moe.quant<kind = fp8_block128>} : (tensor<?x256xbf16>, tensor<?x2xi32>) -> (tensor<?x256xf8E4M3FN>, tensor<4xi32>, tensor<5xi32>, tensor<?x2xi32>, tensor<?x2xf32>, tensor<?x256xf8E4M3FN>, tensor<?x2xf32>)
+// CHECK-NOT: moe.quantize
+// CHECK: return %[[Q]]#1, %[[Q]]#2
+func.func @shared_input(%x: tensor<?x256xbf16>, %ids: tensor<?x2xi32>)
+    -> (tensor<?x256xf8E4M3FN>, tensor<?x2xf32>, tensor<?x256xf8E4M3FN>) {
+  %d:4 = moe.dispatch %x, %ids : (tensor<?x256xbf16>, tensor<?x2xi32>)
+      -> (tensor<?x256xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x2xi32>)
+  %dq, %ds = moe.quantize %d#0 {scheme = #moe.quant<kind = fp8_block128>}
+      : (tensor<?x256xbf16>) -> (tensor<?x256xf8E4M3FN>, tensor<?x2xf32>)
+  %xq, %xs = moe.quantize %x {scheme = #moe.quant<kind = fp8_block128>}
+      : (tensor<?x256xbf16>) -> (tensor<?x256xf8E4M3FN>, tensor<?x2xf32>)
+  return %xq, %xs, %dq : tensor<?x256xf8E4M3FN>, tensor<?x2xf32>, tensor<?x256xf8E4M3FN>
+}
+
+// -----
+
 // A result read by something else too stays unquantized, and its quantize
 // stays a step of its own.
 // CHECK-LABEL: func.func @shared_result
