@@ -5,7 +5,8 @@
 // same code as the CPU backend), and gives each choice the next row of its
 // expert, all on the device: the host never waits for the counts. The
 // scatter kernel copies each token's row to its chosen rows with 16-byte
-// vectors, scaled on the way for Llama-4's routers.
+// vectors, scaled on the way for Llama-4's routers, and with `quant`
+// quantizes it on the way (the token's own codes too, when asked).
 //
 //===----------------------------------------------------------------------===//
 

@@ -1,17 +1,20 @@
 //===- GroupedMatmul.cpp - the expert matmul kernel -----------------------===//
 //
 // moe.grouped_matmul (and its dense form) on the tensor cores, for bf16 and
-// FP8 (E4M3) operands. A block computes a tile of 128 rows x 256 weight rows:
-// thread 0 loads 128-byte K slices of both operands (64 bf16 or 128 E4M3)
-// with TMA into a 4-stage shared-memory ring (128-byte swizzle, one mbarrier
-// per stage) and two warpgroups each issue wgmma for 64 of the rows, both
-// operands K-major. bf16 accumulates the whole K in one m64n256k16 fragment.
+// FP8 (E4M3) operands. A block computes a tile of 128 rows x 256 weight rows
+// with three warpgroups: a producer, one of whose threads loads 128-byte K
+// slices of both operands (64 bf16 or 128 E4M3) with TMA into a 4-slot
+// shared-memory ring (128-byte swizzle; a "loaded" and a "released" mbarrier
+// per slot), and two consumers that each issue wgmma for 64 of the rows,
+// both operands K-major, and release each slot when done with it.
+// bf16 accumulates the whole K in one m64n256k16 fragment.
 // FP8 multiplies each scale block (128 of K for FP8 block-128, 32 for MXFP8)
 // into a fresh f32 partial with m64n128k32 and adds partial x row scale x
 // column scale to the accumulator, as the CPU backend does: the tensor
 // cores' FP8 sums are short, and the scales differ per block. The epilogue
 // adds the bias, applies the gated activation (a tile holds 128 gate and the
-// matching 128 up columns) and stores bf16 from registers. A grouped matmul
+// matching 128 up columns) and stores bf16 from registers, or quantizes each
+// row's blocks first (out_quant). A grouped matmul
 // finds its block's expert and rows from the device's counts, so its grid is
 // an upper bound and spare blocks exit.
 //

@@ -1,8 +1,10 @@
 //===- Quantize.cpp - the quantize and dequantize kernels -----------------===//
 //
-// moe.quantize and moe.dequantize: one thread per scale block, running the
-// block code the CPU backend runs (codegen/common/Numerics.h), so both
-// backends give the same codes and scales.
+// moe.quantize and moe.dequantize, running the block code the CPU backend
+// runs (codegen/common/Numerics.h), so both backends give the same codes and
+// scales: activations (bf16 rows) with a block of threads per row and the
+// lanes of a scale block meeting by shuffles; anything else with one thread
+// per scale block.
 //
 //===----------------------------------------------------------------------===//
 
