@@ -20,13 +20,38 @@ namespace mlir::moe {
 using namespace mlir;
 using namespace mlir::moe;
 
-/// Whether `op` quantizes `input` row by row (one scale per row and block),
-/// as activations are, and is its only user.
-static bool quantizesRowsOf(QuantizeOp op, Value input) {
+/// Whether `op` quantizes its input row by row (one scale per row and
+/// block), as activations are.
+static bool quantizesByRow(QuantizeOp op) {
   auto scales = cast<RankedTensorType>(op.getScales().getType());
   auto data = cast<RankedTensorType>(op.getData().getType());
-  return op.getInput() == input && input.hasOneUse() && data.getRank() == 2 &&
-         scales.getDimSize(0) == data.getDimSize(0);
+  return data.getRank() == 2 && scales.getDimSize(0) == data.getDimSize(0);
+}
+
+/// ... and is the only user of `input`.
+static bool quantizesRowsOf(QuantizeOp op, Value input) {
+  return op.getInput() == input && input.hasOneUse() && quantizesByRow(op);
+}
+
+/// `dispatch` again, with `scheme` and these result types for its rows and
+/// quantized results, in front of it; its layout results are replaced, and
+/// the caller replaces the rest and erases it.
+static DispatchOp rebuildDispatch(PatternRewriter &rewriter,
+                                  DispatchOp dispatch, Type dispatched,
+                                  TypeRange quantized, QuantAttr scheme) {
+  rewriter.setInsertionPoint(dispatch);
+  auto fused = DispatchOp::create(
+      rewriter, dispatch.getLoc(), dispatched,
+      dispatch.getTokensPerExpert().getType(),
+      dispatch.getExpertOffsets().getType(), dispatch.getRows().getType(),
+      quantized, dispatch.getHiddenStates(), dispatch.getExpertIds(),
+      dispatch.getScale(), dispatch.getAlign(), scheme);
+  rewriter.replaceAllUsesWith(dispatch.getTokensPerExpert(),
+                              fused.getTokensPerExpert());
+  rewriter.replaceAllUsesWith(dispatch.getExpertOffsets(),
+                              fused.getExpertOffsets());
+  rewriter.replaceAllUsesWith(dispatch.getRows(), fused.getRows());
+  return fused;
 }
 
 namespace {
@@ -40,21 +65,11 @@ struct IntoDispatch : OpRewritePattern<QuantizeOp> {
     if (!dispatch || dispatch.getQuant() ||
         !quantizesRowsOf(op, dispatch.getDispatched()))
       return failure();
-    rewriter.setInsertionPoint(dispatch);
-    auto fused = DispatchOp::create(
-        rewriter, dispatch.getLoc(), op.getData().getType(),
-        dispatch.getTokensPerExpert().getType(),
-        dispatch.getExpertOffsets().getType(), dispatch.getRows().getType(),
-        TypeRange{op.getScales().getType()}, dispatch.getHiddenStates(),
-        dispatch.getExpertIds(), dispatch.getScale(), dispatch.getAlign(),
-        op.getScheme());
+    DispatchOp fused =
+        rebuildDispatch(rewriter, dispatch, op.getData().getType(),
+                        op.getScales().getType(), op.getScheme());
     rewriter.replaceOp(op,
                        {fused.getDispatched(), fused.getDispatchedScales()});
-    rewriter.replaceAllUsesWith(dispatch.getTokensPerExpert(),
-                                fused.getTokensPerExpert());
-    rewriter.replaceAllUsesWith(dispatch.getExpertOffsets(),
-                                fused.getExpertOffsets());
-    rewriter.replaceAllUsesWith(dispatch.getRows(), fused.getRows());
     rewriter.eraseOp(dispatch);
     return success();
   }
@@ -74,26 +89,20 @@ struct IntoDispatchTokens : OpRewritePattern<QuantizeOp> {
         if (d.getHiddenStates() == op.getInput() &&
             d.getQuant() == op.getScheme() && !d.getScale() && !d.getTokens())
           dispatch = d;
-    auto scales = cast<RankedTensorType>(op.getScales().getType());
-    auto data = cast<RankedTensorType>(op.getData().getType());
     if (!dispatch || dispatch->getBlock() != op->getBlock() ||
-        !dispatch->isBeforeInBlock(op) || data.getRank() != 2 ||
-        scales.getDimSize(0) != data.getDimSize(0))
+        !dispatch->isBeforeInBlock(op) || !quantizesByRow(op))
       return failure();
-    rewriter.setInsertionPoint(dispatch);
-    auto fused = DispatchOp::create(
-        rewriter, dispatch.getLoc(), dispatch.getDispatched().getType(),
-        dispatch.getTokensPerExpert().getType(),
-        dispatch.getExpertOffsets().getType(), dispatch.getRows().getType(),
-        TypeRange{dispatch.getDispatchedScales().getType(),
-                  op.getData().getType(), op.getScales().getType()},
-        dispatch.getHiddenStates(), dispatch.getExpertIds(), Value(),
-        dispatch.getAlign(), op.getScheme());
+    DispatchOp fused =
+        rebuildDispatch(rewriter, dispatch, dispatch.getDispatched().getType(),
+                        {dispatch.getDispatchedScales().getType(),
+                         op.getData().getType(), op.getScales().getType()},
+                        op.getScheme());
     rewriter.replaceOp(op, {fused.getTokens(), fused.getTokenScales()});
-    rewriter.replaceOp(dispatch,
-                       {fused.getDispatched(), fused.getTokensPerExpert(),
-                        fused.getExpertOffsets(), fused.getRows(),
-                        fused.getDispatchedScales()});
+    rewriter.replaceAllUsesWith(dispatch.getDispatched(),
+                                fused.getDispatched());
+    rewriter.replaceAllUsesWith(dispatch.getDispatchedScales(),
+                                fused.getDispatchedScales());
+    rewriter.eraseOp(dispatch);
     return success();
   }
 };
