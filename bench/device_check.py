@@ -91,11 +91,12 @@ def make_inputs(layer, tokens, gen, device):
     return [made[a["name"]] for a in layer.args]
 
 
-def dequantized(named, name):
-    """FP8 weights ([E,] N, K) times their block scales, in float32."""
+def dequantized(named, name, dtype=torch.float32):
+    """FP8 data ([E,] N, K) times its block scales, in `dtype` (float64
+    holds every product exactly)."""
     w = named[name]
     s = named[name + "_scale"]
-    s = torch.exp2(s.float() - 127) if s.dtype == torch.uint8 else s.float()
+    s = torch.exp2(s.to(dtype) - 127) if s.dtype == torch.uint8 else s.to(dtype)
     squeeze = w.dim() == 2
     if squeeze:
         w, s = w[None], s[None]
@@ -103,7 +104,7 @@ def dequantized(named, name):
     rb = 1 if s.shape[1] == n else 128
     kb = 32 if named[name + "_scale"].dtype == torch.uint8 else 128
     full = s.repeat_interleave(rb, 1)[:, :n].repeat_interleave(kb, 2)
-    out = w.float() * full[:, :, :k]
+    out = w.to(dtype) * full[:, :, :k]
     return out[0] if squeeze else out
 
 

@@ -86,7 +86,7 @@ def run(lib_dir, only=None):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..",
                                     "python"))
     from moe_compiler import Layer
-    from device_check import bench
+    from device_check import bench, dequantized, quantize_blocks
 
     def out(**kw):
         print(json.dumps(kw), flush=True)
@@ -116,21 +116,20 @@ def run(lib_dir, only=None):
                 deq_a, deq_b = operands[0].double(), operands[1].double()
                 scales = []
             else:
-                block = 128 if scheme == "fp8_block128" else 32
-                qa, sa = quantize_rows(a, block)
-                if scheme == "fp8_block128":
-                    qb, sb = quantize_square(b)
-                    deq_b = qb.double() * expand(sb.double(), n, k, 128, 128)
-                else:
-                    qb, sb = quantize_rows(b.reshape(e * n, k), block)
-                    qb, sb = qb.view(e, n, k), sb.view(e, n, -1)
-                    deq_b = qb.double() * expand(sb.double(), n, k, 1, 32)
-                deq_a = qa.double() * sa.double().repeat_interleave(
-                    block, 1)[:, :k]
-                operands = [qa, qb]
-                # The ABI takes E8M0 scales as bytes.
-                scales = [t.view(torch.uint8) if t.dtype != torch.float32
-                          else t for t in (sa, sb)]
+                # E4M3 codes with the scales as the ABI takes them (E8M0 as
+                # bytes), quantized as device_check.py quantizes weights.
+                kind = "F32" if scheme == "fp8_block128" else "F8_E8M0"
+                kb = -(-k // (128 if kind == "F32" else 32))
+                sb_shape = [e, -(-n // 128), kb] if kind == "F32" else [e, n, kb]
+                named = {}
+                named["a"], named["a_scale"] = quantize_blocks(
+                    a, [rows, kb], kind)
+                named["b"], named["b_scale"] = quantize_blocks(
+                    b, sb_shape, kind)
+                deq_a = dequantized(named, "a", torch.float64)
+                deq_b = dequantized(named, "b", torch.float64)
+                operands = [named["a"], named["b"]]
+                scales = [named["a_scale"], named["b_scale"]]
             result = torch.full((rows, n), float("nan"), dtype=torch.bfloat16,
                                 device=dev)
             args = operands + [counts, offsets] + scales + [result]
@@ -184,46 +183,6 @@ def peers(out, shape, a, b, ends, flops, e, n, k):
     except Exception as ex:
         out(what="peer", shape=shape, peer="torch._scaled_grouped_mm fp8 "
             "rowwise", error=repr(ex)[:200])
-
-
-def quantize_rows(x, block):
-    """E4M3 codes and scales per 1 x block: f32 amax/448 for 128, E8M0
-    2^(floor(log2 amax) - 8) for 32 (docs/numerics.md)."""
-    import torch
-    rows, k = x.shape
-    pad = (-k) % block
-    b = torch.nn.functional.pad(x.float(), (0, pad)).view(rows, -1, block)
-    amax = b.abs().amax(-1, keepdim=True)
-    if block == 128:
-        scale = amax.clamp(min=1e-4) / 448.0
-        stored = scale.squeeze(-1)
-    else:
-        exp = (torch.floor(torch.log2(amax.clamp(min=2.0 ** -126))) - 8
-               ).clamp(-127, 127)
-        scale = torch.exp2(exp)
-        stored = scale.squeeze(-1).to(torch.float8_e8m0fnu)
-    codes = (b / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
-    return codes.view(rows, -1)[:, :k].contiguous(), stored.contiguous()
-
-
-def quantize_square(w):
-    """E4M3 codes and f32 scales per 128 x 128 block of [E, N, K]."""
-    import torch
-    e, n, k = w.shape
-    pn, pk = (-n) % 128, (-k) % 128
-    b = torch.nn.functional.pad(w.float(), (0, pk, 0, pn))
-    b = b.view(e, (n + pn) // 128, 128, (k + pk) // 128, 128)
-    amax = b.abs().amax(dim=(2, 4), keepdim=True)
-    scale = amax.clamp(min=1e-4) / 448.0
-    codes = (b / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
-    codes = codes.view(e, n + pn, k + pk)[:, :n, :k].contiguous()
-    return codes, scale.view(e, (n + pn) // 128, (k + pk) // 128).contiguous()
-
-
-def expand(scales, n, k, rows, cols):
-    """Per-element scales of [E, N, K] from block scales."""
-    full = scales.repeat_interleave(rows, 1)[:, :n]
-    return full.repeat_interleave(cols, 2)[:, :, :k]
 
 
 if __name__ == "__main__":
