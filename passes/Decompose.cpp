@@ -1,7 +1,8 @@
 //===- Decompose.cpp - moe.layer into its steps ---------------------------===//
 //
 // L0 -> L1: route, dispatch, the two expert matmuls, combine, and the shared
-// experts as dense matmuls. Numerics are those of the ops; this pass only
+// experts as dense matmuls. An expert-parallel layer's dispatch carries its
+// ep_size, for moe-expert-parallel to split. Numerics are those of the ops; this pass only
 // chooses the steps and the intermediate types.
 //
 //===----------------------------------------------------------------------===//
@@ -112,7 +113,7 @@ Value LayerDecomposer::build() {
       tensorType({localExperts}, i32), tensorType({localExperts + 1}, i32),
       tensorType({tokens, topK}, i32), /*quantized=*/TypeRange(), hidden,
       route.getExpertIds(), scaleInput ? routeWeights : Value(), /*align=*/1,
-      /*quant=*/QuantAttr());
+      /*quant=*/QuantAttr(), config.getEpSize());
   Value groups[] = {dispatch.getTokensPerExpert(), dispatch.getExpertOffsets()};
 
   ActivationAttr activation = config.getActivation();
@@ -146,14 +147,6 @@ struct DecomposePass : public moe::impl::DecomposeBase<DecomposePass> {
     SmallVector<LayerOp> layers;
     getOperation()->walk([&](LayerOp layer) { layers.push_back(layer); });
     for (LayerOp layer : layers) {
-      int64_t epSize = layer.getConfig().getEpSize();
-      if (epSize > 1) {
-        layer.emitOpError()
-            << "has ep_size = " << epSize
-            << ": moe-decompose lowers layers whose experts all live on one "
-               "rank; cross-rank dispatch and combine are not available yet";
-        return signalPassFailure();
-      }
       Value out = LayerDecomposer(layer).build();
       layer.replaceAllUsesWith(out);
       layer.erase();

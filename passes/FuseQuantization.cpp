@@ -45,7 +45,7 @@ static DispatchOp rebuildDispatch(PatternRewriter &rewriter,
       dispatch.getTokensPerExpert().getType(),
       dispatch.getExpertOffsets().getType(), dispatch.getRows().getType(),
       quantized, dispatch.getHiddenStates(), dispatch.getExpertIds(),
-      dispatch.getScale(), dispatch.getAlign(), scheme);
+      dispatch.getScale(), dispatch.getAlign(), scheme, dispatch.getEpSize());
   rewriter.replaceAllUsesWith(dispatch.getTokensPerExpert(),
                               fused.getTokensPerExpert());
   rewriter.replaceAllUsesWith(dispatch.getExpertOffsets(),

@@ -37,6 +37,24 @@ def FuseQuantization : Pass<"moe-fuse-quantization"> {
   let dependentDialects = ["::mlir::moe::MoeDialect"];
 }
 
+def ExpertParallel : Pass<"moe-expert-parallel"> {
+  let summary = "Split an expert-parallel layer's token exchanges into send "
+                "and receive halves";
+  let description = [{
+    Each `moe.dispatch` with `ep_size` > 1 becomes `moe.ep_dispatch_send`
+    (counts, then each token once per rank that holds one of its experts,
+    quantized when the dispatch quantizes) and `moe.ep_dispatch_recv` (the
+    arrivals fanned out into this rank's experts' rows). Its `moe.combine`
+    then sums rows that `moe.ep_combine_send` (placed right after the expert
+    outputs are computed) returned to each token's rank and
+    `moe.ep_combine_recv` (placed right before the combine) gathered, so
+    the shared experts run while the outputs travel. Each token's choices
+    are summed in the same order as on one rank: the results are bit for
+    bit those of the layer with ep_size = 1.
+  }];
+  let dependentDialects = ["::mlir::moe::MoeDialect"];
+}
+
 def LegalizeScaledMatmul : Pass<"moe-legalize-scaled-matmul"> {
   let summary = "Run FP8 matmuls as a dequantize and a bf16 matmul";
   let description = [{

@@ -28,6 +28,7 @@
 #include "mlir/Dialect/MemRef/Transforms/Passes.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Transforms/Passes.h"
+#include "llvm/Support/Path.h"
 
 using namespace mlir;
 using namespace mlir::moe;
@@ -37,6 +38,7 @@ void moe::buildCpuPipeline(OpPassManager &pm, Stop stop,
   pm.addPass(createDecompose());
   if (fuseQuantization)
     pm.addPass(createFuseQuantization());
+  pm.addPass(createExpertParallel());
   if (stop == Stop::L1)
     return;
   pm.addPass(cpu::createLowerToLoops());
@@ -60,6 +62,7 @@ void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop, StringRef cudaPath,
   pm.addPass(createDecompose());
   if (fuseQuantization)
     pm.addPass(createFuseQuantization());
+  pm.addPass(createExpertParallel());
   if (stop == Stop::L1)
     return;
   pm.addPass(nvidia::createBuildKernels());
@@ -95,6 +98,17 @@ void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop, StringRef cudaPath,
   pm.addPass(nvidia::createAssembleCubin(assemble));
 }
 
+SmallVector<std::string>
+moe::expertParallelArchives(StringRef runtimeArchive) {
+  SmallVector<std::string> archives;
+  for (StringRef file : {"libmoe_ep.a", "libmoe_transport.a"}) {
+    SmallString<256> path(llvm::sys::path::parent_path(runtimeArchive));
+    llvm::sys::path::append(path, file);
+    archives.push_back(path.str().str());
+  }
+  return archives;
+}
+
 FailureOr<StringRef> moe::kernelImage(ModuleOp module) {
   for (auto binary : module.getOps<gpu::BinaryOp>())
     for (Attribute object : binary.getObjects())
@@ -120,9 +134,17 @@ LogicalResult moe::compileLayer(ModuleOp module, StringRef name,
     return failure();
   if (options.stop != Stop::Library)
     return success();
-  if (!gpu)
-    return failure(failed(host::addEntryPoints(module, name, args, config)) ||
-                   failed(host::emitSharedLibrary(module, output)));
+  if (!gpu) {
+    bool expertParallel = config && config.getEpSize() > 1;
+    SmallVector<std::string> archives, libraries;
+    if (expertParallel) {
+      archives = expertParallelArchives(runtimeArchive);
+      libraries = {"fabric", "pthread"};
+    }
+    return failure(
+        failed(host::addEntryPoints(module, name, args, config)) ||
+        failed(host::emitSharedLibrary(module, output, archives, libraries)));
+  }
   // The host side of a GPU layer: its plan carried out by launches of the
   // embedded cubin, in a module of its own.
   auto func = module.lookupSymbol<func::FuncOp>(name);

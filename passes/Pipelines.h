@@ -47,8 +47,13 @@ void buildSm90aPipeline(OpPassManager &pm, Stop stop = Stop::Cubin,
 /// Compiles `module`, whose one layer function `name` has the C arguments
 /// `args`, through every stage of `options.target` up to `options.stop`.
 /// At Stop::Library the shared library is written to `output`, with the
-/// runtime archive `runtimeArchive` linked into GPU layers; before it the
+/// runtime archive `runtimeArchive` linked into GPU layers, and beside it
+/// the expert-parallel runtime and lib/transport (libmoe_ep.a,
+/// libmoe_transport.a) into expert-parallel CPU layers; before it the
 /// module is left at the stop.
+/// The archives an expert-parallel CPU layer links, beside `runtimeArchive`.
+SmallVector<std::string> expertParallelArchives(StringRef runtimeArchive);
+
 LogicalResult compileLayer(ModuleOp module, StringRef name,
                            ArrayRef<host::ArgInfo> args, ConfigAttr config,
                            const PipelineOptions &options, StringRef output,

@@ -46,6 +46,10 @@ public:
         .Case([&](DequantizeOp dequantize) {
           return lowerDequantize(dequantize);
         })
+        .Case([&](EpDispatchSendOp o) { return lowerEpDispatchSend(o); })
+        .Case([&](EpDispatchRecvOp o) { return lowerEpDispatchRecv(o); })
+        .Case([&](EpCombineSendOp o) { return lowerEpCombineSend(o); })
+        .Case([&](EpCombineRecvOp o) { return lowerEpCombineRecv(o); })
         .Case([&](LayerOp layer) {
           return layer.emitOpError()
                  << "must be decomposed first (run moe-decompose)";
@@ -106,6 +110,51 @@ private:
   LogicalResult lowerCombine(CombineOp op);
   LogicalResult lowerQuantize(QuantizeOp op);
   LogicalResult lowerDequantize(DequantizeOp op);
+  // Expert parallelism: the bytes move through the runtime's calls
+  // (runtime/moe_ep.h) over lib/transport; the arithmetic stays here.
+  LogicalResult lowerEpDispatchSend(EpDispatchSendOp op);
+  LogicalResult lowerEpDispatchRecv(EpDispatchRecvOp op);
+  LogicalResult lowerEpCombineSend(EpCombineSendOp op);
+  LogicalResult lowerEpCombineRecv(EpCombineRecvOp op);
+
+  /// Calls the runtime function `name` (declared on first use), taking and
+  /// returning i64 values.
+  Value callRuntime(StringRef name, ValueRange args, bool returnsValue) {
+    auto module = e.b.getInsertionBlock()
+                      ->getParentOp()
+                      ->getParentOfType<ModuleOp>();
+    Type i64 = e.b.getI64Type();
+    SmallVector<Type> argTypes(args.size(), i64), results;
+    if (returnsValue)
+      results.push_back(i64);
+    auto callee = module.lookupSymbol<func::FuncOp>(name);
+    if (!callee) {
+      OpBuilder top = OpBuilder::atBlockBegin(module.getBody());
+      callee = func::FuncOp::create(top, e.loc, name,
+                                    top.getFunctionType(argTypes, results));
+      callee.setPrivate();
+    }
+    auto call = func::CallOp::create(e.b, e.loc, callee, args);
+    return returnsValue ? call.getResult(0) : Value();
+  }
+  Value i64(int64_t v) {
+    return arith::ConstantOp::create(e.b, e.loc, e.b.getI64IntegerAttr(v));
+  }
+  Value indexToI64(Value v) {
+    return arith::IndexCastOp::create(e.b, e.loc, e.b.getI64Type(), v);
+  }
+  /// A buffer's address as an i64 (0 for none).
+  Value address(Value buffer) {
+    if (!buffer)
+      return i64(0);
+    return indexToI64(
+        memref::ExtractAlignedPointerAsIndexOp::create(e.b, e.loc, buffer));
+  }
+  /// Bytes of one row of a rank-2 buffer.
+  int64_t rowBytes(Value buffer) {
+    auto type = cast<MemRefType>(buffer.getType());
+    return type.getDimSize(1) * type.getElementTypeBitWidth() / 8;
+  }
 
   /// The dynamic sizes of `value`'s buffer type, read off `like`.
   SmallVector<Value> dynamicSizes(Value value, Value like) {
@@ -168,6 +217,9 @@ LogicalResult FunctionLowering::lowerRoute(RouteOp op) {
 }
 
 LogicalResult FunctionLowering::lowerDispatch(DispatchOp op) {
+  if (op.getEpSize() > 1)
+    return op.emitOpError() << "has ep_size = " << op.getEpSize()
+                            << ": run moe-expert-parallel first";
   Value hidden = buffer(op.getHiddenStates());
   Value ids = buffer(op.getExpertIds());
   Value scale = op.getScale() ? buffer(op.getScale()) : Value();
@@ -470,6 +522,91 @@ LogicalResult FunctionLowering::lowerDequantize(DequantizeOp op) {
                  dequantizeBlock(e, data, scales, out, prefix, rb, kb, firstRow,
                                  lastRow, firstCol, lastCol);
                });
+  return success();
+}
+
+LogicalResult FunctionLowering::lowerEpDispatchSend(EpDispatchSendOp op) {
+  Value hidden = buffer(op.getHiddenStates());
+  Value tokens = e.dim(hidden, 0);
+  Value sent = resultBuffer(op.getSent(), {});
+  Value rows = resultBuffer(op.getRows(), {tokens});
+  // Quantized tokens travel as codes and scales, quantized here exactly as
+  // moe.dispatch quantizes its rows.
+  Value data = hidden, scales;
+  if (!op.getQuantized().empty()) {
+    quantizeResult(hidden, op.getQuantized()[0], op.getQuantized()[1],
+                   op.getQuantAttr(), tokens);
+    data = buffer(op.getQuantized()[0]);
+    scales = buffer(op.getQuantized()[1]);
+  }
+  Value weights = op.getScale() ? buffer(op.getScale()) : Value();
+  callRuntime("moe_ep_dispatch_send",
+              {address(data), i64(rowBytes(data)), address(scales),
+               i64(scales ? rowBytes(scales) : 0),
+               address(buffer(op.getExpertIds())), address(weights),
+               indexToI64(tokens), address(sent), address(rows)},
+              false);
+  return success();
+}
+
+LogicalResult FunctionLowering::lowerEpDispatchRecv(EpDispatchRecvOp op) {
+  Value count = arith::IndexCastOp::create(
+      e.b, e.loc, e.b.getIndexType(),
+      callRuntime("moe_ep_dispatch_wait", {}, true));
+  Value counts = resultBuffer(op.getTokensPerExpert(), {});
+  Value offsets = resultBuffer(op.getExpertOffsets(), {});
+  Value origin = resultBuffer(op.getOrigin(), {count});
+  QuantAttr quant = op.getQuantAttr();
+  bool scaled = op.getScaled();
+  Value data, scales, weights;
+  if (quant && !scaled) {
+    data = resultBuffer(op.getDispatched(), {count});
+    scales = resultBuffer(op.getQuantized()[0], {count});
+  } else {
+    data = realResult(op.getDispatched(), quant, {count});
+  }
+  if (scaled)
+    weights = e.alloc(MemRefType::get({ShapedType::kDynamic}, e.b.getF32Type()),
+                      {count});
+  callRuntime("moe_ep_dispatch_unpack",
+              {address(data), address(scales), address(weights),
+               address(counts), address(offsets), address(origin)},
+              false);
+  if (!scaled)
+    return success();
+  // Each row times its choice's weight, rounded to bf16, as moe.dispatch
+  // scales rows; then quantized, as it quantizes them.
+  int64_t h = cast<MemRefType>(data.getType()).getDimSize(1);
+  e.forEach(e.index(0), count, [&](Value r) {
+    Value w = e.load(weights, {r});
+    e.forEach(e.index(0), e.index(h), [&](Value c) {
+      e.store(e.mul(e.load(data, {r, c}), w), data, {r, c});
+    });
+  });
+  if (quant)
+    quantizeResult(data, op.getDispatched(), op.getQuantized()[0], quant,
+                   count);
+  return success();
+}
+
+LogicalResult FunctionLowering::lowerEpCombineSend(EpCombineSendOp op) {
+  Value out = buffer(op.getExpertOut());
+  Value sent = resultBuffer(op.getSent(), {});
+  callRuntime("moe_ep_combine_send",
+              {address(out), i64(rowBytes(out)),
+               address(buffer(op.getOrigin())), indexToI64(e.dim(out, 0)),
+               address(sent)},
+              false);
+  return success();
+}
+
+LogicalResult FunctionLowering::lowerEpCombineRecv(EpCombineRecvOp op) {
+  Value rows = buffer(op.getRows());
+  int64_t topK = cast<MemRefType>(rows.getType()).getDimSize(1);
+  Value count = e.imul(e.dim(rows, 0), topK);
+  Value gathered = resultBuffer(op.getGathered(), {count});
+  callRuntime("moe_ep_combine_recv", {address(gathered), indexToI64(count)},
+              false);
   return success();
 }
 

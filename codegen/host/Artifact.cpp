@@ -19,7 +19,8 @@
 using namespace mlir;
 
 LogicalResult moe::host::emitSharedLibrary(ModuleOp module, StringRef path,
-                                           ArrayRef<std::string> archives) {
+                                           ArrayRef<std::string> archives,
+                                           ArrayRef<std::string> libraries) {
   Location loc = module.getLoc();
   DialectRegistry registry;
   registerBuiltinDialectTranslation(registry);
@@ -84,6 +85,11 @@ LogicalResult moe::host::emitSharedLibrary(ModuleOp module, StringRef path,
     argv.push_back(archive);
   if (!archives.empty())
     argv.append({"-Wl,--exclude-libs,ALL", "-ldl"});
+  SmallVector<std::string> flags;
+  for (const std::string &library : libraries)
+    flags.push_back("-l" + library);
+  for (const std::string &flag : flags)
+    argv.push_back(flag);
   argv.push_back("-lm");
   std::string message;
   int status =

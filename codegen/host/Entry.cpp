@@ -11,6 +11,7 @@
 #include "codegen/host/HostBuilder.h"
 
 #include "dialects/moe/MoeOps.h"
+#include "runtime/EpLayout.h"
 
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "llvm/ADT/StringSet.h"
@@ -195,6 +196,24 @@ std::string host::infoJson(StringRef name, ArrayRef<host::ArgInfo> args,
                           {"target", target},
                           {"config", configJson(config)},
                           {"args", std::move(list)}};
+  if (config && config.getEpSize() > 1) {
+    // Both buffers are linear in max_tokens: base + per_max_token * it.
+    ::moe::rt::EpLayout none{config.getHidden(), config.getTopK(),
+                           config.getExperts(), config.getEpSize(), 0};
+    ::moe::rt::EpLayout one = none;
+    one.maxTokens = 1;
+    auto linear = [](size_t base, size_t withOne) {
+      return llvm::json::Object{{"base", int64_t(base)},
+                                {"per_max_token", int64_t(withOne - base)}};
+    };
+    info["ep"] = llvm::json::Object{
+        {"ranks", config.getEpSize()},
+        {"local_experts", config.getLocalExperts()},
+        {"init", ("moe_" + name + "_ep_init").str()},
+        {"finalize", ("moe_" + name + "_ep_finalize").str()},
+        {"send_bytes", linear(none.sendBytes(), one.sendBytes())},
+        {"recv_bytes", linear(none.recvBytes(), one.recvBytes())}};
+  }
   if (workspace) {
     info["workspace"] = llvm::json::Object{{"base", workspace->fixed},
                                            {"per_token", workspace->perToken}};
@@ -204,6 +223,81 @@ std::string host::infoJson(StringRef name, ArrayRef<host::ArgInfo> args,
   llvm::raw_string_ostream os(text);
   os << llvm::json::Value(std::move(info));
   return text;
+}
+
+/// Declares the runtime function `name` in `module` unless it is there.
+static LLVM::LLVMFuncOp runtimeFunction(ModuleOp module, StringRef name,
+                                        Type result, ArrayRef<Type> args) {
+  if (auto existing = module.lookupSymbol<LLVM::LLVMFuncOp>(name))
+    return existing;
+  OpBuilder b = OpBuilder::atBlockBegin(module.getBody());
+  return LLVM::LLVMFuncOp::create(b, module.getLoc(), name,
+                                  LLVM::LLVMFunctionType::get(result, args));
+}
+
+/// An expert-parallel CPU layer: the forward runs between moe_ep_begin and
+/// moe_ep_end (runtime/moe_ep.h), and init, finalize and moe_last_error
+/// wrap the runtime's, with the layer's shape given to init.
+static void addExpertParallelEntryPoints(ModuleOp module, StringRef name,
+                                         ConfigAttr config,
+                                         LLVM::LLVMFuncOp forward,
+                                         LLVM::LLVMFuncOp layer,
+                                         ValueRange operands) {
+  Location loc = forward.getLoc();
+  OpBuilder b(module.getContext());
+  b.setInsertionPointToEnd(&forward.getBody().back());
+  HostBuilder h(b, loc);
+  Type ptr = h.ptr, i64 = h.i64, i32 = h.i32;
+  Type none = LLVM::LLVMVoidType::get(module.getContext());
+  auto begin = runtimeFunction(module, "moe_ep_begin", i32, {i64});
+  auto end = runtimeFunction(module, "moe_ep_end", i32, {});
+  auto init = runtimeFunction(module, "moe_ep_init", i32,
+                              {i64, i64, i64, i64, ptr});
+  auto finalize = runtimeFunction(module, "moe_ep_finalize", none, {});
+  auto lastError = runtimeFunction(module, "moe_ep_last_error", ptr, {});
+
+  // forward: begin; the layer; end's status.
+  Block *failure = b.createBlock(&forward.getBody(), {}, {i32}, {loc});
+  LLVM::ReturnOp::create(b, loc, failure->getArgument(0));
+  b.setInsertionPointToEnd(&forward.getBody().front());
+  h.failure = failure;
+  h.check(
+      LLVM::CallOp::create(b, loc, begin, ValueRange{forward.getArgument(1)})
+          .getResult());
+  LLVM::CallOp::create(b, loc, layer, operands);
+  LLVM::ReturnOp::create(b, loc,
+                         LLVM::CallOp::create(b, loc, end, ValueRange{})
+                             .getResult());
+
+  b.setInsertionPointToEnd(module.getBody());
+  auto initEntry =
+      LLVM::LLVMFuncOp::create(b, loc, ("moe_" + name + "_ep_init").str(),
+                               LLVM::LLVMFunctionType::get(i32, {ptr}));
+  b.setInsertionPointToStart(initEntry.addEntryBlock(b));
+  Value status =
+      LLVM::CallOp::create(
+          b, loc, init,
+          ValueRange{h.c64(config.getHidden()), h.c64(config.getTopK()),
+                     h.c64(config.getExperts()), h.c64(config.getEpSize()),
+                     initEntry.getArgument(0)})
+          .getResult();
+  LLVM::ReturnOp::create(b, loc, status);
+
+  b.setInsertionPointToEnd(module.getBody());
+  auto finalizeEntry =
+      LLVM::LLVMFuncOp::create(b, loc, ("moe_" + name + "_ep_finalize").str(),
+                               LLVM::LLVMFunctionType::get(none, {}));
+  b.setInsertionPointToStart(finalizeEntry.addEntryBlock(b));
+  LLVM::CallOp::create(b, loc, finalize, ValueRange{});
+  LLVM::ReturnOp::create(b, loc, ValueRange{});
+
+  b.setInsertionPointToEnd(module.getBody());
+  auto errorEntry = LLVM::LLVMFuncOp::create(
+      b, loc, "moe_last_error", LLVM::LLVMFunctionType::get(ptr, {}));
+  b.setInsertionPointToStart(errorEntry.addEntryBlock(b));
+  LLVM::ReturnOp::create(
+      b, loc,
+      LLVM::CallOp::create(b, loc, lastError, ValueRange{}).getResult());
 }
 
 LogicalResult host::addEntryPoints(ModuleOp module, StringRef name,
@@ -242,10 +336,16 @@ LogicalResult host::addEntryPoints(ModuleOp module, StringRef name,
     return layer.emitOpError()
            << "takes " << layer.getNumArguments()
            << " values, but the layer's buffers give " << operands.size();
-  LLVM::CallOp::create(b, loc, layer, operands);
+  bool expertParallel = config && config.getEpSize() > 1;
+  if (!expertParallel) {
+    LLVM::CallOp::create(b, loc, layer, operands);
+    LLVM::ReturnOp::create(b, loc, h.c32(0));
+  } else {
+    addExpertParallelEntryPoints(module, name, config, forward, layer,
+                                 operands);
+  }
   // Only the entry points are the library's interface.
   layer.setLinkage(LLVM::Linkage::Internal);
-  LLVM::ReturnOp::create(b, loc, h.c32(0));
 
   addLayerInfo(module, infoJson(name, args, config, "cpu"));
   return success();
@@ -266,7 +366,8 @@ void host::addLayerInfo(ModuleOp module, StringRef json) {
   LLVM::ReturnOp::create(b, loc, global);
 }
 
-std::string host::headerText(StringRef name, ArrayRef<ArgInfo> args, bool gpu) {
+std::string host::headerText(StringRef name, ArrayRef<ArgInfo> args, bool gpu,
+                             int64_t epSize) {
   std::string guard = ("MOE_" + name.upper() + "_H");
   std::string text;
   llvm::raw_string_ostream os(text);
@@ -296,6 +397,17 @@ std::string host::headerText(StringRef name, ArrayRef<ArgInfo> args, bool gpu) {
     os << " * Returns 0 on success. */\n"
        << "int32_t moe_" << name
        << "_forward(void *const *args, int64_t tokens);\n\n";
+  if (!gpu && epSize > 1)
+    os << "/* Expert parallel over " << epSize
+       << " ranks (runtime/moe_ep.h): each rank calls init, then\n"
+       << " * every forward together with the others, then finalize. A "
+          "forward\n * takes the rank's tokens and its local experts' "
+          "weights. Nonzero:\n * see moe_last_error(). */\n"
+       << "struct moe_ep_config;\n"
+       << "int32_t moe_" << name
+       << "_ep_init(const struct moe_ep_config *config);\n"
+       << "void moe_" << name << "_ep_finalize(void);\n"
+       << "const char *moe_last_error(void);\n\n";
   os << "/* The arguments above as JSON. */\n"
      << "const char *moe_layer_info(void);\n\n"
      << "#ifdef __cplusplus\n}\n#endif\n\n#endif\n";

@@ -36,9 +36,10 @@ LogicalResult addEntryPoints(ModuleOp module, StringRef name,
                              ArrayRef<ArgInfo> args, ConfigAttr config);
 
 /// The C header declaring what addEntryPoints (or, with `gpu`,
-/// addLaunchEntryPoints) adds.
+/// addLaunchEntryPoints) adds; an expert-parallel layer (`epSize` > 1) adds
+/// its init and finalize.
 std::string headerText(StringRef name, ArrayRef<ArgInfo> args,
-                       bool gpu = false);
+                       bool gpu = false, int64_t epSize = 1);
 
 /// The layer's description as JSON (what moe_layer_info returns); a GPU
 /// target adds its workspace bytes.
@@ -57,9 +58,10 @@ LogicalResult addLaunchEntryPoints(ModuleOp module, StringRef name,
 
 /// Translates `module` to LLVM IR, optimizes it for the host CPU, and links
 /// it into the shared library `path` with the system's C++ compiler driver,
-/// together with `archives` (a GPU layer's runtime).
+/// together with `archives` (the runtime) and system `libraries` (-lNAME).
 LogicalResult emitSharedLibrary(ModuleOp module, StringRef path,
-                                ArrayRef<std::string> archives = {});
+                                ArrayRef<std::string> archives = {},
+                                ArrayRef<std::string> libraries = {});
 
 } // namespace mlir::moe::host
 

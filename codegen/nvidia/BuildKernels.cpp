@@ -26,7 +26,19 @@ using namespace mlir::moe::nvidia;
 static LogicalResult buildKernel(LayerKernels &layer, Operation *op) {
   return TypeSwitch<Operation *, LogicalResult>(op)
       .Case([&](RouteOp o) { return buildRoute(layer, o); })
-      .Case([&](DispatchOp o) { return buildDispatch(layer, o); })
+      .Case([&](DispatchOp o) -> LogicalResult {
+        if (o.getEpSize() > 1)
+          return o.emitOpError() << "has ep_size = " << o.getEpSize()
+                                 << ": run moe-expert-parallel first";
+        return buildDispatch(layer, o);
+      })
+      .Case<EpDispatchSendOp, EpDispatchRecvOp, EpCombineSendOp,
+            EpCombineRecvOp>([&](Operation *o) {
+        return o->emitOpError()
+               << "moves tokens between expert-parallel ranks, which sm_90a "
+                  "layers cannot do yet: compile the layer for the CPU, or "
+                  "with ep_size = 1";
+      })
       .Case([&](GroupedMatmulOp o) { return buildGroupedMatmul(layer, o); })
       .Case([&](CombineOp o) { return buildCombine(layer, o); })
       .Case([&](QuantizeOp o) { return buildQuantize(layer, o); })

@@ -363,6 +363,9 @@ LogicalResult DispatchOp::verify() {
   Operation *op = getOperation();
   if (getAlign() < 1)
     return emitOpError() << "align must be at least 1, but is " << getAlign();
+  if (getEpSize() < 1)
+    return emitOpError() << "ep_size must be at least 1, but is "
+                         << getEpSize();
   if (failed(checkShape(op, "hidden_states", getHiddenStates(),
                         {count(kAny, "tokens"), size(kAny, "hidden")})))
     return failure();
@@ -553,4 +556,102 @@ LogicalResult CombineOp::verify() {
                         {count(tokens, "tokens"), size(hidden, "hidden")})))
     return failure();
   return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Expert-parallel ops
+//===----------------------------------------------------------------------===//
+
+/// `sent` [ep_size] with ep_size >= 1; returns ep_size.
+static FailureOr<int64_t> checkSent(Operation *op, Value sent) {
+  if (failed(checkShape(op, "sent", sent, {size(kAny, "ranks")})))
+    return failure();
+  return shapeOf(sent)[0];
+}
+
+LogicalResult EpDispatchSendOp::verify() {
+  Operation *op = getOperation();
+  if (getLocalExperts() < 1)
+    return emitOpError() << "local_experts must be at least 1, but is "
+                         << getLocalExperts();
+  if (failed(checkShape(op, "hidden_states", getHiddenStates(),
+                        {count(kAny, "tokens"), size(kAny, "hidden")})))
+    return failure();
+  int64_t tokens = shapeOf(getHiddenStates())[0];
+  int64_t hidden = shapeOf(getHiddenStates())[1];
+  if (failed(checkShape(op, "expert_ids", getExpertIds(),
+                        {count(tokens, "tokens"), size(kAny, "top-k")})))
+    return failure();
+  int64_t topK = shapeOf(getExpertIds())[1];
+  if (getScale() &&
+      failed(checkShape(op, "scale", getScale(),
+                        {count(tokens, "tokens"), size(topK, "top-k")})))
+    return failure();
+  if (failed(checkSent(op, getSent())) ||
+      failed(checkShape(op, "rows", getRows(),
+                        {count(tokens, "tokens"), size(topK, "top-k")})))
+    return failure();
+  bool travelsQuantized = getQuantAttr() && !getScale();
+  size_t expected = travelsQuantized ? 2 : 0;
+  if (getQuantized().size() != expected)
+    return emitOpError() << "has " << getQuantized().size()
+                         << " quantized results, but tokens that travel "
+                         << (travelsQuantized ? "quantized need 2 (codes and "
+                                                "scales)"
+                                              : "in bf16 need none");
+  if (!travelsQuantized)
+    return success();
+  Value codes = getQuantized()[0];
+  if (failed(checkShape(op, "tokens", codes,
+                        {count(tokens, "tokens"), size(hidden, "hidden")})))
+    return failure();
+  return verifyQuantizedResult(op, "tokens", codes, getQuantized()[1],
+                               getQuantAttr());
+}
+
+LogicalResult EpDispatchRecvOp::verify() {
+  Operation *op = getOperation();
+  if (failed(checkSent(op, getSent())) ||
+      failed(checkShape(op, "dispatched", getDispatched(),
+                        {count(kAny, "rows"), size(kAny, "hidden")})) ||
+      failed(checkShape(op, "tokens_per_expert", getTokensPerExpert(),
+                        {size(kAny, "local experts")})))
+    return failure();
+  int64_t experts = shapeOf(getTokensPerExpert())[0];
+  int64_t rows = shapeOf(getDispatched())[0];
+  if (failed(checkShape(op, "expert_offsets", getExpertOffsets(),
+                        {size(experts + 1, "local experts + 1")})) ||
+      failed(checkShape(op, "origin", getOrigin(),
+                        {count(rows, "rows"), size(2, "rank and row")})))
+    return failure();
+  if (getQuantized().size() > 1)
+    return emitOpError() << "has " << getQuantized().size()
+                         << " quantized results: none, or the dispatched "
+                            "rows' scales";
+  Value scales = getQuantized().empty() ? Value() : getQuantized()[0];
+  return verifyQuantizedResult(op, "dispatched", getDispatched(), scales,
+                               getQuantAttr());
+}
+
+LogicalResult EpCombineSendOp::verify() {
+  Operation *op = getOperation();
+  if (failed(checkSent(op, getSent())) ||
+      failed(checkShape(op, "expert_out", getExpertOut(),
+                        {count(kAny, "rows"), size(kAny, "hidden")})))
+    return failure();
+  return checkShape(op, "origin", getOrigin(),
+                    {count(shapeOf(getExpertOut())[0], "rows"),
+                     size(2, "rank and row")});
+}
+
+LogicalResult EpCombineRecvOp::verify() {
+  Operation *op = getOperation();
+  if (failed(checkSent(op, getSent())) ||
+      failed(checkShape(op, "rows", getRows(),
+                        {count(kAny, "tokens"), size(kAny, "top-k")})))
+    return failure();
+  ArrayRef<int64_t> rows = shapeOf(getRows());
+  int64_t expected = ShapedType::isDynamic(rows[0]) ? kAny : rows[0] * rows[1];
+  return checkShape(op, "gathered", getGathered(),
+                    {count(expected, "tokens x top-k"), size(kAny, "hidden")});
 }

@@ -145,13 +145,20 @@ def Moe_DispatchOp : Moe_Op<"dispatch", [Pure]> {
     results its scales; two more, when present, are the tokens themselves
     quantized the same way ([T, H] codes and their scales; not with
     `scale`), for the shared experts.
+
+    With `ep_size` > 1 the experts live on `ep_size` ranks: `expert_ids`
+    range over all of them and this rank holds `tokens_per_expert`'s E
+    experts, [rank * E, (rank + 1) * E). No backend moves tokens between
+    ranks from this op: moe-expert-parallel rewrites it into
+    moe.ep_dispatch_send and moe.ep_dispatch_recv.
   }];
   let arguments = (ins
     Moe_Activations:$hidden_states,
     Moe_IndexTensor:$expert_ids,
     Optional<Moe_F32Tensor>:$scale,
     DefaultValuedAttr<I64Attr, "1">:$align,
-    OptionalAttr<Moe_QuantAttr>:$quant
+    OptionalAttr<Moe_QuantAttr>:$quant,
+    DefaultValuedAttr<I64Attr, "1">:$ep_size
   );
   let results = (outs
     Moe_MatmulInput:$dispatched,
@@ -271,6 +278,114 @@ def Moe_CombineOp : Moe_Op<"combine", [Pure, AttrSizedOperandSegments]> {
     $expert_out `,` $rows (`weights` $weights^)?
     (`shared` $shared^ (`gate` $gate^)?)?
     attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// L1: expert parallelism, each exchange in a send and a receive half
+//===----------------------------------------------------------------------===//
+
+// Not Pure: each half moves data between ranks and must run exactly once, in
+// order; the values they pass each other order them.
+
+def Moe_EpDispatchSendOp : Moe_Op<"ep_dispatch_send"> {
+  let summary = "send each token once to every rank holding one of its experts";
+  let description = [{
+    Of `ep_size` ranks (the size of `sent`), rank r holds experts
+    [r * El, (r + 1) * El), El = `local_experts`. Each token of
+    `hidden_states` [T, H] goes once to every rank holding one of its
+    `expert_ids` [T, k] (ids outside [0, ep_size * El) go nowhere), with its
+    choices for that rank and, with `scale` [T, k], their weights. Each rank
+    first receives how many tokens come, then the tokens. With `quant` and
+    no `scale`, tokens travel quantized: `quantized` holds their E4M3 codes
+    [T, H] and block scales, which the shared experts use too. With `scale`
+    they travel in bf16, and the receiver scales, then quantizes.
+
+    `sent` [ep_size] counts the tokens sent to each rank. `rows` [T, k]
+    says where each (token, choice)'s expert output lands in
+    moe.ep_combine_recv's result, or -1 for none. The choices going to rank
+    0 come first, then those going to rank 1, and so on; within a rank they
+    are in (token, choice) order.
+  }];
+  let arguments = (ins
+    Moe_Activations:$hidden_states,
+    Moe_IndexTensor:$expert_ids,
+    Optional<Moe_F32Tensor>:$scale,
+    I64Attr:$local_experts,
+    OptionalAttr<Moe_QuantAttr>:$quant
+  );
+  let results = (outs
+    Moe_IndexTensor:$sent,
+    Moe_IndexTensor:$rows,
+    Variadic<AnyRankedTensor>:$quantized
+  );
+  let assemblyFormat = [{
+    $hidden_states `,` $expert_ids (`scale` $scale^)? attr-dict `:`
+    functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Moe_EpDispatchRecvOp : Moe_Op<"ep_dispatch_recv"> {
+  let summary = "receive the tokens of every rank into this rank's experts";
+  let description = [{
+    Waits for the tokens that moe.ep_dispatch_send sent this rank from every
+    rank (`sent` is this rank's own send: it orders the two) and copies each
+    once per choice into `dispatched` [R, H], expert by expert and within an
+    expert by source rank, then token: the buffer and counts that
+    moe.dispatch gives one rank's experts, `tokens_per_expert` [El] and
+    `expert_offsets` [El + 1]. With `scaled`, each row is multiplied by its
+    choice's weight and rounded to bf16 (as moe.dispatch's `scale`); with
+    `quant`, rows are E4M3 codes and the one `quantized` result their
+    scales. `origin` [R, 2] gives each row's source rank and where its
+    output goes in that rank's moe.ep_combine_recv result.
+  }];
+  let arguments = (ins
+    Moe_IndexTensor:$sent,
+    UnitAttr:$scaled,
+    OptionalAttr<Moe_QuantAttr>:$quant
+  );
+  let results = (outs
+    Moe_MatmulInput:$dispatched,
+    Moe_IndexTensor:$tokens_per_expert,
+    Moe_IndexTensor:$expert_offsets,
+    Moe_IndexTensor:$origin,
+    Variadic<AnyRankedTensor>:$quantized
+  );
+  let assemblyFormat = [{
+    $sent attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Moe_EpCombineSendOp : Moe_Op<"ep_combine_send"> {
+  let summary = "send each expert output row back to its token's rank";
+  let description = [{
+    Sends row i of `expert_out` [R, H] to rank `origin`[i, 0], where it
+    lands at row `origin`[i, 1] of that rank's moe.ep_combine_recv result.
+    `sent` [ep_size] counts the rows sent to each rank.
+  }];
+  let arguments = (ins Moe_Activations:$expert_out, Moe_IndexTensor:$origin);
+  let results = (outs Moe_IndexTensor:$sent);
+  let assemblyFormat = [{
+    $expert_out `,` $origin attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Moe_EpCombineRecvOp : Moe_Op<"ep_combine_recv"> {
+  let summary = "receive this rank's tokens' expert outputs";
+  let description = [{
+    Waits for every expert output row of this rank's tokens and gives them
+    as `gathered` [T * k, H], laid out as `rows` [T, k] (from
+    moe.ep_dispatch_send) says, so moe.combine with those rows sums them
+    exactly as on one rank. `sent` is this rank's own moe.ep_combine_send.
+  }];
+  let arguments = (ins Moe_IndexTensor:$sent, Moe_IndexTensor:$rows);
+  let results = (outs Moe_Activations:$gathered);
+  let assemblyFormat = [{
+    $sent `,` $rows attr-dict `:` functional-type(operands, results)
   }];
   let hasVerifier = 1;
 }

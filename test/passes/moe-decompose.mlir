@@ -128,8 +128,12 @@ func.func @fp8_block128_bf16_weights(%x: tensor<?x256xbf16>, %rw: tensor<2x256xb
 
 // -----
 
+// An expert-parallel layer: the dispatch routes over all 4 experts and keeps
+// the rank's 2; moe-expert-parallel splits it.
+// CHECK-LABEL: func @expert_parallel
+// CHECK: moe.dispatch %{{.*}}, %{{.*}} {ep_size = 2 : i64} : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<?x8xbf16>, tensor<2xi32>, tensor<3xi32>, tensor<?x2xi32>)
+// CHECK: moe.grouped_matmul %{{.*}}, %{{.*}} groups
 func.func @expert_parallel(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<2x16x8xbf16>, %w2: tensor<2x8x8xbf16>) -> tensor<?x8xbf16> {
-  // expected-error @+1 {{has ep_size = 2: moe-decompose lowers layers whose experts all live on one rank}}
   %0 = moe.layer %x router(%rw) experts(%w13, %w2) {config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>, ep_size = 2>}
       : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<2x16x8xbf16>, tensor<2x8x8xbf16>) -> tensor<?x8xbf16>
   return %0 : tensor<?x8xbf16>

@@ -233,7 +233,8 @@ static QuantAttr configuredQuant(MLIRContext &context, const json::Object &root,
 OwningOpRef<ModuleOp>
 mlir::moe::importHFConfig(MLIRContext &context, StringRef path, StringRef text,
                           StringRef name,
-                          std::optional<QuantAttr> quantOverride) {
+                          std::optional<QuantAttr> quantOverride,
+                          int64_t epSize) {
   context.loadDialect<MoeDialect, func::FuncDialect>();
   Location loc = FileLineColLoc::get(&context, path, 1, 1);
   llvm::Expected<json::Value> parsed = json::parse(text);
@@ -288,8 +289,7 @@ mlir::moe::importHFConfig(MLIRContext &context, StringRef path, StringRef text,
     return nullptr;
   ConfigAttr config = ConfigAttr::getChecked(
       emitErrorFn, &context, f.experts, f.topK, f.hidden, f.intermediate,
-      router, activation, f.sharedIntermediate, f.sharedGate, quant,
-      int64_t{1});
+      router, activation, f.sharedIntermediate, f.sharedGate, quant, epSize);
   if (!config)
     return nullptr;
 
@@ -299,12 +299,13 @@ mlir::moe::importHFConfig(MLIRContext &context, StringRef path, StringRef text,
   auto tensor = [&](ArrayRef<int64_t> shape, Type element) -> Type {
     return RankedTensorType::get(shape, element);
   };
-  int64_t e = f.experts, h = f.hidden, i = f.intermediate;
+  // Each rank of an expert-parallel layer takes its own experts' weights.
+  int64_t e = config.getLocalExperts(), h = f.hidden, i = f.intermediate;
   int64_t is = f.sharedIntermediate;
   SmallVector<Type> argTypes = {tensor({ShapedType::kDynamic, h}, bf16),
-                                tensor({e, h}, bf16)};
+                                tensor({f.experts, h}, bf16)};
   if (f.routerBias)
-    argTypes.push_back(tensor({e}, b.getF32Type()));
+    argTypes.push_back(tensor({f.experts}, b.getF32Type()));
   Type weightType = fp8Weights ? b.getType<Float8E4M3FNType>() : bf16;
   // FP8 block-128 weights have one f32 scale per 128 x 128 block, as the
   // checkpoints store them; MXFP8 one E8M0 scale per row and 32 of K.

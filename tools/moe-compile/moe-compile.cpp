@@ -79,6 +79,12 @@ cl::opt<Quant> quant(
                    "FP8 with f32 scales per 128 elements (DeepSeek-V3); bf16 "
                    "weights quantized by the layer")),
     cl::init(Quant::Auto), cl::cat(category));
+cl::opt<int64_t> epSize(
+    "ep-size",
+    cl::desc("Expert-parallel ranks of a layer built from a config (it must "
+             "divide the experts); each rank holds experts / N of them. A "
+             ".mlir layer says it in its config attribute"),
+    cl::value_desc("N"), cl::init(0), cl::cat(category));
 cl::opt<bool> fuseQuantization(
     "fuse-quantization",
     cl::desc("Quantize activations in the kernels that produce them "
@@ -102,7 +108,9 @@ cl::opt<std::string>
 cl::opt<std::string>
     runtimeLib("runtime-lib",
                cl::desc("The runtime archive linked into GPU layers "
-                        "(default: ../lib/libmoert.a beside moe-compile)"),
+                        "(default: ../lib/libmoert.a beside moe-compile); "
+                        "expert-parallel CPU layers link libmoe_ep.a and "
+                        "libmoe_transport.a from its folder"),
                cl::value_desc("libmoert.a"), cl::cat(category));
 cl::opt<std::string>
     outputFile("o",
@@ -184,14 +192,19 @@ static bool compileSharedLibrary(ModuleOp module, const char *argv0) {
                  : emit == Emit::Kernels ? moe::Stop::Kernels
                  : emit == Emit::PTX     ? moe::Stop::PTX
                                          : moe::Stop::Library;
+  bool expertParallel = config && config.getEpSize() > 1;
   std::string archive;
-  if (library && target == Target::SM90a) {
+  if (library && (target == Target::SM90a || expertParallel)) {
     archive = runtimeLib.empty() ? defaultRuntimeLib(argv0) : runtimeLib;
-    if (!llvm::sys::fs::exists(archive)) {
-      llvm::errs() << "moe-compile: the runtime archive " << archive
-                   << " does not exist (see --runtime-lib)\n";
-      return false;
-    }
+    SmallVector<std::string> needed = {archive};
+    if (target == Target::CPU)
+      needed = moe::expertParallelArchives(archive);
+    for (const std::string &file : needed)
+      if (!llvm::sys::fs::exists(file)) {
+        llvm::errs() << "moe-compile: the runtime archive " << file
+                     << " does not exist (see --runtime-lib)\n";
+        return false;
+      }
   }
   if (failed(moe::compileLayer(module, name, *args, config, options, outputFile,
                                archive)))
@@ -218,7 +231,8 @@ static bool compileSharedLibrary(ModuleOp module, const char *argv0) {
     llvm::errs() << "moe-compile: " << error << "\n";
     return false;
   }
-  header->os() << moe::host::headerText(name, *args, target == Target::SM90a);
+  header->os() << moe::host::headerText(name, *args, target == Target::SM90a,
+                                        config ? config.getEpSize() : 1);
   header->keep();
   return true;
 }
@@ -237,6 +251,17 @@ int main(int argc, char **argv) {
   if (hfConfig.empty() && quant != Quant::Auto) {
     llvm::errs() << "moe-compile: --quant applies to --from-hf-config; a "
                     ".mlir layer carries its own quant config\n";
+    return 1;
+  }
+  if (hfConfig.empty() && epSize != 0) {
+    llvm::errs() << "moe-compile: --ep-size applies to --from-hf-config; a "
+                    ".mlir layer carries its own ep_size\n";
+    return 1;
+  }
+  if (epSize < 0 || (!hfConfig.empty() && epSize == 0 &&
+                     epSize.getNumOccurrences() > 0)) {
+    llvm::errs() << "moe-compile: --ep-size must be at least 1, not "
+                 << epSize << "\n";
     return 1;
   }
   if ((emit == Emit::Kernels || emit == Emit::PTX) && target != Target::SM90a) {
@@ -291,7 +316,7 @@ int main(int argc, char **argv) {
       break;
     }
     module = moe::importHFConfig(context, path, input->getBuffer(), layerName,
-                                 scheme);
+                                 scheme, epSize ? int64_t(epSize) : 1);
   } else {
     sourceMgr.AddNewSourceBuffer(std::move(input), llvm::SMLoc());
     module = parseSourceFile<ModuleOp>(sourceMgr, &context);

@@ -10,12 +10,20 @@
 #include "runtime/CudaDriver.h"
 #include "runtime/Json.h"
 #include "runtime/Safetensors.h"
+#include "runtime/moe_ep.h"
 
+#include "moe_transport.h"
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <csignal>
 #include <dlfcn.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <map>
 #include <memory>
 #include <set>
@@ -40,7 +48,16 @@ const char *kUsage =
     "--device=cuda on device 0: inputs are copied there, the layer runs on "
     "the\n"
     "default stream with a workspace of the size it asks for, and the outputs\n"
-    "are copied back. --device defaults to the layer's target.\n";
+    "are copied back. --device defaults to the layer's target.\n"
+    "\n"
+    "--ep-ranks N runs a layer compiled with ep_size N (expert parallel) as N\n"
+    "local processes connected over libfabric (the provider FI_PROVIDER\n"
+    "names, else shm; --ep-domain picks its domain, e.g. lo for tcp).\n"
+    "The inputs are those of the whole layer, all experts' weights\n"
+    "included: rank r takes the r-th of N near-equal contiguous slices of\n"
+    "the tokens (the first T mod N ranks one more) and its experts' slice\n"
+    "of each expert weight. The output is written whole, in token order.\n"
+    "--ep-timeout-ms bounds each wait on a peer (default 30000).\n";
 
 int fail(const std::string &message) {
   std::fprintf(stderr, "moe-exec: %s\n", message.c_str());
@@ -63,8 +80,20 @@ struct Arg {
 };
 
 /// Reads the layer's arguments from its JSON description.
+/// An expert-parallel layer's entry points (ranks 1 for other layers).
+struct EpInfo {
+  int64_t ranks = 1;
+  std::string init, finalize;
+};
+
+/// Expert weights: rank r of N takes the r-th of N slices of their experts.
+bool isExpertWeight(const std::string &name) {
+  return name == "w13" || name == "w2" || name == "w13_scale" ||
+         name == "w2_scale" || name == "w13_bias" || name == "w2_bias";
+}
+
 bool parseInfo(const char *text, std::string &forward, std::string &target,
-               std::string &workspaceSize, std::vector<Arg> &args,
+               std::string &workspaceSize, std::vector<Arg> &args, EpInfo &ep,
                std::string &error) {
   Json info;
   if (!parseJson(text, text + std::strlen(text), info, error))
@@ -83,6 +112,18 @@ bool parseInfo(const char *text, std::string &forward, std::string &target,
       targetName && targetName->kind == Json::String ? targetName->text : "cpu";
   if (const Json *size = info.get("workspace_size"))
     workspaceSize = size->text;
+  if (const Json *parallel = info.get("ep")) {
+    const Json *ranks = parallel->get("ranks");
+    const Json *init = parallel->get("init");
+    const Json *finalize = parallel->get("finalize");
+    if (!ranks || !ranks->isInteger || ranks->integer < 2 || !init ||
+        init->kind != Json::String || !finalize ||
+        finalize->kind != Json::String) {
+      error = "the library's expert-parallel description is malformed";
+      return false;
+    }
+    ep = {ranks->integer, init->text, finalize->text};
+  }
   for (const Json &item : list->items) {
     const Json *name = item.get("name"), *dtype = item.get("dtype");
     const Json *shape = item.get("shape"), *output = item.get("output");
@@ -100,12 +141,178 @@ bool parseInfo(const char *text, std::string &forward, std::string &target,
   }
   return true;
 }
+/// What the ranks tell the parent, in memory they share.
+struct RankReport {
+  int status; // 0: ran; 1: failed (message says why)
+  double microseconds;
+  char message[1000];
+};
+
+/// Runs the layer as `ranks` processes on this host; the parent gathers
+/// their outputs (written in place into shared memory) and their reports.
+int runExpertParallel(const std::vector<Arg> &args,
+                      const std::vector<std::vector<uint8_t>> &storage,
+                      int64_t tokens, int64_t ranks, long repeat,
+                      const std::string &outputPath,
+                      const std::string &forwardName,
+                      int32_t (*forward)(void *const *, int64_t),
+                      int32_t (*init)(const moe_ep_config_t *),
+                      void (*finalize)(), const char *(*lastError)(),
+                      const char *domain, int timeoutMs) {
+  std::vector<int64_t> first(ranks + 1, 0);
+  for (int64_t r = 0; r < ranks; ++r)
+    first[r + 1] = first[r] + tokens / ranks + (r < tokens % ranks);
+  int64_t maxTokens = tokens / ranks + (tokens % ranks != 0);
+
+  // Outputs and reports live in a shared mapping the ranks write into.
+  std::vector<size_t> outputOffset(args.size(), 0), rowBytes(args.size(), 0);
+  size_t shared = sizeof(RankReport) * size_t(ranks);
+  for (size_t i = 0; i < args.size(); ++i) {
+    size_t row = dtypeSize(args[i].dtype);
+    for (size_t d = 1; d < args[i].shape.size(); ++d)
+      row *= size_t(args[i].shape[d]);
+    rowBytes[i] = row;
+    if (!args[i].isOutput)
+      continue;
+    outputOffset[i] = shared;
+    shared += (row * size_t(tokens) + 63) / 64 * 64;
+  }
+  void *mapping = mmap(nullptr, shared, PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mapping == MAP_FAILED)
+    return fail("cannot map " + std::to_string(shared) +
+                " bytes for the ranks' outputs");
+  auto *base = static_cast<uint8_t *>(mapping);
+  auto *reports = reinterpret_cast<RankReport *>(base);
+
+  int listenFd = -1, port = 0;
+  if (moe_transport_bootstrap_listen("127.0.0.1", 0, &listenFd, &port) !=
+      MOE_TRANSPORT_OK)
+    return fail(std::string("cannot listen for the ranks' bootstrap: ") +
+                moe_transport_last_error());
+  // FI_PROVIDER, when set, is the user's choice; else shm between processes
+  // of one host.
+  const char *provider = std::getenv("FI_PROVIDER") ? nullptr : "shm";
+
+  std::vector<pid_t> pids(ranks, -1);
+  for (int64_t r = 0; r < ranks; ++r) {
+    reports[r].status = 1;
+    std::snprintf(reports[r].message, sizeof reports[r].message,
+                  "exited before it reported");
+    pid_t pid = fork();
+    if (pid < 0) {
+      for (int64_t q = 0; q < r; ++q)
+        kill(pids[q], SIGKILL);
+      return fail("cannot start rank " + std::to_string(r));
+    }
+    if (pid > 0) {
+      pids[r] = pid;
+      continue;
+    }
+    // Rank r.
+    RankReport &report = reports[r];
+    if (r != 0)
+      close(listenFd);
+    moe_ep_config_t config = {};
+    config.rank = int32_t(r);
+    config.world_size = int32_t(ranks);
+    config.bootstrap_host = "127.0.0.1";
+    config.bootstrap_port = port;
+    config.listen_fd = r == 0 ? listenFd : -1;
+    config.max_tokens = maxTokens;
+    config.provider = provider;
+    config.domain = domain;
+    config.timeout_ms = timeoutMs;
+    auto finish = [&](int status, const std::string &message) {
+      report.status = status;
+      std::snprintf(report.message, sizeof report.message, "%s",
+                    message.c_str());
+      _exit(status);
+    };
+    if (init(&config) != 0)
+      finish(1, std::string("init failed: ") + lastError());
+    std::vector<void *> pointers(args.size());
+    int64_t mine = first[r + 1] - first[r];
+    for (size_t i = 0; i < args.size(); ++i) {
+      const Arg &arg = args[i];
+      size_t offset = 0;
+      if (!arg.shape.empty() && arg.shape[0] < 0)
+        offset = size_t(first[r]) * rowBytes[i];
+      else if (isExpertWeight(arg.name))
+        offset = storage[i].size() / size_t(ranks) * size_t(r);
+      uint8_t *data = arg.isOutput
+                          ? base + outputOffset[i]
+                          : const_cast<uint8_t *>(storage[i].data());
+      pointers[i] = data + offset;
+    }
+    auto start = std::chrono::steady_clock::now();
+    for (long run = 0; run < repeat; ++run)
+      if (forward(pointers.data(), mine) != 0) {
+        std::string why = lastError();
+        finalize();
+        finish(1, forwardName + " failed: " + why);
+      }
+    report.microseconds = std::chrono::duration<double, std::micro>(
+                              std::chrono::steady_clock::now() - start)
+                              .count() /
+                          double(repeat);
+    finalize();
+    finish(0, "");
+  }
+  close(listenFd);
+
+  bool failed = false;
+  std::string failures;
+  for (int64_t r = 0; r < ranks; ++r) {
+    int status = 0;
+    waitpid(pids[r], &status, 0);
+    if (WIFSIGNALED(status)) {
+      failures += "rank " + std::to_string(r) + " was killed by signal " +
+                  std::to_string(WTERMSIG(status)) + "\n";
+      failed = true;
+    } else if (WEXITSTATUS(status) != 0 || reports[r].status != 0) {
+      failures += "rank " + std::to_string(r) + ": " + reports[r].message +
+                  "\n";
+      failed = true;
+    }
+  }
+  if (failed) {
+    std::fprintf(stderr, "moe-exec: %s", failures.c_str());
+    munmap(mapping, shared);
+    return 1;
+  }
+  if (repeat > 1) {
+    double slowest = 0;
+    for (int64_t r = 0; r < ranks; ++r)
+      slowest = std::max(slowest, reports[r].microseconds);
+    std::printf("%s: %ld runs, %lld tokens over %lld ranks, %.1f us per run "
+                "(slowest rank)\n",
+                forwardName.c_str(), repeat, static_cast<long long>(tokens),
+                static_cast<long long>(ranks), slowest);
+  }
+  std::vector<TensorToWrite> outputs;
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i].isOutput) {
+      std::vector<int64_t> shape = args[i].shape;
+      for (int64_t &d : shape)
+        d = d < 0 ? tokens : d;
+      outputs.push_back(
+          {args[i].name, args[i].dtype, shape, base + outputOffset[i]});
+    }
+  std::string error;
+  bool written = writeSafetensors(outputPath, outputs, error);
+  munmap(mapping, shared);
+  if (!written)
+    return fail(error);
+  return 0;
+}
 } // namespace
 
 int main(int argc, char **argv) {
   std::string library, outputPath, device;
   std::vector<std::string> inputPaths;
-  long repeat = 1;
+  long repeat = 1, epRanks = 0, epTimeoutMs = 0;
+  std::string epDomain;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&](std::string &into) {
@@ -129,6 +336,16 @@ int main(int argc, char **argv) {
       device = a.substr(9);
       if (device != "cpu" && device != "cuda")
         return fail("--device is cpu or cuda, not '" + device + "'");
+    } else if (a == "--ep-ranks" || a == "--ep-timeout-ms") {
+      long &into = a == "--ep-ranks" ? epRanks : epTimeoutMs;
+      char *end = nullptr;
+      if (!value(text) || (into = std::strtol(text.c_str(), &end, 10)) < 1 ||
+          *end != '\0' || into > (a == "--ep-ranks" ? 64 : 3600000))
+        return fail(a + " needs a positive integer" +
+                    (a == "--ep-ranks" ? " (at most 64)" : ""));
+    } else if (a == "--ep-domain") {
+      if (!value(epDomain))
+        return fail("--ep-domain needs a libfabric domain name");
     } else if (a == "--repeat") {
       char *end = nullptr;
       if (!value(text) || (repeat = std::strtol(text.c_str(), &end, 10)) < 1 ||
@@ -158,8 +375,17 @@ int main(int argc, char **argv) {
                           "moe_layer_info)");
   std::string forwardName, target, workspaceName, error;
   std::vector<Arg> args;
-  if (!parseInfo(info(), forwardName, target, workspaceName, args, error))
+  EpInfo ep;
+  if (!parseInfo(info(), forwardName, target, workspaceName, args, ep, error))
     return fail(library + ": " + error);
+  if (ep.ranks > 1 && epRanks != ep.ranks)
+    return fail(library + " is expert parallel over " +
+                std::to_string(ep.ranks) + " ranks: run it with --ep-ranks " +
+                std::to_string(ep.ranks) +
+                (epRanks ? " (not " + std::to_string(epRanks) + ")" : ""));
+  if (ep.ranks == 1 && epRanks)
+    return fail("--ep-ranks runs a layer compiled with ep_size > 1; " +
+                library + " holds all its experts on one rank");
   bool gpu = target != "cpu";
   if (device.empty())
     device = gpu ? "cuda" : "cpu";
@@ -205,10 +431,14 @@ int main(int argc, char **argv) {
     if (tensor->dtype != arg.dtype)
       return fail("input '" + arg.name + "' is " + dtypeName(tensor->dtype) +
                   ", but the layer takes " + dtypeName(arg.dtype));
+    // An expert-parallel layer's inputs hold every rank's experts.
+    std::vector<int64_t> whole = arg.shape;
+    if (ep.ranks > 1 && isExpertWeight(arg.name))
+      whole[0] *= ep.ranks;
     bool fits = tensor->shape.size() == arg.shape.size();
     for (size_t d = 0; fits && d < arg.shape.size(); ++d) {
       if (arg.shape[d] >= 0) {
-        fits = tensor->shape[d] == arg.shape[d];
+        fits = tensor->shape[d] == whole[d];
       } else if (tokens < 0) {
         tokens = tensor->shape[d];
         tokensFrom = arg.name;
@@ -221,7 +451,8 @@ int main(int argc, char **argv) {
     if (!fits)
       return fail("input '" + arg.name + "' has shape " +
                   shapeText(tensor->shape) + ", but the layer takes " +
-                  shapeText(arg.shape));
+                  shapeText(whole) +
+                  (whole != arg.shape ? " (all ranks' experts)" : ""));
     // Copied: the file's data need not be aligned for its dtype.
     const uint8_t *data = file.data(*tensor);
     storage[i].assign(data, data + tensor->bytes);
@@ -237,6 +468,21 @@ int main(int argc, char **argv) {
     }
   if (tokens < 0)
     tokens = 0;
+
+  if (ep.ranks > 1) {
+    void *init = dlsym(handle, ep.init.c_str());
+    void *finalize = dlsym(handle, ep.finalize.c_str());
+    auto lastError =
+        reinterpret_cast<const char *(*)()>(dlsym(handle, "moe_last_error"));
+    if (!init || !finalize || !lastError)
+      return fail(library + " lacks its expert-parallel entry points");
+    return runExpertParallel(
+        args, storage, tokens, ep.ranks, repeat, outputPath, forwardName,
+        reinterpret_cast<int32_t (*)(void *const *, int64_t)>(forward),
+        reinterpret_cast<int32_t (*)(const moe_ep_config_t *)>(init),
+        reinterpret_cast<void (*)()>(finalize), lastError,
+        epDomain.empty() ? nullptr : epDomain.c_str(), int(epTimeoutMs));
+  }
 
   std::vector<void *> pointers(args.size());
   std::vector<TensorToWrite> outputs;

@@ -1,0 +1,76 @@
+/*===- moe_ep.h - an expert-parallel layer's init and what it calls -*- C -*-===*
+ *
+ * A layer compiled with ep_size N > 1 runs as N ranks, one per process, each
+ * holding experts [rank * E / N, (rank + 1) * E / N). The library exports
+ *   int32_t moe_<name>_ep_init(const moe_ep_config_t *config);
+ *   void    moe_<name>_ep_finalize(void);
+ * around its forward, and moe_last_error(). Every rank calls init (it
+ * connects to the others), then each forward together with the others
+ * (a collective: a rank with no tokens still calls it), then finalize.
+ *
+ *===----------------------------------------------------------------------===*/
+
+#ifndef MOE_RUNTIME_MOE_EP_H
+#define MOE_RUNTIME_MOE_EP_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct moe_ep_config {
+  int32_t rank;
+  int32_t world_size; /* must be the layer's ep_size */
+  /* Rank 0 listens at bootstrap_host:bootstrap_port (or on listen_fd when
+   * >= 0, see moe_transport_bootstrap_listen); the others connect there. */
+  const char *bootstrap_host;
+  int32_t bootstrap_port;
+  int32_t listen_fd;
+  /* The most tokens any rank passes to one forward: it sizes the buffers. */
+  int64_t max_tokens;
+  /* libfabric provider and domain; NULL: FI_PROVIDER, else the first of
+   * efa, verbs, tcp, shm found (see moe_transport.h). */
+  const char *provider;
+  const char *domain;
+  /* How long a forward waits for a peer, in ms; 0: 30000. */
+  int32_t timeout_ms;
+} moe_ep_config_t;
+
+/* Bytes of the send and receive buffers one rank registers, for a layer of
+ * this shape: what init allocates (docs/expert-parallel.md derives them). */
+int64_t moe_ep_send_bytes(int64_t hidden, int64_t top_k, int64_t ranks,
+                          int64_t max_tokens);
+int64_t moe_ep_recv_bytes(int64_t hidden, int64_t top_k, int64_t ranks,
+                          int64_t max_tokens);
+
+/* ---- called by the generated code -------------------------------------- */
+
+int32_t moe_ep_init(int64_t hidden, int64_t top_k, int64_t experts,
+                    int64_t ranks, const moe_ep_config_t *config);
+void moe_ep_finalize(void);
+const char *moe_ep_last_error(void);
+/* Around each forward: begin checks the call, end reports how it went. */
+int32_t moe_ep_begin(int64_t tokens);
+int32_t moe_ep_end(void);
+/* The four halves of moe.ep_dispatch_send/recv and moe.ep_combine_send/recv;
+ * pointers are passed as integers. A failure is kept for moe_ep_end, and
+ * the calls after it move nothing (counts come out zero), so the forward
+ * runs to its end without touching memory it does not own. */
+void moe_ep_dispatch_send(int64_t data, int64_t data_row_bytes, int64_t scales,
+                          int64_t scale_row_bytes, int64_t expert_ids,
+                          int64_t weights, int64_t tokens, int64_t sent,
+                          int64_t rows);
+int64_t moe_ep_dispatch_wait(void);
+void moe_ep_dispatch_unpack(int64_t data, int64_t scales, int64_t weights,
+                            int64_t tokens_per_expert, int64_t expert_offsets,
+                            int64_t origin);
+void moe_ep_combine_send(int64_t expert_out, int64_t row_bytes, int64_t origin,
+                         int64_t rows, int64_t sent);
+void moe_ep_combine_recv(int64_t gathered, int64_t rows);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOE_RUNTIME_MOE_EP_H */
