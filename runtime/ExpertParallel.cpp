@@ -24,6 +24,7 @@
 #include "moe_transport.h"
 #include "runtime/EpLayout.h"
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -207,6 +208,10 @@ int32_t moe_ep_init(int64_t hidden, int64_t topK, int64_t experts,
   tc.send_bytes = shape.sendBytes();
   tc.recv_bytes = shape.recvBytes();
   tc.timeout_ms = config->timeout_ms;
+  // A dead peer is declared lost (by rank) well before a wait on a live
+  // one that waits on it runs out of time.
+  if (config->timeout_ms > 0 && config->timeout_ms < 20000)
+    tc.peer_timeout_ms = std::max(config->timeout_ms / 2, 200);
   moe_transport_t *transport = nullptr;
   moe_transport_status_t status = moe_transport_open(&tc, &transport);
   if (status == MOE_TRANSPORT_OK)

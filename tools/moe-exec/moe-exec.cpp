@@ -57,7 +57,9 @@ const char *kUsage =
     "included: rank r takes the r-th of N near-equal contiguous slices of\n"
     "the tokens (the first T mod N ranks one more) and its experts' slice\n"
     "of each expert weight. The output is written whole, in token order.\n"
-    "--ep-timeout-ms bounds each wait on a peer (default 30000).\n";
+    "--ep-timeout-ms bounds each wait on a peer (default 30000);\n"
+    "--ep-max-tokens sizes the buffers for that many tokens per rank\n"
+    "(default: the largest slice).\n";
 
 int fail(const std::string &message) {
   std::fprintf(stderr, "moe-exec: %s\n", message.c_str());
@@ -158,11 +160,14 @@ int runExpertParallel(const std::vector<Arg> &args,
                       int32_t (*forward)(void *const *, int64_t),
                       int32_t (*init)(const moe_ep_config_t *),
                       void (*finalize)(), const char *(*lastError)(),
-                      const char *domain, int timeoutMs) {
+                      const char *domain, int timeoutMs,
+                      int64_t maxTokensGiven) {
   std::vector<int64_t> first(ranks + 1, 0);
   for (int64_t r = 0; r < ranks; ++r)
     first[r + 1] = first[r] + tokens / ranks + (r < tokens % ranks);
-  int64_t maxTokens = tokens / ranks + (tokens % ranks != 0);
+  int64_t maxTokens = maxTokensGiven >= 0
+                          ? maxTokensGiven
+                          : tokens / ranks + (tokens % ranks != 0);
 
   // Outputs and reports live in a shared mapping the ranks write into.
   std::vector<size_t> outputOffset(args.size(), 0), rowBytes(args.size(), 0);
@@ -311,7 +316,7 @@ int runExpertParallel(const std::vector<Arg> &args,
 int main(int argc, char **argv) {
   std::string library, outputPath, device;
   std::vector<std::string> inputPaths;
-  long repeat = 1, epRanks = 0, epTimeoutMs = 0;
+  long repeat = 1, epRanks = 0, epTimeoutMs = 0, epMaxTokens = -1;
   std::string epDomain;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -343,6 +348,12 @@ int main(int argc, char **argv) {
           *end != '\0' || into > (a == "--ep-ranks" ? 64 : 3600000))
         return fail(a + " needs a positive integer" +
                     (a == "--ep-ranks" ? " (at most 64)" : ""));
+    } else if (a == "--ep-max-tokens") {
+      char *end = nullptr;
+      if (!value(text) ||
+          (epMaxTokens = std::strtol(text.c_str(), &end, 10)) < 0 ||
+          *end != '\0')
+        return fail("--ep-max-tokens needs a count of 0 or more");
     } else if (a == "--ep-domain") {
       if (!value(epDomain))
         return fail("--ep-domain needs a libfabric domain name");
@@ -481,7 +492,8 @@ int main(int argc, char **argv) {
         reinterpret_cast<int32_t (*)(void *const *, int64_t)>(forward),
         reinterpret_cast<int32_t (*)(const moe_ep_config_t *)>(init),
         reinterpret_cast<void (*)()>(finalize), lastError,
-        epDomain.empty() ? nullptr : epDomain.c_str(), int(epTimeoutMs));
+        epDomain.empty() ? nullptr : epDomain.c_str(), int(epTimeoutMs),
+        epMaxTokens);
   }
 
   std::vector<void *> pointers(args.size());
