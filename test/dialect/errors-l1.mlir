@@ -405,3 +405,83 @@ func.func @f(%q: tensor<1x?x8x64xbf16>, %k: tensor<1x?x2x64xbf16>, %v: tensor<1x
   %o = moe.attention %q, %k, %v {scale = -1.0 : f32} : (tensor<1x?x8x64xbf16>, tensor<1x?x2x64xbf16>, tensor<1x?x2x32xbf16>) -> tensor<1x?x8x32xbf16>
   return
 }
+
+// -----
+
+func.func @f(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) {
+  // expected-error @+1 {{local_experts must be at least 1, but is 0}}
+  %s, %r = moe.ep_dispatch_send %x, %ids {local_experts = 0 : i64} : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<2xi32>, tensor<?x2xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) {
+  // expected-error @+1 {{rows dimension 1 (top-k) must be 2, but is 3}}
+  %s, %r = moe.ep_dispatch_send %x, %ids {local_experts = 2 : i64} : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<2xi32>, tensor<?x3xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x64xbf16>, %ids: tensor<?x2xi32>) {
+  // expected-error @+1 {{has 0 quantized results, but tokens that travel quantized need 2 (codes and scales)}}
+  %s, %r = moe.ep_dispatch_send %x, %ids {local_experts = 2 : i64, quant = #moe.quant<kind = mxfp8>} : (tensor<?x64xbf16>, tensor<?x2xi32>) -> (tensor<2xi32>, tensor<?x2xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x64xbf16>, %ids: tensor<?x2xi32>) {
+  // expected-error @+1 {{tokens scales must have shape [?, 2] for mxfp8 blocks of 32 along the last dimension of [?, 64], but has [?, 3]}}
+  %s, %r, %c, %sc = moe.ep_dispatch_send %x, %ids {local_experts = 2 : i64, quant = #moe.quant<kind = mxfp8>} : (tensor<?x64xbf16>, tensor<?x2xi32>) -> (tensor<2xi32>, tensor<?x2xi32>, tensor<?x64xf8E4M3FN>, tensor<?x3xf8E8M0FNU>)
+  return
+}
+
+// -----
+
+func.func @f(%sent: tensor<2xi32>) {
+  // expected-error @+1 {{expert_offsets dimension 0 (local experts + 1) must be 3, but is 2}}
+  %d, %c, %o, %origin = moe.ep_dispatch_recv %sent : (tensor<2xi32>) -> (tensor<?x8xbf16>, tensor<2xi32>, tensor<2xi32>, tensor<?x2xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%sent: tensor<2xi32>) {
+  // expected-error @+1 {{origin dimension 1 (rank and row) must be 2, but is 1}}
+  %d, %c, %o, %origin = moe.ep_dispatch_recv %sent : (tensor<2xi32>) -> (tensor<?x8xbf16>, tensor<2xi32>, tensor<3xi32>, tensor<?x1xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%sent: tensor<2xi32>) {
+  // expected-error @+1 {{dispatched is f8E4M3FN, which needs a quant scheme}}
+  %d, %c, %o, %origin = moe.ep_dispatch_recv %sent : (tensor<2xi32>) -> (tensor<?x8xf8E4M3FN>, tensor<2xi32>, tensor<3xi32>, tensor<?x2xi32>)
+  return
+}
+
+// -----
+
+func.func @f(%y: tensor<5x8xbf16>, %origin: tensor<4x2xi32>) {
+  // expected-error @+1 {{origin dimension 0 (rows) must be 5, but is 4}}
+  %s = moe.ep_combine_send %y, %origin : (tensor<5x8xbf16>, tensor<4x2xi32>) -> tensor<2xi32>
+  return
+}
+
+// -----
+
+func.func @f(%sent: tensor<2xi32>, %rows: tensor<3x2xi32>) {
+  // expected-error @+1 {{gathered dimension 0 (tokens x top-k) must be 6, but is 5}}
+  %g = moe.ep_combine_recv %sent, %rows : (tensor<2xi32>, tensor<3x2xi32>) -> tensor<5x8xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) {
+  // expected-error @+1 {{ep_size must be at least 1, but is 0}}
+  %d, %c, %o, %r = moe.dispatch %x, %ids {ep_size = 0 : i64} : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<?x8xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x2xi32>)
+  return
+}

@@ -135,3 +135,16 @@ func.func @combine(%e: tensor<?x64xbf16>, %rows: tensor<?x2xi32>, %w: tensor<?x2
   %1 = moe.combine %e, %rows : (tensor<?x64xbf16>, tensor<?x2xi32>) -> tensor<?x64xbf16>
   return %0, %1 : tensor<?x64xbf16>, tensor<?x64xbf16>
 }
+
+// CHECK-LABEL: func @expert_parallel
+// CHECK: moe.ep_dispatch_send %{{[^ ,)]+}}, %{{[^ ,)]+}} scale %{{[^ ,)]+}} {local_experts = 2 : i64}
+// CHECK: moe.ep_dispatch_recv %{{[^ ,)]+}} {scaled}
+// CHECK: moe.ep_combine_send %{{[^ ,)]+}}, %{{[^ ,)]+}} :
+// CHECK: moe.ep_combine_recv %{{[^ ,)]+}}, %{{[^ ,)]+}} :
+func.func @expert_parallel(%x: tensor<?x64xbf16>, %ids: tensor<?x2xi32>, %w: tensor<?x2xf32>) -> tensor<?x64xbf16> {
+  %sent, %rows = moe.ep_dispatch_send %x, %ids scale %w {local_experts = 2 : i64} : (tensor<?x64xbf16>, tensor<?x2xi32>, tensor<?x2xf32>) -> (tensor<2xi32>, tensor<?x2xi32>)
+  %d, %c, %o, %origin = moe.ep_dispatch_recv %sent {scaled} : (tensor<2xi32>) -> (tensor<?x64xbf16>, tensor<2xi32>, tensor<3xi32>, tensor<?x2xi32>)
+  %back = moe.ep_combine_send %d, %origin : (tensor<?x64xbf16>, tensor<?x2xi32>) -> tensor<2xi32>
+  %g = moe.ep_combine_recv %back, %rows : (tensor<2xi32>, tensor<?x2xi32>) -> tensor<?x64xbf16>
+  return %g : tensor<?x64xbf16>
+}
