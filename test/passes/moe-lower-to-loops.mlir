@@ -78,3 +78,36 @@ func.func @returns_argument(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) -> tens
   // expected-error @-2 {{must return distinct values computed by moe ops}}
   return %x : tensor<?x8xbf16>
 }
+
+// -----
+
+// Expert-parallel halves call the runtime (runtime/moe_ep.h) with buffer
+// addresses and the row sizes the generated code fixed: 8 bf16 = 16 bytes.
+// CHECK-LABEL: func.func private @moe_ep_combine_recv(i64, i64)
+// CHECK-LABEL: func.func private @moe_ep_combine_send(i64, i64, i64, i64, i64)
+// CHECK-LABEL: func.func private @moe_ep_dispatch_unpack(i64, i64, i64, i64, i64, i64)
+// CHECK-LABEL: func.func private @moe_ep_dispatch_wait() -> i64
+// CHECK-LABEL: func.func private @moe_ep_dispatch_send(i64, i64, i64, i64, i64, i64, i64, i64, i64)
+// CHECK-LABEL: func @expert_parallel
+// CHECK: %[[ROW:.*]] = arith.constant 16 : i64
+// CHECK: call @moe_ep_dispatch_send(%{{.*}}, %[[ROW]],
+// CHECK: %[[N:.*]] = call @moe_ep_dispatch_wait() : () -> i64
+// CHECK: call @moe_ep_dispatch_unpack(
+// CHECK: call @moe_ep_combine_send(
+// CHECK: call @moe_ep_combine_recv(
+func.func @expert_parallel(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) -> tensor<?x8xbf16> {
+  %sent, %rows = moe.ep_dispatch_send %x, %ids {local_experts = 2 : i64} : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<2xi32>, tensor<?x2xi32>)
+  %d, %c, %o, %origin = moe.ep_dispatch_recv %sent : (tensor<2xi32>) -> (tensor<?x8xbf16>, tensor<2xi32>, tensor<3xi32>, tensor<?x2xi32>)
+  %back = moe.ep_combine_send %d, %origin : (tensor<?x8xbf16>, tensor<?x2xi32>) -> tensor<2xi32>
+  %g = moe.ep_combine_recv %back, %rows : (tensor<2xi32>, tensor<?x2xi32>) -> tensor<?x8xbf16>
+  %out = moe.combine %g, %rows : (tensor<?x8xbf16>, tensor<?x2xi32>) -> tensor<?x8xbf16>
+  return %out : tensor<?x8xbf16>
+}
+
+// -----
+
+func.func @not_split(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) -> tensor<?x8xbf16> {
+  // expected-error @+1 {{has ep_size = 2: run moe-expert-parallel first}}
+  %d, %c, %o, %r = moe.dispatch %x, %ids {ep_size = 2 : i64} : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<?x8xbf16>, tensor<2xi32>, tensor<3xi32>, tensor<?x2xi32>)
+  return %d : tensor<?x8xbf16>
+}
