@@ -58,14 +58,16 @@ void moe::buildCpuPipeline(OpPassManager &pm, Stop stop,
 }
 
 void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop, StringRef cudaPath,
-                             bool fuseQuantization) {
+                             bool fuseQuantization, int64_t epMaxTokens) {
   pm.addPass(createDecompose());
   if (fuseQuantization)
     pm.addPass(createFuseQuantization());
   pm.addPass(createExpertParallel());
   if (stop == Stop::L1)
     return;
-  pm.addPass(nvidia::createBuildKernels());
+  nvidia::BuildKernelsOptions kernelOptions;
+  kernelOptions.epMaxTokens = epMaxTokens;
+  pm.addPass(nvidia::createBuildKernels(kernelOptions));
   if (stop == Stop::Kernels)
     return;
   GpuNVVMAttachTargetOptions target;
@@ -127,7 +129,7 @@ LogicalResult moe::compileLayer(ModuleOp module, StringRef name,
     passesStop = gpu ? Stop::Cubin : Stop::LLVM;
   if (gpu)
     buildSm90aPipeline(pm, passesStop, options.cudaPath,
-                       options.fuseQuantization);
+                       options.fuseQuantization, options.epMaxTokens);
   else
     buildCpuPipeline(pm, passesStop, options.fuseQuantization);
   if (failed(pm.run(module)))
@@ -158,10 +160,18 @@ LogicalResult moe::compileLayer(ModuleOp module, StringRef name,
   if (failed(cubin))
     return failure();
   OwningOpRef<ModuleOp> host = ModuleOp::create(module.getLoc());
+  bool expertParallel = config && config.getEpSize() > 1;
+  SmallVector<std::string> archives = {runtimeArchive.str()}, libraries;
+  if (expertParallel) {
+    // The EP runtime calls into libmoert: it links first.
+    SmallVector<std::string> ep = expertParallelArchives(runtimeArchive);
+    archives = {ep[0], runtimeArchive.str(), ep[1]};
+    libraries = {"fabric", "pthread"};
+  }
   return failure(
       failed(host::addLaunchEntryPoints(*host, name, args, config, plan,
-                                        *cubin)) ||
-      failed(host::emitSharedLibrary(*host, output, {runtimeArchive.str()})));
+                                        *cubin, options.epMaxTokens)) ||
+      failed(host::emitSharedLibrary(*host, output, archives, libraries)));
 }
 
 namespace {

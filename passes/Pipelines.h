@@ -33,6 +33,9 @@ struct PipelineOptions {
   /// moe-fuse-quantization runs; off only to check that fusing changes no
   /// bit of the result.
   bool fuseQuantization = true;
+  /// An expert-parallel GPU layer's capacity: the most tokens a rank
+  /// passes to one forward.
+  int64_t epMaxTokens = 4096;
 };
 
 /// Appends the CPU target's passes: a layer (L0 or L1) to the LLVM dialect,
@@ -42,7 +45,8 @@ void buildCpuPipeline(OpPassManager &pm, Stop stop = Stop::LLVM,
 
 /// Appends the sm_90a target's passes up to `stop` (at most Cubin).
 void buildSm90aPipeline(OpPassManager &pm, Stop stop = Stop::Cubin,
-                        StringRef cudaPath = "", bool fuseQuantization = true);
+                        StringRef cudaPath = "", bool fuseQuantization = true,
+                        int64_t epMaxTokens = 4096);
 
 /// Compiles `module`, whose one layer function `name` has the C arguments
 /// `args`, through every stage of `options.target` up to `options.stop`.

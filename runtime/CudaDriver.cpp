@@ -53,6 +53,14 @@ CudaDevice::Driver *CudaDevice::loadDriver(std::string &error) {
     bind(driver.cuFuncSetAttribute, "cuFuncSetAttribute");
     bind(driver.cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled");
     bind(driver.cuStreamSynchronize, "cuStreamSynchronize");
+    bind(driver.cuMemsetD8, "cuMemsetD8_v2");
+    bind(driver.cuIpcGetMemHandle, "cuIpcGetMemHandle");
+    bind(driver.cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2");
+    bind(driver.cuIpcCloseMemHandle, "cuIpcCloseMemHandle");
+    bind(driver.cuEventCreate, "cuEventCreate");
+    bind(driver.cuEventRecord, "cuEventRecord");
+    bind(driver.cuEventSynchronize, "cuEventSynchronize");
+    bind(driver.cuEventElapsedTime, "cuEventElapsedTime");
     return ok;
   }();
   if (!loaded)
@@ -77,6 +85,16 @@ bool CudaDevice::checkResult(Driver *driver, int result, const char *call,
   else
     error = std::string(call) + " failed: " + name;
   return false;
+}
+
+int CudaDevice::count(std::string &error) {
+  Driver *driver = loadDriver(error);
+  int count = 0;
+  if (!driver || !checkResult(driver, driver->cuInit(0), "cuInit", error) ||
+      !checkResult(driver, driver->cuDeviceGetCount(&count),
+                   "cuDeviceGetCount", error))
+    return -1;
+  return count;
 }
 
 std::unique_ptr<CudaDevice> CudaDevice::open(int ordinal, std::string &error) {

@@ -25,6 +25,8 @@ public:
   /// Loads the driver and makes `ordinal`'s primary context current; null
   /// with `error` saying why (no driver, no GPU, a failed call).
   static std::unique_ptr<CudaDevice> open(int ordinal, std::string &error);
+  /// The GPUs present, or -1 with `error` saying why.
+  static int count(std::string &error);
   ~CudaDevice();
 
   const std::string &name() const { return deviceName; }

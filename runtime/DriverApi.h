@@ -41,6 +41,19 @@ struct CudaDevice::Driver {
                                 const uint64_t *, const unsigned *,
                                 const unsigned *, int, int, int, int);
   int (*cuStreamSynchronize)(void *);
+  // Expert parallelism on one host (ExpertParallelCuda.cpp).
+  struct IpcHandle {
+    char reserved[64];
+  };
+  int (*cuMemsetD8)(uint64_t, unsigned char, size_t);
+  int (*cuIpcGetMemHandle)(IpcHandle *, uint64_t);
+  int (*cuIpcOpenMemHandle)(uint64_t *, IpcHandle, unsigned);
+  int (*cuIpcCloseMemHandle)(uint64_t);
+  // Per-kernel timing (MOERT_KERNEL_TIMES).
+  int (*cuEventCreate)(void **, unsigned);
+  int (*cuEventRecord)(void *, void *);
+  int (*cuEventSynchronize)(void *);
+  int (*cuEventElapsedTime)(float *, void *, void *);
 };
 
 } // namespace moe::rt

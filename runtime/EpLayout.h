@@ -18,7 +18,12 @@ constexpr inline size_t alignUp(size_t n, size_t a) { return (n + a - 1) / a * a
 
 struct EpLayout {
   int64_t hidden = 0, topK = 0, experts = 0, ranks = 0, maxTokens = 0;
-  size_t headerBytes() const { return alignUp(4 + 8 * size_t(topK), 16); }
+  // A record's header: token index, then per choice the local expert (-1:
+  // not this rank's), its weight and the row its output returns to.
+  size_t headerBytes() const { return alignUp(4 + 12 * size_t(topK), 16); }
+  static size_t localIdOffset(int64_t j) { return 4 + 4 * size_t(j); }
+  size_t weightOffset(int64_t j) const { return 4 + 4 * size_t(topK + j); }
+  size_t returnOffset(int64_t j) const { return 4 + 4 * size_t(2 * topK + j); }
   // The widest row: bf16, or codes with the most scales.
   size_t maxRecordBytes() const {
     return alignUp(headerBytes() + 2 * size_t(hidden) +
@@ -43,6 +48,44 @@ struct EpLayout {
     size_t combine =
         size_t(ranks) * size_t(maxTokens) * size_t(topK) * outRowBytes();
     return sendDataOffset() + (dispatch > combine ? dispatch : combine);
+  }
+};
+
+/// A GPU rank's state, one device allocation: control words, the peers'
+/// state addresses (CUDA IPC), the receive area of EpLayout (written by the
+/// peers over NVLink), the combine flags and scratch.
+struct EpDeviceLayout {
+  EpLayout recvLayout; // maxTokens: the compiled capacity
+  static constexpr int64_t kMaxRanks = 64;
+  // Control words (u32 unless said).
+  static constexpr size_t kSeq = 0;        // forwards run so far
+  static constexpr size_t kError = 4;      // nonzero: a wait timed out
+  static constexpr size_t kErrorPeer = 8;  // the rank it waited for
+  static constexpr size_t kTicket = 12;    // blocks done sending tokens
+  static constexpr size_t kTicket2 = 16;   // blocks done sending outputs
+  static constexpr size_t kRank = 20;      // this rank
+  static constexpr size_t kTimeoutNs = 24; // u64: how long a wait spins
+  static constexpr size_t kSentCounts = 64;  // u32 per rank: records sent
+  static constexpr size_t kChoiceBase = 320; // u32 per rank: return base
+  static constexpr size_t kRecvCounts = 576; // u32 per rank: records come
+  static constexpr size_t kPeers = 1536;     // u64 per rank: state address
+  static constexpr size_t kRecv = 2048;
+  size_t combineFlags() const {
+    return alignUp(kRecv + recvLayout.recvBytes(), 256);
+  }
+  size_t recordIndex() const { // i32 [maxTokens, ranks]
+    return alignUp(combineFlags() + 16 * size_t(recvLayout.ranks), 256);
+  }
+  size_t slotRow() const { // i32 [ranks, maxTokens, topK]
+    return alignUp(recordIndex() + 4 * size_t(recvLayout.maxTokens) *
+                                       size_t(recvLayout.ranks),
+                   256);
+  }
+  size_t bytes() const {
+    return alignUp(slotRow() + 4 * size_t(recvLayout.ranks) *
+                                   size_t(recvLayout.maxTokens) *
+                                   size_t(recvLayout.topK),
+                   256);
   }
 };
 

@@ -346,10 +346,12 @@ void moe_ep_dispatch_send(int64_t data, int64_t dataRowBytes, int64_t scales,
         int32_t id = ids[t * k + j];
         int32_t localId = owner(id) == q ? int32_t(id - q * local) : -1;
         float weight = w ? w[t * k + j] : 0.0f;
-        std::memcpy(record + 4 + 4 * j, &localId, 4);
-        std::memcpy(record + 4 + 4 * k + 4 * j, &weight, 4);
+        int32_t back = localId >= 0 ? int32_t(cursor[q]++) : -1;
         if (localId >= 0)
-          rowsOut[t * k + j] = int32_t(cursor[q]++);
+          rowsOut[t * k + j] = back;
+        std::memcpy(record + s.localIdOffset(j), &localId, 4);
+        std::memcpy(record + s.weightOffset(j), &weight, 4);
+        std::memcpy(record + s.returnOffset(j), &back, 4);
       }
       std::memcpy(record + header, rowData + size_t(t) * state.dataRowBytes,
                   state.dataRowBytes);
@@ -424,7 +426,8 @@ int64_t moe_ep_dispatch_wait(void) {
     for (uint32_t i = 0; i < state.arrived[q].tokens; ++i)
       for (int64_t j = 0; j < k; ++j) {
         int32_t localId;
-        std::memcpy(&localId, region + size_t(i) * state.recordBytes + 4 + 4 * j,
+        std::memcpy(&localId,
+                    region + size_t(i) * state.recordBytes + s.localIdOffset(j),
                     4);
         if (localId < -1 || localId >= local) {
           state.broken = "rank " + std::to_string(q) +
@@ -455,7 +458,7 @@ void moe_ep_dispatch_unpack(int64_t data, int64_t scales, int64_t weights,
     return;
   auto localIdOf = [&](const uint8_t *record, int64_t j) {
     int32_t id;
-    std::memcpy(&id, record + 4 + 4 * j, 4);
+    std::memcpy(&id, record + Shape::localIdOffset(j), 4);
     return id;
   };
   auto regionOf = [&](int64_t q) {
@@ -495,7 +498,7 @@ void moe_ep_dispatch_unpack(int64_t data, int64_t scales, int64_t weights,
                       record + header + state.dataRowBytes,
                       state.scaleRowBytes);
         if (rowWeights)
-          std::memcpy(&rowWeights[row], record + 4 + 4 * k + 4 * j, 4);
+          std::memcpy(&rowWeights[row], record + s.weightOffset(j), 4);
         origins[2 * row] = int32_t(q);
         origins[2 * row + 1] =
             int32_t(state.arrived[q].returnBase + returned++);

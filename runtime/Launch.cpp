@@ -5,7 +5,11 @@
 #include "runtime/CudaDriver.h"
 #include "runtime/DriverApi.h"
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -37,6 +41,12 @@ struct ModuleCache {
   std::unordered_map<void *, Module> byContext;
 };
 std::mutex mutex;
+
+struct Timing {
+  std::string kernel;
+  void *start, *end;
+};
+std::vector<Timing> timings;
 
 /// The driver and the current context (device 0's primary one, made
 /// current, if the caller made none current).
@@ -102,8 +112,20 @@ extern "C" int32_t moert_launch(void **module, const void *image,
   }
   if (gridX == 0 || gridY == 0)
     return 0;
+  // With MOERT_KERNEL_TIMES set, every launch is bracketed by events, for
+  // moert_kernel_times_report.
+  static const bool timed = std::getenv("MOERT_KERNEL_TIMES") != nullptr;
+  void *events[2] = {nullptr, nullptr};
+  if (timed && driver->cuEventCreate(&events[0], 0) == 0 &&
+      driver->cuEventCreate(&events[1], 0) == 0)
+    driver->cuEventRecord(events[0], stream);
   int result = driver->cuLaunchKernel(function, gridX, gridY, 1, blockX, 1, 1,
                                       sharedBytes, stream, params, nullptr);
+  if (timed && events[1]) {
+    driver->cuEventRecord(events[1], stream);
+    std::lock_guard<std::mutex> lock(mutex);
+    timings.push_back({kernel, events[0], events[1]});
+  }
   if (result != 0) {
     std::string call = std::string("cuLaunchKernel(") + kernel + ")";
     CHECK(result, call.c_str());
@@ -166,3 +188,31 @@ extern "C" int32_t moert_check_call(void *const *args, const char *kinds,
 }
 
 extern "C" const char *moert_last_error(void) { return lastError.c_str(); }
+
+extern "C" void moert_set_error(const char *message) { lastError = message; }
+
+extern "C" void moert_kernel_times_report(const char *label) {
+  std::string error;
+  CudaDevice::Driver *driver = CudaDevice::loadDriver(error);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!driver || timings.empty())
+    return;
+  // Kernel name -> (launches, total ms), in first-launch order.
+  std::vector<std::pair<std::string, std::pair<int, double>>> totals;
+  for (const Timing &t : timings) {
+    float ms = 0;
+    driver->cuEventSynchronize(t.end);
+    driver->cuEventElapsedTime(&ms, t.start, t.end);
+    auto it = std::find_if(totals.begin(), totals.end(),
+                           [&](const auto &e) { return e.first == t.kernel; });
+    if (it == totals.end())
+      totals.push_back({t.kernel, {1, ms}});
+    else
+      it->second.first++, it->second.second += ms;
+  }
+  for (const auto &[kernel, total] : totals)
+    std::fprintf(stderr, "%s kernel %s: %d launches, %.2f us each\n", label,
+                 kernel.c_str(), total.first,
+                 1000.0 * total.second / total.first);
+  timings.clear();
+}

@@ -69,6 +69,19 @@ void moe_ep_combine_send(int64_t expert_out, int64_t row_bytes, int64_t origin,
                          int64_t rows, int64_t sent);
 void moe_ep_combine_recv(int64_t gathered, int64_t rows);
 
+/* ---- called by a GPU layer's generated code (ExpertParallelCuda.cpp) -----
+ * Init allocates the rank's state (`state_bytes`, for `capacity` tokens per
+ * rank) in the current context and maps every peer's; the forward's
+ * kernels find it at moe_ep_cuda_state(). Status reads whether a wait ran
+ * out of time (call it once the forward's stream is done); finalize waits
+ * for the context, meets the other ranks and frees the state. Errors are
+ * moert_last_error()'s. */
+int32_t moe_ep_cuda_init(int64_t state_bytes, int64_t capacity, int64_t ranks,
+                         const moe_ep_config_t *config);
+void *moe_ep_cuda_state(void);
+int32_t moe_ep_cuda_status(void);
+void moe_ep_cuda_finalize(void);
+
 #ifdef __cplusplus
 }
 #endif

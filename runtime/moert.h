@@ -45,6 +45,12 @@ int32_t moert_check_call(void *const *args, const char *kinds, int64_t tokens,
 
 /* What the last failing call on this thread said. */
 const char *moert_last_error(void);
+/* Sets it (for the expert-parallel runtime, runtime/moe_ep.h). */
+void moert_set_error(const char *message);
+/* With MOERT_KERNEL_TIMES set in the environment, each kernel launch is
+ * timed with events; this prints each kernel's mean time to stderr, each
+ * line starting with `label`, and forgets them. */
+void moert_kernel_times_report(const char *label);
 
 #ifdef __cplusplus
 }

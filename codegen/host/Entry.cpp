@@ -183,7 +183,8 @@ static llvm::json::Value configJson(ConfigAttr config) {
 
 std::string host::infoJson(StringRef name, ArrayRef<host::ArgInfo> args,
                            ConfigAttr config, StringRef target,
-                           const TokenLinear *workspace) {
+                           const TokenLinear *workspace, int64_t epCapacity,
+                           int64_t epStateBytes) {
   llvm::json::Array list;
   for (const host::ArgInfo &arg : args)
     list.push_back(llvm::json::Object{{"name", arg.name},
@@ -206,13 +207,20 @@ std::string host::infoJson(StringRef name, ArrayRef<host::ArgInfo> args,
       return llvm::json::Object{{"base", int64_t(base)},
                                 {"per_max_token", int64_t(withOne - base)}};
     };
-    info["ep"] = llvm::json::Object{
-        {"ranks", config.getEpSize()},
-        {"local_experts", config.getLocalExperts()},
-        {"init", ("moe_" + name + "_ep_init").str()},
-        {"finalize", ("moe_" + name + "_ep_finalize").str()},
-        {"send_bytes", linear(none.sendBytes(), one.sendBytes())},
-        {"recv_bytes", linear(none.recvBytes(), one.recvBytes())}};
+    llvm::json::Object ep{{"ranks", config.getEpSize()},
+                          {"local_experts", config.getLocalExperts()},
+                          {"init", ("moe_" + name + "_ep_init").str()},
+                          {"finalize", ("moe_" + name + "_ep_finalize").str()}};
+    if (epCapacity > 0) {
+      // GPU: one device allocation per rank, for a compiled capacity.
+      ep["max_tokens"] = epCapacity;
+      ep["state_bytes"] = epStateBytes;
+      ep["status"] = ("moe_" + name + "_ep_status").str();
+    } else {
+      ep["send_bytes"] = linear(none.sendBytes(), one.sendBytes());
+      ep["recv_bytes"] = linear(none.recvBytes(), one.recvBytes());
+    }
+    info["ep"] = std::move(ep);
   }
   if (workspace) {
     info["workspace"] = llvm::json::Object{{"base", workspace->fixed},
@@ -397,7 +405,7 @@ std::string host::headerText(StringRef name, ArrayRef<ArgInfo> args, bool gpu,
     os << " * Returns 0 on success. */\n"
        << "int32_t moe_" << name
        << "_forward(void *const *args, int64_t tokens);\n\n";
-  if (!gpu && epSize > 1)
+  if (epSize > 1) {
     os << "/* Expert parallel over " << epSize
        << " ranks (runtime/moe_ep.h): each rank calls init, then\n"
        << " * every forward together with the others, then finalize. A "
@@ -406,8 +414,14 @@ std::string host::headerText(StringRef name, ArrayRef<ArgInfo> args, bool gpu,
        << "struct moe_ep_config;\n"
        << "int32_t moe_" << name
        << "_ep_init(const struct moe_ep_config *config);\n"
-       << "void moe_" << name << "_ep_finalize(void);\n"
-       << "const char *moe_last_error(void);\n\n";
+       << "void moe_" << name << "_ep_finalize(void);\n";
+    if (gpu)
+      os << "/* Nonzero if a forward's wait for a peer ran out of time "
+            "(call once\n * the forward's stream is done). */\n"
+         << "int32_t moe_" << name << "_ep_status(void);\n\n";
+    else
+      os << "const char *moe_last_error(void);\n\n";
+  }
   os << "/* The arguments above as JSON. */\n"
      << "const char *moe_layer_info(void);\n\n"
      << "#ifdef __cplusplus\n}\n#endif\n\n#endif\n";

@@ -19,6 +19,7 @@
 #include "codegen/host/HostBuilder.h"
 
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "runtime/EpLayout.h"
 
 using namespace mlir;
 using namespace mlir::moe;
@@ -55,10 +56,14 @@ static LLVM::LLVMFuncOp declare(OpBuilder &b, ModuleOp module, Location loc,
 /// The offsets of every buffer: argument pointers or workspace slices.
 static SmallVector<Value> bufferAddresses(HostBuilder &h, LaunchPlanAttr plan,
                                           Value args, Value tokens,
-                                          Value workspace) {
+                                          Value workspace, Value epState) {
   SmallVector<Value> addresses;
   Value cursor = h.c64(0);
   for (PlanBufferAttr buffer : plan.getBufferList()) {
+    if (buffer.getArg() == -2) {
+      addresses.push_back(h.offset(epState, h.c64(buffer.getBytes().fixed)));
+      continue;
+    }
     if (buffer.getArg() >= 0) {
       Value slot =
           LLVM::GEPOp::create(h.b, h.loc, h.ptr, h.ptr, args,
@@ -76,7 +81,7 @@ static SmallVector<Value> bufferAddresses(HostBuilder &h, LaunchPlanAttr plan,
 LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
                                          ArrayRef<ArgInfo> args,
                                          ConfigAttr config, LaunchPlanAttr plan,
-                                         StringRef cubin) {
+                                         StringRef cubin, int64_t epMaxTokens) {
   Location loc = module.getLoc();
   OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
   HostBuilder h(b, loc);
@@ -120,18 +125,35 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
   kinds.push_back('\0');
   Value kindsText = LLVM::createGlobalString(loc, b, "moe_arg_kinds", kinds,
                                              LLVM::Linkage::Internal);
+  bool expertParallel = llvm::any_of(plan.getBufferList(),
+                                     [](PlanBufferAttr buffer) {
+                                       return buffer.getArg() == -2;
+                                     });
+  int64_t most = maxTokens(plan);
+  if (expertParallel)
+    most = std::min(most, epMaxTokens);
   h.check(LLVM::CallOp::create(b, loc, checkFn,
-                               ValueRange{argv, kindsText, tokens,
-                                          h.c64(maxTokens(plan)), ws,
-                                          h.linear(workspace, tokens)})
+                               ValueRange{argv, kindsText, tokens, h.c64(most),
+                                          ws, h.linear(workspace, tokens)})
               .getResult());
+  // An expert-parallel layer's state, mapped by every peer at init.
+  Value epState = LLVM::ZeroOp::create(b, loc, ptr);
+  if (expertParallel) {
+    auto stateFn = declare(b, module, loc, "moe_ep_cuda_state", ptr, {});
+    epState = LLVM::CallOp::create(b, loc, stateFn, ValueRange{}).getResult();
+    Value missing = LLVM::ICmpOp::create(
+        b, loc, LLVM::ICmpPredicate::eq,
+        LLVM::PtrToIntOp::create(b, loc, i64, epState), h.c64(0));
+    h.check(LLVM::ZExtOp::create(b, loc, i32, missing));
+  }
 
   Value image = LLVM::createGlobalString(loc, b, "moe_cubin", cubin,
                                          LLVM::Linkage::Internal);
   if (auto global = module.lookupSymbol<LLVM::GlobalOp>("moe_cubin"))
     global.setAlignment(64);
   Value moduleAddress = LLVM::AddressOfOp::create(b, loc, moduleSlot);
-  SmallVector<Value> buffers = bufferAddresses(h, plan, argv, tokens, ws);
+  SmallVector<Value> buffers =
+      bufferAddresses(h, plan, argv, tokens, ws, epState);
 
   // TMA descriptors, encoded on the host; the launches copy them.
   SmallVector<Value> maps;
@@ -205,6 +227,47 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
       b, loc,
       LLVM::CallOp::create(b, loc, lastErrorFn, ValueRange{}).getResult());
 
-  addLayerInfo(module, infoJson(name, args, config, "sm_90a", &workspace));
+  int64_t stateBytes = 0;
+  if (expertParallel) {
+    ::moe::rt::EpDeviceLayout layout{
+        ::moe::rt::EpLayout{config.getHidden(), config.getTopK(),
+                            config.getExperts(), config.getEpSize(),
+                            epMaxTokens}};
+    stateBytes = int64_t(layout.bytes());
+    Type none = LLVM::LLVMVoidType::get(b.getContext());
+    auto initFn = declare(b, module, loc, "moe_ep_cuda_init", i32,
+                          {i64, i64, i64, ptr});
+    auto finalizeFn = declare(b, module, loc, "moe_ep_cuda_finalize", none, {});
+    auto statusFn = declare(b, module, loc, "moe_ep_cuda_status", i32, {});
+    b.setInsertionPointToEnd(module.getBody());
+    auto init =
+        LLVM::LLVMFuncOp::create(b, loc, ("moe_" + name + "_ep_init").str(),
+                                 LLVM::LLVMFunctionType::get(i32, {ptr}));
+    b.setInsertionPointToStart(init.addEntryBlock(b));
+    LLVM::ReturnOp::create(
+        b, loc,
+        LLVM::CallOp::create(b, loc, initFn,
+                             ValueRange{h.c64(stateBytes), h.c64(epMaxTokens),
+                                        h.c64(config.getEpSize()),
+                                        init.getArgument(0)})
+            .getResult());
+    b.setInsertionPointToEnd(module.getBody());
+    auto finalize =
+        LLVM::LLVMFuncOp::create(b, loc, ("moe_" + name + "_ep_finalize").str(),
+                                 LLVM::LLVMFunctionType::get(none, {}));
+    b.setInsertionPointToStart(finalize.addEntryBlock(b));
+    LLVM::CallOp::create(b, loc, finalizeFn, ValueRange{});
+    LLVM::ReturnOp::create(b, loc, ValueRange{});
+    b.setInsertionPointToEnd(module.getBody());
+    auto status =
+        LLVM::LLVMFuncOp::create(b, loc, ("moe_" + name + "_ep_status").str(),
+                                 LLVM::LLVMFunctionType::get(i32, {}));
+    b.setInsertionPointToStart(status.addEntryBlock(b));
+    LLVM::ReturnOp::create(
+        b, loc, LLVM::CallOp::create(b, loc, statusFn, ValueRange{}).getResult());
+  }
+
+  addLayerInfo(module, infoJson(name, args, config, "sm_90a", &workspace,
+                                expertParallel ? epMaxTokens : 0, stateBytes));
   return success();
 }

@@ -32,13 +32,10 @@ static LogicalResult buildKernel(LayerKernels &layer, Operation *op) {
                                  << ": run moe-expert-parallel first";
         return buildDispatch(layer, o);
       })
-      .Case<EpDispatchSendOp, EpDispatchRecvOp, EpCombineSendOp,
-            EpCombineRecvOp>([&](Operation *o) {
-        return o->emitOpError()
-               << "moves tokens between expert-parallel ranks, which sm_90a "
-                  "layers cannot do yet: compile the layer for the CPU, or "
-                  "with ep_size = 1";
-      })
+      .Case([&](EpDispatchSendOp o) { return buildEpDispatchSend(layer, o); })
+      .Case([&](EpDispatchRecvOp o) { return buildEpDispatchRecv(layer, o); })
+      .Case([&](EpCombineSendOp o) { return buildEpCombineSend(layer, o); })
+      .Case([&](EpCombineRecvOp o) { return buildEpCombineRecv(layer, o); })
       .Case([&](GroupedMatmulOp o) { return buildGroupedMatmul(layer, o); })
       .Case([&](CombineOp o) { return buildCombine(layer, o); })
       .Case([&](QuantizeOp o) { return buildQuantize(layer, o); })
@@ -53,7 +50,7 @@ static LogicalResult buildKernel(LayerKernels &layer, Operation *op) {
 }
 
 /// Builds `func`'s kernels into a new gpu.module and attaches its plan.
-static LogicalResult buildLayer(func::FuncOp func) {
+static LogicalResult buildLayer(func::FuncOp func, int64_t epMaxTokens) {
   if (!func.getBody().hasOneBlock())
     return func.emitOpError() << "must have a single block to be lowered";
   ModuleOp module = func->getParentOfType<ModuleOp>();
@@ -62,6 +59,7 @@ static LogicalResult buildLayer(func::FuncOp func) {
       b, func.getLoc(), (func.getName() + "_kernels").str());
   LaunchPlan plan(func.getContext());
   LayerKernels layer(gpuModule, plan);
+  layer.epMaxTokens = epMaxTokens;
   Block &body = func.getBody().front();
   FunctionType type = func.getFunctionType();
   // Buffer i is argument i: the inputs, then the outputs.
@@ -102,6 +100,7 @@ static LogicalResult buildLayer(func::FuncOp func) {
 namespace {
 struct BuildKernelsPass
     : public nvidia::impl::BuildKernelsBase<BuildKernelsPass> {
+  using BuildKernelsBase::BuildKernelsBase;
   void runOnOperation() override {
     SmallVector<func::FuncOp> layers;
     for (auto func : getOperation().getOps<func::FuncOp>()) {
@@ -113,7 +112,7 @@ struct BuildKernelsPass
         layers.push_back(func);
     }
     for (func::FuncOp func : layers)
-      if (failed(buildLayer(func)))
+      if (failed(buildLayer(func, epMaxTokens)))
         return signalPassFailure();
   }
 };

@@ -148,9 +148,18 @@ std::string LayerKernels::uniqueName(std::string name) {
 
 Kernel LayerKernels::kernel(Operation *op, StringRef family,
                             ArrayRef<Value> buffers, ArrayRef<unsigned> maps) {
-  SmallVector<KernelArg> args;
+  SmallVector<unsigned> indices;
   for (Value v : buffers)
-    args.push_back({KernelArgKind::Buffer, info(v).buffer});
+    indices.push_back(info(v).buffer);
+  return kernelOn(op, family, indices, maps);
+}
+
+Kernel LayerKernels::kernelOn(Operation *op, StringRef family,
+                              ArrayRef<unsigned> bufferIndices,
+                              ArrayRef<unsigned> maps) {
+  SmallVector<KernelArg> args;
+  for (unsigned index : bufferIndices)
+    args.push_back({KernelArgKind::Buffer, index});
   for (unsigned m : maps)
     args.push_back({KernelArgKind::TensorMap, m});
   // moe_<family>_<step>, without the step where the family says it.

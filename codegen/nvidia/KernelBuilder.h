@@ -20,6 +20,8 @@
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "llvm/ADT/StringSet.h"
 
+#include <map>
+
 namespace mlir::moe::nvidia {
 
 using common::Emitter;
@@ -96,6 +98,21 @@ public:
   /// in the module.
   Kernel kernel(Operation *op, StringRef family, ArrayRef<Value> buffers,
                 ArrayRef<unsigned> maps = {});
+  /// The same, its parameters plan buffers by index.
+  Kernel kernelOn(Operation *op, StringRef family,
+                  ArrayRef<unsigned> bufferIndices,
+                  ArrayRef<unsigned> maps = {});
+
+  /// The plan buffer of the expert-parallel state at `offset`.
+  unsigned epState(int64_t offset = 0) {
+    auto [it, added] = epStateBuffers.try_emplace(offset, 0);
+    if (added)
+      it->second = plan.addEpState(offset);
+    return it->second;
+  }
+  /// The compiled capacity of an expert-parallel layer: the most tokens a
+  /// rank passes to one forward.
+  int64_t epMaxTokens = 4096;
 
   LaunchPlan &plan;
 
@@ -105,6 +122,7 @@ private:
   gpu::GPUModuleOp module;
   DenseMap<Value, TensorInfo> tensors;
   DenseMap<Value, int64_t> outputArgs;
+  std::map<int64_t, unsigned> epStateBuffers;
   llvm::StringSet<> names;
 };
 
@@ -141,6 +159,10 @@ LogicalResult buildGroupedMatmul(LayerKernels &layer, GroupedMatmulOp op);
 LogicalResult buildCombine(LayerKernels &layer, CombineOp op);
 LogicalResult buildQuantize(LayerKernels &layer, QuantizeOp op);
 LogicalResult buildDequantize(LayerKernels &layer, DequantizeOp op);
+LogicalResult buildEpDispatchSend(LayerKernels &layer, EpDispatchSendOp op);
+LogicalResult buildEpDispatchRecv(LayerKernels &layer, EpDispatchRecvOp op);
+LogicalResult buildEpCombineSend(LayerKernels &layer, EpCombineSendOp op);
+LogicalResult buildEpCombineRecv(LayerKernels &layer, EpCombineRecvOp op);
 
 } // namespace mlir::moe::nvidia
 

@@ -16,6 +16,11 @@ unsigned LaunchPlan::addWorkspace(TokenLinear bytes) {
   return buffers.size() - 1;
 }
 
+unsigned LaunchPlan::addEpState(int64_t offset) {
+  buffers.push_back(PlanBufferAttr::get(ctx, -2, TokenLinear{offset, 0}));
+  return buffers.size() - 1;
+}
+
 unsigned LaunchPlan::addTensorMap(unsigned buffer, int64_t elementBytes,
                                   TokenLinear rows, int64_t cols,
                                   int64_t boxRows, int64_t boxCols) {

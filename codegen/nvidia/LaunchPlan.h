@@ -35,6 +35,8 @@ public:
   unsigned addArgument(int64_t arg);
   /// A new workspace slice of `bytes`.
   unsigned addWorkspace(TokenLinear bytes);
+  /// The expert-parallel state at `offset` (runtime/EpLayout.h).
+  unsigned addEpState(int64_t offset);
   /// A TMA descriptor of buffer `buffer` read as a row-major [rows, cols]
   /// matrix in [boxRows, boxCols] tiles.
   unsigned addTensorMap(unsigned buffer, int64_t elementBytes, TokenLinear rows,

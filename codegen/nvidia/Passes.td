@@ -19,6 +19,11 @@ def BuildKernels : Pass<"moe-build-kernels", "::mlir::ModuleOp"> {
     assumption a kernel makes about a shape is checked here, with a
     diagnostic naming the dimension, its value and the rule.
   }];
+  let options = [
+    Option<"epMaxTokens", "ep-max-tokens", "int64_t", "4096",
+           "The most tokens a rank of an expert-parallel layer passes to one "
+           "forward: it sizes the receive buffers and grids">
+  ];
   let dependentDialects = [
     "::mlir::gpu::GPUDialect", "::mlir::nvgpu::NVGPUDialect",
     "::mlir::NVVM::NVVMDialect", "::mlir::LLVM::LLVMDialect",

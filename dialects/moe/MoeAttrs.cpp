@@ -387,7 +387,7 @@ TokenLinear PlanBufferAttr::getSliceBytes() const {
 TokenLinear LaunchPlanAttr::getWorkspaceBytes() const {
   TokenLinear total;
   for (PlanBufferAttr buffer : getBufferList()) {
-    if (buffer.getArg() >= 0)
+    if (buffer.getArg() != -1)
       continue;
     total.fixed += buffer.getSliceBytes().fixed;
     total.perToken += buffer.getSliceBytes().perToken;

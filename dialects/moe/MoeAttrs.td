@@ -206,10 +206,12 @@ def Moe_PlanBufferAttr : Moe_Attr<"PlanBuffer", "buffer"> {
   let summary = "a device buffer of a launch plan";
   let description = [{
     The caller's argument `arg` (inputs, then outputs, in ABI order), or,
-    with `arg = -1`, a slice of `bytes` of the workspace.
+    with `arg = -1`, a slice of `bytes` of the workspace, or, with
+    `arg = -2`, the expert-parallel state (device memory the library owns
+    from its init on) at offset `bytes`.
   }];
   let parameters = (ins
-    Moe_CountParameter<"argument index, -1 for a workspace slice", "-1">:$arg,
+    Moe_CountParameter<"argument index, -1 for a workspace slice, -2 for the expert-parallel state", "-1">:$arg,
     Moe_TokenLinearParameter:$bytes
   );
   let extraClassDeclaration = [{

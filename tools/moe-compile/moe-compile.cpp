@@ -85,6 +85,12 @@ cl::opt<int64_t> epSize(
              "divide the experts); each rank holds experts / N of them. A "
              ".mlir layer says it in its config attribute"),
     cl::value_desc("N"), cl::init(0), cl::cat(category));
+cl::opt<int64_t> epMaxTokens(
+    "ep-max-tokens",
+    cl::desc("An expert-parallel sm_90a layer's capacity: the most tokens a "
+             "rank passes to one forward (default 4096); it sizes the "
+             "receive buffers, and init refuses a larger max_tokens"),
+    cl::value_desc("T"), cl::init(4096), cl::cat(category));
 cl::opt<bool> fuseQuantization(
     "fuse-quantization",
     cl::desc("Quantize activations in the kernels that produce them "
@@ -188,6 +194,12 @@ static bool compileSharedLibrary(ModuleOp module, const char *argv0) {
   options.target = target;
   options.cudaPath = cudaPath;
   options.fuseQuantization = fuseQuantization;
+  if (epMaxTokens < 1 || epMaxTokens > (int64_t(1) << 20)) {
+    llvm::errs() << "moe-compile: --ep-max-tokens must be in [1, 2^20], not "
+                 << epMaxTokens << "\n";
+    return false;
+  }
+  options.epMaxTokens = epMaxTokens;
   options.stop = emit == Emit::L1        ? moe::Stop::L1
                  : emit == Emit::Kernels ? moe::Stop::Kernels
                  : emit == Emit::PTX     ? moe::Stop::PTX
@@ -197,8 +209,8 @@ static bool compileSharedLibrary(ModuleOp module, const char *argv0) {
   if (library && (target == Target::SM90a || expertParallel)) {
     archive = runtimeLib.empty() ? defaultRuntimeLib(argv0) : runtimeLib;
     SmallVector<std::string> needed = {archive};
-    if (target == Target::CPU)
-      needed = moe::expertParallelArchives(archive);
+    if (expertParallel)
+      needed.append(moe::expertParallelArchives(archive));
     for (const std::string &file : needed)
       if (!llvm::sys::fs::exists(file)) {
         llvm::errs() << "moe-compile: the runtime archive " << file

@@ -85,7 +85,7 @@ struct Arg {
 /// An expert-parallel layer's entry points (ranks 1 for other layers).
 struct EpInfo {
   int64_t ranks = 1;
-  std::string init, finalize;
+  std::string init, finalize, status; // status: GPU layers only
 };
 
 /// Expert weights: rank r of N takes the r-th of N slices of their experts.
@@ -124,7 +124,9 @@ bool parseInfo(const char *text, std::string &forward, std::string &target,
       error = "the library's expert-parallel description is malformed";
       return false;
     }
-    ep = {ranks->integer, init->text, finalize->text};
+    const Json *status = parallel->get("status");
+    ep = {ranks->integer, init->text, finalize->text,
+          status && status->kind == Json::String ? status->text : ""};
   }
   for (const Json &item : list->items) {
     const Json *name = item.get("name"), *dtype = item.get("dtype");
@@ -152,16 +154,117 @@ struct RankReport {
 
 /// Runs the layer as `ranks` processes on this host; the parent gathers
 /// their outputs (written in place into shared memory) and their reports.
+/// What a rank calls in an expert-parallel library.
+struct EpEntries {
+  std::string forwardName;
+  void *forward = nullptr;
+  int32_t (*init)(const moe_ep_config_t *) = nullptr;
+  void (*finalize)() = nullptr;
+  const char *(*lastError)() = nullptr;
+  int32_t (*status)() = nullptr;              // GPU
+  int64_t (*workspaceSize)(int64_t) = nullptr; // GPU
+};
+
+/// Rank r's pass over the layer on GPU r mod (GPUs present): its slices of
+/// the inputs copied over, the forward run `repeat` times, its slice of the
+/// output copied back into `out` (host memory). Returns an error or "".
+std::string runGpuRank(const std::vector<Arg> &args,
+                       const std::vector<std::vector<uint8_t>> &storage,
+                       const std::vector<size_t> &offsets,
+                       const std::vector<size_t> &bytes, int64_t mine,
+                       int64_t rank, long repeat, const EpEntries &entries,
+                       const std::string &target,
+                       const moe_ep_config_t &config,
+                       std::vector<uint8_t *> &out, double &microseconds) {
+  std::string error;
+  int count = CudaDevice::count(error);
+  if (count <= 0)
+    return "cannot run " + target + " code: " +
+           (count == 0 ? std::string("no GPU") : error);
+  std::unique_ptr<CudaDevice> cuda =
+      CudaDevice::open(int(rank % count), error);
+  if (!cuda)
+    return "cannot run " + target + " code: " + error;
+  if (target == "sm_90a" && cuda->computeCapability() != 90)
+    return "the layer is compiled for sm_90a, but GPU " +
+           std::to_string(rank % count) + " (" + cuda->name() + ") is sm_" +
+           std::to_string(cuda->computeCapability());
+  std::vector<CudaDevice::DevicePtr> buffers;
+  auto release = [&] {
+    for (CudaDevice::DevicePtr p : buffers)
+      cuda->free(p);
+  };
+  std::vector<void *> pointers(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    CudaDevice::DevicePtr p = cuda->allocate(bytes[i] ? bytes[i] : 1, error);
+    if (!p) {
+      release();
+      return error;
+    }
+    buffers.push_back(p);
+    if (!args[i].isOutput && bytes[i] &&
+        !cuda->copyToDevice(p, storage[i].data() + offsets[i], bytes[i],
+                            error)) {
+      release();
+      return error;
+    }
+    pointers[i] = reinterpret_cast<void *>(p);
+  }
+  CudaDevice::DevicePtr workspace =
+      cuda->allocate(size_t(entries.workspaceSize(mine)) + 1, error);
+  if (!workspace) {
+    release();
+    return error;
+  }
+  buffers.push_back(workspace);
+  if (entries.init(&config) != 0) {
+    release();
+    return std::string("init failed: ") + entries.lastError();
+  }
+  auto forward =
+      reinterpret_cast<int32_t (*)(void *const *, int64_t, void *, void *)>(
+          entries.forward);
+  auto runs = [&](long n) -> std::string {
+    for (long run = 0; run < n; ++run)
+      if (forward(pointers.data(), mine, nullptr,
+                  reinterpret_cast<void *>(workspace)) != 0)
+        return entries.forwardName + " failed: " + entries.lastError();
+    if (!cuda->synchronize(error))
+      return error;
+    if (entries.status() != 0)
+      return entries.forwardName + " failed: " + entries.lastError();
+    return "";
+  };
+  // One forward first (module loads, first touches), then the timed ones.
+  std::string why = runs(1);
+  auto start = std::chrono::steady_clock::now();
+  if (why.empty() && repeat > 1)
+    why = runs(repeat);
+  microseconds = std::chrono::duration<double, std::micro>(
+                     std::chrono::steady_clock::now() - start)
+                     .count() /
+                 double(repeat > 1 ? repeat : 1);
+  for (size_t i = 0; why.empty() && i < args.size(); ++i)
+    if (args[i].isOutput && bytes[i] &&
+        !cuda->copyToHost(out[i], buffers[i], bytes[i], error))
+      why = error;
+  entries.finalize();
+  release();
+  return why;
+}
+
 int runExpertParallel(const std::vector<Arg> &args,
                       const std::vector<std::vector<uint8_t>> &storage,
                       int64_t tokens, int64_t ranks, long repeat,
-                      const std::string &outputPath,
-                      const std::string &forwardName,
-                      int32_t (*forward)(void *const *, int64_t),
-                      int32_t (*init)(const moe_ep_config_t *),
-                      void (*finalize)(), const char *(*lastError)(),
-                      const char *domain, int timeoutMs,
-                      int64_t maxTokensGiven) {
+                      const std::string &outputPath, const EpEntries &entries,
+                      bool gpu, const std::string &target, const char *domain,
+                      int timeoutMs, int64_t maxTokensGiven) {
+  const std::string &forwardName = entries.forwardName;
+  auto init = entries.init;
+  auto finalize = entries.finalize;
+  auto lastError = entries.lastError;
+  auto forward =
+      reinterpret_cast<int32_t (*)(void *const *, int64_t)>(entries.forward);
   std::vector<int64_t> first(ranks + 1, 0);
   for (int64_t r = 0; r < ranks; ++r)
     first[r + 1] = first[r] + tokens / ranks + (r < tokens % ranks);
@@ -234,22 +337,38 @@ int runExpertParallel(const std::vector<Arg> &args,
                     message.c_str());
       _exit(status);
     };
+    int64_t mine = first[r + 1] - first[r];
+    std::vector<size_t> offsets(args.size(), 0), bytes(args.size(), 0);
+    std::vector<uint8_t *> out(args.size(), nullptr);
+    for (size_t i = 0; i < args.size(); ++i) {
+      const Arg &arg = args[i];
+      bool perToken = !arg.shape.empty() && arg.shape[0] < 0;
+      if (perToken) {
+        offsets[i] = size_t(first[r]) * rowBytes[i];
+        bytes[i] = size_t(mine) * rowBytes[i];
+      } else if (isExpertWeight(arg.name)) {
+        bytes[i] = storage[i].size() / size_t(ranks);
+        offsets[i] = bytes[i] * size_t(r);
+      } else {
+        bytes[i] = arg.isOutput ? 0 : storage[i].size();
+      }
+      if (arg.isOutput)
+        out[i] = base + outputOffset[i] + offsets[i];
+    }
+    if (gpu) {
+      double us = 0;
+      std::string why = runGpuRank(args, storage, offsets, bytes, mine, r,
+                                   repeat, entries, target, config, out, us);
+      report.microseconds = us;
+      finish(why.empty() ? 0 : 1, why);
+    }
     if (init(&config) != 0)
       finish(1, std::string("init failed: ") + lastError());
     std::vector<void *> pointers(args.size());
-    int64_t mine = first[r + 1] - first[r];
-    for (size_t i = 0; i < args.size(); ++i) {
-      const Arg &arg = args[i];
-      size_t offset = 0;
-      if (!arg.shape.empty() && arg.shape[0] < 0)
-        offset = size_t(first[r]) * rowBytes[i];
-      else if (isExpertWeight(arg.name))
-        offset = storage[i].size() / size_t(ranks) * size_t(r);
-      uint8_t *data = arg.isOutput
-                          ? base + outputOffset[i]
-                          : const_cast<uint8_t *>(storage[i].data());
-      pointers[i] = data + offset;
-    }
+    for (size_t i = 0; i < args.size(); ++i)
+      pointers[i] = args[i].isOutput
+                        ? static_cast<void *>(out[i])
+                        : const_cast<uint8_t *>(storage[i].data()) + offsets[i];
     auto start = std::chrono::steady_clock::now();
     for (long run = 0; run < repeat; ++run)
       if (forward(pointers.data(), mine) != 0) {
@@ -481,19 +600,28 @@ int main(int argc, char **argv) {
     tokens = 0;
 
   if (ep.ranks > 1) {
-    void *init = dlsym(handle, ep.init.c_str());
-    void *finalize = dlsym(handle, ep.finalize.c_str());
-    auto lastError =
+    EpEntries entries;
+    entries.forwardName = forwardName;
+    entries.forward = forward;
+    entries.init = reinterpret_cast<int32_t (*)(const moe_ep_config_t *)>(
+        dlsym(handle, ep.init.c_str()));
+    entries.finalize =
+        reinterpret_cast<void (*)()>(dlsym(handle, ep.finalize.c_str()));
+    entries.lastError =
         reinterpret_cast<const char *(*)()>(dlsym(handle, "moe_last_error"));
-    if (!init || !finalize || !lastError)
+    if (gpu) {
+      entries.status = reinterpret_cast<int32_t (*)()>(
+          dlsym(handle, ep.status.c_str()));
+      entries.workspaceSize = reinterpret_cast<int64_t (*)(int64_t)>(
+          dlsym(handle, workspaceName.c_str()));
+    }
+    if (!entries.init || !entries.finalize || !entries.lastError ||
+        (gpu && (!entries.status || !entries.workspaceSize)))
       return fail(library + " lacks its expert-parallel entry points");
-    return runExpertParallel(
-        args, storage, tokens, ep.ranks, repeat, outputPath, forwardName,
-        reinterpret_cast<int32_t (*)(void *const *, int64_t)>(forward),
-        reinterpret_cast<int32_t (*)(const moe_ep_config_t *)>(init),
-        reinterpret_cast<void (*)()>(finalize), lastError,
-        epDomain.empty() ? nullptr : epDomain.c_str(), int(epTimeoutMs),
-        epMaxTokens);
+    return runExpertParallel(args, storage, tokens, ep.ranks, repeat,
+                             outputPath, entries, gpu, target,
+                             epDomain.empty() ? nullptr : epDomain.c_str(),
+                             int(epTimeoutMs), epMaxTokens);
   }
 
   std::vector<void *> pointers(args.size());

@@ -1,0 +1,738 @@
+//===- ExpertParallel.cpp - token exchanges between GPUs over NVLink ------===//
+//
+// The moe.ep_* halves on sm_90a, for ranks whose GPUs share a host. Each
+// rank owns one device allocation, its state (runtime/EpLayout.h), whose
+// address every peer mapped at init (CUDA IPC). Kernels store tokens and
+// expert outputs straight into the peer's state over NVLink, then raise a
+// flag there: every block fences at system scope and counts itself done; the
+// last one writes the counts and, after another fence, the forward's
+// sequence number. The receiver spins on that number (with a time limit,
+// past which it records which rank it waited for and goes on with nothing
+// from it), so no kernel waits on the host and a forward can be captured in
+// a graph.
+//
+//  dispatch  plan (one block: each token's record index per rank, each
+//            choice's return row, by block-wide scans, so both are in token
+//            order), send (a block per token), wait (one block: counts, the
+//            rank's experts' rows), unpack (records fanned out into rows).
+//  combine   send (every output row to its token's rank), wait.
+//
+//===----------------------------------------------------------------------===//
+
+#include "codegen/common/Numerics.h"
+#include "codegen/nvidia/KernelBuilder.h"
+#include "runtime/EpLayout.h"
+
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::nvidia;
+using ::moe::rt::EpDeviceLayout;
+using ::moe::rt::EpLayout;
+
+namespace {
+constexpr int64_t kPlanThreads = 1024;
+constexpr int64_t kCopyThreads = 128;
+// Blocks of the grid-stride kernels; the combine send counts them done.
+constexpr int64_t kStrideBlocks = 264;
+
+/// Byte addressing of raw pointers (the state, the peers' states) inside a
+/// kernel, and the few PTX instructions the protocol needs.
+struct Raw {
+  Kernel &k;
+  OpBuilder &b;
+  Emitter &e;
+  Location loc;
+  Type ptr, i8, i32, i64;
+  explicit Raw(Kernel &k)
+      : k(k), b(k.b), e(k.e), loc(k.e.loc),
+        ptr(LLVM::LLVMPointerType::get(k.b.getContext())),
+        i8(k.b.getI8Type()), i32(k.b.getI32Type()), i64(k.b.getI64Type()) {}
+
+  Value c64(int64_t v) {
+    return arith::ConstantOp::create(b, loc, b.getI64IntegerAttr(v));
+  }
+  Value c32(int64_t v) {
+    return arith::ConstantOp::create(b, loc, b.getI32IntegerAttr(v));
+  }
+  Value to64(Value v) {
+    if (v.getType().isIndex())
+      return arith::IndexCastOp::create(b, loc, i64, v);
+    if (v.getType() == i32)
+      return arith::ExtSIOp::create(b, loc, i64, v);
+    return v;
+  }
+  Value toIndex(Value v) {
+    return arith::IndexCastOp::create(b, loc, b.getIndexType(), v);
+  }
+  Value at(Value base, Value bytes) {
+    return LLVM::GEPOp::create(b, loc, ptr, i8, base, ValueRange{to64(bytes)});
+  }
+  Value at(Value base, int64_t bytes) { return at(base, c64(bytes)); }
+  Value load(Type type, Value p, unsigned align = 4) {
+    return LLVM::LoadOp::create(b, loc, type, p, align);
+  }
+  Value loadVolatile(Value p) {
+    return LLVM::LoadOp::create(b, loc, i32, p, 4, /*isVolatile=*/true);
+  }
+  void store(Value v, Value p, unsigned align = 4) {
+    LLVM::StoreOp::create(b, loc, v, p, align);
+  }
+  void storeVolatile(Value v, Value p) {
+    LLVM::StoreOp::create(b, loc, v, p, 4, /*isVolatile=*/true);
+  }
+  void ptx(StringRef text) {
+    LLVM::InlineAsmOp::create(b, loc, TypeRange{}, ValueRange{}, text,
+                              "~{memory}", /*has_side_effects=*/true,
+                              /*is_align_stack=*/false,
+                              LLVM::tailcallkind::TailCallKind::None,
+                              LLVM::AsmDialectAttr(), ArrayAttr());
+  }
+  /// Orders this thread's earlier stores (to peers too) before its later
+  /// ones, as every thread of the system sees them.
+  void fenceSystem() { ptx("fence.sc.sys;"); }
+  /// Nanoseconds of the global timer.
+  Value now() {
+    return LLVM::InlineAsmOp::create(b, loc, TypeRange{i64}, ValueRange{},
+                                     "mov.u64 $0, %globaltimer;", "=l",
+                                     /*has_side_effects=*/true,
+                                     /*is_align_stack=*/false,
+                                     LLVM::tailcallkind::TailCallKind::None,
+                                     LLVM::AsmDialectAttr(), ArrayAttr())
+        .getResult(0);
+  }
+  Value atomicAdd(Value p, Value v) {
+    return LLVM::AtomicRMWOp::create(b, loc, LLVM::AtomicBinOp::add, p, v,
+                                     LLVM::AtomicOrdering::acq_rel)
+        .getResult();
+  }
+  /// The state of rank `q` (an i64 or index value), as this process maps it.
+  Value peer(Value state, Value q) {
+    Value slot = at(state, arith::AddIOp::create(
+                               b, loc, c64(EpDeviceLayout::kPeers),
+                               arith::MulIOp::create(b, loc, to64(q), c64(8))));
+    return LLVM::IntToPtrOp::create(b, loc, ptr, load(i64, slot, 8));
+  }
+  Value add(Value x, Value y) { return arith::AddIOp::create(b, loc, x, y); }
+  Value mul(Value x, Value y) { return arith::MulIOp::create(b, loc, x, y); }
+  Value mul(Value x, int64_t y) {
+    return mul(x, x.getType() == i32 ? c32(y) : c64(y));
+  }
+  Value cmp(arith::CmpIPredicate p, Value x, Value y) {
+    return arith::CmpIOp::create(b, loc, p, x, y);
+  }
+
+  /// Spins until the i32 at `flag` equals `expected` or `limitNs` passed;
+  /// true when it ran out of time.
+  Value spinUntil(Value flag, Value expected, Value limitNs) {
+    Value start = now();
+    Type i1 = b.getI1Type();
+    auto loop = scf::WhileOp::create(b, loc, TypeRange{i1},
+                                     ValueRange{arith::ConstantOp::create(
+                                         b, loc, b.getBoolAttr(false))});
+    {
+      Block *before = b.createBlock(&loop.getBefore(), {}, {i1}, {loc});
+      b.setInsertionPointToStart(before);
+      Value arrived =
+          cmp(arith::CmpIPredicate::eq, loadVolatile(flag), expected);
+      Value late = cmp(arith::CmpIPredicate::ugt,
+                       arith::SubIOp::create(b, loc, now(), start), limitNs);
+      Value notArrived = arith::XOrIOp::create(
+          b, loc, arrived,
+          arith::ConstantOp::create(b, loc, b.getBoolAttr(true)));
+      Value again = arith::AndIOp::create(
+          b, loc, notArrived,
+          arith::XOrIOp::create(
+              b, loc, late,
+              arith::ConstantOp::create(b, loc, b.getBoolAttr(true))));
+      Value timedOut = arith::AndIOp::create(b, loc, late, notArrived);
+      scf::ConditionOp::create(b, loc, again, ValueRange{timedOut});
+    }
+    {
+      Block *after = b.createBlock(&loop.getAfter(), {}, {i1}, {loc});
+      b.setInsertionPointToStart(after);
+      scf::YieldOp::create(b, loc, after->getArguments());
+    }
+    b.setInsertionPointAfter(loop);
+    return loop.getResult(0);
+  }
+  /// Records that a wait for rank `q` ran out of time.
+  void recordTimeout(Value state, Value q) {
+    store(c32(1), at(state, EpDeviceLayout::kError));
+    store(arith::TruncIOp::create(b, loc, i32, to64(q)),
+          at(state, EpDeviceLayout::kErrorPeer));
+  }
+};
+
+/// What the kernels of one layer's exchanges share.
+struct Shape {
+  int64_t ranks, topK, hidden, localExperts, maxTokens;
+  EpDeviceLayout layout;
+  Shape(int64_t ranks, int64_t topK, int64_t hidden, int64_t localExperts,
+        int64_t maxTokens)
+      : ranks(ranks), topK(topK), hidden(hidden), localExperts(localExperts),
+        maxTokens(maxTokens),
+        layout{EpLayout{hidden, topK, ranks * localExperts, ranks, maxTokens}} {
+  }
+  const EpLayout &recv() const { return layout.recvLayout; }
+  int64_t stride() const { return int64_t(recv().maxRecordBytes()); }
+  int64_t header() const { return int64_t(recv().headerBytes()); }
+  /// Where source `src`'s record `index` starts in the state of its
+  /// receiver `base`.
+  Value record(Raw &r, Value base, Value src, Value index) const {
+    Value offset = r.add(
+        r.c64(int64_t(EpDeviceLayout::kRecv + recv().dispatchOffset())),
+        r.add(r.mul(r.to64(src), int64_t(recv().regionBytes())),
+              r.mul(r.to64(index), stride())));
+    return r.at(base, offset);
+  }
+  int64_t combineRows() const {
+    return int64_t(EpDeviceLayout::kRecv + recv().combineOffset());
+  }
+};
+
+LogicalResult checkShape(Operation *op, int64_t hidden, Type element,
+                         int64_t ranks) {
+  if (!element.isBF16())
+    return op->emitOpError()
+           << "moves " << element
+           << " rows between ranks; sm_90a layers exchange bf16 tokens so "
+              "far: compile with --fuse-quantization=false, or for the CPU";
+  if (hidden % 8 != 0)
+    return op->emitOpError()
+           << "moves rows of hidden size " << hidden
+           << " between GPUs in 16-byte vectors: the hidden size must be a "
+              "multiple of 8";
+  if (ranks > EpDeviceLayout::kMaxRanks)
+    return op->emitOpError() << "has " << ranks << " ranks; at most "
+                             << EpDeviceLayout::kMaxRanks << " are supported";
+  return success();
+}
+
+/// Copies a row of `hidden` bf16 between a memref row and raw bytes, 16
+/// bytes per thread and step.
+void copyRow(Raw &r, Value tid, int64_t hidden,
+             function_ref<void(Value c, VectorType type)> body) {
+  auto vec = VectorType::get({8}, r.b.getBF16Type());
+  r.e.forEach(
+      r.e.imul(tid, 8), r.e.index(hidden), [&](Value c) { body(c, vec); },
+      r.e.index(kCopyThreads * 8));
+}
+
+/// An inclusive sum over the block's threads of `a` and `b` (one each per
+/// thread), through shared `sa` and `sb` of kPlanThreads entries.
+std::pair<Value, Value> blockScan(Kernel &k, Value sa, Value sb, Value a,
+                                  Value b) {
+  Emitter &e = k.e;
+  Value tid = k.threadId();
+  e.storeRaw(a, sa, {tid});
+  e.storeRaw(b, sb, {tid});
+  gpu::BarrierOp::create(e.b, e.loc);
+  for (int64_t d = 1; d < kPlanThreads; d *= 2) {
+    Value has = e.icmp(arith::CmpIPredicate::uge, tid, e.index(d));
+    Value from = e.select(has, e.isub(tid, e.index(d)), e.index(0));
+    Value zero = e.i32(0);
+    Value na = e.iadd(e.loadRaw(sa, {tid}),
+                      e.select(has, e.loadRaw(sa, {from}), zero));
+    Value nb = e.iadd(e.loadRaw(sb, {tid}),
+                      e.select(has, e.loadRaw(sb, {from}), zero));
+    gpu::BarrierOp::create(e.b, e.loc);
+    e.storeRaw(na, sa, {tid});
+    e.storeRaw(nb, sb, {tid});
+    gpu::BarrierOp::create(e.b, e.loc);
+  }
+  return {e.loadRaw(sa, {tid}), e.loadRaw(sb, {tid})};
+}
+} // namespace
+
+LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
+                                          EpDispatchSendOp op) {
+  auto hiddenType = cast<RankedTensorType>(op.getHiddenStates().getType());
+  int64_t ranks = cast<RankedTensorType>(op.getSent().getType()).getDimSize(0);
+  int64_t topK = cast<RankedTensorType>(op.getRows().getType()).getDimSize(1);
+  int64_t hidden = hiddenType.getDimSize(1);
+  int64_t local = op.getLocalExperts(), experts = ranks * local;
+  if (op.getScale() || op.getQuantAttr())
+    return op.emitOpError()
+           << "sends " << (op.getScale() ? "weighted" : "quantized")
+           << " tokens; sm_90a layers exchange plain bf16 tokens so far";
+  if (failed(checkShape(op, hidden, hiddenType.getElementType(), ranks)))
+    return failure();
+  Shape shape(ranks, topK, hidden, local, layer.epMaxTokens);
+  TokenLinear tokens = layer.info(op.getHiddenStates()).rows;
+  layer.define(op.getRows(), tokens);
+  layer.define(op.getSent(), {});
+  unsigned state = layer.epState();
+
+  {
+    // The plan: per rank, a scan over the tokens numbers the records and
+    // the choices that rank gets, in token order.
+    Kernel k = layer.kernelOn(op, "ep_dispatch_plan",
+                              {layer.info(op.getExpertIds()).buffer,
+                               layer.info(op.getRows()).buffer,
+                               layer.info(op.getSent()).buffer, state});
+    k.launch.work = {1, 0};
+    k.launch.block = kPlanThreads;
+    Emitter &e = k.e;
+    Raw r(k);
+    Value ids = k.view(0, layer.info(op.getExpertIds()));
+    Value rows = k.view(1, layer.info(op.getRows()));
+    Value sent = k.view(2, layer.info(op.getSent()));
+    Value st = k.func.getArgument(3);
+    Type i32 = e.b.getI32Type();
+    Value tid = k.threadId();
+    Value scanA = k.workgroupBuffer({kPlanThreads}, i32);
+    Value scanB = k.workgroupBuffer({kPlanThreads}, i32);
+    Value bases = k.workgroupBuffer({ranks + 1}, i32);
+    e.ifThen(e.eq(tid, e.index(0)), [&] {
+      Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
+      r.store(e.iadd(seq, e.i32(1)), r.at(st, EpDeviceLayout::kSeq));
+      e.storeRaw(e.i32(0), bases, {e.index(0)});
+    });
+    Value count = e.imul(k.tokens, topK);
+    e.forEach(
+        tid, count,
+        [&](Value p) {
+          e.storeRaw(e.i32(-1), rows, {e.divUI(p, topK), e.remUI(p, topK)});
+        },
+        e.index(kPlanThreads));
+    gpu::BarrierOp::create(e.b, e.loc);
+    // Each thread takes a contiguous run of tokens.
+    Value chunk = e.divUI(e.iadd(k.tokens, e.index(kPlanThreads - 1)),
+                          kPlanThreads);
+    Value first = e.minUI(e.imul(tid, chunk), k.tokens);
+    Value last = e.minUI(e.iadd(first, chunk), k.tokens);
+    auto ownerIs = [&](Value t, int64_t j, int64_t q) {
+      Value id = e.loadRaw(ids, {t, e.index(j)});
+      return e.andi(e.icmp(arith::CmpIPredicate::sge, id, e.i32(q * local)),
+                    e.icmp(arith::CmpIPredicate::slt, id,
+                           e.i32((q + 1) * local)));
+    };
+    Value recordIndex = r.at(st, int64_t(shape.layout.recordIndex()));
+    for (int64_t q = 0; q < ranks; ++q) {
+      SmallVector<Value> mine = e.reduce(
+          first, last, {e.i32(0), e.i32(0)},
+          [&](Value t, ValueRange acc) -> SmallVector<Value> {
+            Value hit = arith::ConstantOp::create(e.b, e.loc,
+                                                  e.b.getBoolAttr(false));
+            Value choices = acc[1];
+            for (int64_t j = 0; j < topK; ++j) {
+              Value is = ownerIs(t, j, q);
+              hit = e.ori(hit, is);
+              choices = e.iadd(choices, arith::ExtUIOp::create(
+                                            e.b, e.loc, i32, is));
+            }
+            return {e.iadd(acc[0],
+                           arith::ExtUIOp::create(e.b, e.loc, i32, hit)),
+                    choices};
+          });
+      auto [recordsUpTo, choicesUpTo] =
+          blockScan(k, scanA, scanB, mine[0], mine[1]);
+      Value base = e.loadRaw(bases, {e.index(q)});
+      e.reduce(first, last,
+               {e.isub(recordsUpTo, mine[0]), e.isub(choicesUpTo, mine[1])},
+               [&](Value t, ValueRange acc) -> SmallVector<Value> {
+                 Value hit = arith::ConstantOp::create(
+                     e.b, e.loc, e.b.getBoolAttr(false));
+                 Value choice = acc[1];
+                 for (int64_t j = 0; j < topK; ++j) {
+                   Value is = ownerIs(t, j, q);
+                   e.ifThen(is, [&] {
+                     e.storeRaw(e.iadd(base, choice), rows, {t, e.index(j)});
+                   });
+                   hit = e.ori(hit, is);
+                   choice = e.iadd(choice, arith::ExtUIOp::create(
+                                               e.b, e.loc, i32, is));
+                 }
+                 Value slot = r.at(
+                     recordIndex,
+                     r.mul(r.add(r.mul(r.to64(t), ranks), r.c64(q)), 4));
+                 r.store(e.select(hit, acc[0], e.i32(-1)), slot);
+                 return {e.iadd(acc[0],
+                                arith::ExtUIOp::create(e.b, e.loc, i32, hit)),
+                         choice};
+               });
+      e.ifThen(e.eq(tid, e.index(0)), [&] {
+        Value records = e.loadRaw(scanA, {e.index(kPlanThreads - 1)});
+        Value choices = e.loadRaw(scanB, {e.index(kPlanThreads - 1)});
+        e.storeRaw(records, sent, {e.index(q)});
+        r.store(records, r.at(st, EpDeviceLayout::kSentCounts + 4 * q));
+        r.store(base, r.at(st, EpDeviceLayout::kChoiceBase + 4 * q));
+        e.storeRaw(e.iadd(base, choices), bases, {e.index(q + 1)});
+      });
+      gpu::BarrierOp::create(e.b, e.loc);
+    }
+    if (failed(k.finish(op)))
+      return failure();
+  }
+
+  // The send: a block per token writes its record into each rank that holds
+  // one of its experts; the last block to finish raises the flags.
+  Kernel k = layer.kernelOn(op, "ep_dispatch_send",
+                            {layer.info(op.getHiddenStates()).buffer,
+                             layer.info(op.getExpertIds()).buffer,
+                             layer.info(op.getRows()).buffer, state});
+  k.launch.work = tokens;
+  k.launch.extraBlocks = 1;
+  k.launch.block = kCopyThreads;
+  Emitter &e = k.e;
+  Raw r(k);
+  Value hiddenView = k.view(0, layer.info(op.getHiddenStates()));
+  Value ids = k.view(1, layer.info(op.getExpertIds()));
+  Value rows = k.view(2, layer.info(op.getRows()));
+  Value st = k.func.getArgument(3);
+  Type i32 = e.b.getI32Type();
+  Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
+  Value self = r.load(i32, r.at(st, EpDeviceLayout::kRank));
+  Value recordIndex = r.at(st, int64_t(shape.layout.recordIndex()));
+  e.ifThen(e.ult(t, k.tokens), [&] {
+    for (int64_t q = 0; q < ranks; ++q) {
+      Value index = r.load(
+          i32, r.at(recordIndex,
+                    r.mul(r.add(r.mul(r.to64(t), ranks), r.c64(q)), 4)));
+      e.ifThen(e.icmp(arith::CmpIPredicate::sge, index, e.i32(0)), [&] {
+        Value record = shape.record(r, r.peer(st, r.c64(q)), self, index);
+        e.ifThen(e.ult(tid, e.index(topK)), [&] {
+          Value id = e.loadRaw(ids, {t, tid});
+          Value mineQ = e.andi(
+              e.icmp(arith::CmpIPredicate::sge, id, e.i32(q * local)),
+              e.icmp(arith::CmpIPredicate::slt, id, e.i32((q + 1) * local)));
+          Value localId =
+              e.select(mineQ, e.isub(id, e.i32(q * local)), e.i32(-1));
+          Value back = e.select(mineQ, e.loadRaw(rows, {t, tid}), e.i32(-1));
+          Value j4 = r.mul(r.to64(tid), 4);
+          r.store(localId, r.at(record, r.add(r.c64(4), j4)));
+          r.store(arith::ConstantOp::create(e.b, e.loc, e.b.getF32FloatAttr(0)),
+                  r.at(record, r.add(r.c64(4 + 4 * topK), j4)));
+          r.store(back, r.at(record, r.add(r.c64(4 + 8 * topK), j4)));
+        });
+        e.ifThen(e.eq(tid, e.index(0)),
+                 [&] { r.store(e.toI32(t), record); });
+        copyRow(r, tid, hidden, [&](Value c, VectorType vec) {
+          Value v = vector::LoadOp::create(e.b, e.loc, vec, hiddenView, {t, c},
+                                           false, vectorAlign(8, vec.getElementType()));
+          r.store(v, r.at(record, r.add(r.c64(shape.header()), r.mul(r.to64(c), 2))),
+                  16);
+        });
+      });
+    }
+  });
+  r.fenceSystem();
+  gpu::BarrierOp::create(e.b, e.loc);
+  e.ifThen(e.eq(tid, e.index(0)), [&] {
+    Value done = r.atomicAdd(r.at(st, EpDeviceLayout::kTicket), e.i32(1));
+    e.ifThen(e.eq(r.to64(done), r.to64(k.tokens)), [&] {
+      r.store(e.i32(0), r.at(st, EpDeviceLayout::kTicket));
+      r.fenceSystem();
+      Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
+      SmallVector<Value> slots;
+      for (int64_t q = 0; q < ranks; ++q) {
+        Value slot = r.at(r.peer(st, r.c64(q)),
+                          r.add(r.c64(EpDeviceLayout::kRecv),
+                                r.mul(r.to64(self), 16)));
+        r.store(r.load(i32, r.at(st, EpDeviceLayout::kSentCounts + 4 * q)),
+                slot);
+        r.store(r.load(i32, r.at(st, EpDeviceLayout::kChoiceBase + 4 * q)),
+                r.at(slot, 4));
+        r.store(e.i32(0), r.at(slot, 8));
+        slots.push_back(slot);
+      }
+      r.fenceSystem();
+      for (Value slot : slots)
+        r.storeVolatile(seq, r.at(slot, 12));
+    });
+  });
+  return k.finish(op);
+}
+
+LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
+                                          EpDispatchRecvOp op) {
+  auto dispatchedType = cast<RankedTensorType>(op.getDispatched().getType());
+  int64_t ranks = cast<RankedTensorType>(op.getSent().getType()).getDimSize(0);
+  int64_t local =
+      cast<RankedTensorType>(op.getTokensPerExpert().getType()).getDimSize(0);
+  int64_t hidden = dispatchedType.getDimSize(1);
+  if (op.getScaled() || op.getQuantAttr())
+    return op.emitOpError() << "receives " << (op.getScaled() ? "weighted"
+                                                              : "quantized")
+                            << " tokens; sm_90a layers exchange plain bf16 "
+                               "tokens so far";
+  if (failed(checkShape(op, hidden, dispatchedType.getElementType(), ranks)))
+    return failure();
+  // The top-k is the send's: the sent counts come from it.
+  auto send = op.getSent().getDefiningOp<EpDispatchSendOp>();
+  if (!send)
+    return op.emitOpError() << "must receive what a moe.ep_dispatch_send of "
+                               "the same function sent";
+  int64_t topK = cast<RankedTensorType>(send.getRows().getType()).getDimSize(1);
+  int64_t maxTokens = layer.epMaxTokens;
+  Shape shape(ranks, topK, hidden, local, maxTokens);
+  // Every rank's tokens may choose this rank's experts.
+  TokenLinear capacity = {ranks * maxTokens * topK, 0};
+  layer.define(op.getTokensPerExpert(), {});
+  layer.define(op.getExpertOffsets(), {});
+  layer.define(op.getDispatched(), capacity);
+  layer.define(op.getOrigin(), capacity);
+  unsigned state = layer.epState();
+  int64_t slotRows = int64_t(shape.layout.slotRow());
+
+  {
+    // Wait for every rank's count, then give each arrived choice of this
+    // rank's experts a row.
+    Kernel k = layer.kernelOn(op, "ep_dispatch_wait",
+                              {layer.info(op.getTokensPerExpert()).buffer,
+                               layer.info(op.getExpertOffsets()).buffer,
+                               state});
+    k.launch.work = {1, 0};
+    k.launch.block = kPlanThreads;
+    Emitter &e = k.e;
+    Raw r(k);
+    Value counts = k.view(0, layer.info(op.getTokensPerExpert()));
+    Value offsets = k.view(1, layer.info(op.getExpertOffsets()));
+    Value st = k.func.getArgument(2);
+    Type i32 = e.b.getI32Type();
+    Value tid = k.threadId();
+    Value arrived = k.workgroupBuffer({ranks}, i32);
+    Value count = k.workgroupBuffer({local}, i32);
+    Value cursor = k.workgroupBuffer({local}, i32);
+    Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
+    Value limit = r.load(r.i64, r.at(st, EpDeviceLayout::kTimeoutNs), 8);
+    e.ifThen(e.ult(tid, e.index(ranks)), [&] {
+      Value slot = r.at(st, r.add(r.c64(EpDeviceLayout::kRecv),
+                                  r.mul(r.to64(tid), 16)));
+      Value late = r.spinUntil(r.at(slot, 12), seq, limit);
+      r.ptx("fence.acq_rel.sys;");
+      Value n = e.select(late, e.i32(0), r.load(i32, slot));
+      n = e.select(e.icmp(arith::CmpIPredicate::ugt, n, e.i32(maxTokens)),
+                   e.i32(0), n);
+      e.ifThen(late, [&] { r.recordTimeout(st, tid); });
+      e.storeRaw(n, arrived, {tid});
+      r.store(n, r.at(st, r.add(r.c64(EpDeviceLayout::kRecvCounts),
+                                r.mul(r.to64(tid), 4))));
+    });
+    e.forEach(
+        tid, e.index(local), [&](Value x) { e.storeRaw(e.i32(0), count, {x}); },
+        e.index(kPlanThreads));
+    gpu::BarrierOp::create(e.b, e.loc);
+    auto eachChoice = [&](function_ref<void(Value, Value)> body) {
+      for (int64_t q = 0; q < ranks; ++q) {
+        Value n = e.toIndex(e.loadRaw(arrived, {e.index(q)}));
+        e.forEach(
+            tid, e.imul(n, topK),
+            [&](Value p) {
+              Value i = e.divUI(p, topK), j = e.remUI(p, topK);
+              Value record = shape.record(r, st, r.c64(q), i);
+              Value id =
+                  r.load(i32, r.at(record, r.add(r.c64(4), r.mul(r.to64(j), 4))));
+              Value valid =
+                  e.andi(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
+                         e.icmp(arith::CmpIPredicate::slt, id, e.i32(local)));
+              Value slot = r.add(r.mul(r.add(r.c64(q * maxTokens), r.to64(i)),
+                                       topK),
+                                 r.to64(j));
+              body(e.select(valid, id, e.i32(-1)), slot);
+            },
+            e.index(kPlanThreads));
+      }
+    };
+    auto increment = [&](Value buffer, Value id) {
+      return memref::AtomicRMWOp::create(e.b, e.loc, arith::AtomicRMWKind::addi,
+                                         e.i32(1), buffer,
+                                         ValueRange{e.toIndex(id)})
+          .getResult();
+    };
+    eachChoice([&](Value id, Value) {
+      e.ifThen(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
+               [&] { increment(count, id); });
+    });
+    gpu::BarrierOp::create(e.b, e.loc);
+    e.ifThen(e.eq(tid, e.index(0)), [&] {
+      common::layOutExperts(
+          e, local, 1, offsets, [&](Value x) { return e.loadRaw(count, {x}); },
+          [&](Value x, Value offset, Value c) {
+            e.storeRaw(c, counts, {x});
+            e.storeRaw(offset, cursor, {x});
+          });
+    });
+    gpu::BarrierOp::create(e.b, e.loc);
+    eachChoice([&](Value id, Value slot) {
+      auto row = scf::IfOp::create(e.b, e.loc, TypeRange{i32},
+                                   e.icmp(arith::CmpIPredicate::sge, id,
+                                          e.i32(0)),
+                                   /*withElse=*/true);
+      {
+        OpBuilder::InsertionGuard guard(e.b);
+        e.b.setInsertionPointToStart(&row.getThenRegion().front());
+        scf::YieldOp::create(e.b, e.loc, increment(cursor, id));
+        e.b.setInsertionPointToStart(&row.getElseRegion().front());
+        scf::YieldOp::create(e.b, e.loc, e.i32(-1));
+      }
+      r.store(row.getResult(0), r.at(st, r.add(r.c64(slotRows), r.mul(slot, 4))));
+    });
+    if (failed(k.finish(op)))
+      return failure();
+  }
+
+  // Unpack: each arrived record's row to each of its rows here.
+  Kernel k = layer.kernelOn(op, "ep_dispatch_unpack",
+                            {layer.info(op.getDispatched()).buffer,
+                             layer.info(op.getOrigin()).buffer, state});
+  k.launch.work = {kStrideBlocks, 0};
+  k.launch.block = kCopyThreads;
+  Emitter &e = k.e;
+  Raw r(k);
+  Value dispatched = k.view(0, layer.info(op.getDispatched()));
+  Value origin = k.view(1, layer.info(op.getOrigin()));
+  Value st = k.func.getArgument(2);
+  Type i32 = e.b.getI32Type();
+  Value tid = k.threadId();
+  e.forEach(
+      k.blockId(gpu::Dimension::x), e.index(ranks * maxTokens),
+      [&](Value p) {
+        Value q = e.divUI(p, maxTokens), i = e.remUI(p, maxTokens);
+        Value n = r.load(i32, r.at(st, r.add(r.c64(EpDeviceLayout::kRecvCounts),
+                                             r.mul(r.to64(q), 4))));
+        e.ifThen(e.ult(i, e.toIndex(n)), [&] {
+          Value record = shape.record(r, st, q, i);
+          for (int64_t j = 0; j < topK; ++j) {
+            Value row = r.load(
+                i32, r.at(st, r.add(r.c64(slotRows),
+                                    r.mul(r.add(r.mul(r.to64(p), topK),
+                                                r.c64(j)),
+                                          4))));
+            e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)), [&] {
+              Value rr = e.toIndex(row);
+              e.ifThen(e.eq(tid, e.index(0)), [&] {
+                e.storeRaw(e.toI32(q), origin, {rr, e.index(0)});
+                e.storeRaw(r.load(i32, r.at(record, 4 + 8 * topK + 4 * j)),
+                           origin, {rr, e.index(1)});
+              });
+              copyRow(r, tid, hidden, [&](Value c, VectorType vec) {
+                Value v = r.load(vec,
+                                 r.at(record, r.add(r.c64(shape.header()),
+                                                    r.mul(r.to64(c), 2))),
+                                 16);
+                vector::StoreOp::create(e.b, e.loc, v, dispatched, {rr, c},
+                                        false,
+                                        vectorAlign(8, vec.getElementType()));
+              });
+            });
+          }
+        });
+      },
+      e.index(kStrideBlocks));
+  return k.finish(op);
+}
+
+LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
+                                         EpCombineSendOp op) {
+  auto outType = cast<RankedTensorType>(op.getExpertOut().getType());
+  int64_t ranks = cast<RankedTensorType>(op.getSent().getType()).getDimSize(0);
+  int64_t hidden = outType.getDimSize(1);
+  if (failed(checkShape(op, hidden, outType.getElementType(), ranks)))
+    return failure();
+  auto recv = op.getOrigin().getDefiningOp<EpDispatchRecvOp>();
+  auto send = recv ? recv.getSent().getDefiningOp<EpDispatchSendOp>()
+                   : EpDispatchSendOp();
+  if (!send)
+    return op.emitOpError() << "must return rows that a moe.ep_dispatch_recv "
+                               "of the same function gave";
+  int64_t topK = cast<RankedTensorType>(send.getRows().getType()).getDimSize(1);
+  Shape shape(ranks, topK, hidden, send.getLocalExperts(), layer.epMaxTokens);
+  layer.define(op.getSent(), {});
+  unsigned state = layer.epState();
+  // Each row to its token's rank, blocks striding over the rows that
+  // arrived; the last block done raises every rank's flag.
+  Kernel k = layer.kernelOn(op, "ep_combine_send",
+                            {layer.info(op.getExpertOut()).buffer,
+                             layer.info(op.getOrigin()).buffer,
+                             layer.info(recv.getExpertOffsets()).buffer,
+                             layer.info(op.getSent()).buffer, state});
+  k.launch.work = {kStrideBlocks, 0};
+  k.launch.block = kCopyThreads;
+  Emitter &e = k.e;
+  Raw r(k);
+  Value out = k.view(0, layer.info(op.getExpertOut()));
+  Value origin = k.view(1, layer.info(op.getOrigin()));
+  Value offsets = k.view(2, layer.info(recv.getExpertOffsets()));
+  Value sent = k.view(3, layer.info(op.getSent()));
+  Value st = k.func.getArgument(4);
+  Type i32 = e.b.getI32Type();
+  Value tid = k.threadId();
+  Value rows = e.toIndex(e.loadRaw(offsets, {e.index(send.getLocalExperts())}));
+  e.forEach(
+      k.blockId(gpu::Dimension::x), rows,
+      [&](Value row) {
+        Value q = e.loadRaw(origin, {row, e.index(0)});
+        Value back = e.loadRaw(origin, {row, e.index(1)});
+        Value dst = r.at(r.peer(st, q),
+                         r.add(r.c64(shape.combineRows()),
+                               r.mul(r.to64(back), 2 * hidden)));
+        copyRow(r, tid, hidden, [&](Value c, VectorType vec) {
+          Value v = vector::LoadOp::create(
+              e.b, e.loc, vec, out, {row, c}, false,
+              vectorAlign(8, vec.getElementType()));
+          r.store(v, r.at(dst, r.mul(r.to64(c), 2)), 16);
+        });
+      },
+      e.index(kStrideBlocks));
+  r.fenceSystem();
+  gpu::BarrierOp::create(e.b, e.loc);
+  e.ifThen(e.eq(tid, e.index(0)), [&] {
+    Value done = r.atomicAdd(r.at(st, EpDeviceLayout::kTicket2), e.i32(1));
+    e.ifThen(e.eq(done, e.i32(kStrideBlocks - 1)), [&] {
+      r.store(e.i32(0), r.at(st, EpDeviceLayout::kTicket2));
+      r.fenceSystem();
+      Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
+      Value self = r.load(i32, r.at(st, EpDeviceLayout::kRank));
+      for (int64_t q = 0; q < ranks; ++q) {
+        // Rows this rank returns to q: what arrived from q, counted on
+        // the host side of the CPU backend; here the records' count.
+        e.storeRaw(r.load(i32, r.at(st, EpDeviceLayout::kRecvCounts + 4 * q)),
+                   sent, {e.index(q)});
+        r.storeVolatile(
+            seq, r.at(r.peer(st, r.c64(q)),
+                      r.add(r.c64(int64_t(shape.layout.combineFlags())),
+                            r.mul(r.to64(self), 16))));
+      }
+    });
+  });
+  return k.finish(op);
+}
+
+LogicalResult nvidia::buildEpCombineRecv(LayerKernels &layer,
+                                         EpCombineRecvOp op) {
+  int64_t ranks = cast<RankedTensorType>(op.getSent().getType()).getDimSize(0);
+  auto rowsType = cast<RankedTensorType>(op.getRows().getType());
+  int64_t topK = rowsType.getDimSize(1);
+  auto gatheredType = cast<RankedTensorType>(op.getGathered().getType());
+  int64_t hidden = gatheredType.getDimSize(1);
+  auto send = op.getRows().getDefiningOp<EpDispatchSendOp>();
+  if (!send)
+    return op.emitOpError() << "must gather rows laid out by a "
+                               "moe.ep_dispatch_send of the same function";
+  Shape shape(ranks, topK, hidden, send.getLocalExperts(), layer.epMaxTokens);
+  // The rows stay where the peers wrote them.
+  layer.bind(op.getGathered(), layer.epState(shape.combineRows()),
+             {0, topK});
+  unsigned state = layer.epState();
+  Kernel k = layer.kernelOn(op, "ep_combine_wait", {state});
+  k.launch.work = {1, 0};
+  k.launch.block = 64;
+  Emitter &e = k.e;
+  Raw r(k);
+  Value st = k.func.getArgument(0);
+  Type i32 = e.b.getI32Type();
+  Value tid = k.threadId();
+  Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
+  Value limit = r.load(r.i64, r.at(st, EpDeviceLayout::kTimeoutNs), 8);
+  e.ifThen(e.ult(tid, e.index(ranks)), [&] {
+    Value flag = r.at(st, r.add(r.c64(int64_t(shape.layout.combineFlags())),
+                                r.mul(r.to64(tid), 16)));
+    Value late = r.spinUntil(flag, seq, limit);
+    r.ptx("fence.acq_rel.sys;");
+    e.ifThen(late, [&] { r.recordTimeout(st, tid); });
+  });
+  return k.finish(op);
+}

@@ -1,0 +1,249 @@
+//===- ExpertParallelCuda.cpp - a GPU layer's expert-parallel group -------===//
+//
+// Init for sm_90a expert-parallel layers whose ranks share a host: each rank
+// allocates its state (runtime/EpLayout.h) in its current context, the
+// ranks swap CUDA IPC handles of their states over lib/transport (its
+// bootstrap, then one write per peer), and each maps every peer's state and
+// writes the addresses into its own, where the kernels read them. After
+// that the forward's kernels move every byte; the host only reads the
+// error word when asked (moe_<layer>_ep_status).
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/moe_ep.h"
+
+#include "moe_transport.h"
+#include "runtime/CudaDriver.h"
+#include "runtime/DriverApi.h"
+#include "runtime/EpLayout.h"
+#include "runtime/moert.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace moe::rt;
+
+namespace {
+constexpr uint32_t kHandleCounter = 5;
+// Peers' states are mapped with peer access enabled on first use.
+constexpr unsigned kLazyEnablePeerAccess = 1;
+
+struct GpuGroup {
+  CudaDevice::Driver *driver = nullptr;
+  moe_transport_t *transport = nullptr;
+  uint64_t state = 0;
+  int rank = 0, ranks = 0;
+  int timeoutMs = 30000;
+  std::vector<uint64_t> peers;
+};
+GpuGroup group;
+
+int32_t fail(const std::string &message) {
+  moert_set_error(message.c_str());
+  return 1;
+}
+
+bool check(int result, const char *call, std::string &error) {
+  return CudaDevice::checkResult(group.driver, result, call, error);
+}
+
+void release() {
+  if (group.driver) {
+    for (int q = 0; q < int(group.peers.size()); ++q)
+      if (q != group.rank && group.peers[q])
+        group.driver->cuIpcCloseMemHandle(group.peers[q]);
+    if (group.state)
+      group.driver->cuMemFree(group.state);
+  }
+  moe_transport_close(group.transport);
+  group = GpuGroup();
+}
+} // namespace
+
+extern "C" {
+
+int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t ranks,
+                         const moe_ep_config_t *config) {
+  if (group.state)
+    return fail("the expert-parallel group is already initialized (call "
+                "finalize first)");
+  if (!config)
+    return fail("init needs a config (got null)");
+  if (config->world_size != ranks)
+    return fail("world_size is " + std::to_string(config->world_size) +
+                ", but the layer is compiled for ep_size " +
+                std::to_string(ranks));
+  if (config->rank < 0 || config->rank >= config->world_size)
+    return fail("rank " + std::to_string(config->rank) +
+                " is outside [0, world_size = " +
+                std::to_string(config->world_size) + ")");
+  if (config->max_tokens < 0 || config->max_tokens > capacity)
+    return fail("max_tokens " + std::to_string(config->max_tokens) +
+                " is outside [0, " + std::to_string(capacity) +
+                "], the capacity the layer was compiled for "
+                "(moe-compile --ep-max-tokens)");
+  if (config->timeout_ms < 0)
+    return fail("timeout_ms must be 0 (the default) or more, not " +
+                std::to_string(config->timeout_ms));
+  if (config->rank != 0 && config->listen_fd >= 0)
+    return fail("only rank 0 takes a listening socket (listen_fd)");
+  if (!config->bootstrap_host && config->listen_fd < 0)
+    return fail("init needs a bootstrap host (rank 0's address)");
+  std::string error;
+  group.driver = CudaDevice::loadDriver(error);
+  if (!group.driver)
+    return fail(error);
+  void *context = nullptr;
+  if (group.driver->cuCtxGetCurrent(&context) != 0 || !context) {
+    group = GpuGroup();
+    return fail("init needs the rank's GPU context current on the calling "
+                "thread");
+  }
+  group.rank = config->rank;
+  group.ranks = int(ranks);
+  group.timeoutMs = config->timeout_ms ? config->timeout_ms : 30000;
+
+  // The state, zeroed, with this rank's control words.
+  if (!check(group.driver->cuMemAlloc(&group.state, size_t(stateBytes)),
+             "cuMemAlloc", error) ||
+      !check(group.driver->cuMemsetD8(group.state, 0, size_t(stateBytes)),
+             "cuMemsetD8", error)) {
+    release();
+    return fail("rank " + std::to_string(config->rank) +
+                " cannot allocate its expert-parallel state (" +
+                std::to_string(stateBytes) + " bytes): " + error);
+  }
+  uint32_t rank = uint32_t(config->rank);
+  uint64_t timeoutNs = uint64_t(group.timeoutMs) * 1000000ull;
+  CudaDevice::Driver::IpcHandle handle;
+  if (!check(group.driver->cuMemcpyHtoD(group.state + EpDeviceLayout::kRank,
+                                        &rank, 4),
+             "cuMemcpyHtoD", error) ||
+      !check(group.driver->cuMemcpyHtoD(
+                 group.state + EpDeviceLayout::kTimeoutNs, &timeoutNs, 8),
+             "cuMemcpyHtoD", error) ||
+      !check(group.driver->cuIpcGetMemHandle(&handle, group.state),
+             "cuIpcGetMemHandle", error)) {
+    release();
+    return fail(error);
+  }
+
+  // Every rank's handle, through the transport.
+  moe_transport_config_t tc;
+  moe_transport_config_init(&tc);
+  tc.rank = config->rank;
+  tc.world_size = config->world_size;
+  tc.provider = config->provider;
+  tc.domain = config->domain;
+  tc.send_bytes = sizeof handle;
+  tc.recv_bytes = sizeof handle * size_t(ranks);
+  tc.timeout_ms = config->timeout_ms;
+  moe_transport_status_t status = moe_transport_open(&tc, &group.transport);
+  if (status == MOE_TRANSPORT_OK)
+    status = moe_transport_bootstrap(
+        group.transport, config->bootstrap_host ? config->bootstrap_host : "",
+        config->bootstrap_port, config->listen_fd);
+  if (status == MOE_TRANSPORT_OK) {
+    std::memcpy(moe_transport_send_buffer(group.transport), &handle,
+                sizeof handle);
+    auto *all =
+        static_cast<uint8_t *>(moe_transport_recv_buffer(group.transport));
+    std::memcpy(all + sizeof handle * size_t(rank), &handle, sizeof handle);
+    for (int q = 0; q < ranks && status == MOE_TRANSPORT_OK; ++q)
+      if (q != config->rank)
+        status = moe_transport_write(group.transport, q, 0, sizeof handle,
+                                     sizeof handle * size_t(rank),
+                                     kHandleCounter, -1);
+    for (int q = 0; q < ranks && status == MOE_TRANSPORT_OK; ++q)
+      if (q != config->rank)
+        status = moe_transport_wait_arrivals(group.transport, q,
+                                             kHandleCounter, 1, -1);
+    if (status == MOE_TRANSPORT_OK)
+      status = moe_transport_flush(group.transport, -1);
+  }
+  if (status != MOE_TRANSPORT_OK) {
+    std::string message = std::string("rank ") +
+                          std::to_string(config->rank) + " could not join: " +
+                          moe_transport_status_name(status) + ": " +
+                          moe_transport_last_error();
+    release();
+    return fail(message);
+  }
+  auto *all =
+      static_cast<const uint8_t *>(moe_transport_recv_buffer(group.transport));
+  group.peers.assign(ranks, 0);
+  for (int q = 0; q < ranks; ++q) {
+    if (q == config->rank) {
+      group.peers[q] = group.state;
+      continue;
+    }
+    CudaDevice::Driver::IpcHandle peer;
+    std::memcpy(&peer, all + sizeof peer * size_t(q), sizeof peer);
+    if (!check(group.driver->cuIpcOpenMemHandle(&group.peers[q], peer,
+                                                kLazyEnablePeerAccess),
+               "cuIpcOpenMemHandle", error)) {
+      group.peers[q] = 0;
+      release();
+      return fail("rank " + std::to_string(rank) +
+                  " cannot map the state of rank " + std::to_string(q) +
+                  " (its GPU must be on this host, with peer access): " +
+                  error);
+    }
+  }
+  if (!check(group.driver->cuMemcpyHtoD(group.state + EpDeviceLayout::kPeers,
+                                        group.peers.data(), 8 * size_t(ranks)),
+             "cuMemcpyHtoD", error)) {
+    release();
+    return fail(error);
+  }
+  // No rank's kernels write into a peer before it has mapped them all.
+  status = moe_transport_barrier(group.transport, -1);
+  if (status != MOE_TRANSPORT_OK) {
+    std::string message = std::string("init barrier: ") +
+                          moe_transport_last_error();
+    release();
+    return fail(message);
+  }
+  return 0;
+}
+
+void *moe_ep_cuda_state(void) {
+  if (!group.state) {
+    fail("the expert-parallel group is not initialized (call "
+         "moe_<layer>_ep_init first)");
+    return nullptr;
+  }
+  return reinterpret_cast<void *>(static_cast<uintptr_t>(group.state));
+}
+
+int32_t moe_ep_cuda_status(void) {
+  if (!group.state)
+    return fail("the expert-parallel group is not initialized");
+  uint32_t words[2] = {0, 0};
+  std::string error;
+  if (!check(group.driver->cuMemcpyDtoH(
+                 words, group.state + EpDeviceLayout::kError, sizeof words),
+             "cuMemcpyDtoH", error))
+    return fail(error);
+  if (!words[0])
+    return 0;
+  return fail("rank " + std::to_string(group.rank) + " waited " +
+              std::to_string(group.timeoutMs) + " ms for rank " +
+              std::to_string(words[1]) +
+              ", which never arrived (it died or did not run the same "
+              "forward); results since are not valid");
+}
+
+void moe_ep_cuda_finalize(void) {
+  if (!group.state)
+    return;
+  // Every rank stops writing into the others' states before any unmaps.
+  group.driver->cuCtxSynchronize();
+  std::string label = "rank " + std::to_string(group.rank);
+  moert_kernel_times_report(label.c_str());
+  moe_transport_barrier(group.transport, -1);
+  release();
+}
+
+} // extern "C"
