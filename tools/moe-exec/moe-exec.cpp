@@ -221,6 +221,11 @@ std::string runGpuRank(const std::vector<Arg> &args,
     release();
     return std::string("init failed: ") + entries.lastError();
   }
+  // Fault injection for tests: this rank dies before its forward, and the
+  // others must say so.
+  if (const char *kill = std::getenv("MOE_EP_TEST_KILL_RANK"))
+    if (std::atoi(kill) == rank)
+      std::raise(SIGKILL);
   auto forward =
       reinterpret_cast<int32_t (*)(void *const *, int64_t, void *, void *)>(
           entries.forward);

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Expert-parallel GPU layers on the two-GPU machine.
+#
+#   bench/ep-check.sh prepare   on the build machine: compiles small layers of
+#                               several model types and DeepSeek-V3's layer
+#                               (bf16, 256 experts) for sm_90a with ep_size 1
+#                               and 2, with their inputs, into build/ep/
+#   bench/ep-check.sh run       on the GPU machine (needs PyTorch): each small
+#                               layer through moe-exec --ep-ranks 2 against
+#                               ep_size 1 (bit for bit), a rank killed before
+#                               its forward, then bench/ep_bench.py on
+#                               DeepSeek-V3 at 1, 128 and 4096 tokens per rank
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+dir=${EP_DIR:-$root/build/ep}
+mode=${1:-}
+
+if [[ $mode == prepare ]]; then
+  bash "$root/scripts/build.sh" moe-compile moe-exec moert moe_ep moe_transport >&2
+  compile="$root/build/bin/moe-compile"
+  rm -rf "$dir" && mkdir -p "$dir/lib"
+  git -C "$root" rev-parse --short HEAD > "$dir/COMMIT" 2>/dev/null || echo unknown > "$dir/COMMIT"
+  cp "$root/build/bin/moe-exec" "$dir/"
+  # libfabric and what it needs, for a machine that lacks them.
+  for l in $(ldd "$dir/moe-exec" | awk '/=>/ {print $3}' | grep -v -E 'libc\.so|libm\.so|libstdc|libgcc|ld-linux'); do
+    cp -L "$l" "$dir/lib/"
+  done
+  for m in mixtral qwen2_moe qwen3_moe deepseek_v3 gpt_oss; do
+    c="$root/test/tools/Inputs/tiny/$m.json"
+    "$compile" --from-hf-config "$c" --name layer --target=sm_90a -o "$dir/${m}_ep1.so"
+    "$compile" --from-hf-config "$c" --name layer --target=sm_90a --ep-size 2 --ep-max-tokens 64 -o "$dir/${m}_ep2.so"
+    python3 - "$dir/${m}_ep1.so" "$dir/in_$m.safetensors" <<'PY'
+import sys
+sys.path.insert(0, "test/tools")
+from check_ep import layer_info, make_inputs
+from check_layer import write_safetensors
+write_safetensors(sys.argv[2], make_inputs(layer_info(sys.argv[1]), 77, 3, None, 2))
+PY
+  done
+  hf="$root/test/tools/Inputs/hf/deepseek_v3.json"
+  "$compile" --from-hf-config "$hf" --quant=none --name dsv3 --target=sm_90a -o "$dir/dsv3_ep1.so"
+  "$compile" --from-hf-config "$hf" --quant=none --name dsv3 --target=sm_90a --ep-size 2 --ep-max-tokens 4096 -o "$dir/dsv3_ep2.so"
+  du -sh "$dir" >&2
+  exit 0
+fi
+
+if [[ $mode == run ]]; then
+  export LD_LIBRARY_PATH="$dir/lib:${LD_LIBRARY_PATH:-}"
+  out=${OUT:-$dir/results}
+  mkdir -p "$out"
+  nvidia-smi topo -m | head -4 || true
+  for m in mixtral qwen2_moe qwen3_moe deepseek_v3 gpt_oss; do
+    timeout 120 "$dir/moe-exec" "$dir/${m}_ep1.so" --inputs "$dir/in_$m.safetensors" \
+      --outputs "$out/${m}_ep1.safetensors" || echo "$m: the one-rank run failed"
+    timeout 120 "$dir/moe-exec" "$dir/${m}_ep2.so" --ep-ranks 2 --ep-timeout-ms 5000 --inputs "$dir/in_$m.safetensors" \
+      --outputs "$out/${m}_ep2.safetensors" || echo "$m: the two-rank run failed"
+    if cmp -s "$out/${m}_ep1.safetensors" "$out/${m}_ep2.safetensors"; then
+      echo "$m, 77 tokens, 2 ranks on 2 GPUs: bit-identical to one rank"
+    else
+      echo "$m, 77 tokens, 2 ranks on 2 GPUs: DIFFERS"
+    fi
+  done
+  echo "-- rank 1 killed before its forward (2 s limit):"
+  if MOE_EP_TEST_KILL_RANK=1 timeout 120 "$dir/moe-exec" "$dir/mixtral_ep2.so" --ep-ranks 2 --ep-timeout-ms 2000 \
+      --inputs "$dir/in_mixtral.safetensors" --outputs "$out/killed.safetensors"; then
+    echo "UNEXPECTED: the run succeeded"
+  fi
+  echo "-- DeepSeek-V3 (bf16, 256 experts, EP2):"
+  timeout 420 python3 "$root/bench/ep_bench.py" "$dir/dsv3_ep1.so" "$dir/dsv3_ep2.so" --tokens "${EP_TOKENS:-1,128,4096}" --repeat "${EP_REPEAT:-20}"
+  exit 0
+fi
+
+echo "usage: bench/ep-check.sh prepare|run" >&2
+exit 2

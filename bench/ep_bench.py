@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""An expert-parallel GPU layer on two (or more) GPUs of one host, one
+process per GPU: checked bit for bit against the same layer compiled with
+ep_size 1, and its dispatch and combine timed beside NCCL's
+all_to_all_single doing the same exchange, and beside the link itself.
+
+  ep_bench.py EP1.so EPN.so --tokens 1,128,4096 [--repeat 50]
+
+Weights and tokens are made on each GPU from one seed, so every rank has the
+same full layer without files. For each token count T (per rank), every
+rank runs the one-rank layer on all N * T tokens (the reference for its
+slice), then the N-rank layer on its T tokens, with each kernel timed by CUDA
+events (MOERT_KERNEL_TIMES). Prints one JSON line per rank and count, and
+one for the link.
+"""
+import argparse
+import ctypes
+import json
+import os
+import re
+import socket
+import sys
+import tempfile
+
+
+class EpConfig(ctypes.Structure):
+    _fields_ = [("rank", ctypes.c_int32), ("world_size", ctypes.c_int32),
+                ("bootstrap_host", ctypes.c_char_p),
+                ("bootstrap_port", ctypes.c_int32),
+                ("listen_fd", ctypes.c_int32),
+                ("max_tokens", ctypes.c_int64),
+                ("provider", ctypes.c_char_p), ("domain", ctypes.c_char_p),
+                ("timeout_ms", ctypes.c_int32)]
+
+
+def load(path):
+    lib = ctypes.CDLL(os.path.abspath(path))
+    lib.moe_layer_info.restype = ctypes.c_char_p
+    info = json.loads(lib.moe_layer_info().decode())
+    fwd = getattr(lib, info["forward"])
+    fwd.restype = ctypes.c_int32
+    fwd.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                    ctypes.c_void_p]
+    size = getattr(lib, info["workspace_size"])
+    size.restype = ctypes.c_int64
+    size.argtypes = [ctypes.c_int64]
+    lib.moe_last_error.restype = ctypes.c_char_p
+    return lib, info, fwd, size
+
+
+def full_inputs(info, ranks, total, seed):
+    """Every input of the whole layer (all experts), on the current GPU."""
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    out = {}
+    for arg in info["args"]:
+        if arg["output"]:
+            continue
+        shape = [total if d < 0 else d for d in arg["shape"]]
+        name = arg["name"]
+        if name in ("w13", "w2", "w13_bias", "w2_bias"):
+            shape[0] *= ranks
+        dtype = torch.float32 if arg["dtype"] == "F32" else torch.bfloat16
+        scale = 1.0 if name == "hidden_states" else (
+            0.1 if "bias" in name else shape[-1] ** -0.5)
+        out[name] = (torch.randn(shape, generator=g, device="cuda",
+                                 dtype=torch.float32) * scale).to(dtype)
+    return out
+
+
+def run(lib, info, fwd, size, tensors, tokens, repeat=0):
+    """Runs the layer on `tensors` (name -> tensor); returns out and, with
+    `repeat`, the mean forward time in microseconds."""
+    import torch
+    hidden = info["config"]["hidden"]
+    out = torch.empty([tokens, hidden], device="cuda", dtype=torch.bfloat16)
+    out.fill_(float("nan"))
+    ptrs = []
+    for arg in info["args"]:
+        t = out if arg["output"] else tensors[arg["name"]]
+        ptrs.append(t.data_ptr())
+    argv = (ctypes.c_void_p * len(ptrs))(*ptrs)
+    ws = torch.empty([max(1, size(tokens))], device="cuda", dtype=torch.uint8)
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def once():
+        if fwd(argv, tokens, ctypes.c_void_p(stream),
+               ctypes.c_void_p(ws.data_ptr())) != 0:
+            raise RuntimeError(lib.moe_last_error().decode())
+    once()
+    torch.cuda.synchronize()
+    us = None
+    if repeat:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeat):
+            once()
+        end.record()
+        torch.cuda.synchronize()
+        us = 1000.0 * start.elapsed_time(end) / repeat
+    return out, us
+
+
+def nccl_exchange(ranks, tokens, hidden, top_k, repeat):
+    """all_to_all_single moving what the layer's dispatch and combine move
+    (every token to every rank; top_k / ranks outputs back per token)."""
+    import torch
+    import torch.distributed as dist
+    times = {}
+    for what, rows in (("dispatch", tokens),
+                       ("combine", max(1, tokens * top_k // ranks))):
+        x = torch.randn([ranks * rows, hidden], device="cuda",
+                        dtype=torch.bfloat16)
+        y = torch.empty_like(x)
+        for _ in range(3):
+            dist.all_to_all_single(y, x)
+        torch.cuda.synchronize()
+        dist.barrier()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeat):
+            dist.all_to_all_single(y, x)
+        end.record()
+        torch.cuda.synchronize()
+        times[what] = 1000.0 * start.elapsed_time(end) / repeat
+        times[what + "_bytes_to_peer"] = rows * hidden * 2
+    return times
+
+
+def rank_main(rank, ranks, args, port, nccl_port, results):
+    import torch
+    import torch.distributed as dist
+    torch.cuda.set_device(rank)
+    torch.zeros(1, device="cuda")  # the primary context, current
+    os.environ["MOERT_KERNEL_TIMES"] = "1"
+    lib1, info1, fwd1, size1 = load(args.ep1)
+    libn, infon, fwdn, sizen = load(args.epn)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{nccl_port}",
+                            rank=rank, world_size=ranks)
+    cfg = infon["config"]
+    lines = []
+    for t in args.tokens:
+        total = ranks * t
+        full = full_inputs(info1, ranks, total, seed=t)
+        ref, us1 = run(lib1, info1, fwd1, size1, full, total,
+                       repeat=args.repeat)
+        local = cfg["experts"] // ranks
+        mine = {}
+        for name, tensor in full.items():
+            if name in ("w13", "w2", "w13_bias", "w2_bias"):
+                mine[name] = tensor[rank * local:(rank + 1) * local]
+            elif name == "hidden_states":
+                mine[name] = tensor[rank * t:(rank + 1) * t]
+            else:
+                mine[name] = tensor
+        init = getattr(libn, infon["ep"]["init"])
+        init.restype = ctypes.c_int32
+        config = EpConfig(rank, ranks, b"127.0.0.1", port + t, -1, t,
+                          args.provider.encode() if args.provider else None,
+                          args.domain.encode() if args.domain else None,
+                          args.timeout_ms)
+        if init(ctypes.byref(config)) != 0:
+            raise RuntimeError("init: " + libn.moe_last_error().decode())
+        status = getattr(libn, infon["ep"]["status"])
+        # One forward checked before the timed ones: a broken exchange
+        # costs one time limit, not one per repeat.
+        out, _ = run(libn, infon, fwdn, sizen, mine, t)
+        if status() != 0:
+            raise RuntimeError("status: " + libn.moe_last_error().decode())
+        out, usn = run(libn, infon, fwdn, sizen, mine, t, repeat=args.repeat)
+        if status() != 0:
+            raise RuntimeError("status: " + libn.moe_last_error().decode())
+        expected = ref[rank * t:(rank + 1) * t]
+        same = bool(torch.equal(out.view(torch.int16),
+                                expected.view(torch.int16)))
+        differ = int((out.view(torch.int16) != expected.view(torch.int16))
+                     .sum().item())
+        # Kernel times go to stderr at finalize: catch them.
+        err = tempfile.TemporaryFile(mode="w+")
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)
+        getattr(libn, infon["ep"]["finalize"])()
+        os.dup2(saved, 2)
+        err.seek(0)
+        kernels = {}
+        for line in err.read().splitlines():
+            m = re.search(r"kernel (\S+): (\d+) launches, ([0-9.]+) us", line)
+            if m:
+                kernels[m.group(1)] = float(m.group(3))
+        dispatch = sum(v for k, v in kernels.items()
+                       if k.startswith("moe_ep_dispatch"))
+        combine = sum(v for k, v in kernels.items()
+                      if k.startswith("moe_ep_combine"))
+        nccl = nccl_exchange(ranks, t, cfg["hidden"], cfg["top_k"],
+                             args.repeat)
+        lines.append({"rank": rank, "ranks": ranks, "tokens_per_rank": t,
+                      "bit_identical": same, "values_differing": differ,
+                      "layer_us": usn, "one_rank_layer_us_all_tokens": us1,
+                      "dispatch_us": dispatch, "combine_us": combine,
+                      "kernels_us": kernels, "nccl_us": nccl})
+        del full, mine, ref, out
+        torch.cuda.empty_cache()
+        dist.barrier()
+    results.put(lines)
+    dist.destroy_process_group()
+
+
+def link(repeat):
+    import torch
+    if torch.cuda.device_count() < 2:
+        return None
+    x = torch.empty([256 << 20], dtype=torch.uint8, device="cuda:0")
+    y = torch.empty_like(x, device="cuda:1")
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    with torch.cuda.device(0):
+        start.record()
+        for _ in range(repeat):
+            y.copy_(x, non_blocking=True)
+        end.record()
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
+    seconds = start.elapsed_time(end) / 1000.0 / repeat
+    return {"link": "GPU0 -> GPU1 copy, 256 MiB",
+            "GB_per_s": x.numel() / seconds / 1e9}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("ep1")
+    ap.add_argument("epn")
+    ap.add_argument("--tokens", default="1,128,4096")
+    ap.add_argument("--repeat", type=int, default=50)
+    ap.add_argument("--provider", default=os.environ.get("EP_PROVIDER", "shm"))
+    ap.add_argument("--domain")
+    ap.add_argument("--timeout-ms", type=int, default=5000)
+    args = ap.parse_args()
+    args.tokens = [int(t) for t in args.tokens.split(",")]
+    import torch
+    import torch.multiprocessing as mp
+    info = load(args.epn)[1]
+    ranks = info["ep"]["ranks"]
+    if torch.cuda.device_count() < ranks:
+        print(f"needs {ranks} GPUs, has {torch.cuda.device_count()}")
+        return 1
+    print(json.dumps(link(20)), flush=True)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = 20000 + free_port() % 20000
+    procs = [ctx.Process(target=rank_main,
+                         args=(r, ranks, args, port, free_port(), results))
+             for r in range(ranks)]
+    for p in procs:
+        p.start()
+    lines = []
+    for _ in procs:
+        lines += results.get(timeout=900)
+    for p in procs:
+        p.join()
+    for line in sorted(lines, key=lambda l: (l["tokens_per_rank"], l["rank"])):
+        print(json.dumps(line), flush=True)
+    ok = all(l["bit_identical"] for l in lines)
+    print("all bit-identical" if ok else "MISMATCH", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
