@@ -63,8 +63,8 @@ def full_inputs(info, ranks, total, seed):
         dtype = torch.float32 if arg["dtype"] == "F32" else torch.bfloat16
         scale = 1.0 if name == "hidden_states" else (
             0.1 if "bias" in name else shape[-1] ** -0.5)
-        out[name] = (torch.randn(shape, generator=g, device="cuda",
-                                 dtype=torch.float32) * scale).to(dtype)
+        t = torch.randn(shape, generator=g, device="cuda", dtype=dtype)
+        out[name] = t.mul_(scale)
     return out
 
 
@@ -141,11 +141,15 @@ def rank_main(rank, ranks, args, port, nccl_port, results):
                             rank=rank, world_size=ranks)
     cfg = infon["config"]
     lines = []
+    def say(*what):
+        print(f"rank {rank}:", *what, file=sys.stderr, flush=True)
     for t in args.tokens:
+        say(f"{t} tokens per rank")
         total = ranks * t
-        full = full_inputs(info1, ranks, total, seed=t)
+        full = full_inputs(info1, 1, total, seed=t)
         ref, us1 = run(lib1, info1, fwd1, size1, full, total,
                        repeat=args.repeat)
+        say("one-rank reference done")
         local = cfg["experts"] // ranks
         mine = {}
         for name, tensor in full.items():
@@ -163,6 +167,7 @@ def rank_main(rank, ranks, args, port, nccl_port, results):
                           args.timeout_ms)
         if init(ctypes.byref(config)) != 0:
             raise RuntimeError("init: " + libn.moe_last_error().decode())
+        say("joined")
         status = getattr(libn, infon["ep"]["status"])
         # One forward checked before the timed ones: a broken exchange
         # costs one time limit, not one per repeat.
@@ -193,6 +198,7 @@ def rank_main(rank, ranks, args, port, nccl_port, results):
                        if k.startswith("moe_ep_dispatch"))
         combine = sum(v for k, v in kernels.items()
                       if k.startswith("moe_ep_combine"))
+        say("expert-parallel layer done")
         nccl = nccl_exchange(ranks, t, cfg["hidden"], cfg["top_k"],
                              args.repeat)
         lines.append({"rank": rank, "ranks": ranks, "tokens_per_rank": t,
@@ -258,15 +264,24 @@ def main():
     print(json.dumps(link(20)), flush=True)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = 20000 + free_port() % 20000
+    port, nccl_port = 20000 + free_port() % 20000, free_port()
     procs = [ctx.Process(target=rank_main,
-                         args=(r, ranks, args, port, free_port(), results))
+                         args=(r, ranks, args, port, nccl_port, results))
              for r in range(ranks)]
     for p in procs:
         p.start()
-    lines = []
-    for _ in procs:
-        lines += results.get(timeout=900)
+    import queue
+    lines, reported = [], 0
+    while reported < len(procs):
+        try:
+            lines += results.get(timeout=5)
+            reported += 1
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                print("a rank failed (see above)", flush=True)
+                for p in procs:
+                    p.kill()
+                return 1
     for p in procs:
         p.join()
     for line in sorted(lines, key=lambda l: (l["tokens_per_rank"], l["rank"])):
