@@ -1,0 +1,38 @@
+// RUN: moe-opt %s --moe-build-kernels=ep-max-tokens=64 | FileCheck %s
+// RUN: moe-opt %s --moe-sm90a-pipeline=stop-after=ptx | FileCheck %s --check-prefix=PTX
+
+// The exchanges in six kernels around the expert-parallel state (buffer arg
+// -2: device memory the library owns; the gathered outputs stay at its
+// combine area). Receive-side buffers are sized for every rank's capacity:
+// 2 ranks x 64 tokens x top-2 = 256 rows. The plan and the waits are one
+// block; the send is a block per token plus one, so the last block to finish
+// raises the flags even with no tokens; unpack and combine send stride over
+// 264 blocks.
+// CHECK: #moe.buffer<arg = -2>
+// CHECK-SAME: #moe.buffer<bytes = 4096>
+// CHECK-SAME: #moe.buffer<arg = -2, bytes = 10304>
+// CHECK: #moe.launch<kernel = @moe_ep_dispatch_plan, work = 1, block = 1024
+// CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_send, work = 1 * T, extra_blocks = 1, block = 128
+// CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_wait, work = 1, block = 1024
+// CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_unpack, work = 264, block = 128
+// CHECK-SAME: #moe.launch<kernel = @moe_ep_combine_send, work = 264, block = 128
+// CHECK-SAME: #moe.launch<kernel = @moe_ep_combine_wait, work = 1, block = 64
+// PTX: .visible .entry moe_ep_dispatch_send(
+// The peers' states are generic addresses (CUDA IPC mappings).
+// PTX: st.v4.b32
+// PTX: fence.sc.sys
+// PTX: atom.global.add.u32
+// PTX: st.volatile.b32
+// PTX: .visible .entry moe_ep_dispatch_wait(
+// PTX: %globaltimer;
+// PTX: ld.volatile.global.b32
+// PTX: fence.acq_rel.sys
+// PTX: .visible .entry moe_ep_combine_wait(
+func.func @exchange(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) -> tensor<?x8xbf16> {
+  %sent, %rows = moe.ep_dispatch_send %x, %ids {local_experts = 2 : i64} : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<2xi32>, tensor<?x2xi32>)
+  %d, %c, %o, %origin = moe.ep_dispatch_recv %sent : (tensor<2xi32>) -> (tensor<?x8xbf16>, tensor<2xi32>, tensor<3xi32>, tensor<?x2xi32>)
+  %back = moe.ep_combine_send %d, %origin : (tensor<?x8xbf16>, tensor<?x2xi32>) -> tensor<2xi32>
+  %g = moe.ep_combine_recv %back, %rows : (tensor<2xi32>, tensor<?x2xi32>) -> tensor<?x8xbf16>
+  %out = moe.combine %g, %rows : (tensor<?x8xbf16>, tensor<?x2xi32>) -> tensor<?x8xbf16>
+  return %out : tensor<?x8xbf16>
+}
