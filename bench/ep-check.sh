@@ -25,10 +25,10 @@ if [[ $mode == prepare ]]; then
   for l in $(ldd "$dir/moe-exec" | awk '/=>/ {print $3}' | grep -v -E 'libc\.so|libm\.so|libstdc|libgcc|ld-linux'); do
     cp -L "$l" "$dir/lib/"
   done
-  for m in mixtral qwen2_moe qwen3_moe deepseek_v3 gpt_oss; do
-    c="$root/test/tools/Inputs/tiny/$m.json"
-    "$compile" --from-hf-config "$c" --name layer --target=sm_90a -o "$dir/${m}_ep1.so"
-    "$compile" --from-hf-config "$c" --name layer --target=sm_90a --ep-size 2 --ep-max-tokens 64 -o "$dir/${m}_ep2.so"
+  small() {  # name config [moe-compile options]
+    local m=$1 c=$2; shift 2
+    "$compile" --from-hf-config "$c" --name layer --target=sm_90a "$@" -o "$dir/${m}_ep1.so"
+    "$compile" --from-hf-config "$c" --name layer --target=sm_90a --ep-size 2 --ep-max-tokens 64 "$@" -o "$dir/${m}_ep2.so"
     python3 - "$dir/${m}_ep1.so" "$dir/in_$m.safetensors" <<'PY'
 import sys
 sys.path.insert(0, "test/tools")
@@ -36,10 +36,18 @@ from check_ep import layer_info, make_inputs
 from check_layer import write_safetensors
 write_safetensors(sys.argv[2], make_inputs(layer_info(sys.argv[1]), 77, 3, None, 2))
 PY
+  }
+  for m in mixtral qwen2_moe qwen3_moe deepseek_v3 gpt_oss deepseek_v3_fp8; do
+    small $m "$root/test/tools/Inputs/tiny/$m.json"
   done
+  small qwen3_mxfp8 "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=mxfp8
+  small qwen3_fp8_block128 "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=fp8-block128
   hf="$root/test/tools/Inputs/hf/deepseek_v3.json"
   "$compile" --from-hf-config "$hf" --quant=none --name dsv3 --target=sm_90a -o "$dir/dsv3_ep1.so"
   "$compile" --from-hf-config "$hf" --quant=none --name dsv3 --target=sm_90a --ep-size 2 --ep-max-tokens 4096 -o "$dir/dsv3_ep2.so"
+  # As DeepSeek-V3 ships: FP8 block-128 weights; tokens travel as E4M3.
+  "$compile" --from-hf-config "$hf" --name dsv3 --target=sm_90a -o "$dir/dsv3_fp8_ep1.so"
+  "$compile" --from-hf-config "$hf" --name dsv3 --target=sm_90a --ep-size 2 --ep-max-tokens 4096 -o "$dir/dsv3_fp8_ep2.so"
   du -sh "$dir" >&2
   exit 0
 fi
@@ -50,7 +58,7 @@ if [[ $mode == run ]]; then
   mkdir -p "$out"
   nvidia-smi topo -m | head -4 || true
   # EP_SMALL= skips the small layers; EP_SKIP_KILL=1 the killed rank.
-  for m in ${EP_SMALL-mixtral qwen2_moe qwen3_moe deepseek_v3 gpt_oss}; do
+  for m in ${EP_SMALL-mixtral qwen2_moe qwen3_moe deepseek_v3 gpt_oss deepseek_v3_fp8 qwen3_mxfp8 qwen3_fp8_block128}; do
     timeout 120 "$dir/moe-exec" "$dir/${m}_ep1.so" --inputs "$dir/in_$m.safetensors" \
       --outputs "$out/${m}_ep1.safetensors" || echo "$m: the one-rank run failed"
     timeout 120 "$dir/moe-exec" "$dir/${m}_ep2.so" --ep-ranks 2 --ep-timeout-ms 5000 --inputs "$dir/in_$m.safetensors" \
@@ -66,8 +74,11 @@ if [[ $mode == run ]]; then
       --inputs "$dir/in_mixtral.safetensors" --outputs "$out/killed.safetensors"; then
     echo "UNEXPECTED: the run succeeded"
   fi
-  echo "-- DeepSeek-V3 (bf16, 256 experts, EP2):"
-  timeout 420 python3 "$root/bench/ep_bench.py" "$dir/dsv3_ep1.so" "$dir/dsv3_ep2.so" --tokens "${EP_TOKENS:-1,128,4096}" --repeat "${EP_REPEAT:-20}"
+  for v in ${EP_BIG-dsv3 dsv3_fp8}; do
+    echo "-- DeepSeek-V3 ($v, 256 experts, EP2):"
+    timeout 300 python3 "$root/bench/ep_bench.py" "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" \
+      --tokens "${EP_TOKENS:-1,128,4096}" --repeat "${EP_REPEAT:-20}" || echo "$v: the benchmark failed"
+  done
   exit 0
 fi
 

@@ -48,6 +48,18 @@ def load(path):
     return lib, info, fwd, size
 
 
+EXPERT_WEIGHTS = ("w13", "w2", "w13_scale", "w2_scale", "w13_bias",
+                  "w2_bias")
+
+
+def arg_k(info, scale_name):
+    """K of the weight a scale belongs to."""
+    for arg in info["args"]:
+        if arg["name"] == scale_name[:-len("_scale")]:
+            return arg["shape"][-1]
+    return 1
+
+
 def full_inputs(info, ranks, total, seed):
     """Every input of the whole layer (all experts), on the current GPU."""
     import torch
@@ -58,8 +70,20 @@ def full_inputs(info, ranks, total, seed):
             continue
         shape = [total if d < 0 else d for d in arg["shape"]]
         name = arg["name"]
-        if name in ("w13", "w2", "w13_bias", "w2_bias"):
+        if name in EXPERT_WEIGHTS:
             shape[0] *= ranks
+        if arg["dtype"] == "F8_E4M3":
+            # Codes of a normal draw times 4 (within E4M3's range).
+            t = torch.randn(shape, generator=g, device="cuda",
+                            dtype=torch.bfloat16).mul_(4)
+            out[name] = t.to(torch.float8_e4m3fn)
+            continue
+        if name.endswith("_scale"):
+            # FP8 block-128 weight scales: f32, about 1 / (4 sqrt(K)).
+            t = torch.rand(shape, generator=g, device="cuda",
+                           dtype=torch.float32)
+            out[name] = t.add_(0.5).mul_(0.25 * arg_k(info, name) ** -0.5)
+            continue
         dtype = torch.float32 if arg["dtype"] == "F32" else torch.bfloat16
         scale = 1.0 if name == "hidden_states" else (
             0.1 if "bias" in name else shape[-1] ** -0.5)
@@ -153,7 +177,7 @@ def rank_main(rank, ranks, args, port, nccl_port, results):
         local = cfg["experts"] // ranks
         mine = {}
         for name, tensor in full.items():
-            if name in ("w13", "w2", "w13_bias", "w2_bias"):
+            if name in EXPERT_WEIGHTS:
                 mine[name] = tensor[rank * local:(rank + 1) * local]
             elif name == "hidden_states":
                 mine[name] = tensor[rank * t:(rank + 1) * t]

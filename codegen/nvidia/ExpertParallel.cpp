@@ -194,11 +194,10 @@ struct Shape {
 
 LogicalResult checkShape(Operation *op, int64_t hidden, Type element,
                          int64_t ranks) {
-  if (!element.isBF16())
-    return op->emitOpError()
-           << "moves " << element
-           << " rows between ranks; sm_90a layers exchange bf16 tokens so "
-              "far: compile with --fuse-quantization=false, or for the CPU";
+  if (!element.isBF16() && !isa<Float8E4M3FNType>(element))
+    return op->emitOpError() << "moves " << element
+                             << " rows between ranks; sm_90a layers exchange "
+                                "bf16 or E4M3 rows";
   if (hidden % 8 != 0)
     return op->emitOpError()
            << "moves rows of hidden size " << hidden
@@ -215,6 +214,35 @@ LogicalResult checkShape(Operation *op, int64_t hidden, Type element,
 void copyRow(Raw &r, Value tid, int64_t hidden,
              function_ref<void(Value c, VectorType type)> body) {
   auto vec = VectorType::get({8}, r.b.getBF16Type());
+  r.e.forEach(
+      r.e.imul(tid, 8), r.e.index(hidden), [&](Value c) { body(c, vec); },
+      r.e.index(kCopyThreads * 8));
+}
+
+/// Copies row `row` of the block scales `scales` to (toRecord) or from raw
+/// bytes at `at`, one element per thread and step.
+void copyScales(Raw &r, Value tid, Value scales, Value row, Value at,
+                bool toRecord) {
+  auto type = cast<MemRefType>(scales.getType());
+  Type element = type.getElementType();
+  int64_t bytes = element.getIntOrFloatBitWidth() / 8;
+  r.e.forEach(
+      tid, r.e.index(type.getDimSize(1)),
+      [&](Value s) {
+        Value p = r.at(at, r.mul(r.to64(s), bytes));
+        if (toRecord)
+          r.store(r.e.loadRaw(scales, {row, s}), p, bytes);
+        else
+          r.e.storeRaw(r.load(element, p, bytes), scales, {row, s});
+      },
+      r.e.index(kCopyThreads));
+}
+
+/// Copies a row of `hidden` E4M3 codes between a memref row and raw bytes,
+/// 8 bytes per thread and step.
+void copyCodes(Raw &r, Value tid, int64_t hidden,
+               function_ref<void(Value c, VectorType type)> body) {
+  auto vec = VectorType::get({8}, r.b.getI8Type());
   r.e.forEach(
       r.e.imul(tid, 8), r.e.index(hidden), [&](Value c) { body(c, vec); },
       r.e.index(kCopyThreads * 8));
@@ -252,15 +280,22 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
   int64_t ranks = cast<RankedTensorType>(op.getSent().getType()).getDimSize(0);
   int64_t topK = cast<RankedTensorType>(op.getRows().getType()).getDimSize(1);
   int64_t hidden = hiddenType.getDimSize(1);
-  int64_t local = op.getLocalExperts(), experts = ranks * local;
-  if (op.getScale() || op.getQuantAttr())
-    return op.emitOpError()
-           << "sends " << (op.getScale() ? "weighted" : "quantized")
-           << " tokens; sm_90a layers exchange plain bf16 tokens so far";
+  int64_t local = op.getLocalExperts();
+  if (op.getScale())
+    return op.emitOpError() << "sends weighted tokens (Llama-4); sm_90a "
+                               "layers exchange unweighted tokens so far";
   if (failed(checkShape(op, hidden, hiddenType.getElementType(), ranks)))
     return failure();
   Shape shape(ranks, topK, hidden, local, layer.epMaxTokens);
   TokenLinear tokens = layer.info(op.getHiddenStates()).rows;
+  // Quantized tokens travel as their codes and scales, quantized once here
+  // (the shared experts read them too).
+  bool quantized = !op.getQuantized().empty();
+  if (quantized &&
+      failed(buildRowQuantize(layer, op, op.getHiddenStates(),
+                              op.getQuantized()[0], op.getQuantized()[1],
+                              op.getQuantAttr())))
+    return failure();
   layer.define(op.getRows(), tokens);
   layer.define(op.getSent(), {});
   unsigned state = layer.epState();
@@ -369,10 +404,13 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
 
   // The send: a block per token writes its record into each rank that holds
   // one of its experts; the last block to finish raises the flags.
-  Kernel k = layer.kernelOn(op, "ep_dispatch_send",
-                            {layer.info(op.getHiddenStates()).buffer,
-                             layer.info(op.getExpertIds()).buffer,
-                             layer.info(op.getRows()).buffer, state});
+  SmallVector<unsigned> sendBuffers = {layer.info(op.getHiddenStates()).buffer,
+                                       layer.info(op.getExpertIds()).buffer,
+                                       layer.info(op.getRows()).buffer, state};
+  if (quantized)
+    sendBuffers.append({layer.info(op.getQuantized()[0]).buffer,
+                        layer.info(op.getQuantized()[1]).buffer});
+  Kernel k = layer.kernelOn(op, "ep_dispatch_send", sendBuffers);
   k.launch.work = tokens;
   k.launch.extraBlocks = 1;
   k.launch.block = kCopyThreads;
@@ -382,6 +420,10 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
   Value ids = k.view(1, layer.info(op.getExpertIds()));
   Value rows = k.view(2, layer.info(op.getRows()));
   Value st = k.func.getArgument(3);
+  Value codes = quantized ? k.view(4, layer.info(op.getQuantized()[0]))
+                          : Value();
+  Value codeScales = quantized ? k.view(5, layer.info(op.getQuantized()[1]))
+                               : Value();
   Type i32 = e.b.getI32Type();
   Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
   Value self = r.load(i32, r.at(st, EpDeviceLayout::kRank));
@@ -409,11 +451,20 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
         });
         e.ifThen(e.eq(tid, e.index(0)),
                  [&] { r.store(e.toI32(t), record); });
+        Value payload = r.at(record, shape.header());
+        if (quantized) {
+          copyCodes(r, tid, hidden, [&](Value c, VectorType vec) {
+            Value v = vector::LoadOp::create(e.b, e.loc, vec, codes, {t, c},
+                                             false, llvm::Align(8));
+            r.store(v, r.at(payload, c), 8);
+          });
+          copyScales(r, tid, codeScales, t, r.at(payload, hidden), true);
+          return;
+        }
         copyRow(r, tid, hidden, [&](Value c, VectorType vec) {
           Value v = vector::LoadOp::create(e.b, e.loc, vec, hiddenView, {t, c},
                                            false, vectorAlign(8, vec.getElementType()));
-          r.store(v, r.at(record, r.add(r.c64(shape.header()), r.mul(r.to64(c), 2))),
-                  16);
+          r.store(v, r.at(payload, r.mul(r.to64(c), 2)), 16);
         });
       });
     }
@@ -453,11 +504,10 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
   int64_t local =
       cast<RankedTensorType>(op.getTokensPerExpert().getType()).getDimSize(0);
   int64_t hidden = dispatchedType.getDimSize(1);
-  if (op.getScaled() || op.getQuantAttr())
-    return op.emitOpError() << "receives " << (op.getScaled() ? "weighted"
-                                                              : "quantized")
-                            << " tokens; sm_90a layers exchange plain bf16 "
-                               "tokens so far";
+  if (op.getScaled())
+    return op.emitOpError() << "receives weighted tokens (Llama-4); sm_90a "
+                               "layers exchange unweighted tokens so far";
+  bool quantized = !op.getQuantized().empty();
   if (failed(checkShape(op, hidden, dispatchedType.getElementType(), ranks)))
     return failure();
   // The top-k is the send's: the sent counts come from it.
@@ -474,6 +524,8 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
   layer.define(op.getExpertOffsets(), {});
   layer.define(op.getDispatched(), capacity);
   layer.define(op.getOrigin(), capacity);
+  if (quantized)
+    layer.define(op.getQuantized()[0], capacity);
   unsigned state = layer.epState();
   int64_t slotRows = int64_t(shape.layout.slotRow());
 
@@ -575,9 +627,12 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
   }
 
   // Unpack: each arrived record's row to each of its rows here.
-  Kernel k = layer.kernelOn(op, "ep_dispatch_unpack",
-                            {layer.info(op.getDispatched()).buffer,
-                             layer.info(op.getOrigin()).buffer, state});
+  SmallVector<unsigned> unpackBuffers = {layer.info(op.getDispatched()).buffer,
+                                         layer.info(op.getOrigin()).buffer,
+                                         state};
+  if (quantized)
+    unpackBuffers.push_back(layer.info(op.getQuantized()[0]).buffer);
+  Kernel k = layer.kernelOn(op, "ep_dispatch_unpack", unpackBuffers);
   k.launch.work = {kStrideBlocks, 0};
   k.launch.block = kCopyThreads;
   Emitter &e = k.e;
@@ -585,6 +640,8 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
   Value dispatched = k.view(0, layer.info(op.getDispatched()));
   Value origin = k.view(1, layer.info(op.getOrigin()));
   Value st = k.func.getArgument(2);
+  Value rowScales =
+      quantized ? k.view(3, layer.info(op.getQuantized()[0])) : Value();
   Type i32 = e.b.getI32Type();
   Value tid = k.threadId();
   e.forEach(
@@ -608,11 +665,19 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
                 e.storeRaw(r.load(i32, r.at(record, 4 + 8 * topK + 4 * j)),
                            origin, {rr, e.index(1)});
               });
+              Value payload = r.at(record, shape.header());
+              if (quantized) {
+                copyCodes(r, tid, hidden, [&](Value c, VectorType vec) {
+                  Value v = r.load(vec, r.at(payload, c), 8);
+                  vector::StoreOp::create(e.b, e.loc, v, dispatched, {rr, c},
+                                          false, llvm::Align(8));
+                });
+                copyScales(r, tid, rowScales, rr, r.at(payload, hidden),
+                           false);
+                return;
+              }
               copyRow(r, tid, hidden, [&](Value c, VectorType vec) {
-                Value v = r.load(vec,
-                                 r.at(record, r.add(r.c64(shape.header()),
-                                                    r.mul(r.to64(c), 2))),
-                                 16);
+                Value v = r.load(vec, r.at(payload, r.mul(r.to64(c), 2)), 16);
                 vector::StoreOp::create(e.b, e.loc, v, dispatched, {rr, c},
                                         false,
                                         vectorAlign(8, vec.getElementType()));

@@ -152,6 +152,11 @@ void reduceBlockStats(Emitter &e, Value &amax, Value &special, int64_t lanes);
 std::pair<Value, Value> quantizeVector(Emitter &e, QuantAttr scheme,
                                        Value values, int64_t lanes);
 
+/// Quantizes the rank-2 bf16 `input` (rows a multiple of 8 wide) row by
+/// row into `data` and `scales`, a block of threads per row (Quantize.cpp).
+LogicalResult buildRowQuantize(LayerKernels &layer, Operation *op, Value input,
+                               Value data, Value scales, QuantAttr scheme);
+
 // The kernel families, one file each.
 LogicalResult buildRoute(LayerKernels &layer, RouteOp op);
 LogicalResult buildDispatch(LayerKernels &layer, DispatchOp op);

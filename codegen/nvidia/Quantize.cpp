@@ -91,21 +91,22 @@ static LogicalResult buildBlocks(LayerKernels &layer, Operation *op,
 /// long): a block of 128 threads per row, each quantizing 8 elements of a
 /// block that its neighbours share, statistics combined by shuffles; loads
 /// and stores coalesced.
-static LogicalResult buildRowQuantize(LayerKernels &layer, QuantizeOp op) {
-  QuantAttr scheme = op.getScheme();
-  int64_t k = cast<RankedTensorType>(op.getInput().getType()).getDimSize(1);
+LogicalResult nvidia::buildRowQuantize(LayerKernels &layer, Operation *op,
+                                       Value inputTensor, Value dataTensor,
+                                       Value scalesTensor, QuantAttr scheme) {
+  int64_t k = cast<RankedTensorType>(inputTensor.getType()).getDimSize(1);
   constexpr int64_t width = 8, threads = 128;
-  TokenLinear rows = layer.info(op.getInput()).rows;
-  layer.define(op.getData(), rows);
-  layer.define(op.getScales(), rows);
-  Kernel kernel = layer.kernel(op, "quantize",
-                               {op.getInput(), op.getData(), op.getScales()});
+  TokenLinear rows = layer.info(inputTensor).rows;
+  layer.define(dataTensor, rows);
+  layer.define(scalesTensor, rows);
+  Kernel kernel =
+      layer.kernel(op, "quantize", {inputTensor, dataTensor, scalesTensor});
   kernel.launch.work = rows;
   kernel.launch.block = threads;
   Emitter &e = kernel.e;
-  Value input = kernel.view(0, layer.info(op.getInput()));
-  Value data = kernel.view(1, layer.info(op.getData()));
-  Value scales = kernel.view(2, layer.info(op.getScales()));
+  Value input = kernel.view(0, layer.info(inputTensor));
+  Value data = kernel.view(1, layer.info(dataTensor));
+  Value scales = kernel.view(2, layer.info(scalesTensor));
   Value r = kernel.blockId(gpu::Dimension::x), tid = kernel.threadId();
   int64_t bs = scheme.getBlockSize();
   Type bf16 = e.b.getBF16Type(), i8 = e.b.getI8Type();
@@ -143,7 +144,8 @@ LogicalResult nvidia::buildQuantize(LayerKernels &layer, QuantizeOp op) {
   if (input.getRank() == 2 && input.getElementType().isBF16() &&
       input.getDimSize(1) % 8 == 0 &&
       scales.getDimSize(0) == input.getDimSize(0))
-    return buildRowQuantize(layer, op);
+    return buildRowQuantize(layer, op, op.getInput(), op.getData(),
+                            op.getScales(), op.getScheme());
   return buildBlocks(layer, op, op.getInput(), op.getData(), op.getScales(),
                      op.getScheme(), /*quantize=*/true);
 }
