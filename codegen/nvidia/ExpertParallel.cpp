@@ -33,7 +33,7 @@ using ::moe::rt::EpLayout;
 
 namespace {
 constexpr int64_t kPlanThreads = 1024;
-constexpr int64_t kCopyThreads = 128;
+constexpr int64_t kCopyThreads = 512;
 // Blocks of the grid-stride kernels; the combine send counts them done.
 constexpr int64_t kStrideBlocks = 264;
 
