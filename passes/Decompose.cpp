@@ -2,8 +2,8 @@
 //
 // L0 -> L1: route, dispatch, the two expert matmuls, combine, and the shared
 // experts as dense matmuls. An expert-parallel layer's dispatch carries its
-// ep_size, for moe-expert-parallel to split. Numerics are those of the ops; this pass only
-// chooses the steps and the intermediate types.
+// ep_size, for moe-expert-parallel to split. Numerics are those of the ops;
+// this pass only chooses the steps and the intermediate types.
 //
 //===----------------------------------------------------------------------===//
 

@@ -53,10 +53,9 @@ static LogicalResult splitDispatch(DispatchOp dispatch) {
   if (quant && !scale) {
     auto codes = RankedTensorType::get({tokens, hidden},
                                        rewriter.getType<Float8E4M3FNType>());
-    travelling = {codes,
-                  RankedTensorType::get(
-                      getScaleShape(quant, {tokens, hidden}, false),
-                      quant.getScaleType())};
+    travelling = {codes, RankedTensorType::get(
+                             getScaleShape(quant, {tokens, hidden}, false),
+                             quant.getScaleType())};
   }
   auto send = EpDispatchSendOp::create(
       rewriter, loc, RankedTensorType::get({ranks}, i32), rowsType, travelling,

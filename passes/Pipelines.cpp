@@ -100,8 +100,7 @@ void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop, StringRef cudaPath,
   pm.addPass(nvidia::createAssembleCubin(assemble));
 }
 
-SmallVector<std::string>
-moe::expertParallelArchives(StringRef runtimeArchive) {
+SmallVector<std::string> moe::expertParallelArchives(StringRef runtimeArchive) {
   SmallVector<std::string> archives;
   for (StringRef file : {"libmoe_ep.a", "libmoe_transport.a"}) {
     SmallString<256> path(llvm::sys::path::parent_path(runtimeArchive));
@@ -169,8 +168,8 @@ LogicalResult moe::compileLayer(ModuleOp module, StringRef name,
     libraries = {"fabric", "pthread"};
   }
   return failure(
-      failed(host::addLaunchEntryPoints(*host, name, args, config, plan,
-                                        *cubin, options.epMaxTokens)) ||
+      failed(host::addLaunchEntryPoints(*host, name, args, config, plan, *cubin,
+                                        options.epMaxTokens)) ||
       failed(host::emitSharedLibrary(*host, output, archives, libraries)));
 }
 

@@ -91,8 +91,8 @@ int CudaDevice::count(std::string &error) {
   Driver *driver = loadDriver(error);
   int count = 0;
   if (!driver || !checkResult(driver, driver->cuInit(0), "cuInit", error) ||
-      !checkResult(driver, driver->cuDeviceGetCount(&count),
-                   "cuDeviceGetCount", error))
+      !checkResult(driver, driver->cuDeviceGetCount(&count), "cuDeviceGetCount",
+                   error))
     return -1;
   return count;
 }

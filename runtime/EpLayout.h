@@ -14,7 +14,9 @@
 
 namespace moe::rt {
 
-constexpr inline size_t alignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+constexpr inline size_t alignUp(size_t n, size_t a) {
+  return (n + a - 1) / a * a;
+}
 
 struct EpLayout {
   int64_t hidden = 0, topK = 0, experts = 0, ranks = 0, maxTokens = 0;
@@ -58,13 +60,13 @@ struct EpDeviceLayout {
   EpLayout recvLayout; // maxTokens: the compiled capacity
   static constexpr int64_t kMaxRanks = 64;
   // Control words (u32 unless said).
-  static constexpr size_t kSeq = 0;        // forwards run so far
-  static constexpr size_t kError = 4;      // nonzero: a wait timed out
-  static constexpr size_t kErrorPeer = 8;  // the rank it waited for
-  static constexpr size_t kTicket = 12;    // blocks done sending tokens
-  static constexpr size_t kTicket2 = 16;   // blocks done sending outputs
-  static constexpr size_t kRank = 20;      // this rank
-  static constexpr size_t kTimeoutNs = 24; // u64: how long a wait spins
+  static constexpr size_t kSeq = 0;          // forwards run so far
+  static constexpr size_t kError = 4;        // nonzero: a wait timed out
+  static constexpr size_t kErrorPeer = 8;    // the rank it waited for
+  static constexpr size_t kTicket = 12;      // blocks done sending tokens
+  static constexpr size_t kTicket2 = 16;     // blocks done sending outputs
+  static constexpr size_t kRank = 20;        // this rank
+  static constexpr size_t kTimeoutNs = 24;   // u64: how long a wait spins
   static constexpr size_t kSentCounts = 64;  // u32 per rank: records sent
   static constexpr size_t kChoiceBase = 320; // u32 per rank: return base
   static constexpr size_t kRecvCounts = 576; // u32 per rank: records come

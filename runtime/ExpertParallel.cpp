@@ -95,9 +95,8 @@ bool ok() {
 void transportFailed(const char *what, moe_transport_status_t status) {
   if (!state.broken.empty())
     return;
-  state.broken = std::string(what) + ": " +
-                 moe_transport_status_name(status) + ": " +
-                 moe_transport_last_error();
+  state.broken = std::string(what) + ": " + moe_transport_status_name(status) +
+                 ": " + moe_transport_last_error();
 }
 
 bool write(int peer, size_t srcOffset, size_t length, size_t remoteOffset,
@@ -133,13 +132,13 @@ void flush() {
 bool shapeFits(const Shape &s, std::string &why) {
   // Offsets must stay far from overflow; 2^46 bytes is beyond any host.
   const double limit = double(int64_t(1) << 46);
-  double recv = double(s.countsBytes()) +
-                double(s.ranks) * double(s.maxTokens) *
-                    double(s.maxRecordBytes()) +
-                double(s.maxTokens) * double(s.topK) * double(s.outRowBytes());
-  double send = double(s.ranks) * double(s.maxTokens) *
-                (double(s.maxRecordBytes()) +
-                 double(s.topK) * double(s.outRowBytes()));
+  double recv =
+      double(s.countsBytes()) +
+      double(s.ranks) * double(s.maxTokens) * double(s.maxRecordBytes()) +
+      double(s.maxTokens) * double(s.topK) * double(s.outRowBytes());
+  double send =
+      double(s.ranks) * double(s.maxTokens) *
+      (double(s.maxRecordBytes()) + double(s.topK) * double(s.outRowBytes()));
   if (recv > limit || send > limit) {
     why = "max_tokens " + std::to_string(s.maxTokens) +
           " needs buffers beyond 2^46 bytes";
@@ -219,10 +218,10 @@ int32_t moe_ep_init(int64_t hidden, int64_t topK, int64_t experts,
         transport, config->bootstrap_host ? config->bootstrap_host : "",
         config->bootstrap_port, config->listen_fd);
   if (status != MOE_TRANSPORT_OK) {
-    std::string message = std::string("rank ") +
-                          std::to_string(config->rank) + " could not join: " +
-                          moe_transport_status_name(status) + ": " +
-                          moe_transport_last_error();
+    std::string message =
+        std::string("rank ") + std::to_string(config->rank) +
+        " could not join: " + moe_transport_status_name(status) + ": " +
+        moe_transport_last_error();
     moe_transport_close(transport);
     return fail(message);
   }
@@ -369,7 +368,8 @@ void moe_ep_dispatch_send(int64_t data, int64_t dataRowBytes, int64_t scales,
                    uint32_t(tokens)};
     size_t slotOffset = size_t(q) * sizeof(CountSlot);
     size_t regionSrc = s.sendDataOffset() + size_t(q) * s.regionBytes();
-    size_t regionDst = s.dispatchOffset() + size_t(state.rank) * s.regionBytes();
+    size_t regionDst =
+        s.dispatchOffset() + size_t(state.rank) * s.regionBytes();
     size_t bytes = size_t(records[q]) * state.recordBytes;
     if (q == state.rank) {
       std::memcpy(state.recv + size_t(state.rank) * sizeof(CountSlot), &slot,
@@ -397,8 +397,7 @@ int64_t moe_ep_dispatch_wait(void) {
         !waitFor(int(q), kDispatchCount, ++state.countsExpected[q]))
       return 0;
     CountSlot slot;
-    std::memcpy(&slot, state.recv + size_t(q) * sizeof(CountSlot),
-                sizeof slot);
+    std::memcpy(&slot, state.recv + size_t(q) * sizeof(CountSlot), sizeof slot);
     if (slot.tokens > uint64_t(s.maxTokens)) {
       state.broken = "rank " + std::to_string(q) + " sent " +
                      std::to_string(slot.tokens) + " tokens, more than " +
@@ -430,10 +429,9 @@ int64_t moe_ep_dispatch_wait(void) {
                     region + size_t(i) * state.recordBytes + s.localIdOffset(j),
                     4);
         if (localId < -1 || localId >= local) {
-          state.broken = "rank " + std::to_string(q) +
-                         " sent a token for local expert " +
-                         std::to_string(localId) + " of " +
-                         std::to_string(local);
+          state.broken =
+              "rank " + std::to_string(q) + " sent a token for local expert " +
+              std::to_string(localId) + " of " + std::to_string(local);
           return 0;
         }
         rows += localId >= 0;
@@ -467,7 +465,8 @@ void moe_ep_dispatch_unpack(int64_t data, int64_t scales, int64_t weights,
   for (int64_t q = 0; q < s.ranks; ++q)
     for (uint32_t i = 0; i < state.arrived[q].tokens; ++i)
       for (int64_t j = 0; j < k; ++j)
-        if (int32_t e = localIdOf(regionOf(q) + size_t(i) * state.recordBytes, j);
+        if (int32_t e =
+                localIdOf(regionOf(q) + size_t(i) * state.recordBytes, j);
             e >= 0)
           ++counts[e];
   std::vector<int64_t> cursor(local);
@@ -539,7 +538,8 @@ void moe_ep_combine_send(int64_t expertOut, int64_t rowBytes, int64_t origin,
   for (int64_t q = 0; q < s.ranks; ++q) {
     sentOut[q] = int32_t(state.returns[q]);
     size_t length = size_t(state.returns[q]) * bytes;
-    size_t dst = s.combineOffset() + size_t(state.arrived[q].returnBase) * bytes;
+    size_t dst =
+        s.combineOffset() + size_t(state.arrived[q].returnBase) * bytes;
     if (!length)
       continue;
     if (q == state.rank) {

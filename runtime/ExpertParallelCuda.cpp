@@ -157,16 +157,16 @@ int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t ranks,
                                      kHandleCounter, -1);
     for (int q = 0; q < ranks && status == MOE_TRANSPORT_OK; ++q)
       if (q != config->rank)
-        status = moe_transport_wait_arrivals(group.transport, q,
-                                             kHandleCounter, 1, -1);
+        status = moe_transport_wait_arrivals(group.transport, q, kHandleCounter,
+                                             1, -1);
     if (status == MOE_TRANSPORT_OK)
       status = moe_transport_flush(group.transport, -1);
   }
   if (status != MOE_TRANSPORT_OK) {
-    std::string message = std::string("rank ") +
-                          std::to_string(config->rank) + " could not join: " +
-                          moe_transport_status_name(status) + ": " +
-                          moe_transport_last_error();
+    std::string message =
+        std::string("rank ") + std::to_string(config->rank) +
+        " could not join: " + moe_transport_status_name(status) + ": " +
+        moe_transport_last_error();
     release();
     return fail(message);
   }
@@ -185,10 +185,10 @@ int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t ranks,
                "cuIpcOpenMemHandle", error)) {
       group.peers[q] = 0;
       release();
-      return fail("rank " + std::to_string(rank) +
-                  " cannot map the state of rank " + std::to_string(q) +
-                  " (its GPU must be on this host, with peer access): " +
-                  error);
+      return fail(
+          "rank " + std::to_string(rank) + " cannot map the state of rank " +
+          std::to_string(q) +
+          " (its GPU must be on this host, with peer access): " + error);
     }
   }
   if (!check(group.driver->cuMemcpyHtoD(group.state + EpDeviceLayout::kPeers,
@@ -200,8 +200,8 @@ int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t ranks,
   // No rank's kernels write into a peer before it has mapped them all.
   status = moe_transport_barrier(group.transport, -1);
   if (status != MOE_TRANSPORT_OK) {
-    std::string message = std::string("init barrier: ") +
-                          moe_transport_last_error();
+    std::string message =
+        std::string("init barrier: ") + moe_transport_last_error();
     release();
     return fail(message);
   }

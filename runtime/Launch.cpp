@@ -9,10 +9,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <vector>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 using namespace moe::rt;
 

@@ -1,4 +1,5 @@
-/*===- moe_ep.h - an expert-parallel layer's init and what it calls -*- C -*-===*
+/*===- moe_ep.h - an expert-parallel layer's init and what it calls -*- C
+ *-*-===*
  *
  * A layer compiled with ep_size N > 1 runs as N ranks, one per process, each
  * holding experts [rank * E / N, (rank + 1) * E / N). The library exports

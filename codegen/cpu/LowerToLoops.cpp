@@ -120,9 +120,8 @@ private:
   /// Calls the runtime function `name` (declared on first use), taking and
   /// returning i64 values.
   Value callRuntime(StringRef name, ValueRange args, bool returnsValue) {
-    auto module = e.b.getInsertionBlock()
-                      ->getParentOp()
-                      ->getParentOfType<ModuleOp>();
+    auto module =
+        e.b.getInsertionBlock()->getParentOp()->getParentOfType<ModuleOp>();
     Type i64 = e.b.getI64Type();
     SmallVector<Type> argTypes(args.size(), i64), results;
     if (returnsValue)
@@ -550,9 +549,9 @@ LogicalResult FunctionLowering::lowerEpDispatchSend(EpDispatchSendOp op) {
 }
 
 LogicalResult FunctionLowering::lowerEpDispatchRecv(EpDispatchRecvOp op) {
-  Value count = arith::IndexCastOp::create(
-      e.b, e.loc, e.b.getIndexType(),
-      callRuntime("moe_ep_dispatch_wait", {}, true));
+  Value count =
+      arith::IndexCastOp::create(e.b, e.loc, e.b.getIndexType(),
+                                 callRuntime("moe_ep_dispatch_wait", {}, true));
   Value counts = resultBuffer(op.getTokensPerExpert(), {});
   Value offsets = resultBuffer(op.getExpertOffsets(), {});
   Value origin = resultBuffer(op.getOrigin(), {count});

@@ -200,7 +200,7 @@ std::string host::infoJson(StringRef name, ArrayRef<host::ArgInfo> args,
   if (config && config.getEpSize() > 1) {
     // Both buffers are linear in max_tokens: base + per_max_token * it.
     ::moe::rt::EpLayout none{config.getHidden(), config.getTopK(),
-                           config.getExperts(), config.getEpSize(), 0};
+                             config.getExperts(), config.getEpSize(), 0};
     ::moe::rt::EpLayout one = none;
     one.maxTokens = 1;
     auto linear = [](size_t base, size_t withOne) {
@@ -259,8 +259,8 @@ static void addExpertParallelEntryPoints(ModuleOp module, StringRef name,
   Type none = LLVM::LLVMVoidType::get(module.getContext());
   auto begin = runtimeFunction(module, "moe_ep_begin", i32, {i64});
   auto end = runtimeFunction(module, "moe_ep_end", i32, {});
-  auto init = runtimeFunction(module, "moe_ep_init", i32,
-                              {i64, i64, i64, i64, ptr});
+  auto init =
+      runtimeFunction(module, "moe_ep_init", i32, {i64, i64, i64, i64, ptr});
   auto finalize = runtimeFunction(module, "moe_ep_finalize", none, {});
   auto lastError = runtimeFunction(module, "moe_ep_last_error", ptr, {});
 
@@ -273,9 +273,8 @@ static void addExpertParallelEntryPoints(ModuleOp module, StringRef name,
       LLVM::CallOp::create(b, loc, begin, ValueRange{forward.getArgument(1)})
           .getResult());
   LLVM::CallOp::create(b, loc, layer, operands);
-  LLVM::ReturnOp::create(b, loc,
-                         LLVM::CallOp::create(b, loc, end, ValueRange{})
-                             .getResult());
+  LLVM::ReturnOp::create(
+      b, loc, LLVM::CallOp::create(b, loc, end, ValueRange{}).getResult());
 
   b.setInsertionPointToEnd(module.getBody());
   auto initEntry =

@@ -38,8 +38,8 @@ LogicalResult addEntryPoints(ModuleOp module, StringRef name,
 /// The C header declaring what addEntryPoints (or, with `gpu`,
 /// addLaunchEntryPoints) adds; an expert-parallel layer (`epSize` > 1) adds
 /// its init and finalize.
-std::string headerText(StringRef name, ArrayRef<ArgInfo> args,
-                       bool gpu = false, int64_t epSize = 1);
+std::string headerText(StringRef name, ArrayRef<ArgInfo> args, bool gpu = false,
+                       int64_t epSize = 1);
 
 /// The layer's description as JSON (what moe_layer_info returns); a GPU
 /// target adds its workspace bytes.

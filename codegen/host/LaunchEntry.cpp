@@ -125,10 +125,9 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
   kinds.push_back('\0');
   Value kindsText = LLVM::createGlobalString(loc, b, "moe_arg_kinds", kinds,
                                              LLVM::Linkage::Internal);
-  bool expertParallel = llvm::any_of(plan.getBufferList(),
-                                     [](PlanBufferAttr buffer) {
-                                       return buffer.getArg() == -2;
-                                     });
+  bool expertParallel =
+      llvm::any_of(plan.getBufferList(),
+                   [](PlanBufferAttr buffer) { return buffer.getArg() == -2; });
   int64_t most = maxTokens(plan);
   if (expertParallel)
     most = std::min(most, epMaxTokens);
@@ -229,14 +228,13 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
 
   int64_t stateBytes = 0;
   if (expertParallel) {
-    ::moe::rt::EpDeviceLayout layout{
-        ::moe::rt::EpLayout{config.getHidden(), config.getTopK(),
-                            config.getExperts(), config.getEpSize(),
-                            epMaxTokens}};
+    ::moe::rt::EpDeviceLayout layout{::moe::rt::EpLayout{
+        config.getHidden(), config.getTopK(), config.getExperts(),
+        config.getEpSize(), epMaxTokens}};
     stateBytes = int64_t(layout.bytes());
     Type none = LLVM::LLVMVoidType::get(b.getContext());
-    auto initFn = declare(b, module, loc, "moe_ep_cuda_init", i32,
-                          {i64, i64, i64, ptr});
+    auto initFn =
+        declare(b, module, loc, "moe_ep_cuda_init", i32, {i64, i64, i64, ptr});
     auto finalizeFn = declare(b, module, loc, "moe_ep_cuda_finalize", none, {});
     auto statusFn = declare(b, module, loc, "moe_ep_cuda_status", i32, {});
     b.setInsertionPointToEnd(module.getBody());
@@ -264,7 +262,8 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
                                  LLVM::LLVMFunctionType::get(i32, {}));
     b.setInsertionPointToStart(status.addEntryBlock(b));
     LLVM::ReturnOp::create(
-        b, loc, LLVM::CallOp::create(b, loc, statusFn, ValueRange{}).getResult());
+        b, loc,
+        LLVM::CallOp::create(b, loc, statusFn, ValueRange{}).getResult());
   }
 
   addLayerInfo(module, infoJson(name, args, config, "sm_90a", &workspace,

@@ -47,8 +47,8 @@ struct Raw {
   Type ptr, i8, i32, i64;
   explicit Raw(Kernel &k)
       : k(k), b(k.b), e(k.e), loc(k.e.loc),
-        ptr(LLVM::LLVMPointerType::get(k.b.getContext())),
-        i8(k.b.getI8Type()), i32(k.b.getI32Type()), i64(k.b.getI64Type()) {}
+        ptr(LLVM::LLVMPointerType::get(k.b.getContext())), i8(k.b.getI8Type()),
+        i32(k.b.getI32Type()), i64(k.b.getI64Type()) {}
 
   Value c64(int64_t v) {
     return arith::ConstantOp::create(b, loc, b.getI64IntegerAttr(v));
@@ -128,9 +128,9 @@ struct Raw {
   Value spinUntil(Value flag, Value expected, Value limitNs) {
     Value start = now();
     Type i1 = b.getI1Type();
-    auto loop = scf::WhileOp::create(b, loc, TypeRange{i1},
-                                     ValueRange{arith::ConstantOp::create(
-                                         b, loc, b.getBoolAttr(false))});
+    auto loop = scf::WhileOp::create(
+        b, loc, TypeRange{i1},
+        ValueRange{arith::ConstantOp::create(b, loc, b.getBoolAttr(false))});
     {
       Block *before = b.createBlock(&loop.getBefore(), {}, {i1}, {loc});
       b.setInsertionPointToStart(before);
@@ -172,19 +172,19 @@ struct Shape {
   Shape(int64_t ranks, int64_t topK, int64_t hidden, int64_t localExperts,
         int64_t maxTokens)
       : ranks(ranks), topK(topK), hidden(hidden), localExperts(localExperts),
-        maxTokens(maxTokens),
-        layout{EpLayout{hidden, topK, ranks * localExperts, ranks, maxTokens}} {
-  }
+        maxTokens(maxTokens), layout{EpLayout{hidden, topK,
+                                              ranks * localExperts, ranks,
+                                              maxTokens}} {}
   const EpLayout &recv() const { return layout.recvLayout; }
   int64_t stride() const { return int64_t(recv().maxRecordBytes()); }
   int64_t header() const { return int64_t(recv().headerBytes()); }
   /// Where source `src`'s record `index` starts in the state of its
   /// receiver `base`.
   Value record(Raw &r, Value base, Value src, Value index) const {
-    Value offset = r.add(
-        r.c64(int64_t(EpDeviceLayout::kRecv + recv().dispatchOffset())),
-        r.add(r.mul(r.to64(src), int64_t(recv().regionBytes())),
-              r.mul(r.to64(index), stride())));
+    Value offset =
+        r.add(r.c64(int64_t(EpDeviceLayout::kRecv + recv().dispatchOffset())),
+              r.add(r.mul(r.to64(src), int64_t(recv().regionBytes())),
+                    r.mul(r.to64(index), stride())));
     return r.at(base, offset);
   }
   int64_t combineRows() const {
@@ -291,10 +291,9 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
   // Quantized tokens travel as their codes and scales, quantized once here
   // (the shared experts read them too).
   bool quantized = !op.getQuantized().empty();
-  if (quantized &&
-      failed(buildRowQuantize(layer, op, op.getHiddenStates(),
-                              op.getQuantized()[0], op.getQuantized()[1],
-                              op.getQuantAttr())))
+  if (quantized && failed(buildRowQuantize(
+                       layer, op, op.getHiddenStates(), op.getQuantized()[0],
+                       op.getQuantized()[1], op.getQuantAttr())))
     return failure();
   layer.define(op.getRows(), tokens);
   layer.define(op.getSent(), {});
@@ -334,33 +333,33 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
         e.index(kPlanThreads));
     gpu::BarrierOp::create(e.b, e.loc);
     // Each thread takes a contiguous run of tokens.
-    Value chunk = e.divUI(e.iadd(k.tokens, e.index(kPlanThreads - 1)),
-                          kPlanThreads);
+    Value chunk =
+        e.divUI(e.iadd(k.tokens, e.index(kPlanThreads - 1)), kPlanThreads);
     Value first = e.minUI(e.imul(tid, chunk), k.tokens);
     Value last = e.minUI(e.iadd(first, chunk), k.tokens);
     auto ownerIs = [&](Value t, int64_t j, int64_t q) {
       Value id = e.loadRaw(ids, {t, e.index(j)});
-      return e.andi(e.icmp(arith::CmpIPredicate::sge, id, e.i32(q * local)),
-                    e.icmp(arith::CmpIPredicate::slt, id,
-                           e.i32((q + 1) * local)));
+      return e.andi(
+          e.icmp(arith::CmpIPredicate::sge, id, e.i32(q * local)),
+          e.icmp(arith::CmpIPredicate::slt, id, e.i32((q + 1) * local)));
     };
     Value recordIndex = r.at(st, int64_t(shape.layout.recordIndex()));
     for (int64_t q = 0; q < ranks; ++q) {
       SmallVector<Value> mine = e.reduce(
           first, last, {e.i32(0), e.i32(0)},
           [&](Value t, ValueRange acc) -> SmallVector<Value> {
-            Value hit = arith::ConstantOp::create(e.b, e.loc,
-                                                  e.b.getBoolAttr(false));
+            Value hit =
+                arith::ConstantOp::create(e.b, e.loc, e.b.getBoolAttr(false));
             Value choices = acc[1];
             for (int64_t j = 0; j < topK; ++j) {
               Value is = ownerIs(t, j, q);
               hit = e.ori(hit, is);
-              choices = e.iadd(choices, arith::ExtUIOp::create(
-                                            e.b, e.loc, i32, is));
+              choices =
+                  e.iadd(choices, arith::ExtUIOp::create(e.b, e.loc, i32, is));
             }
-            return {e.iadd(acc[0],
-                           arith::ExtUIOp::create(e.b, e.loc, i32, hit)),
-                    choices};
+            return {
+                e.iadd(acc[0], arith::ExtUIOp::create(e.b, e.loc, i32, hit)),
+                choices};
           });
       auto [recordsUpTo, choicesUpTo] =
           blockScan(k, scanA, scanB, mine[0], mine[1]);
@@ -368,8 +367,8 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
       e.reduce(first, last,
                {e.isub(recordsUpTo, mine[0]), e.isub(choicesUpTo, mine[1])},
                [&](Value t, ValueRange acc) -> SmallVector<Value> {
-                 Value hit = arith::ConstantOp::create(
-                     e.b, e.loc, e.b.getBoolAttr(false));
+                 Value hit = arith::ConstantOp::create(e.b, e.loc,
+                                                       e.b.getBoolAttr(false));
                  Value choice = acc[1];
                  for (int64_t j = 0; j < topK; ++j) {
                    Value is = ownerIs(t, j, q);
@@ -377,12 +376,12 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
                      e.storeRaw(e.iadd(base, choice), rows, {t, e.index(j)});
                    });
                    hit = e.ori(hit, is);
-                   choice = e.iadd(choice, arith::ExtUIOp::create(
-                                               e.b, e.loc, i32, is));
+                   choice = e.iadd(choice,
+                                   arith::ExtUIOp::create(e.b, e.loc, i32, is));
                  }
-                 Value slot = r.at(
-                     recordIndex,
-                     r.mul(r.add(r.mul(r.to64(t), ranks), r.c64(q)), 4));
+                 Value slot =
+                     r.at(recordIndex,
+                          r.mul(r.add(r.mul(r.to64(t), ranks), r.c64(q)), 4));
                  r.store(e.select(hit, acc[0], e.i32(-1)), slot);
                  return {e.iadd(acc[0],
                                 arith::ExtUIOp::create(e.b, e.loc, i32, hit)),
@@ -420,19 +419,19 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
   Value ids = k.view(1, layer.info(op.getExpertIds()));
   Value rows = k.view(2, layer.info(op.getRows()));
   Value st = k.func.getArgument(3);
-  Value codes = quantized ? k.view(4, layer.info(op.getQuantized()[0]))
-                          : Value();
-  Value codeScales = quantized ? k.view(5, layer.info(op.getQuantized()[1]))
-                               : Value();
+  Value codes =
+      quantized ? k.view(4, layer.info(op.getQuantized()[0])) : Value();
+  Value codeScales =
+      quantized ? k.view(5, layer.info(op.getQuantized()[1])) : Value();
   Type i32 = e.b.getI32Type();
   Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
   Value self = r.load(i32, r.at(st, EpDeviceLayout::kRank));
   Value recordIndex = r.at(st, int64_t(shape.layout.recordIndex()));
   e.ifThen(e.ult(t, k.tokens), [&] {
     for (int64_t q = 0; q < ranks; ++q) {
-      Value index = r.load(
-          i32, r.at(recordIndex,
-                    r.mul(r.add(r.mul(r.to64(t), ranks), r.c64(q)), 4)));
+      Value index =
+          r.load(i32, r.at(recordIndex,
+                           r.mul(r.add(r.mul(r.to64(t), ranks), r.c64(q)), 4)));
       e.ifThen(e.icmp(arith::CmpIPredicate::sge, index, e.i32(0)), [&] {
         Value record = shape.record(r, r.peer(st, r.c64(q)), self, index);
         e.ifThen(e.ult(tid, e.index(topK)), [&] {
@@ -449,8 +448,7 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
                   r.at(record, r.add(r.c64(4 + 4 * topK), j4)));
           r.store(back, r.at(record, r.add(r.c64(4 + 8 * topK), j4)));
         });
-        e.ifThen(e.eq(tid, e.index(0)),
-                 [&] { r.store(e.toI32(t), record); });
+        e.ifThen(e.eq(tid, e.index(0)), [&] { r.store(e.toI32(t), record); });
         Value payload = r.at(record, shape.header());
         if (quantized) {
           copyCodes(r, tid, hidden, [&](Value c, VectorType vec) {
@@ -462,8 +460,9 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
           return;
         }
         copyRow(r, tid, hidden, [&](Value c, VectorType vec) {
-          Value v = vector::LoadOp::create(e.b, e.loc, vec, hiddenView, {t, c},
-                                           false, vectorAlign(8, vec.getElementType()));
+          Value v =
+              vector::LoadOp::create(e.b, e.loc, vec, hiddenView, {t, c}, false,
+                                     vectorAlign(8, vec.getElementType()));
           r.store(v, r.at(payload, r.mul(r.to64(c), 2)), 16);
         });
       });
@@ -479,9 +478,9 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
       Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
       SmallVector<Value> slots;
       for (int64_t q = 0; q < ranks; ++q) {
-        Value slot = r.at(r.peer(st, r.c64(q)),
-                          r.add(r.c64(EpDeviceLayout::kRecv),
-                                r.mul(r.to64(self), 16)));
+        Value slot =
+            r.at(r.peer(st, r.c64(q)),
+                 r.add(r.c64(EpDeviceLayout::kRecv), r.mul(r.to64(self), 16)));
         r.store(r.load(i32, r.at(st, EpDeviceLayout::kSentCounts + 4 * q)),
                 slot);
         r.store(r.load(i32, r.at(st, EpDeviceLayout::kChoiceBase + 4 * q)),
@@ -532,10 +531,10 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
   {
     // Wait for every rank's count, then give each arrived choice of this
     // rank's experts a row.
-    Kernel k = layer.kernelOn(op, "ep_dispatch_wait",
-                              {layer.info(op.getTokensPerExpert()).buffer,
-                               layer.info(op.getExpertOffsets()).buffer,
-                               state});
+    Kernel k =
+        layer.kernelOn(op, "ep_dispatch_wait",
+                       {layer.info(op.getTokensPerExpert()).buffer,
+                        layer.info(op.getExpertOffsets()).buffer, state});
     k.launch.work = {1, 0};
     k.launch.block = kPlanThreads;
     Emitter &e = k.e;
@@ -551,8 +550,8 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
     Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
     Value limit = r.load(r.i64, r.at(st, EpDeviceLayout::kTimeoutNs), 8);
     e.ifThen(e.ult(tid, e.index(ranks)), [&] {
-      Value slot = r.at(st, r.add(r.c64(EpDeviceLayout::kRecv),
-                                  r.mul(r.to64(tid), 16)));
+      Value slot =
+          r.at(st, r.add(r.c64(EpDeviceLayout::kRecv), r.mul(r.to64(tid), 16)));
       Value late = r.spinUntil(r.at(slot, 12), seq, limit);
       r.ptx("fence.acq_rel.sys;");
       Value n = e.select(late, e.i32(0), r.load(i32, slot));
@@ -575,14 +574,14 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
             [&](Value p) {
               Value i = e.divUI(p, topK), j = e.remUI(p, topK);
               Value record = shape.record(r, st, r.c64(q), i);
-              Value id =
-                  r.load(i32, r.at(record, r.add(r.c64(4), r.mul(r.to64(j), 4))));
+              Value id = r.load(
+                  i32, r.at(record, r.add(r.c64(4), r.mul(r.to64(j), 4))));
               Value valid =
                   e.andi(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
                          e.icmp(arith::CmpIPredicate::slt, id, e.i32(local)));
-              Value slot = r.add(r.mul(r.add(r.c64(q * maxTokens), r.to64(i)),
-                                       topK),
-                                 r.to64(j));
+              Value slot =
+                  r.add(r.mul(r.add(r.c64(q * maxTokens), r.to64(i)), topK),
+                        r.to64(j));
               body(e.select(valid, id, e.i32(-1)), slot);
             },
             e.index(kPlanThreads));
@@ -609,10 +608,10 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
     });
     gpu::BarrierOp::create(e.b, e.loc);
     eachChoice([&](Value id, Value slot) {
-      auto row = scf::IfOp::create(e.b, e.loc, TypeRange{i32},
-                                   e.icmp(arith::CmpIPredicate::sge, id,
-                                          e.i32(0)),
-                                   /*withElse=*/true);
+      auto row =
+          scf::IfOp::create(e.b, e.loc, TypeRange{i32},
+                            e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
+                            /*withElse=*/true);
       {
         OpBuilder::InsertionGuard guard(e.b);
         e.b.setInsertionPointToStart(&row.getThenRegion().front());
@@ -620,7 +619,8 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
         e.b.setInsertionPointToStart(&row.getElseRegion().front());
         scf::YieldOp::create(e.b, e.loc, e.i32(-1));
       }
-      r.store(row.getResult(0), r.at(st, r.add(r.c64(slotRows), r.mul(slot, 4))));
+      r.store(row.getResult(0),
+              r.at(st, r.add(r.c64(slotRows), r.mul(slot, 4))));
     });
     if (failed(k.finish(op)))
       return failure();
@@ -654,10 +654,10 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
           Value record = shape.record(r, st, q, i);
           for (int64_t j = 0; j < topK; ++j) {
             Value row = r.load(
-                i32, r.at(st, r.add(r.c64(slotRows),
-                                    r.mul(r.add(r.mul(r.to64(p), topK),
-                                                r.c64(j)),
-                                          4))));
+                i32,
+                r.at(st,
+                     r.add(r.c64(slotRows),
+                           r.mul(r.add(r.mul(r.to64(p), topK), r.c64(j)), 4))));
             e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)), [&] {
               Value rr = e.toIndex(row);
               e.ifThen(e.eq(tid, e.index(0)), [&] {
@@ -672,8 +672,7 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
                   vector::StoreOp::create(e.b, e.loc, v, dispatched, {rr, c},
                                           false, llvm::Align(8));
                 });
-                copyScales(r, tid, rowScales, rr, r.at(payload, hidden),
-                           false);
+                copyScales(r, tid, rowScales, rr, r.at(payload, hidden), false);
                 return;
               }
               copyRow(r, tid, hidden, [&](Value c, VectorType vec) {
@@ -731,13 +730,12 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
       [&](Value row) {
         Value q = e.loadRaw(origin, {row, e.index(0)});
         Value back = e.loadRaw(origin, {row, e.index(1)});
-        Value dst = r.at(r.peer(st, q),
-                         r.add(r.c64(shape.combineRows()),
-                               r.mul(r.to64(back), 2 * hidden)));
+        Value dst = r.at(r.peer(st, q), r.add(r.c64(shape.combineRows()),
+                                              r.mul(r.to64(back), 2 * hidden)));
         copyRow(r, tid, hidden, [&](Value c, VectorType vec) {
-          Value v = vector::LoadOp::create(
-              e.b, e.loc, vec, out, {row, c}, false,
-              vectorAlign(8, vec.getElementType()));
+          Value v =
+              vector::LoadOp::create(e.b, e.loc, vec, out, {row, c}, false,
+                                     vectorAlign(8, vec.getElementType()));
           r.store(v, r.at(dst, r.mul(r.to64(c), 2)), 16);
         });
       },
@@ -756,10 +754,10 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
         // the host side of the CPU backend; here the records' count.
         e.storeRaw(r.load(i32, r.at(st, EpDeviceLayout::kRecvCounts + 4 * q)),
                    sent, {e.index(q)});
-        r.storeVolatile(
-            seq, r.at(r.peer(st, r.c64(q)),
-                      r.add(r.c64(int64_t(shape.layout.combineFlags())),
-                            r.mul(r.to64(self), 16))));
+        r.storeVolatile(seq,
+                        r.at(r.peer(st, r.c64(q)),
+                             r.add(r.c64(int64_t(shape.layout.combineFlags())),
+                                   r.mul(r.to64(self), 16))));
       }
     });
   });
@@ -779,8 +777,7 @@ LogicalResult nvidia::buildEpCombineRecv(LayerKernels &layer,
                                "moe.ep_dispatch_send of the same function";
   Shape shape(ranks, topK, hidden, send.getLocalExperts(), layer.epMaxTokens);
   // The rows stay where the peers wrote them.
-  layer.bind(op.getGathered(), layer.epState(shape.combineRows()),
-             {0, topK});
+  layer.bind(op.getGathered(), layer.epState(shape.combineRows()), {0, topK});
   unsigned state = layer.epState();
   Kernel k = layer.kernelOn(op, "ep_combine_wait", {state});
   k.launch.work = {1, 0};

@@ -639,9 +639,9 @@ LogicalResult EpCombineSendOp::verify() {
       failed(checkShape(op, "expert_out", getExpertOut(),
                         {count(kAny, "rows"), size(kAny, "hidden")})))
     return failure();
-  return checkShape(op, "origin", getOrigin(),
-                    {count(shapeOf(getExpertOut())[0], "rows"),
-                     size(2, "rank and row")});
+  return checkShape(
+      op, "origin", getOrigin(),
+      {count(shapeOf(getExpertOut())[0], "rows"), size(2, "rank and row")});
 }
 
 LogicalResult EpCombineRecvOp::verify() {

@@ -230,11 +230,9 @@ static QuantAttr configuredQuant(MLIRContext &context, const json::Object &root,
   return {};
 }
 
-OwningOpRef<ModuleOp>
-mlir::moe::importHFConfig(MLIRContext &context, StringRef path, StringRef text,
-                          StringRef name,
-                          std::optional<QuantAttr> quantOverride,
-                          int64_t epSize) {
+OwningOpRef<ModuleOp> mlir::moe::importHFConfig(
+    MLIRContext &context, StringRef path, StringRef text, StringRef name,
+    std::optional<QuantAttr> quantOverride, int64_t epSize) {
   context.loadDialect<MoeDialect, func::FuncDialect>();
   Location loc = FileLineColLoc::get(&context, path, 1, 1);
   llvm::Expected<json::Value> parsed = json::parse(text);

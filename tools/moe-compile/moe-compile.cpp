@@ -270,10 +270,10 @@ int main(int argc, char **argv) {
                     ".mlir layer carries its own ep_size\n";
     return 1;
   }
-  if (epSize < 0 || (!hfConfig.empty() && epSize == 0 &&
-                     epSize.getNumOccurrences() > 0)) {
-    llvm::errs() << "moe-compile: --ep-size must be at least 1, not "
-                 << epSize << "\n";
+  if (epSize < 0 ||
+      (!hfConfig.empty() && epSize == 0 && epSize.getNumOccurrences() > 0)) {
+    llvm::errs() << "moe-compile: --ep-size must be at least 1, not " << epSize
+                 << "\n";
     return 1;
   }
   if ((emit == Emit::Kernels || emit == Emit::PTX) && target != Target::SM90a) {

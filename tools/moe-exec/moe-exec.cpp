@@ -16,18 +16,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <csignal>
 #include <dlfcn.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <vector>
 
 using namespace moe::rt;
@@ -161,7 +161,7 @@ struct EpEntries {
   int32_t (*init)(const moe_ep_config_t *) = nullptr;
   void (*finalize)() = nullptr;
   const char *(*lastError)() = nullptr;
-  int32_t (*status)() = nullptr;              // GPU
+  int32_t (*status)() = nullptr;               // GPU
   int64_t (*workspaceSize)(int64_t) = nullptr; // GPU
 };
 
@@ -173,16 +173,14 @@ std::string runGpuRank(const std::vector<Arg> &args,
                        const std::vector<size_t> &offsets,
                        const std::vector<size_t> &bytes, int64_t mine,
                        int64_t rank, long repeat, const EpEntries &entries,
-                       const std::string &target,
-                       const moe_ep_config_t &config,
+                       const std::string &target, const moe_ep_config_t &config,
                        std::vector<uint8_t *> &out, double &microseconds) {
   std::string error;
   int count = CudaDevice::count(error);
   if (count <= 0)
-    return "cannot run " + target + " code: " +
-           (count == 0 ? std::string("no GPU") : error);
-  std::unique_ptr<CudaDevice> cuda =
-      CudaDevice::open(int(rank % count), error);
+    return "cannot run " + target +
+           " code: " + (count == 0 ? std::string("no GPU") : error);
+  std::unique_ptr<CudaDevice> cuda = CudaDevice::open(int(rank % count), error);
   if (!cuda)
     return "cannot run " + target + " code: " + error;
   if (target == "sm_90a" && cuda->computeCapability() != 90)
@@ -400,8 +398,8 @@ int runExpertParallel(const std::vector<Arg> &args,
                   std::to_string(WTERMSIG(status)) + "\n";
       failed = true;
     } else if (WEXITSTATUS(status) != 0 || reports[r].status != 0) {
-      failures += "rank " + std::to_string(r) + ": " + reports[r].message +
-                  "\n";
+      failures +=
+          "rank " + std::to_string(r) + ": " + reports[r].message + "\n";
       failed = true;
     }
   }
@@ -615,8 +613,8 @@ int main(int argc, char **argv) {
     entries.lastError =
         reinterpret_cast<const char *(*)()>(dlsym(handle, "moe_last_error"));
     if (gpu) {
-      entries.status = reinterpret_cast<int32_t (*)()>(
-          dlsym(handle, ep.status.c_str()));
+      entries.status =
+          reinterpret_cast<int32_t (*)()>(dlsym(handle, ep.status.c_str()));
       entries.workspaceSize = reinterpret_cast<int64_t (*)(int64_t)>(
           dlsym(handle, workspaceName.c_str()));
     }
