@@ -157,11 +157,24 @@ struct Raw {
     b.setInsertionPointAfter(loop);
     return loop.getResult(0);
   }
-  /// Records that a wait for rank `q` ran out of time.
+  /// The wait limit: none once a wait has run out of time (the group is
+  /// broken, and every later forward should fail fast, not wait again).
+  Value waitLimit(Value state) {
+    Value limit = load(i64, at(state, EpDeviceLayout::kTimeoutNs), 8);
+    Value broken = cmp(arith::CmpIPredicate::ne,
+                       load(i32, at(state, EpDeviceLayout::kError)), c32(0));
+    return arith::SelectOp::create(b, loc, broken, c64(0), limit);
+  }
+  /// Records that a wait for rank `q` ran out of time, unless one did
+  /// before (that one names the rank that failed first).
   void recordTimeout(Value state, Value q) {
-    store(c32(1), at(state, EpDeviceLayout::kError));
-    store(arith::TruncIOp::create(b, loc, i32, to64(q)),
-          at(state, EpDeviceLayout::kErrorPeer));
+    Value first = cmp(arith::CmpIPredicate::eq,
+                      load(i32, at(state, EpDeviceLayout::kError)), c32(0));
+    e.ifThen(first, [&] {
+      store(c32(1), at(state, EpDeviceLayout::kError));
+      store(arith::TruncIOp::create(b, loc, i32, to64(q)),
+            at(state, EpDeviceLayout::kErrorPeer));
+    });
   }
 };
 
@@ -548,7 +561,7 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
     Value count = k.workgroupBuffer({local}, i32);
     Value cursor = k.workgroupBuffer({local}, i32);
     Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
-    Value limit = r.load(r.i64, r.at(st, EpDeviceLayout::kTimeoutNs), 8);
+    Value limit = r.waitLimit(st);
     e.ifThen(e.ult(tid, e.index(ranks)), [&] {
       Value slot =
           r.at(st, r.add(r.c64(EpDeviceLayout::kRecv), r.mul(r.to64(tid), 16)));
@@ -788,7 +801,7 @@ LogicalResult nvidia::buildEpCombineRecv(LayerKernels &layer,
   Type i32 = e.b.getI32Type();
   Value tid = k.threadId();
   Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
-  Value limit = r.load(r.i64, r.at(st, EpDeviceLayout::kTimeoutNs), 8);
+  Value limit = r.waitLimit(st);
   e.ifThen(e.ult(tid, e.index(ranks)), [&] {
     Value flag = r.at(st, r.add(r.c64(int64_t(shape.layout.combineFlags())),
                                 r.mul(r.to64(tid), 16)));

@@ -12,10 +12,10 @@
 // CHECK-SAME: #moe.buffer<bytes = 4096>
 // CHECK-SAME: #moe.buffer<arg = -2, bytes = 10304>
 // CHECK: #moe.launch<kernel = @moe_ep_dispatch_plan, work = 1, block = 1024
-// CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_send, work = 1 * T, extra_blocks = 1, block = 128
+// CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_send, work = 1 * T, extra_blocks = 1, block = 512
 // CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_wait, work = 1, block = 1024
-// CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_unpack, work = 264, block = 128
-// CHECK-SAME: #moe.launch<kernel = @moe_ep_combine_send, work = 264, block = 128
+// CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_unpack, work = 264, block = 512
+// CHECK-SAME: #moe.launch<kernel = @moe_ep_combine_send, work = 264, block = 512
 // CHECK-SAME: #moe.launch<kernel = @moe_ep_combine_wait, work = 1, block = 64
 // PTX: .visible .entry moe_ep_dispatch_send(
 // The peers' states are generic addresses (CUDA IPC mappings).
