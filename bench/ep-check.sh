@@ -68,6 +68,16 @@ if [[ $mode == run ]]; then
     else
       echo "$m, 77 tokens, 2 ranks on 2 GPUs: DIFFERS"
     fi
+    rm -f "$out/${m}_ep2.safetensors"
+    # The proxy path, forced: host memory and lib/transport between them.
+    timeout 120 "$dir/moe-exec" "$dir/${m}_ep2.so" --ep-ranks 2 --ep-proxy --ep-timeout-ms 5000 \
+      --inputs "$dir/in_$m.safetensors" --outputs "$out/${m}_ep2p.safetensors" || echo "$m: the proxy run failed"
+    if cmp -s "$out/${m}_ep1.safetensors" "$out/${m}_ep2p.safetensors"; then
+      echo "$m, 77 tokens, 2 ranks on 2 GPUs through the proxy: bit-identical to one rank"
+    else
+      echo "$m, 77 tokens, 2 ranks on 2 GPUs through the proxy: DIFFERS"
+    fi
+    rm -f "$out/${m}_ep1.safetensors" "$out/${m}_ep2p.safetensors"
   done
   echo "-- rank 1 killed before its forward (2 s limit):"
   if [[ -z ${EP_SKIP_KILL:-} ]] && MOE_EP_TEST_KILL_RANK=1 timeout 120 "$dir/moe-exec" "$dir/mixtral_ep2.so" --ep-ranks 2 --ep-timeout-ms 2000 \
@@ -78,6 +88,11 @@ if [[ $mode == run ]]; then
     echo "-- DeepSeek-V3 ($v, 256 experts, EP2):"
     timeout 300 python3 "$root/bench/ep_bench.py" "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" \
       --tokens "${EP_TOKENS:-1,128,4096}" --repeat "${EP_REPEAT:-20}" || echo "$v: the benchmark failed"
+  done
+  for v in ${EP_PROXY-dsv3}; do
+    echo "-- DeepSeek-V3 ($v, 256 experts, EP2) through the proxy:"
+    timeout 300 python3 "$root/bench/ep_bench.py" "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" --proxy \
+      --tokens "${EP_PROXY_TOKENS:-1,128,4096}" --repeat "${EP_REPEAT:-20}" || echo "$v: the proxy benchmark failed"
   done
   exit 0
 fi

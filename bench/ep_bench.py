@@ -30,7 +30,7 @@ class EpConfig(ctypes.Structure):
                 ("listen_fd", ctypes.c_int32),
                 ("max_tokens", ctypes.c_int64),
                 ("provider", ctypes.c_char_p), ("domain", ctypes.c_char_p),
-                ("timeout_ms", ctypes.c_int32)]
+                ("timeout_ms", ctypes.c_int32), ("proxy", ctypes.c_int32)]
 
 
 def load(path):
@@ -188,7 +188,7 @@ def rank_main(rank, ranks, args, port, nccl_port, results):
         config = EpConfig(rank, ranks, b"127.0.0.1", port + t, -1, t,
                           args.provider.encode() if args.provider else None,
                           args.domain.encode() if args.domain else None,
-                          args.timeout_ms)
+                          args.timeout_ms, 1 if args.proxy else 0)
         if init(ctypes.byref(config)) != 0:
             raise RuntimeError("init: " + libn.moe_last_error().decode())
         say("joined")
@@ -226,6 +226,7 @@ def rank_main(rank, ranks, args, port, nccl_port, results):
         nccl = nccl_exchange(ranks, t, cfg["hidden"], cfg["top_k"],
                              args.repeat)
         lines.append({"rank": rank, "ranks": ranks, "tokens_per_rank": t,
+                      "path": "proxy" if args.proxy else "nvlink",
                       "bit_identical": same, "values_differing": differ,
                       "layer_us": usn, "one_rank_layer_us_all_tokens": us1,
                       "dispatch_us": dispatch, "combine_us": combine,
@@ -276,6 +277,9 @@ def main():
     ap.add_argument("--provider", default=os.environ.get("EP_PROVIDER", "shm"))
     ap.add_argument("--domain")
     ap.add_argument("--timeout-ms", type=int, default=5000)
+    ap.add_argument("--proxy", action="store_true",
+                    help="move tokens through host memory and the "
+                         "transport's proxy instead of NVLink")
     args = ap.parse_args()
     args.tokens = [int(t) for t in args.tokens.split(",")]
     import torch

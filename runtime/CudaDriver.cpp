@@ -57,6 +57,8 @@ CudaDevice::Driver *CudaDevice::loadDriver(std::string &error) {
     bind(driver.cuIpcGetMemHandle, "cuIpcGetMemHandle");
     bind(driver.cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2");
     bind(driver.cuIpcCloseMemHandle, "cuIpcCloseMemHandle");
+    bind(driver.cuMemHostAlloc, "cuMemHostAlloc");
+    bind(driver.cuMemFreeHost, "cuMemFreeHost");
     bind(driver.cuEventCreate, "cuEventCreate");
     bind(driver.cuEventRecord, "cuEventRecord");
     bind(driver.cuEventSynchronize, "cuEventSynchronize");

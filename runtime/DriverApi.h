@@ -49,6 +49,8 @@ struct CudaDevice::Driver {
   int (*cuIpcGetMemHandle)(IpcHandle *, uint64_t);
   int (*cuIpcOpenMemHandle)(uint64_t *, IpcHandle, unsigned);
   int (*cuIpcCloseMemHandle)(uint64_t);
+  int (*cuMemHostAlloc)(void **, size_t, unsigned);
+  int (*cuMemFreeHost)(void *);
   // Per-kernel timing (MOERT_KERNEL_TIMES).
   int (*cuEventCreate)(void **, unsigned);
   int (*cuEventRecord)(void *, void *);

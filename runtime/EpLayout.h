@@ -70,6 +70,7 @@ struct EpDeviceLayout {
   static constexpr size_t kSentCounts = 64;  // u32 per rank: records sent
   static constexpr size_t kChoiceBase = 320; // u32 per rank: return base
   static constexpr size_t kRecvCounts = 576; // u32 per rank: records come
+  static constexpr size_t kReturnRows = 832; // u32 per rank: rows owed it
   static constexpr size_t kPeers = 1536;     // u64 per rank: state address
   static constexpr size_t kRecv = 2048;
   size_t combineFlags() const {

@@ -1,12 +1,21 @@
 //===- ExpertParallelCuda.cpp - a GPU layer's expert-parallel group -------===//
 //
-// Init for sm_90a expert-parallel layers whose ranks share a host: each rank
-// allocates its state (runtime/EpLayout.h) in its current context, the
-// ranks swap CUDA IPC handles of their states over lib/transport (its
-// bootstrap, then one write per peer), and each maps every peer's state and
-// writes the addresses into its own, where the kernels read them. After
-// that the forward's kernels move every byte; the host only reads the
-// error word when asked (moe_<layer>_ep_status).
+// Init for sm_90a expert-parallel layers. Over NVLink (ranks on one host):
+// each rank allocates its state (runtime/EpLayout.h) in its current
+// context, the ranks swap CUDA IPC handles of their states over
+// lib/transport (its bootstrap, then one write per peer), and each maps
+// every peer's state and writes the addresses into its own, where the
+// kernels read them; the kernels then move every byte.
+//
+// Through the proxy (ranks on different hosts, or forced): the state lives
+// in pinned host memory the GPU maps, registered with the NIC as the
+// transport's receive buffer, and each peer's "state" in the kernels' table
+// is a staging copy in the send buffer. The kernels write there exactly what
+// they would write into the peer; a proxy thread sees each flag the kernels
+// raise in a staging copy and posts the bytes before it to the peer with RMA
+// writes, and on the receiving side raises the flag the kernels wait for
+// once lib/transport has counted those writes in. No ordering between
+// writes is assumed (as on EFA).
 //
 //===----------------------------------------------------------------------===//
 
@@ -18,14 +27,21 @@
 #include "runtime/EpLayout.h"
 #include "runtime/moert.h"
 
+#include <atomic>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace moe::rt;
 
 namespace {
 constexpr uint32_t kHandleCounter = 5;
+// The proxy's counters.
+constexpr uint32_t kDispatchPayload = 6, kDispatchCount = 7;
+constexpr uint32_t kCombinePayload = 2, kCombineCount = 3;
+// cuMemHostAlloc flags: portable, mapped into the device's address space.
+constexpr unsigned kHostAllocPortableMapped = 0x1 | 0x2;
 // Peers' states are mapped with peer access enabled on first use.
 constexpr unsigned kLazyEnablePeerAccess = 1;
 
@@ -36,8 +52,132 @@ struct GpuGroup {
   int rank = 0, ranks = 0;
   int timeoutMs = 30000;
   std::vector<uint64_t> peers;
+  // Through the proxy: state and staging in mapped host memory.
+  bool proxy = false;
+  uint8_t *hostState = nullptr, *staging = nullptr;
+  size_t stateBytes = 0;
+  EpDeviceLayout layout{};
+  std::thread thread;
+  std::atomic<bool> stop{false};
+  std::string proxyError;
 };
 GpuGroup group;
+
+/// Volatile 32-bit access to memory a GPU writes or polls.
+uint32_t read32(const uint8_t *p) {
+  uint32_t v = *reinterpret_cast<const volatile uint32_t *>(p);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return v;
+}
+void write32(uint8_t *p, uint32_t v) {
+  std::atomic_thread_fence(std::memory_order_release);
+  *reinterpret_cast<volatile uint32_t *>(p) = v;
+}
+
+/// The proxy: forwards what the kernels staged for each peer, and raises the
+/// kernels' flags for what arrived. Runs until stopped or the transport
+/// fails (the kernels' waits then time out and status names the rank).
+void proxyLoop() {
+  GpuGroup &g = group;
+  const EpLayout &l = g.layout.recvLayout;
+  size_t slots = EpDeviceLayout::kRecv;
+  size_t regions = EpDeviceLayout::kRecv + l.dispatchOffset();
+  size_t rows = EpDeviceLayout::kRecv + l.combineOffset();
+  size_t flags = g.layout.combineFlags();
+  size_t stride = l.maxRecordBytes(), rowBytes = l.outRowBytes();
+  int n = g.ranks, self = g.rank;
+  std::vector<uint32_t> sentDispatch(n, 0), sentCombine(n, 0);
+  std::vector<uint64_t> gotDispatch(n, 0), gotDispatchPayload(n, 0);
+  std::vector<uint64_t> gotCombine(n, 0), gotCombinePayload(n, 0);
+  auto post = [&](int q, size_t src, size_t length, size_t dst,
+                  uint32_t counter) {
+    moe_transport_status_t status = moe_transport_write(
+        g.transport, q, src, length, dst, counter, g.timeoutMs);
+    if (status != MOE_TRANSPORT_OK && g.proxyError.empty())
+      g.proxyError = moe_transport_last_error();
+    return status == MOE_TRANSPORT_OK;
+  };
+  while (g.proxyError.empty()) {
+    // Asked to stop (the GPU is done): forward what is staged, then meet
+    // the other ranks, so none is left waiting for bytes still here.
+    bool stopping = g.stop.load(std::memory_order_acquire);
+    bool idle = true;
+    for (int q = 0; q < n; ++q) {
+      if (q == self)
+        continue;
+      uint8_t *stage = g.staging + size_t(q) * g.stateBytes;
+      // Sending: this rank's records for q, then its count slot (the
+      // sequence number stays behind: q's proxy raises it).
+      uint8_t *slot = stage + slots + 16 * size_t(self);
+      uint32_t seq = read32(slot + 12);
+      if (seq != sentDispatch[q]) {
+        uint32_t records = read32(slot);
+        size_t region = regions + size_t(self) * l.regionBytes();
+        if (records && !post(q, size_t(q) * g.stateBytes + region,
+                             records * stride, region, kDispatchPayload))
+          break;
+        if (!post(q, size_t(q) * g.stateBytes + slots + 16 * size_t(self), 12,
+                  slots + 16 * size_t(self), kDispatchCount))
+          break;
+        sentDispatch[q] = seq;
+        idle = false;
+      }
+      uint8_t *flag = stage + flags + 16 * size_t(self);
+      uint32_t done = read32(flag);
+      if (done != sentCombine[q]) {
+        // The rows owed q start where q said its outputs from this rank go.
+        uint32_t owed = read32(g.hostState + EpDeviceLayout::kReturnRows +
+                               4 * size_t(q));
+        uint32_t base = read32(g.hostState + slots + 16 * size_t(q) + 4);
+        size_t at = rows + size_t(base) * rowBytes;
+        if (owed && !post(q, size_t(q) * g.stateBytes + at, owed * rowBytes,
+                          at, kCombinePayload))
+          break;
+        write32(flag + 4, owed);
+        if (!post(q, size_t(q) * g.stateBytes + flags + 16 * size_t(self) + 4,
+                  4, flags + 16 * size_t(self) + 4, kCombineCount))
+          break;
+        sentCombine[q] = done;
+        idle = false;
+      }
+      // Receiving: raise q's flags once its writes are all in.
+      uint8_t *mine = g.hostState + slots + 16 * size_t(q);
+      if (moe_transport_arrivals(g.transport, q, kDispatchCount) >
+          gotDispatch[q]) {
+        uint32_t records = read32(mine);
+        bool complete =
+            !records || moe_transport_arrivals(g.transport, q,
+                                               kDispatchPayload) >
+                            gotDispatchPayload[q];
+        if (complete) {
+          gotDispatchPayload[q] += records ? 1 : 0;
+          write32(mine + 12, uint32_t(++gotDispatch[q]));
+          idle = false;
+        }
+      }
+      uint8_t *back = g.hostState + flags + 16 * size_t(q);
+      if (moe_transport_arrivals(g.transport, q, kCombineCount) >
+          gotCombine[q]) {
+        uint32_t owed = read32(back + 4);
+        bool complete =
+            !owed || moe_transport_arrivals(g.transport, q, kCombinePayload) >
+                         gotCombinePayload[q];
+        if (complete) {
+          gotCombinePayload[q] += owed ? 1 : 0;
+          write32(back, uint32_t(++gotCombine[q]));
+          idle = false;
+        }
+      }
+    }
+    if (stopping && idle) {
+      moe_transport_flush(g.transport, g.timeoutMs);
+      moe_transport_barrier(g.transport, g.timeoutMs);
+      return;
+    }
+    if (idle)
+      std::this_thread::yield();
+  }
+}
 
 int32_t fail(const std::string &message) {
   moert_set_error(message.c_str());
@@ -49,21 +189,117 @@ bool check(int result, const char *call, std::string &error) {
 }
 
 void release() {
-  if (group.driver) {
-    for (int q = 0; q < int(group.peers.size()); ++q)
-      if (q != group.rank && group.peers[q])
-        group.driver->cuIpcCloseMemHandle(group.peers[q]);
-    if (group.state)
-      group.driver->cuMemFree(group.state);
-  }
+  group.stop.store(true, std::memory_order_release);
+  if (group.thread.joinable())
+    group.thread.join();
   moe_transport_close(group.transport);
-  group = GpuGroup();
+  group.transport = nullptr;
+  if (group.driver) {
+    if (group.proxy) {
+      if (group.hostState)
+        group.driver->cuMemFreeHost(group.hostState);
+      if (group.staging)
+        group.driver->cuMemFreeHost(group.staging);
+    } else {
+      for (int q = 0; q < int(group.peers.size()); ++q)
+        if (q != group.rank && group.peers[q])
+          group.driver->cuIpcCloseMemHandle(group.peers[q]);
+      if (group.state)
+        group.driver->cuMemFree(group.state);
+    }
+  }
+  group.driver = nullptr;
+  group.transport = nullptr;
+  group.state = 0;
+  group.peers.clear();
+  group.proxy = false;
+  group.hostState = group.staging = nullptr;
+  group.proxyError.clear();
+  group.stop.store(false);
+}
+int32_t initProxy(int64_t stateBytes, int64_t capacity, int64_t hidden,
+                  int64_t topK, int64_t experts,
+                  const moe_ep_config_t *config) {
+  GpuGroup &g = group;
+  g.proxy = true;
+  g.layout = EpDeviceLayout{
+      EpLayout{hidden, topK, experts, int64_t(g.ranks), capacity}};
+  g.stateBytes = size_t(stateBytes);
+  if (g.layout.bytes() != g.stateBytes) {
+    release();
+    return fail("the layer's state size does not match this runtime's "
+                "layout (" +
+                std::to_string(stateBytes) + " bytes, not " +
+                std::to_string(g.layout.bytes()) + ")");
+  }
+  std::string error;
+  void *state = nullptr, *staging = nullptr;
+  if (!check(g.driver->cuMemHostAlloc(&state, g.stateBytes,
+                                      kHostAllocPortableMapped),
+             "cuMemHostAlloc", error) ||
+      !check(g.driver->cuMemHostAlloc(&staging, g.stateBytes * size_t(g.ranks),
+                                      kHostAllocPortableMapped),
+             "cuMemHostAlloc", error)) {
+    if (state)
+      g.driver->cuMemFreeHost(state);
+    release();
+    return fail("rank " + std::to_string(config->rank) +
+                " cannot pin its expert-parallel buffers in host memory: " +
+                error);
+  }
+  g.hostState = static_cast<uint8_t *>(state);
+  g.staging = static_cast<uint8_t *>(staging);
+  std::memset(g.hostState, 0, g.stateBytes);
+  std::memset(g.staging, 0, g.stateBytes * size_t(g.ranks));
+  // Mapped host memory has one address for host and device (UVA).
+  g.state = reinterpret_cast<uintptr_t>(g.hostState);
+  write32(g.hostState + EpDeviceLayout::kRank, uint32_t(config->rank));
+  uint64_t timeoutNs = uint64_t(g.timeoutMs) * 1000000ull;
+  std::memcpy(g.hostState + EpDeviceLayout::kTimeoutNs, &timeoutNs, 8);
+  for (int q = 0; q < g.ranks; ++q) {
+    uint64_t peer = q == config->rank
+                        ? g.state
+                        : reinterpret_cast<uintptr_t>(
+                              g.staging + size_t(q) * g.stateBytes);
+    std::memcpy(g.hostState + EpDeviceLayout::kPeers + 8 * size_t(q), &peer,
+                8);
+  }
+
+  moe_transport_config_t tc;
+  moe_transport_config_init(&tc);
+  tc.rank = config->rank;
+  tc.world_size = config->world_size;
+  tc.provider = config->provider;
+  tc.domain = config->domain;
+  tc.send_buffer = g.staging;
+  tc.send_bytes = g.stateBytes * size_t(g.ranks);
+  tc.recv_buffer = g.hostState;
+  tc.recv_bytes = g.stateBytes;
+  tc.timeout_ms = config->timeout_ms;
+  moe_transport_status_t status = moe_transport_open(&tc, &g.transport);
+  if (status == MOE_TRANSPORT_OK)
+    status = moe_transport_bootstrap(
+        g.transport, config->bootstrap_host ? config->bootstrap_host : "",
+        config->bootstrap_port, config->listen_fd);
+  if (status == MOE_TRANSPORT_OK)
+    status = moe_transport_barrier(g.transport, -1);
+  if (status != MOE_TRANSPORT_OK) {
+    std::string message = std::string("rank ") +
+                          std::to_string(config->rank) + " could not join: " +
+                          moe_transport_status_name(status) + ": " +
+                          moe_transport_last_error();
+    release();
+    return fail(message);
+  }
+  g.thread = std::thread(proxyLoop);
+  return 0;
 }
 } // namespace
 
 extern "C" {
 
-int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t ranks,
+int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t hidden,
+                         int64_t topK, int64_t experts, int64_t ranks,
                          const moe_ep_config_t *config) {
   if (group.state)
     return fail("the expert-parallel group is already initialized (call "
@@ -96,13 +332,15 @@ int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t ranks,
     return fail(error);
   void *context = nullptr;
   if (group.driver->cuCtxGetCurrent(&context) != 0 || !context) {
-    group = GpuGroup();
+    group.driver = nullptr;
     return fail("init needs the rank's GPU context current on the calling "
                 "thread");
   }
   group.rank = config->rank;
   group.ranks = int(ranks);
   group.timeoutMs = config->timeout_ms ? config->timeout_ms : 30000;
+  if (config->proxy)
+    return initProxy(stateBytes, capacity, hidden, topK, experts, config);
 
   // The state, zeroed, with this rank's control words.
   if (!check(group.driver->cuMemAlloc(&group.state, size_t(stateBytes)),
@@ -222,10 +460,15 @@ int32_t moe_ep_cuda_status(void) {
     return fail("the expert-parallel group is not initialized");
   uint32_t words[2] = {0, 0};
   std::string error;
-  if (!check(group.driver->cuMemcpyDtoH(
-                 words, group.state + EpDeviceLayout::kError, sizeof words),
-             "cuMemcpyDtoH", error))
+  if (group.proxy) {
+    words[0] = read32(group.hostState + EpDeviceLayout::kError);
+    words[1] = read32(group.hostState + EpDeviceLayout::kErrorPeer);
+  } else if (!check(group.driver->cuMemcpyDtoH(
+                        words, group.state + EpDeviceLayout::kError,
+                        sizeof words),
+                    "cuMemcpyDtoH", error)) {
     return fail(error);
+  }
   if (!words[0])
     return 0;
   return fail("rank " + std::to_string(group.rank) + " waited " +
@@ -238,11 +481,14 @@ int32_t moe_ep_cuda_status(void) {
 void moe_ep_cuda_finalize(void) {
   if (!group.state)
     return;
-  // Every rank stops writing into the others' states before any unmaps.
+  // Every rank stops writing into the others' states before any unmaps
+  // (through the proxy: its thread forwards what is staged, then meets the
+  // others).
   group.driver->cuCtxSynchronize();
   std::string label = "rank " + std::to_string(group.rank);
   moert_kernel_times_report(label.c_str());
-  moe_transport_barrier(group.transport, -1);
+  if (!group.proxy)
+    moe_transport_barrier(group.transport, -1);
   release();
 }
 

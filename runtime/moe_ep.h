@@ -36,6 +36,10 @@ typedef struct moe_ep_config {
   const char *domain;
   /* How long a forward waits for a peer, in ms; 0: 30000. */
   int32_t timeout_ms;
+  /* GPU layers: nonzero moves every byte through host memory and
+   * lib/transport's proxy, as between hosts, even for GPUs that share one
+   * (NVLink is used otherwise). */
+  int32_t proxy;
 } moe_ep_config_t;
 
 /* Bytes of the send and receive buffers one rank registers, for a layer of
@@ -72,12 +76,15 @@ void moe_ep_combine_recv(int64_t gathered, int64_t rows);
 
 /* ---- called by a GPU layer's generated code (ExpertParallelCuda.cpp) -----
  * Init allocates the rank's state (`state_bytes`, for `capacity` tokens per
- * rank) in the current context and maps every peer's; the forward's
+ * rank) in the current context and maps every peer's (or, with `proxy`,
+ * pins it and a staging copy per peer in host memory and starts the proxy
+ * thread); the forward's
  * kernels find it at moe_ep_cuda_state(). Status reads whether a wait ran
  * out of time (call it once the forward's stream is done); finalize waits
  * for the context, meets the other ranks and frees the state. Errors are
  * moert_last_error()'s. */
-int32_t moe_ep_cuda_init(int64_t state_bytes, int64_t capacity, int64_t ranks,
+int32_t moe_ep_cuda_init(int64_t state_bytes, int64_t capacity, int64_t hidden,
+                         int64_t top_k, int64_t experts, int64_t ranks,
                          const moe_ep_config_t *config);
 void *moe_ep_cuda_state(void);
 int32_t moe_ep_cuda_status(void);

@@ -244,10 +244,12 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
     b.setInsertionPointToStart(init.addEntryBlock(b));
     LLVM::ReturnOp::create(
         b, loc,
-        LLVM::CallOp::create(b, loc, initFn,
-                             ValueRange{h.c64(stateBytes), h.c64(epMaxTokens),
-                                        h.c64(config.getEpSize()),
-                                        init.getArgument(0)})
+        LLVM::CallOp::create(
+            b, loc, initFn,
+            ValueRange{h.c64(stateBytes), h.c64(epMaxTokens),
+                       h.c64(config.getHidden()), h.c64(config.getTopK()),
+                       h.c64(config.getExperts()), h.c64(config.getEpSize()),
+                       init.getArgument(0)})
             .getResult());
     b.setInsertionPointToEnd(module.getBody());
     auto finalize =

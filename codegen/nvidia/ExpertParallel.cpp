@@ -579,7 +579,7 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
         tid, e.index(local), [&](Value x) { e.storeRaw(e.i32(0), count, {x}); },
         e.index(kPlanThreads));
     gpu::BarrierOp::create(e.b, e.loc);
-    auto eachChoice = [&](function_ref<void(Value, Value)> body) {
+    auto eachChoice = [&](function_ref<void(Value, Value, int64_t)> body) {
       for (int64_t q = 0; q < ranks; ++q) {
         Value n = e.toIndex(e.loadRaw(arrived, {e.index(q)}));
         e.forEach(
@@ -595,7 +595,7 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
               Value slot =
                   r.add(r.mul(r.add(r.c64(q * maxTokens), r.to64(i)), topK),
                         r.to64(j));
-              body(e.select(valid, id, e.i32(-1)), slot);
+              body(e.select(valid, id, e.i32(-1)), slot, q);
             },
             e.index(kPlanThreads));
       }
@@ -606,11 +606,28 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
                                          ValueRange{e.toIndex(id)})
           .getResult();
     };
-    eachChoice([&](Value id, Value) {
-      e.ifThen(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
-               [&] { increment(count, id); });
+    // Rows returned to each source, for a proxy that forwards them.
+    Value returned = k.workgroupBuffer({ranks}, i32);
+    e.forEach(
+        tid, e.index(ranks),
+        [&](Value x) { e.storeRaw(e.i32(0), returned, {x}); },
+        e.index(kPlanThreads));
+    gpu::BarrierOp::create(e.b, e.loc);
+    eachChoice([&](Value id, Value, int64_t q) {
+      e.ifThen(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)), [&] {
+        increment(count, id);
+        increment(returned, e.i32(q));
+      });
     });
     gpu::BarrierOp::create(e.b, e.loc);
+    e.forEach(
+        tid, e.index(ranks),
+        [&](Value x) {
+          r.store(e.loadRaw(returned, {x}),
+                  r.at(st, r.add(r.c64(EpDeviceLayout::kReturnRows),
+                                 r.mul(r.to64(x), 4))));
+        },
+        e.index(kPlanThreads));
     e.ifThen(e.eq(tid, e.index(0)), [&] {
       common::layOutExperts(
           e, local, 1, offsets, [&](Value x) { return e.loadRaw(count, {x}); },
@@ -620,7 +637,7 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
           });
     });
     gpu::BarrierOp::create(e.b, e.loc);
-    eachChoice([&](Value id, Value slot) {
+    eachChoice([&](Value id, Value slot, int64_t) {
       auto row =
           scf::IfOp::create(e.b, e.loc, TypeRange{i32},
                             e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),

@@ -59,7 +59,8 @@ const char *kUsage =
     "of each expert weight. The output is written whole, in token order.\n"
     "--ep-timeout-ms bounds each wait on a peer (default 30000);\n"
     "--ep-max-tokens sizes the buffers for that many tokens per rank\n"
-    "(default: the largest slice).\n";
+    "(default: the largest slice); --ep-proxy moves a GPU layer's tokens\n"
+    "through host memory and the transport's proxy, as between hosts.\n";
 
 int fail(const std::string &message) {
   std::fprintf(stderr, "moe-exec: %s\n", message.c_str());
@@ -261,7 +262,7 @@ int runExpertParallel(const std::vector<Arg> &args,
                       int64_t tokens, int64_t ranks, long repeat,
                       const std::string &outputPath, const EpEntries &entries,
                       bool gpu, const std::string &target, const char *domain,
-                      int timeoutMs, int64_t maxTokensGiven) {
+                      int timeoutMs, int64_t maxTokensGiven, bool proxy) {
   const std::string &forwardName = entries.forwardName;
   auto init = entries.init;
   auto finalize = entries.finalize;
@@ -334,6 +335,7 @@ int runExpertParallel(const std::vector<Arg> &args,
     config.provider = provider;
     config.domain = domain;
     config.timeout_ms = timeoutMs;
+    config.proxy = proxy ? 1 : 0;
     auto finish = [&](int status, const std::string &message) {
       report.status = status;
       std::snprintf(report.message, sizeof report.message, "%s",
@@ -439,6 +441,7 @@ int main(int argc, char **argv) {
   std::string library, outputPath, device;
   std::vector<std::string> inputPaths;
   long repeat = 1, epRanks = 0, epTimeoutMs = 0, epMaxTokens = -1;
+  bool epProxy = false;
   std::string epDomain;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -476,6 +479,8 @@ int main(int argc, char **argv) {
           (epMaxTokens = std::strtol(text.c_str(), &end, 10)) < 0 ||
           *end != '\0')
         return fail("--ep-max-tokens needs a count of 0 or more");
+    } else if (a == "--ep-proxy") {
+      epProxy = true;
     } else if (a == "--ep-domain") {
       if (!value(epDomain))
         return fail("--ep-domain needs a libfabric domain name");
@@ -624,7 +629,7 @@ int main(int argc, char **argv) {
     return runExpertParallel(args, storage, tokens, ep.ranks, repeat,
                              outputPath, entries, gpu, target,
                              epDomain.empty() ? nullptr : epDomain.c_str(),
-                             int(epTimeoutMs), epMaxTokens);
+                             int(epTimeoutMs), epMaxTokens, epProxy);
   }
 
   std::vector<void *> pointers(args.size());
