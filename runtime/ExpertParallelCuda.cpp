@@ -126,12 +126,12 @@ void proxyLoop() {
       uint32_t done = read32(flag);
       if (done != sentCombine[q]) {
         // The rows owed q start where q said its outputs from this rank go.
-        uint32_t owed = read32(g.hostState + EpDeviceLayout::kReturnRows +
-                               4 * size_t(q));
+        uint32_t owed =
+            read32(g.hostState + EpDeviceLayout::kReturnRows + 4 * size_t(q));
         uint32_t base = read32(g.hostState + slots + 16 * size_t(q) + 4);
         size_t at = rows + size_t(base) * rowBytes;
-        if (owed && !post(q, size_t(q) * g.stateBytes + at, owed * rowBytes,
-                          at, kCombinePayload))
+        if (owed && !post(q, size_t(q) * g.stateBytes + at, owed * rowBytes, at,
+                          kCombinePayload))
           break;
         write32(flag + 4, owed);
         if (!post(q, size_t(q) * g.stateBytes + flags + 16 * size_t(self) + 4,
@@ -145,10 +145,9 @@ void proxyLoop() {
       if (moe_transport_arrivals(g.transport, q, kDispatchCount) >
           gotDispatch[q]) {
         uint32_t records = read32(mine);
-        bool complete =
-            !records || moe_transport_arrivals(g.transport, q,
-                                               kDispatchPayload) >
-                            gotDispatchPayload[q];
+        bool complete = !records || moe_transport_arrivals(g.transport, q,
+                                                           kDispatchPayload) >
+                                        gotDispatchPayload[q];
         if (complete) {
           gotDispatchPayload[q] += records ? 1 : 0;
           write32(mine + 12, uint32_t(++gotDispatch[q]));
@@ -243,9 +242,9 @@ int32_t initProxy(int64_t stateBytes, int64_t capacity, int64_t hidden,
     if (state)
       g.driver->cuMemFreeHost(state);
     release();
-    return fail("rank " + std::to_string(config->rank) +
-                " cannot pin its expert-parallel buffers in host memory: " +
-                error);
+    return fail(
+        "rank " + std::to_string(config->rank) +
+        " cannot pin its expert-parallel buffers in host memory: " + error);
   }
   g.hostState = static_cast<uint8_t *>(state);
   g.staging = static_cast<uint8_t *>(staging);
@@ -257,12 +256,11 @@ int32_t initProxy(int64_t stateBytes, int64_t capacity, int64_t hidden,
   uint64_t timeoutNs = uint64_t(g.timeoutMs) * 1000000ull;
   std::memcpy(g.hostState + EpDeviceLayout::kTimeoutNs, &timeoutNs, 8);
   for (int q = 0; q < g.ranks; ++q) {
-    uint64_t peer = q == config->rank
-                        ? g.state
-                        : reinterpret_cast<uintptr_t>(
-                              g.staging + size_t(q) * g.stateBytes);
-    std::memcpy(g.hostState + EpDeviceLayout::kPeers + 8 * size_t(q), &peer,
-                8);
+    uint64_t peer =
+        q == config->rank
+            ? g.state
+            : reinterpret_cast<uintptr_t>(g.staging + size_t(q) * g.stateBytes);
+    std::memcpy(g.hostState + EpDeviceLayout::kPeers + 8 * size_t(q), &peer, 8);
   }
 
   moe_transport_config_t tc;
@@ -284,10 +282,10 @@ int32_t initProxy(int64_t stateBytes, int64_t capacity, int64_t hidden,
   if (status == MOE_TRANSPORT_OK)
     status = moe_transport_barrier(g.transport, -1);
   if (status != MOE_TRANSPORT_OK) {
-    std::string message = std::string("rank ") +
-                          std::to_string(config->rank) + " could not join: " +
-                          moe_transport_status_name(status) + ": " +
-                          moe_transport_last_error();
+    std::string message =
+        std::string("rank ") + std::to_string(config->rank) +
+        " could not join: " + moe_transport_status_name(status) + ": " +
+        moe_transport_last_error();
     release();
     return fail(message);
   }
@@ -463,10 +461,10 @@ int32_t moe_ep_cuda_status(void) {
   if (group.proxy) {
     words[0] = read32(group.hostState + EpDeviceLayout::kError);
     words[1] = read32(group.hostState + EpDeviceLayout::kErrorPeer);
-  } else if (!check(group.driver->cuMemcpyDtoH(
-                        words, group.state + EpDeviceLayout::kError,
-                        sizeof words),
-                    "cuMemcpyDtoH", error)) {
+  } else if (!check(
+                 group.driver->cuMemcpyDtoH(
+                     words, group.state + EpDeviceLayout::kError, sizeof words),
+                 "cuMemcpyDtoH", error)) {
     return fail(error);
   }
   if (!words[0])

@@ -233,9 +233,8 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
         config.getEpSize(), epMaxTokens}};
     stateBytes = int64_t(layout.bytes());
     Type none = LLVM::LLVMVoidType::get(b.getContext());
-    auto initFn =
-        declare(b, module, loc, "moe_ep_cuda_init", i32,
-                {i64, i64, i64, i64, i64, i64, ptr});
+    auto initFn = declare(b, module, loc, "moe_ep_cuda_init", i32,
+                          {i64, i64, i64, i64, i64, i64, ptr});
     auto finalizeFn = declare(b, module, loc, "moe_ep_cuda_finalize", none, {});
     auto statusFn = declare(b, module, loc, "moe_ep_cuda_status", i32, {});
     b.setInsertionPointToEnd(module.getBody());

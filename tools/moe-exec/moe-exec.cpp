@@ -525,6 +525,11 @@ int main(int argc, char **argv) {
     return fail("--ep-ranks runs a layer compiled with ep_size > 1; " +
                 library + " holds all its experts on one rank");
   bool gpu = target != "cpu";
+  if (epProxy && (!gpu || ep.ranks == 1))
+    return fail("--ep-proxy applies to expert-parallel GPU layers; " + library +
+                (gpu ? " holds all its experts on one rank"
+                     : " runs on the CPU, whose ranks always exchange "
+                       "through the transport"));
   if (device.empty())
     device = gpu ? "cuda" : "cpu";
   if (gpu != (device == "cuda"))
