@@ -60,6 +60,9 @@ struct GpuGroup {
   std::thread thread;
   std::atomic<bool> stop{false};
   std::string proxyError;
+  // The layer's generated proxy routine (moe_<layer>_ep_proxy_turn).
+  int32_t (*turn)(moe_transport_t *, uint8_t *, uint8_t *, int32_t,
+                  uint64_t *, int32_t) = nullptr;
 };
 GpuGroup group;
 
@@ -72,110 +75,6 @@ uint32_t read32(const uint8_t *p) {
 void write32(uint8_t *p, uint32_t v) {
   std::atomic_thread_fence(std::memory_order_release);
   *reinterpret_cast<volatile uint32_t *>(p) = v;
-}
-
-/// The proxy: forwards what the kernels staged for each peer, and raises the
-/// kernels' flags for what arrived. Runs until stopped or the transport
-/// fails (the kernels' waits then time out and status names the rank).
-void proxyLoop() {
-  GpuGroup &g = group;
-  const EpLayout &l = g.layout.recvLayout;
-  size_t slots = EpDeviceLayout::kRecv;
-  size_t regions = EpDeviceLayout::kRecv + l.dispatchOffset();
-  size_t rows = EpDeviceLayout::kRecv + l.combineOffset();
-  size_t flags = g.layout.combineFlags();
-  size_t stride = l.maxRecordBytes(), rowBytes = l.outRowBytes();
-  int n = g.ranks, self = g.rank;
-  std::vector<uint32_t> sentDispatch(n, 0), sentCombine(n, 0);
-  std::vector<uint64_t> gotDispatch(n, 0), gotDispatchPayload(n, 0);
-  std::vector<uint64_t> gotCombine(n, 0), gotCombinePayload(n, 0);
-  auto post = [&](int q, size_t src, size_t length, size_t dst,
-                  uint32_t counter) {
-    moe_transport_status_t status = moe_transport_write(
-        g.transport, q, src, length, dst, counter, g.timeoutMs);
-    if (status != MOE_TRANSPORT_OK && g.proxyError.empty())
-      g.proxyError = moe_transport_last_error();
-    return status == MOE_TRANSPORT_OK;
-  };
-  while (g.proxyError.empty()) {
-    // Asked to stop (the GPU is done): forward what is staged, then meet
-    // the other ranks, so none is left waiting for bytes still here.
-    bool stopping = g.stop.load(std::memory_order_acquire);
-    bool idle = true;
-    for (int q = 0; q < n; ++q) {
-      if (q == self)
-        continue;
-      uint8_t *stage = g.staging + size_t(q) * g.stateBytes;
-      // Sending: this rank's records for q, then its count slot (the
-      // sequence number stays behind: q's proxy raises it).
-      uint8_t *slot = stage + slots + 16 * size_t(self);
-      uint32_t seq = read32(slot + 12);
-      if (seq != sentDispatch[q]) {
-        uint32_t records = read32(slot);
-        size_t region = regions + size_t(self) * l.regionBytes();
-        if (records && !post(q, size_t(q) * g.stateBytes + region,
-                             records * stride, region, kDispatchPayload))
-          break;
-        if (!post(q, size_t(q) * g.stateBytes + slots + 16 * size_t(self), 12,
-                  slots + 16 * size_t(self), kDispatchCount))
-          break;
-        sentDispatch[q] = seq;
-        idle = false;
-      }
-      uint8_t *flag = stage + flags + 16 * size_t(self);
-      uint32_t done = read32(flag);
-      if (done != sentCombine[q]) {
-        // The rows owed q start where q said its outputs from this rank go.
-        uint32_t owed =
-            read32(g.hostState + EpDeviceLayout::kReturnRows + 4 * size_t(q));
-        uint32_t base = read32(g.hostState + slots + 16 * size_t(q) + 4);
-        size_t at = rows + size_t(base) * rowBytes;
-        if (owed && !post(q, size_t(q) * g.stateBytes + at, owed * rowBytes, at,
-                          kCombinePayload))
-          break;
-        write32(flag + 4, owed);
-        if (!post(q, size_t(q) * g.stateBytes + flags + 16 * size_t(self) + 4,
-                  4, flags + 16 * size_t(self) + 4, kCombineCount))
-          break;
-        sentCombine[q] = done;
-        idle = false;
-      }
-      // Receiving: raise q's flags once its writes are all in.
-      uint8_t *mine = g.hostState + slots + 16 * size_t(q);
-      if (moe_transport_arrivals(g.transport, q, kDispatchCount) >
-          gotDispatch[q]) {
-        uint32_t records = read32(mine);
-        bool complete = !records || moe_transport_arrivals(g.transport, q,
-                                                           kDispatchPayload) >
-                                        gotDispatchPayload[q];
-        if (complete) {
-          gotDispatchPayload[q] += records ? 1 : 0;
-          write32(mine + 12, uint32_t(++gotDispatch[q]));
-          idle = false;
-        }
-      }
-      uint8_t *back = g.hostState + flags + 16 * size_t(q);
-      if (moe_transport_arrivals(g.transport, q, kCombineCount) >
-          gotCombine[q]) {
-        uint32_t owed = read32(back + 4);
-        bool complete =
-            !owed || moe_transport_arrivals(g.transport, q, kCombinePayload) >
-                         gotCombinePayload[q];
-        if (complete) {
-          gotCombinePayload[q] += owed ? 1 : 0;
-          write32(back, uint32_t(++gotCombine[q]));
-          idle = false;
-        }
-      }
-    }
-    if (stopping && idle) {
-      moe_transport_flush(g.transport, g.timeoutMs);
-      moe_transport_barrier(g.transport, g.timeoutMs);
-      return;
-    }
-    if (idle)
-      std::this_thread::yield();
-  }
 }
 
 int32_t fail(const std::string &message) {
@@ -216,6 +115,34 @@ void release() {
   group.proxyError.clear();
   group.stop.store(false);
 }
+
+/// The proxy thread: the layer's generated proxy routine (one pass over the
+/// peers: staged bytes forwarded, arrived ones flagged), called until
+/// stopped or a write fails (the kernels' waits then time out and status
+/// names the rank). Asked to stop once the GPU is done, it forwards what is
+/// still staged, then meets the other ranks, so none is left waiting for
+/// bytes still here.
+void proxyLoop() {
+  GpuGroup &g = group;
+  std::vector<uint64_t> progress(6 * size_t(g.ranks), 0);
+  while (true) {
+    bool stopping = g.stop.load(std::memory_order_acquire);
+    int32_t did = g.turn(g.transport, g.hostState, g.staging, g.rank,
+                         progress.data(), g.timeoutMs);
+    if (did == 2) {
+      g.proxyError = moe_transport_last_error();
+      return;
+    }
+    if (stopping && did == 0) {
+      moe_transport_flush(g.transport, g.timeoutMs);
+      moe_transport_barrier(g.transport, g.timeoutMs);
+      return;
+    }
+    if (did == 0)
+      std::this_thread::yield();
+  }
+}
+
 int32_t initProxy(int64_t stateBytes, int64_t capacity, int64_t hidden,
                   int64_t topK, int64_t experts,
                   const moe_ep_config_t *config) {
@@ -298,7 +225,7 @@ extern "C" {
 
 int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t hidden,
                          int64_t topK, int64_t experts, int64_t ranks,
-                         const moe_ep_config_t *config) {
+                         const moe_ep_config_t *config, void *proxyTurn) {
   if (group.state)
     return fail("the expert-parallel group is already initialized (call "
                 "finalize first)");
@@ -337,8 +264,14 @@ int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t hidden,
   group.rank = config->rank;
   group.ranks = int(ranks);
   group.timeoutMs = config->timeout_ms ? config->timeout_ms : 30000;
-  if (config->proxy)
+  if (config->proxy) {
+    group.turn = reinterpret_cast<decltype(group.turn)>(proxyTurn);
+    if (!group.turn) {
+      group.driver = nullptr;
+      return fail("the layer has no proxy routine");
+    }
     return initProxy(stateBytes, capacity, hidden, topK, experts, config);
+  }
 
   // The state, zeroed, with this rank's control words.
   if (!check(group.driver->cuMemAlloc(&group.state, size_t(stateBytes)),
@@ -469,6 +402,9 @@ int32_t moe_ep_cuda_status(void) {
   }
   if (!words[0])
     return 0;
+  if (!group.proxyError.empty())
+    return fail("rank " + std::to_string(group.rank) +
+                "'s proxy could not send: " + group.proxyError);
   return fail("rank " + std::to_string(group.rank) + " waited " +
               std::to_string(group.timeoutMs) + " ms for rank " +
               std::to_string(words[1]) +

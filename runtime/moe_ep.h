@@ -77,15 +77,16 @@ void moe_ep_combine_recv(int64_t gathered, int64_t rows);
 /* ---- called by a GPU layer's generated code (ExpertParallelCuda.cpp) -----
  * Init allocates the rank's state (`state_bytes`, for `capacity` tokens per
  * rank) in the current context and maps every peer's (or, with `proxy`,
- * pins it and a staging copy per peer in host memory and starts the proxy
- * thread); the forward's
+ * pins it and a staging copy per peer in host memory and starts a thread
+ * that calls `proxy_turn`, the layer's generated proxy routine); the
+ * forward's
  * kernels find it at moe_ep_cuda_state(). Status reads whether a wait ran
  * out of time (call it once the forward's stream is done); finalize waits
  * for the context, meets the other ranks and frees the state. Errors are
  * moert_last_error()'s. */
 int32_t moe_ep_cuda_init(int64_t state_bytes, int64_t capacity, int64_t hidden,
                          int64_t top_k, int64_t experts, int64_t ranks,
-                         const moe_ep_config_t *config);
+                         const moe_ep_config_t *config, void *proxy_turn);
 void *moe_ep_cuda_state(void);
 int32_t moe_ep_cuda_status(void);
 void moe_ep_cuda_finalize(void);
