@@ -370,11 +370,21 @@ void Communicator::sendHeartbeats(Clock::time_point now) {
 
 void Communicator::checkPeers(Clock::time_point now) {
   auto timeout = std::chrono::milliseconds(peerTimeoutMs_);
-  for (int peer = 0; peer < worldSize_; ++peer)
-    if (peer != rank_ && active(peer) && now - lastHeard_[peer] > timeout)
-      markLost(peer, format("nothing heard from it for %d ms (process died "
-                            "or network down)",
-                            peerTimeoutMs_));
+  for (int peer = 0; peer < worldSize_; ++peer) {
+    if (peer == rank_ || !active(peer) || now - lastHeard_[peer] <= timeout)
+      continue;
+    // A silent peer may be alive with its proxy stuck writing to one that
+    // died (shm): when a process on this host is gone, that is the rank to
+    // name.
+    int dead = deadLocalPeer();
+    if (dead >= 0 && dead != peer) {
+      markLost(dead, format("its process (pid %u) is gone", peers_[dead].pid));
+      return;
+    }
+    markLost(peer, format("nothing heard from it for %d ms (process died "
+                          "or network down)",
+                          peerTimeoutMs_));
+  }
 }
 
 void Communicator::markLost(int peer, const std::string &why) {
