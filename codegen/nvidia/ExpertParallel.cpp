@@ -760,13 +760,24 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
       [&](Value row) {
         Value q = e.loadRaw(origin, {row, e.index(0)});
         Value back = e.loadRaw(origin, {row, e.index(1)});
-        Value dst = r.at(r.peer(st, q), r.add(r.c64(shape.combineRows()),
-                                              r.mul(r.to64(back), 2 * hidden)));
-        copyRow(r, tid, hidden, [&](Value c, VectorType vec) {
-          Value v =
-              vector::LoadOp::create(e.b, e.loc, vec, out, {row, c}, false,
-                                     vectorAlign(8, vec.getElementType()));
-          r.store(v, r.at(dst, r.mul(r.to64(c), 2)), 16);
+        // The row came from q's record: a return row or rank outside the
+        // combine area (a corrupt record) is dropped, never written.
+        Value inBounds =
+            e.andi(e.andi(e.icmp(arith::CmpIPredicate::sge, back, e.i32(0)),
+                          e.icmp(arith::CmpIPredicate::slt, back,
+                                 e.i32(shape.maxTokens * topK))),
+                   e.andi(e.icmp(arith::CmpIPredicate::sge, q, e.i32(0)),
+                          e.icmp(arith::CmpIPredicate::slt, q, e.i32(ranks))));
+        e.ifThen(inBounds, [&] {
+          Value dst =
+              r.at(r.peer(st, q), r.add(r.c64(shape.combineRows()),
+                                        r.mul(r.to64(back), 2 * hidden)));
+          copyRow(r, tid, hidden, [&](Value c, VectorType vec) {
+            Value v =
+                vector::LoadOp::create(e.b, e.loc, vec, out, {row, c}, false,
+                                       vectorAlign(8, vec.getElementType()));
+            r.store(v, r.at(dst, r.mul(r.to64(c), 2)), 16);
+          });
         });
       },
       e.index(kStrideBlocks));
