@@ -14,6 +14,14 @@
 
 namespace moe::rt {
 
+/// lib/transport counters the exchanges count arrivals under (0 and 1 are
+/// its all-to-all's), on the CPU path and the GPU proxy path alike.
+constexpr uint32_t kCounterDispatchPayload = 2;
+constexpr uint32_t kCounterDispatchCount = 3;
+constexpr uint32_t kCounterCombinePayload = 4;
+constexpr uint32_t kCounterIpcHandles = 5;
+constexpr uint32_t kCounterCombineCount = 6;
+
 constexpr inline size_t alignUp(size_t n, size_t a) {
   return (n + a - 1) / a * a;
 }

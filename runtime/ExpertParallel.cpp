@@ -22,6 +22,7 @@
 #include "runtime/moe_ep.h"
 
 #include "moe_transport.h"
+#include "runtime/EpGroup.h"
 #include "runtime/EpLayout.h"
 
 #include <algorithm>
@@ -34,11 +35,6 @@
 
 namespace {
 
-// Arrival counters (0 and 1 belong to the transport's all-to-all).
-constexpr uint32_t kDispatchPayload = 2;
-constexpr uint32_t kDispatchCount = 3;
-constexpr uint32_t kCombinePayload = 4;
-
 // A count slot: what rank s tells rank q before its tokens.
 struct CountSlot {
   uint32_t tokens;     // records in the region that follows
@@ -49,7 +45,9 @@ struct CountSlot {
 static_assert(sizeof(CountSlot) == 16, "count slots are 16 bytes");
 
 using moe::rt::alignUp;
+using moe::rt::checkEpConfig;
 using moe::rt::EpLayout;
+using moe::rt::joinEpGroup;
 using Shape = EpLayout;
 
 struct State {
@@ -170,61 +168,19 @@ int32_t moe_ep_init(int64_t hidden, int64_t topK, int64_t experts,
   if (state.transport)
     return fail("the expert-parallel group is already initialized (call "
                 "finalize first)");
-  if (!config)
-    return fail("init needs a config (got null)");
-  if (config->world_size != ranks)
-    return fail("world_size is " + std::to_string(config->world_size) +
-                ", but the layer is compiled for ep_size " +
-                std::to_string(ranks));
-  if (config->rank < 0 || config->rank >= config->world_size)
-    return fail("rank " + std::to_string(config->rank) +
-                " is outside [0, world_size = " +
-                std::to_string(config->world_size) + ")");
-  if (config->max_tokens < 0)
-    return fail("max_tokens must be 0 or more, not " +
-                std::to_string(config->max_tokens));
-  if (config->max_tokens > (int64_t(1) << 31) / (topK > 0 ? topK : 1))
-    return fail("max_tokens " + std::to_string(config->max_tokens) +
-                " is too large: tokens x top_k must fit 31 bits");
-  if (config->timeout_ms < 0)
-    return fail("timeout_ms must be 0 (the default) or more, not " +
-                std::to_string(config->timeout_ms));
-  if (config->rank != 0 && config->listen_fd >= 0)
-    return fail("only rank 0 takes a listening socket (listen_fd)");
-  if (!config->bootstrap_host && config->listen_fd < 0)
-    return fail("init needs a bootstrap host (rank 0's address)");
+  // Offsets are i32 in the generated code: tokens x top_k must fit.
+  std::string why =
+      checkEpConfig(config, ranks, (int64_t(1) << 31) / (topK > 0 ? topK : 1));
+  if (!why.empty())
+    return fail(why);
   Shape shape{hidden, topK, experts, ranks, config->max_tokens};
-  std::string why;
   if (!shapeFits(shape, why))
     return fail(why);
 
-  moe_transport_config_t tc;
-  moe_transport_config_init(&tc);
-  tc.rank = config->rank;
-  tc.world_size = config->world_size;
-  tc.provider = config->provider;
-  tc.domain = config->domain;
-  tc.send_bytes = shape.sendBytes();
-  tc.recv_bytes = shape.recvBytes();
-  tc.timeout_ms = config->timeout_ms;
-  // A dead peer is declared lost (by rank) well before a wait on a live
-  // one that waits on it runs out of time.
-  if (config->timeout_ms > 0 && config->timeout_ms < 20000)
-    tc.peer_timeout_ms = std::max(config->timeout_ms / 2, 200);
-  moe_transport_t *transport = nullptr;
-  moe_transport_status_t status = moe_transport_open(&tc, &transport);
-  if (status == MOE_TRANSPORT_OK)
-    status = moe_transport_bootstrap(
-        transport, config->bootstrap_host ? config->bootstrap_host : "",
-        config->bootstrap_port, config->listen_fd);
-  if (status != MOE_TRANSPORT_OK) {
-    std::string message =
-        std::string("rank ") + std::to_string(config->rank) +
-        " could not join: " + moe_transport_status_name(status) + ": " +
-        moe_transport_last_error();
-    moe_transport_close(transport);
-    return fail(message);
-  }
+  moe_transport_t *transport = joinEpGroup(config, nullptr, shape.sendBytes(),
+                                           nullptr, shape.recvBytes(), why);
+  if (!transport)
+    return fail(why);
   state = State();
   state.transport = transport;
   state.shape = shape;
@@ -379,9 +335,11 @@ void moe_ep_dispatch_send(int64_t data, int64_t dataRowBytes, int64_t scales,
     }
     std::memcpy(state.send + slotOffset, &slot, sizeof slot);
     if (!write(int(q), slotOffset, sizeof slot,
-               size_t(state.rank) * sizeof(CountSlot), kDispatchCount))
+               size_t(state.rank) * sizeof(CountSlot),
+               moe::rt::kCounterDispatchCount))
       return;
-    if (bytes && !write(int(q), regionSrc, bytes, regionDst, kDispatchPayload))
+    if (bytes && !write(int(q), regionSrc, bytes, regionDst,
+                        moe::rt::kCounterDispatchPayload))
       return;
   }
   if (state.killAfterSend == state.rank)
@@ -393,8 +351,8 @@ int64_t moe_ep_dispatch_wait(void) {
     return 0;
   const Shape &s = state.shape;
   for (int64_t q = 0; q < s.ranks; ++q) {
-    if (q != state.rank &&
-        !waitFor(int(q), kDispatchCount, ++state.countsExpected[q]))
+    if (q != state.rank && !waitFor(int(q), moe::rt::kCounterDispatchCount,
+                                    ++state.countsExpected[q]))
       return 0;
     CountSlot slot;
     std::memcpy(&slot, state.recv + size_t(q) * sizeof(CountSlot), sizeof slot);
@@ -411,7 +369,8 @@ int64_t moe_ep_dispatch_wait(void) {
           std::to_string(slot.detail) + " tokens, more than max_tokens " +
           std::to_string(s.maxTokens) + "), so no rank ran it";
     if (q != state.rank && slot.tokens &&
-        !waitFor(int(q), kDispatchPayload, ++state.payloadExpected[q]))
+        !waitFor(int(q), moe::rt::kCounterDispatchPayload,
+                 ++state.payloadExpected[q]))
       return 0;
   }
   flush();
@@ -547,7 +506,7 @@ void moe_ep_combine_send(int64_t expertOut, int64_t rowBytes, int64_t origin,
       continue;
     }
     if (!write(int(q), s.sendDataOffset() + start[q] * bytes, length, dst,
-               kCombinePayload))
+               moe::rt::kCounterCombinePayload))
       return;
   }
 }
@@ -562,7 +521,8 @@ void moe_ep_combine_recv(int64_t gathered, int64_t rows) {
   if (ok()) {
     for (int64_t q = 0; q < s.ranks; ++q)
       if (q != state.rank && state.choices[q] &&
-          !waitFor(int(q), kCombinePayload, ++state.combineExpected[q]))
+          !waitFor(int(q), moe::rt::kCounterCombinePayload,
+                   ++state.combineExpected[q]))
         break;
     flush();
   }

@@ -24,6 +24,7 @@
 #include "moe_transport.h"
 #include "runtime/CudaDriver.h"
 #include "runtime/DriverApi.h"
+#include "runtime/EpGroup.h"
 #include "runtime/EpLayout.h"
 #include "runtime/moert.h"
 
@@ -36,7 +37,6 @@
 using namespace moe::rt;
 
 namespace {
-constexpr uint32_t kHandleCounter = 5;
 // The proxy's counters.
 constexpr uint32_t kDispatchPayload = 6, kDispatchCount = 7;
 constexpr uint32_t kCombinePayload = 2, kCombineCount = 3;
@@ -61,8 +61,8 @@ struct GpuGroup {
   std::atomic<bool> stop{false};
   std::string proxyError;
   // The layer's generated proxy routine (moe_<layer>_ep_proxy_turn).
-  int32_t (*turn)(moe_transport_t *, uint8_t *, uint8_t *, int32_t,
-                  uint64_t *, int32_t) = nullptr;
+  int32_t (*turn)(moe_transport_t *, uint8_t *, uint8_t *, int32_t, uint64_t *,
+                  int32_t) = nullptr;
 };
 GpuGroup group;
 
@@ -190,31 +190,17 @@ int32_t initProxy(int64_t stateBytes, int64_t capacity, int64_t hidden,
     std::memcpy(g.hostState + EpDeviceLayout::kPeers + 8 * size_t(q), &peer, 8);
   }
 
-  moe_transport_config_t tc;
-  moe_transport_config_init(&tc);
-  tc.rank = config->rank;
-  tc.world_size = config->world_size;
-  tc.provider = config->provider;
-  tc.domain = config->domain;
-  tc.send_buffer = g.staging;
-  tc.send_bytes = g.stateBytes * size_t(g.ranks);
-  tc.recv_buffer = g.hostState;
-  tc.recv_bytes = g.stateBytes;
-  tc.timeout_ms = config->timeout_ms;
-  moe_transport_status_t status = moe_transport_open(&tc, &g.transport);
-  if (status == MOE_TRANSPORT_OK)
-    status = moe_transport_bootstrap(
-        g.transport, config->bootstrap_host ? config->bootstrap_host : "",
-        config->bootstrap_port, config->listen_fd);
-  if (status == MOE_TRANSPORT_OK)
-    status = moe_transport_barrier(g.transport, -1);
-  if (status != MOE_TRANSPORT_OK) {
-    std::string message =
-        std::string("rank ") + std::to_string(config->rank) +
-        " could not join: " + moe_transport_status_name(status) + ": " +
-        moe_transport_last_error();
+  std::string why;
+  g.transport = joinEpGroup(config, g.staging, g.stateBytes * size_t(g.ranks),
+                            g.hostState, g.stateBytes, why);
+  if (!g.transport) {
     release();
-    return fail(message);
+    return fail(why);
+  }
+  if (moe_transport_barrier(g.transport, -1) != MOE_TRANSPORT_OK) {
+    why = std::string("init barrier: ") + moe_transport_last_error();
+    release();
+    return fail(why);
   }
   g.thread = std::thread(proxyLoop);
   return 0;
@@ -229,28 +215,11 @@ int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t hidden,
   if (group.state)
     return fail("the expert-parallel group is already initialized (call "
                 "finalize first)");
-  if (!config)
-    return fail("init needs a config (got null)");
-  if (config->world_size != ranks)
-    return fail("world_size is " + std::to_string(config->world_size) +
-                ", but the layer is compiled for ep_size " +
-                std::to_string(ranks));
-  if (config->rank < 0 || config->rank >= config->world_size)
-    return fail("rank " + std::to_string(config->rank) +
-                " is outside [0, world_size = " +
-                std::to_string(config->world_size) + ")");
-  if (config->max_tokens < 0 || config->max_tokens > capacity)
-    return fail("max_tokens " + std::to_string(config->max_tokens) +
-                " is outside [0, " + std::to_string(capacity) +
-                "], the capacity the layer was compiled for "
-                "(moe-compile --ep-max-tokens)");
-  if (config->timeout_ms < 0)
-    return fail("timeout_ms must be 0 (the default) or more, not " +
-                std::to_string(config->timeout_ms));
-  if (config->rank != 0 && config->listen_fd >= 0)
-    return fail("only rank 0 takes a listening socket (listen_fd)");
-  if (!config->bootstrap_host && config->listen_fd < 0)
-    return fail("init needs a bootstrap host (rank 0's address)");
+  std::string why = checkEpConfig(config, ranks, capacity);
+  if (!why.empty())
+    return fail(why + (config && config->max_tokens > capacity
+                           ? " (moe-compile --ep-max-tokens)"
+                           : ""));
   std::string error;
   group.driver = CudaDevice::loadDriver(error);
   if (!group.driver)
@@ -299,48 +268,34 @@ int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t hidden,
   }
 
   // Every rank's handle, through the transport.
-  moe_transport_config_t tc;
-  moe_transport_config_init(&tc);
-  tc.rank = config->rank;
-  tc.world_size = config->world_size;
-  tc.provider = config->provider;
-  tc.domain = config->domain;
-  tc.send_bytes = sizeof handle;
-  tc.recv_bytes = sizeof handle * size_t(ranks);
-  tc.timeout_ms = config->timeout_ms;
-  moe_transport_status_t status = moe_transport_open(&tc, &group.transport);
-  if (status == MOE_TRANSPORT_OK)
-    status = moe_transport_bootstrap(
-        group.transport, config->bootstrap_host ? config->bootstrap_host : "",
-        config->bootstrap_port, config->listen_fd);
-  if (status == MOE_TRANSPORT_OK) {
-    std::memcpy(moe_transport_send_buffer(group.transport), &handle,
-                sizeof handle);
-    auto *all =
-        static_cast<uint8_t *>(moe_transport_recv_buffer(group.transport));
-    std::memcpy(all + sizeof handle * size_t(rank), &handle, sizeof handle);
-    for (int q = 0; q < ranks && status == MOE_TRANSPORT_OK; ++q)
-      if (q != config->rank)
-        status = moe_transport_write(group.transport, q, 0, sizeof handle,
-                                     sizeof handle * size_t(rank),
-                                     kHandleCounter, -1);
-    for (int q = 0; q < ranks && status == MOE_TRANSPORT_OK; ++q)
-      if (q != config->rank)
-        status = moe_transport_wait_arrivals(group.transport, q, kHandleCounter,
-                                             1, -1);
-    if (status == MOE_TRANSPORT_OK)
-      status = moe_transport_flush(group.transport, -1);
-  }
-  if (status != MOE_TRANSPORT_OK) {
-    std::string message =
-        std::string("rank ") + std::to_string(config->rank) +
-        " could not join: " + moe_transport_status_name(status) + ": " +
-        moe_transport_last_error();
+  group.transport = joinEpGroup(config, nullptr, sizeof handle, nullptr,
+                                sizeof handle * size_t(ranks), why);
+  if (!group.transport) {
     release();
-    return fail(message);
+    return fail(why);
   }
-  auto *all =
-      static_cast<const uint8_t *>(moe_transport_recv_buffer(group.transport));
+  std::memcpy(moe_transport_send_buffer(group.transport), &handle,
+              sizeof handle);
+  auto *handles =
+      static_cast<uint8_t *>(moe_transport_recv_buffer(group.transport));
+  std::memcpy(handles + sizeof handle * size_t(rank), &handle, sizeof handle);
+  moe_transport_status_t status = MOE_TRANSPORT_OK;
+  for (int q = 0; q < ranks && status == MOE_TRANSPORT_OK; ++q)
+    if (q != config->rank)
+      status = moe_transport_write(group.transport, q, 0, sizeof handle,
+                                   sizeof handle * size_t(rank),
+                                   kCounterIpcHandles, -1);
+  for (int q = 0; q < ranks && status == MOE_TRANSPORT_OK; ++q)
+    if (q != config->rank)
+      status = moe_transport_wait_arrivals(group.transport, q,
+                                           kCounterIpcHandles, 1, -1);
+  if (status == MOE_TRANSPORT_OK)
+    status = moe_transport_flush(group.transport, -1);
+  if (status != MOE_TRANSPORT_OK) {
+    why = std::string("swapping IPC handles: ") + moe_transport_last_error();
+    release();
+    return fail(why);
+  }
   group.peers.assign(ranks, 0);
   for (int q = 0; q < ranks; ++q) {
     if (q == config->rank) {
@@ -348,7 +303,7 @@ int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t hidden,
       continue;
     }
     CudaDevice::Driver::IpcHandle peer;
-    std::memcpy(&peer, all + sizeof peer * size_t(q), sizeof peer);
+    std::memcpy(&peer, handles + sizeof peer * size_t(q), sizeof peer);
     if (!check(group.driver->cuIpcOpenMemHandle(&group.peers[q], peer,
                                                 kLazyEnablePeerAccess),
                "cuIpcOpenMemHandle", error)) {
@@ -367,12 +322,10 @@ int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t hidden,
     return fail(error);
   }
   // No rank's kernels write into a peer before it has mapped them all.
-  status = moe_transport_barrier(group.transport, -1);
-  if (status != MOE_TRANSPORT_OK) {
-    std::string message =
-        std::string("init barrier: ") + moe_transport_last_error();
+  if (moe_transport_barrier(group.transport, -1) != MOE_TRANSPORT_OK) {
+    why = std::string("init barrier: ") + moe_transport_last_error();
     release();
-    return fail(message);
+    return fail(why);
   }
   return 0;
 }

@@ -136,14 +136,17 @@ static LLVM::LLVMFuncOp addProxyTurn(ModuleOp module, StringRef name,
   int64_t rows = EpDeviceLayout::kRecv + int64_t(l.combineOffset());
   int64_t flags = int64_t(layout.combineFlags());
   int64_t stride = int64_t(l.maxRecordBytes()), rowBytes = l.outRowBytes();
-  // Counters, as the runtime's proxy uses them.
-  const int64_t dispatchPayload = 6, dispatchCount = 7, combinePayload = 2,
-                combineCount = 3;
+  const int64_t dispatchPayload = ::moe::rt::kCounterDispatchPayload,
+                dispatchCount = ::moe::rt::kCounterDispatchCount,
+                combinePayload = ::moe::rt::kCounterCombinePayload,
+                combineCount = ::moe::rt::kCounterCombineCount;
 
   Value did = h.stackSlot(i32, 1, 4);
   LLVM::StoreOp::create(b, loc, h.c32(0), did);
   Value self64 = LLVM::ZExtOp::create(b, loc, i64, self);
-  auto add = [&](Value x, Value y) { return LLVM::AddOp::create(b, loc, x, y); };
+  auto add = [&](Value x, Value y) {
+    return LLVM::AddOp::create(b, loc, x, y);
+  };
   auto mul = [&](Value x, int64_t y) {
     return LLVM::MulOp::create(b, loc, x, h.c64(y));
   };
@@ -173,9 +176,9 @@ static LLVM::LLVMFuncOp addProxyTurn(ModuleOp module, StringRef name,
                 .getResult());
   };
   auto arrivals = [&](int64_t q, int64_t counterId) {
-    return LLVM::CallOp::create(b, loc, arrivalsFn,
-                                ValueRange{transport, h.c32(q),
-                                           h.c32(counterId)})
+    return LLVM::CallOp::create(
+               b, loc, arrivalsFn,
+               ValueRange{transport, h.c32(q), h.c32(counterId)})
         .getResult();
   };
   auto markDone = [&] { LLVM::StoreOp::create(b, loc, h.c32(1), did); };
@@ -186,8 +189,8 @@ static LLVM::LLVMFuncOp addProxyTurn(ModuleOp module, StringRef name,
       Value mySlot = add(h.c64(slots), mul(self64, 16));
       // Send: records staged for q, then the count slot without its
       // sequence number (q's proxy raises that once the writes are in).
-      Value seq = LLVM::ZExtOp::create(
-          b, loc, i64, load32(stage, add(mySlot, h.c64(12))));
+      Value seq = LLVM::ZExtOp::create(b, loc, i64,
+                                       load32(stage, add(mySlot, h.c64(12))));
       Value sent = LLVM::LoadOp::create(b, loc, i64, counter(0, q), 8);
       ifThen(h, cmp(LLVM::ICmpPredicate::ne, seq, sent), [&] {
         fence(LLVM::AtomicOrdering::acquire);
@@ -204,16 +207,14 @@ static LLVM::LLVMFuncOp addProxyTurn(ModuleOp module, StringRef name,
         markDone();
       });
       Value myFlag = add(h.c64(flags), mul(self64, 16));
-      Value done =
-          LLVM::ZExtOp::create(b, loc, i64, load32(stage, myFlag));
+      Value done = LLVM::ZExtOp::create(b, loc, i64, load32(stage, myFlag));
       Value sentBack = LLVM::LoadOp::create(b, loc, i64, counter(1, q), 8);
       ifThen(h, cmp(LLVM::ICmpPredicate::ne, done, sentBack), [&] {
         fence(LLVM::AtomicOrdering::acquire);
         // The rows owed q, where q said its outputs from this rank go.
         Value owed = LLVM::ZExtOp::create(
             b, loc, i64,
-            load32(state,
-                   h.c64(int64_t(EpDeviceLayout::kReturnRows) + 4 * q)));
+            load32(state, h.c64(int64_t(EpDeviceLayout::kReturnRows) + 4 * q)));
         Value base = LLVM::ZExtOp::create(
             b, loc, i64, load32(state, h.c64(slots + 16 * q + 4)));
         Value at = add(h.c64(rows), mul(base, rowBytes));
@@ -233,35 +234,33 @@ static LLVM::LLVMFuncOp addProxyTurn(ModuleOp module, StringRef name,
                        int64_t gotPayload, int64_t countOffset,
                        int64_t flagOffset) {
         Value seen = LLVM::LoadOp::create(b, loc, i64, counter(got, q), 8);
-        ifThen(h,
-               cmp(LLVM::ICmpPredicate::ugt, arrivals(q, countId), seen),
-               [&] {
-                 Value n = load32(state, h.c64(countOffset));
-                 Value any = cmp(LLVM::ICmpPredicate::ne, n, h.c32(0));
-                 Value payloads =
-                     LLVM::LoadOp::create(b, loc, i64, counter(gotPayload, q),
-                                          8);
-                 Value arrived = cmp(LLVM::ICmpPredicate::ugt,
-                                     arrivals(q, payloadId), payloads);
-                 Value complete = LLVM::OrOp::create(
-                     b, loc,
-                     LLVM::XOrOp::create(b, loc, any,
-                                         LLVM::ConstantOp::create(
-                                             b, loc, b.getI1Type(), 1)),
-                     arrived);
-                 ifThen(h, complete, [&] {
-                   LLVM::StoreOp::create(
-                       b, loc,
-                       add(payloads, LLVM::ZExtOp::create(b, loc, i64, any)),
-                       counter(gotPayload, q), 8);
-                   Value next = add(seen, h.c64(1));
-                   LLVM::StoreOp::create(b, loc, next, counter(got, q), 8);
-                   fence(LLVM::AtomicOrdering::release);
-                   store32(LLVM::TruncOp::create(b, loc, i32, next), state,
-                           h.c64(flagOffset));
-                   markDone();
-                 });
-               });
+        ifThen(
+            h, cmp(LLVM::ICmpPredicate::ugt, arrivals(q, countId), seen), [&] {
+              Value n = load32(state, h.c64(countOffset));
+              Value any = cmp(LLVM::ICmpPredicate::ne, n, h.c32(0));
+              Value payloads =
+                  LLVM::LoadOp::create(b, loc, i64, counter(gotPayload, q), 8);
+              Value arrived = cmp(LLVM::ICmpPredicate::ugt,
+                                  arrivals(q, payloadId), payloads);
+              Value complete = LLVM::OrOp::create(
+                  b, loc,
+                  LLVM::XOrOp::create(
+                      b, loc, any,
+                      LLVM::ConstantOp::create(b, loc, b.getI1Type(), 1)),
+                  arrived);
+              ifThen(h, complete, [&] {
+                LLVM::StoreOp::create(
+                    b, loc,
+                    add(payloads, LLVM::ZExtOp::create(b, loc, i64, any)),
+                    counter(gotPayload, q), 8);
+                Value next = add(seen, h.c64(1));
+                LLVM::StoreOp::create(b, loc, next, counter(got, q), 8);
+                fence(LLVM::AtomicOrdering::release);
+                store32(LLVM::TruncOp::create(b, loc, i32, next), state,
+                        h.c64(flagOffset));
+                markDone();
+              });
+            });
       };
       raise(dispatchCount, dispatchPayload, 2, 3, slots + 16 * q,
             slots + 16 * q + 12);

@@ -200,6 +200,18 @@ struct Shape {
                     r.mul(r.to64(index), stride())));
     return r.at(base, offset);
   }
+  /// Where token `t`'s record index for rank `q` is kept in `state`.
+  Value recordIndexSlot(Raw &r, Value state, Value t, int64_t q) const {
+    Value index = r.add(r.mul(r.to64(t), ranks), r.c64(q));
+    return r.at(state,
+                r.add(r.c64(int64_t(layout.recordIndex())), r.mul(index, 4)));
+  }
+  /// Whether expert `id` (i32) is one of rank `q`'s.
+  Value heldBy(Emitter &e, Value id, int64_t q) const {
+    return e.andi(
+        e.icmp(arith::CmpIPredicate::sge, id, e.i32(q * localExperts)),
+        e.icmp(arith::CmpIPredicate::slt, id, e.i32((q + 1) * localExperts)));
+  }
   int64_t combineRows() const {
     return int64_t(EpDeviceLayout::kRecv + recv().combineOffset());
   }
@@ -351,12 +363,8 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
     Value first = e.minUI(e.imul(tid, chunk), k.tokens);
     Value last = e.minUI(e.iadd(first, chunk), k.tokens);
     auto ownerIs = [&](Value t, int64_t j, int64_t q) {
-      Value id = e.loadRaw(ids, {t, e.index(j)});
-      return e.andi(
-          e.icmp(arith::CmpIPredicate::sge, id, e.i32(q * local)),
-          e.icmp(arith::CmpIPredicate::slt, id, e.i32((q + 1) * local)));
+      return shape.heldBy(e, e.loadRaw(ids, {t, e.index(j)}), q);
     };
-    Value recordIndex = r.at(st, int64_t(shape.layout.recordIndex()));
     for (int64_t q = 0; q < ranks; ++q) {
       SmallVector<Value> mine = e.reduce(
           first, last, {e.i32(0), e.i32(0)},
@@ -392,10 +400,8 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
                    choice = e.iadd(choice,
                                    arith::ExtUIOp::create(e.b, e.loc, i32, is));
                  }
-                 Value slot =
-                     r.at(recordIndex,
-                          r.mul(r.add(r.mul(r.to64(t), ranks), r.c64(q)), 4));
-                 r.store(e.select(hit, acc[0], e.i32(-1)), slot);
+                 r.store(e.select(hit, acc[0], e.i32(-1)),
+                         shape.recordIndexSlot(r, st, t, q));
                  return {e.iadd(acc[0],
                                 arith::ExtUIOp::create(e.b, e.loc, i32, hit)),
                          choice};
@@ -439,19 +445,14 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
   Type i32 = e.b.getI32Type();
   Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
   Value self = r.load(i32, r.at(st, EpDeviceLayout::kRank));
-  Value recordIndex = r.at(st, int64_t(shape.layout.recordIndex()));
   e.ifThen(e.ult(t, k.tokens), [&] {
     for (int64_t q = 0; q < ranks; ++q) {
-      Value index =
-          r.load(i32, r.at(recordIndex,
-                           r.mul(r.add(r.mul(r.to64(t), ranks), r.c64(q)), 4)));
+      Value index = r.load(i32, shape.recordIndexSlot(r, st, t, q));
       e.ifThen(e.icmp(arith::CmpIPredicate::sge, index, e.i32(0)), [&] {
         Value record = shape.record(r, r.peer(st, r.c64(q)), self, index);
         e.ifThen(e.ult(tid, e.index(topK)), [&] {
           Value id = e.loadRaw(ids, {t, tid});
-          Value mineQ = e.andi(
-              e.icmp(arith::CmpIPredicate::sge, id, e.i32(q * local)),
-              e.icmp(arith::CmpIPredicate::slt, id, e.i32((q + 1) * local)));
+          Value mineQ = shape.heldBy(e, id, q);
           Value localId =
               e.select(mineQ, e.isub(id, e.i32(q * local)), e.i32(-1));
           Value back = e.select(mineQ, e.loadRaw(rows, {t, tid}), e.i32(-1));
@@ -791,9 +792,8 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
       Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
       Value self = r.load(i32, r.at(st, EpDeviceLayout::kRank));
       for (int64_t q = 0; q < ranks; ++q) {
-        // Rows this rank returns to q: what arrived from q, counted on
-        // the host side of the CPU backend; here the records' count.
-        e.storeRaw(r.load(i32, r.at(st, EpDeviceLayout::kRecvCounts + 4 * q)),
+        // The rows this rank returned to q (the wait counted them).
+        e.storeRaw(r.load(i32, r.at(st, EpDeviceLayout::kReturnRows + 4 * q)),
                    sent, {e.index(q)});
         r.storeVolatile(seq,
                         r.at(r.peer(st, r.c64(q)),

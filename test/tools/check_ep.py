@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_layer import (DTYPES, quantize_blocks, read_safetensors,  # noqa: E402
+from check_layer import (random_inputs, read_safetensors,  # noqa: E402
                          write_safetensors)
 
 
@@ -30,36 +30,24 @@ def layer_info(path):
 
 
 def make_inputs(info, tokens, seed, route_to, ranks):
-    rng = np.random.default_rng(seed)
-    shapes = {a["name"]: a["shape"] for a in info["args"]}
-    dtypes = {a["name"]: a["dtype"] for a in info["args"]}
+    """check_layer's random inputs; with `route_to`, every token chooses
+    experts of that rank only."""
     experts = info["config"]["experts"]
-    inputs = {}
-    for arg in info["args"]:
-        name = arg["name"]
-        if arg["output"] or name in inputs:
-            continue
-        shape = [tokens if d < 0 else d for d in arg["shape"]]
-        scale = 1.0 if name == "hidden_states" else (
-            0.3 if "bias" in name else 1.0 / np.sqrt(shape[-1]))
-        values = rng.standard_normal(shape) * scale
-        if route_to is not None and name == "hidden_states":
-            values = np.abs(values) + 0.1
-        if route_to is not None and name == "router_weight":
+
+    def adjust(name, values):
+        if route_to is None:
+            return values
+        if name == "hidden_states":
+            return np.abs(values) + 0.1
+        if name == "router_weight":
             local = experts // ranks
             mine = np.zeros(experts, bool)
             mine[route_to * local:(route_to + 1) * local] = True
-            values = np.abs(values) * np.where(mine, 1.0, -1.0)[:, None]
-        if route_to is not None and name == "router_bias":
-            values = np.zeros(shape)
-        if arg["dtype"] == "F8_E4M3":
-            codes, scales = quantize_blocks(values, shapes[name + "_scale"],
-                                            dtypes[name + "_scale"])
-            inputs[name] = ("F8_E4M3", codes)
-            inputs[name + "_scale"] = (dtypes[name + "_scale"], scales)
-            continue
-        inputs[name] = (arg["dtype"], values.astype(DTYPES[arg["dtype"]][0]))
-    return inputs
+            return np.abs(values) * np.where(mine, 1.0, -1.0)[:, None]
+        if name == "router_bias":
+            return np.zeros(values.shape)
+        return values
+    return random_inputs(info, tokens, seed, adjust)
 
 
 def main():

@@ -82,6 +82,39 @@ def read_safetensors(path):
     return out
 
 
+def random_inputs(info, tokens, seed, adjust=None):
+    """Random inputs for every argument the layer takes (`tokens` rows for
+    the token dimension), FP8 weights quantized as the layer takes them.
+    `adjust(name, values)`, when given, may change each float64 draw before
+    it is stored."""
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    shapes = {a["name"]: a["shape"] for a in info["args"]}
+    dtypes = {a["name"]: a["dtype"] for a in info["args"]}
+    for arg in info["args"]:
+        if arg["output"] or arg["name"] in inputs:
+            continue
+        shape = [tokens if d < 0 else d for d in arg["shape"]]
+        name = arg["name"]
+        if name == "hidden_states":
+            scale = 1.0
+        elif "bias" in name:
+            scale = 0.3
+        else:
+            scale = 1.0 / np.sqrt(shape[-1])
+        values = rng.standard_normal(shape) * scale
+        if adjust:
+            values = adjust(name, values)
+        if arg["dtype"] == "F8_E4M3":
+            codes, scales = quantize_blocks(values, shapes[name + "_scale"],
+                                            dtypes[name + "_scale"])
+            inputs[name] = ("F8_E4M3", codes)
+            inputs[name + "_scale"] = (dtypes[name + "_scale"], scales)
+            continue
+        inputs[name] = (arg["dtype"], values.astype(DTYPES[arg["dtype"]][0]))
+    return inputs
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("library")
@@ -102,29 +135,7 @@ def main():
     lib = ctypes.CDLL(os.path.abspath(opts.library))
     lib.moe_layer_info.restype = ctypes.c_char_p
     info = json.loads(lib.moe_layer_info().decode())
-    rng = np.random.default_rng(opts.seed)
-    inputs = {}
-    shapes = {a["name"]: a["shape"] for a in info["args"]}
-    dtypes = {a["name"]: a["dtype"] for a in info["args"]}
-    for arg in info["args"]:
-        if arg["output"] or arg["name"] in inputs:
-            continue
-        shape = [opts.tokens if d < 0 else d for d in arg["shape"]]
-        name = arg["name"]
-        if name == "hidden_states":
-            scale = 1.0
-        elif "bias" in name:
-            scale = 0.3
-        else:
-            scale = 1.0 / np.sqrt(shape[-1])
-        values = rng.standard_normal(shape) * scale
-        if arg["dtype"] == "F8_E4M3":
-            codes, scales = quantize_blocks(values, shapes[name + "_scale"],
-                                            dtypes[name + "_scale"])
-            inputs[name] = ("F8_E4M3", codes)
-            inputs[name + "_scale"] = (dtypes[name + "_scale"], scales)
-            continue
-        inputs[name] = (arg["dtype"], values.astype(DTYPES[arg["dtype"]][0]))
+    inputs = random_inputs(info, opts.tokens, opts.seed)
 
     if opts.drop:
         del inputs[opts.drop]

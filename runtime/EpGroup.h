@@ -1,0 +1,35 @@
+//===- EpGroup.h - what both expert-parallel runtimes share -----*- C++ -*-===//
+//
+// Internal to libmoe_ep: the checks of an init's config and joining the
+// group through lib/transport, the same for CPU layers (ExpertParallel.cpp)
+// and GPU layers (ExpertParallelCuda.cpp).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_RUNTIME_EPGROUP_H
+#define MOE_RUNTIME_EPGROUP_H
+
+#include "moe_transport.h"
+#include "runtime/moe_ep.h"
+
+#include <cstddef>
+#include <string>
+
+namespace moe::rt {
+
+/// Checks `config` for a layer of `ranks` ranks whose buffers take at most
+/// `maxTokens` tokens per rank; an empty string when it is fine, else why
+/// not.
+std::string checkEpConfig(const moe_ep_config_t *config, int64_t ranks,
+                          int64_t maxTokens);
+
+/// Opens lib/transport for `config`'s rank on the given buffers (null: the
+/// library allocates `sendBytes` and `recvBytes`) and bootstraps it through
+/// rank 0. Null with `why` set when it cannot join.
+moe_transport_t *joinEpGroup(const moe_ep_config_t *config, void *send,
+                             size_t sendBytes, void *recv, size_t recvBytes,
+                             std::string &why);
+
+} // namespace moe::rt
+
+#endif // MOE_RUNTIME_EPGROUP_H
