@@ -40,6 +40,12 @@ PY
   for m in mixtral qwen2_moe qwen3_moe deepseek_v3 gpt_oss deepseek_v3_fp8; do
     small $m "$root/test/tools/Inputs/tiny/$m.json"
   done
+  # Odd shapes: H 200 (not a multiple of 16), I 72 and 40,
+  # H 384 with I 320 in FP8 (partial 128-blocks).
+  for m in h200_i72_e10 i40 h384_i320; do
+    small odd_$m "$root/test/tools/Inputs/odd/$m.json"
+  done
+  small odd_h384_i320_fp8 "$root/test/tools/Inputs/odd/h384_i320.json" --quant=fp8-block128
   small qwen3_mxfp8 "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=mxfp8
   small qwen3_fp8_block128 "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=fp8-block128
   hf="$root/test/tools/Inputs/hf/deepseek_v3.json"
@@ -57,8 +63,24 @@ if [[ $mode == run ]]; then
   out=${OUT:-$dir/results}
   mkdir -p "$out"
   nvidia-smi topo -m | head -4 || true
-  # EP_SMALL= skips the small layers; EP_SKIP_KILL=1 the killed rank.
-  for m in ${EP_SMALL-mixtral qwen2_moe qwen3_moe deepseek_v3 gpt_oss deepseek_v3_fp8 qwen3_mxfp8 qwen3_fp8_block128}; do
+  # EP_SMALL= skips the small layers; EP_SKIP_KILL=1 the killed rank;
+  # EP_SANITIZE=1 runs every small layer's two ranks under compute-sanitizer
+  # (memcheck, both processes), over NVLink and through the proxy.
+  small_layers="mixtral qwen2_moe qwen3_moe deepseek_v3 gpt_oss deepseek_v3_fp8 qwen3_mxfp8 qwen3_fp8_block128"
+  small_layers="$small_layers odd_h200_i72_e10 odd_i40 odd_h384_i320 odd_h384_i320_fp8"
+  if [[ -n ${EP_SANITIZE:-} ]]; then
+    for m in ${EP_SMALL-$small_layers}; do
+      for path in "" --ep-proxy; do
+        log="$out/sanitize_${m}${path}.txt"
+        timeout 300 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 \
+          "$dir/moe-exec" "$dir/${m}_ep2.so" --ep-ranks 2 $path --ep-timeout-ms 60000 \
+          --inputs "$dir/in_$m.safetensors" --outputs "$out/${m}_san.safetensors" > "$log" 2>&1
+        echo "$m ${path:-nvlink}: compute-sanitizer exit $?, $(grep -m1 'ERROR SUMMARY' "$log" || echo 'no summary')"
+      done
+    done
+    exit 0
+  fi
+  for m in ${EP_SMALL-$small_layers}; do
     timeout 120 "$dir/moe-exec" "$dir/${m}_ep1.so" --inputs "$dir/in_$m.safetensors" \
       --outputs "$out/${m}_ep1.safetensors" || echo "$m: the one-rank run failed"
     timeout 120 "$dir/moe-exec" "$dir/${m}_ep2.so" --ep-ranks 2 --ep-timeout-ms 5000 --inputs "$dir/in_$m.safetensors" \
