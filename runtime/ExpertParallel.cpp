@@ -149,18 +149,6 @@ bool shapeFits(const Shape &s, std::string &why) {
 
 extern "C" {
 
-int64_t moe_ep_send_bytes(int64_t hidden, int64_t topK, int64_t ranks,
-                          int64_t maxTokens) {
-  Shape s{hidden, topK, 0, ranks, maxTokens};
-  return int64_t(s.sendBytes());
-}
-
-int64_t moe_ep_recv_bytes(int64_t hidden, int64_t topK, int64_t ranks,
-                          int64_t maxTokens) {
-  Shape s{hidden, topK, 0, ranks, maxTokens};
-  return int64_t(s.recvBytes());
-}
-
 const char *moe_ep_last_error(void) { return lastError.c_str(); }
 
 int32_t moe_ep_init(int64_t hidden, int64_t topK, int64_t experts,

@@ -42,13 +42,6 @@ typedef struct moe_ep_config {
   int32_t proxy;
 } moe_ep_config_t;
 
-/* Bytes of the send and receive buffers one rank registers, for a layer of
- * this shape: what init allocates (docs/expert-parallel.md derives them). */
-int64_t moe_ep_send_bytes(int64_t hidden, int64_t top_k, int64_t ranks,
-                          int64_t max_tokens);
-int64_t moe_ep_recv_bytes(int64_t hidden, int64_t top_k, int64_t ranks,
-                          int64_t max_tokens);
-
 /* ---- called by the generated code -------------------------------------- */
 
 int32_t moe_ep_init(int64_t hidden, int64_t top_k, int64_t experts,

@@ -359,6 +359,31 @@ static LogicalResult verifyQuantizedResult(Operation *op, StringRef name,
                      quant, /*allowSquareBlocks=*/false);
 }
 
+namespace {
+/// The shape the dispatches share: tokens, hidden size and top-k.
+struct Choices {
+  int64_t tokens, hidden, topK;
+};
+} // namespace
+
+/// `hidden_states` [T, H], `expert_ids` [T, k] and, if any, `scale` [T, k].
+static FailureOr<Choices> checkChoices(Operation *op, Value hiddenStates,
+                                       Value expertIds, Value scale) {
+  if (failed(checkShape(op, "hidden_states", hiddenStates,
+                        {count(kAny, "tokens"), size(kAny, "hidden")})))
+    return failure();
+  int64_t tokens = shapeOf(hiddenStates)[0];
+  if (failed(checkShape(op, "expert_ids", expertIds,
+                        {count(tokens, "tokens"), size(kAny, "top-k")})))
+    return failure();
+  int64_t topK = shapeOf(expertIds)[1];
+  if (scale &&
+      failed(checkShape(op, "scale", scale,
+                        {count(tokens, "tokens"), size(topK, "top-k")})))
+    return failure();
+  return Choices{tokens, shapeOf(hiddenStates)[1], topK};
+}
+
 LogicalResult DispatchOp::verify() {
   Operation *op = getOperation();
   if (getAlign() < 1)
@@ -366,19 +391,11 @@ LogicalResult DispatchOp::verify() {
   if (getEpSize() < 1)
     return emitOpError() << "ep_size must be at least 1, but is "
                          << getEpSize();
-  if (failed(checkShape(op, "hidden_states", getHiddenStates(),
-                        {count(kAny, "tokens"), size(kAny, "hidden")})))
+  FailureOr<Choices> choices =
+      checkChoices(op, getHiddenStates(), getExpertIds(), getScale());
+  if (failed(choices))
     return failure();
-  int64_t tokens = shapeOf(getHiddenStates())[0];
-  int64_t hidden = shapeOf(getHiddenStates())[1];
-  if (failed(checkShape(op, "expert_ids", getExpertIds(),
-                        {count(tokens, "tokens"), size(kAny, "top-k")})))
-    return failure();
-  int64_t topK = shapeOf(getExpertIds())[1];
-  if (getScale() &&
-      (failed(checkShape(op, "scale", getScale(),
-                         {count(tokens, "tokens"), size(topK, "top-k")}))))
-    return failure();
+  auto [tokens, hidden, topK] = *choices;
   if (failed(checkShape(op, "dispatched", getDispatched(),
                         {count(kAny, "rows"), size(hidden, "hidden")})) ||
       failed(checkShape(op, "tokens_per_expert", getTokensPerExpert(),
@@ -574,19 +591,11 @@ LogicalResult EpDispatchSendOp::verify() {
   if (getLocalExperts() < 1)
     return emitOpError() << "local_experts must be at least 1, but is "
                          << getLocalExperts();
-  if (failed(checkShape(op, "hidden_states", getHiddenStates(),
-                        {count(kAny, "tokens"), size(kAny, "hidden")})))
+  FailureOr<Choices> choices =
+      checkChoices(op, getHiddenStates(), getExpertIds(), getScale());
+  if (failed(choices))
     return failure();
-  int64_t tokens = shapeOf(getHiddenStates())[0];
-  int64_t hidden = shapeOf(getHiddenStates())[1];
-  if (failed(checkShape(op, "expert_ids", getExpertIds(),
-                        {count(tokens, "tokens"), size(kAny, "top-k")})))
-    return failure();
-  int64_t topK = shapeOf(getExpertIds())[1];
-  if (getScale() &&
-      failed(checkShape(op, "scale", getScale(),
-                        {count(tokens, "tokens"), size(topK, "top-k")})))
-    return failure();
+  auto [tokens, hidden, topK] = *choices;
   if (failed(checkSent(op, getSent())) ||
       failed(checkShape(op, "rows", getRows(),
                         {count(tokens, "tokens"), size(topK, "top-k")})))
