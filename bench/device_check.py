@@ -286,6 +286,20 @@ def main():
                 reference="cpu backend" if cpu else "torch float32",
                 rel_error=err, bound=opts.bound, finite=finite, ok=ok)
         failed |= not ok
+        if layer.token_buckets and ok:
+            # A bucket's call replays its graph (captured at the bucket's
+            # size, the count read from device memory); launched eagerly
+            # instead, the same kernels give the same bits.
+            replayed = tensors[-1].clone()
+            layer.set_graphs(False)
+            tensors[-1].fill_(float("nan"))
+            layer.forward(*tensors)
+            torch.cuda.synchronize()
+            layer.set_graphs(True)
+            same = bool(torch.equal(tensors[-1], replayed))
+            failed |= not same
+            out(what="buckets", layer=label, tokens=tokens,
+                eager_equal=same, ok=same)
         if opts.graph and ok and tokens > 0:
             # The forward neither waits nor copies: it can be captured in a
             # CUDA graph, and replays give the same output.

@@ -67,4 +67,25 @@ def LegalizeScaledMatmul : Pass<"moe-legalize-scaled-matmul"> {
   let dependentDialects = ["::mlir::moe::MoeDialect"];
 }
 
+def Bucketize : Pass<"moe-bucketize"> {
+  let summary = "Cut a layer's dynamic token count into buckets";
+  let description = [{
+    Marks each function of moe ops whose token dimension is dynamic with
+    `moe.token_buckets`: ascending token counts, each of which gets a plan
+    of its own when the kernels are built. A bucket's kernels and grids are
+    specialized to its size; the token count stays in device memory, so one
+    CUDA graph per bucket, captured once and replayed, serves every count
+    up to the bucket's (the host code picks the smallest bucket that holds a
+    call). Calls above the largest bucket run the plan for any count.
+    Expert-parallel layers (whose exchanges wait on other ranks) and
+    functions with a fixed token count are left as they are, with a remark.
+  }];
+  let options = [
+    ListOption<"buckets", "buckets", "int64_t",
+               "Ascending token counts, each at least 1 (default: 1, 2, 4, "
+               "..., 4096)">
+  ];
+  let dependentDialects = ["::mlir::moe::MoeDialect"];
+}
+
 #endif // MOE_PASSES_TD

@@ -58,11 +58,18 @@ void moe::buildCpuPipeline(OpPassManager &pm, Stop stop,
 }
 
 void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop, StringRef cudaPath,
-                             bool fuseQuantization, int64_t epMaxTokens) {
+                             bool fuseQuantization, int64_t epMaxTokens,
+                             const PipelineOptions *options) {
   pm.addPass(createDecompose());
   if (fuseQuantization)
     pm.addPass(createFuseQuantization());
   pm.addPass(createExpertParallel());
+  if (!options || options->tokenBuckets) {
+    BucketizeOptions buckets;
+    if (options)
+      buckets.buckets = llvm::to_vector(options->bucketSizes);
+    pm.addPass(createBucketize(buckets));
+  }
   if (stop == Stop::L1)
     return;
   nvidia::BuildKernelsOptions kernelOptions;
@@ -128,7 +135,7 @@ LogicalResult moe::compileLayer(ModuleOp module, StringRef name,
     passesStop = gpu ? Stop::Cubin : Stop::LLVM;
   if (gpu)
     buildSm90aPipeline(pm, passesStop, options.cudaPath,
-                       options.fuseQuantization, options.epMaxTokens);
+                       options.fuseQuantization, options.epMaxTokens, &options);
   else
     buildCpuPipeline(pm, passesStop, options.fuseQuantization);
   if (failed(pm.run(module)))
@@ -158,6 +165,10 @@ LogicalResult moe::compileLayer(ModuleOp module, StringRef name,
   FailureOr<StringRef> cubin = moe::kernelImage(module);
   if (failed(cubin))
     return failure();
+  SmallVector<LaunchPlanAttr> buckets;
+  if (auto list = func->getAttrOfType<ArrayAttr>(kBucketPlansAttrName))
+    for (Attribute bucket : list)
+      buckets.push_back(cast<LaunchPlanAttr>(bucket));
   OwningOpRef<ModuleOp> host = ModuleOp::create(module.getLoc());
   bool expertParallel = config && config.getEpSize() > 1;
   SmallVector<std::string> archives = {runtimeArchive.str()}, libraries;
@@ -168,7 +179,8 @@ LogicalResult moe::compileLayer(ModuleOp module, StringRef name,
     libraries = {"fabric", "pthread"};
   }
   return failure(
-      failed(host::addLaunchEntryPoints(*host, name, args, config, plan, *cubin,
+      failed(host::addLaunchEntryPoints(*host, name, args, config, plan,
+                                        buckets, *cubin,
                                         options.epMaxTokens)) ||
       failed(host::emitSharedLibrary(*host, output, archives, libraries)));
 }

@@ -36,6 +36,9 @@ struct PipelineOptions {
   /// An expert-parallel GPU layer's capacity: the most tokens a rank
   /// passes to one forward.
   int64_t epMaxTokens = 4096;
+  /// sm_90a: token buckets (moe-bucketize), ascending; empty: its default.
+  bool tokenBuckets = true;
+  SmallVector<int64_t> bucketSizes;
 };
 
 /// Appends the CPU target's passes: a layer (L0 or L1) to the LLVM dialect,
@@ -44,9 +47,11 @@ void buildCpuPipeline(OpPassManager &pm, Stop stop = Stop::LLVM,
                       bool fuseQuantization = true);
 
 /// Appends the sm_90a target's passes up to `stop` (at most Cubin).
+/// Without `options`, the defaults (buckets on).
 void buildSm90aPipeline(OpPassManager &pm, Stop stop = Stop::Cubin,
                         StringRef cudaPath = "", bool fuseQuantization = true,
-                        int64_t epMaxTokens = 4096);
+                        int64_t epMaxTokens = 4096,
+                        const PipelineOptions *options = nullptr);
 
 /// Compiles `module`, whose one layer function `name` has the C arguments
 /// `args`, through every stage of `options.target` up to `options.stop`.

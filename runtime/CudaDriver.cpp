@@ -63,6 +63,16 @@ CudaDevice::Driver *CudaDevice::loadDriver(std::string &error) {
     bind(driver.cuEventRecord, "cuEventRecord");
     bind(driver.cuEventSynchronize, "cuEventSynchronize");
     bind(driver.cuEventElapsedTime, "cuEventElapsedTime");
+    bind(driver.cuMemsetD32Async, "cuMemsetD32Async");
+    bind(driver.cuStreamCreate, "cuStreamCreate");
+    bind(driver.cuStreamIsCapturing, "cuStreamIsCapturing");
+    bind(driver.cuStreamBeginCapture, "cuStreamBeginCapture_v2");
+    bind(driver.cuStreamEndCapture, "cuStreamEndCapture");
+    bind(driver.cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags");
+    bind(driver.cuGraphLaunch, "cuGraphLaunch");
+    bind(driver.cuGraphExecUpdate, "cuGraphExecUpdate_v2");
+    bind(driver.cuGraphDestroy, "cuGraphDestroy");
+    bind(driver.cuGraphExecDestroy, "cuGraphExecDestroy");
     return ok;
   }();
   if (!loaded)

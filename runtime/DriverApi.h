@@ -56,6 +56,21 @@ struct CudaDevice::Driver {
   int (*cuEventRecord)(void *, void *);
   int (*cuEventSynchronize)(void *);
   int (*cuEventElapsedTime)(float *, void *, void *);
+  // Token counts in device memory, and a CUDA graph per token bucket.
+  int (*cuMemsetD32Async)(uint64_t, unsigned, size_t, void *);
+  int (*cuStreamCreate)(void **, unsigned);
+  int (*cuStreamIsCapturing)(void *, int *);
+  int (*cuStreamBeginCapture)(void *, int);
+  int (*cuStreamEndCapture)(void *, void **);
+  int (*cuGraphInstantiateWithFlags)(void **, void *, unsigned long long);
+  int (*cuGraphLaunch)(void *, void *);
+  struct GraphExecUpdateResultInfo {
+    int result;
+    void *errorNode, *errorFromNode;
+  };
+  int (*cuGraphExecUpdate)(void *, void *, GraphExecUpdateResultInfo *);
+  int (*cuGraphDestroy)(void *);
+  int (*cuGraphExecDestroy)(void *);
 };
 
 } // namespace moe::rt

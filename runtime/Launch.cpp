@@ -216,3 +216,173 @@ extern "C" void moert_kernel_times_report(const char *label) {
                  1000.0 * total.second / total.first);
   timings.clear();
 }
+
+extern "C" int32_t moert_set_tokens(void *workspace, int64_t tokens,
+                                    void *stream) {
+  std::string error;
+  CudaDevice::Driver *driver = CudaDevice::loadDriver(error);
+  if (!driver)
+    return fail(error);
+  CHECK(driver->cuMemsetD32Async(reinterpret_cast<uintptr_t>(workspace),
+                                 unsigned(tokens), 1, stream),
+        "cuMemsetD32Async");
+  return 0;
+}
+
+namespace {
+/// One captured graph of a bucket and what it was captured for (a graph
+/// launches on any stream of its context).
+struct Graph {
+  void *context, *workspace;
+  std::vector<void *> args;
+  void *exec;
+  uint64_t used;
+};
+/// A bucket's graphs: a few argument sets, the least recently used one
+/// updated in place when another comes.
+struct Graphs {
+  std::mutex mutex;
+  std::vector<Graph> graphs;
+  uint64_t clock = 0;
+};
+constexpr size_t kGraphsPerBucket = 4;
+// Values from cuda.h.
+constexpr int kCaptureStatusNone = 0, kCaptureModeRelaxed = 2;
+constexpr unsigned kStreamNonBlocking = 1;
+/// Per context, the stream graphs are captured on (under captureMutex).
+std::unordered_map<void *, void *> captureStreams;
+std::mutex captureMutex;
+
+bool graphsOff() {
+  static const bool off = [] {
+    const char *graphs = std::getenv("MOE_GRAPHS");
+    return (graphs && std::string(graphs) == "0") ||
+           std::getenv("MOERT_KERNEL_TIMES") != nullptr;
+  }();
+  return off;
+}
+
+/// The bucket's graph for this call, captured (or updated) if new.
+int32_t graphFor(void **slot, moert_enqueue_fn enqueue, void *const *args,
+                 int32_t numArgs, int64_t bucketTokens, void *stream,
+                 void *workspace, void *&exec) {
+  std::string error;
+  void *context = nullptr;
+  CudaDevice::Driver *driver = driverWithContext(context, error);
+  if (!driver)
+    return fail(error);
+  Graphs *cache;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!*slot)
+      *slot = new Graphs();
+    cache = static_cast<Graphs *>(*slot);
+  }
+  std::lock_guard<std::mutex> lock(cache->mutex);
+  std::vector<void *> key(args, args + numArgs);
+  for (Graph &g : cache->graphs)
+    if (g.context == context && g.workspace == workspace && g.args == key) {
+      g.used = ++cache->clock;
+      exec = g.exec;
+      return 0;
+    }
+  // Captured on a stream of the runtime's own (the caller's may be the
+  // legacy default stream, which cannot be captured). Relaxed: the first
+  // launch of a kernel loads the module, which a stricter mode refuses.
+  // One capture at a time per process: they share the stream.
+  std::lock_guard<std::mutex> capturing(captureMutex);
+  void *&captureStream = captureStreams[context];
+  if (!captureStream)
+    CHECK(driver->cuStreamCreate(&captureStream, kStreamNonBlocking),
+          "cuStreamCreate");
+  CHECK(driver->cuStreamBeginCapture(captureStream, kCaptureModeRelaxed),
+        "cuStreamBeginCapture");
+  int32_t status = enqueue(args, bucketTokens, captureStream, workspace);
+  void *graph = nullptr;
+  int ended = driver->cuStreamEndCapture(captureStream, &graph);
+  if (status != 0) {
+    if (graph)
+      driver->cuGraphDestroy(graph);
+    return status;
+  }
+  CHECK(ended, "cuStreamEndCapture");
+  // The least recently used graph of this stream and context takes the
+  // new arguments when the bucket has its fill: same kernels, new
+  // parameters.
+  Graph *victim = nullptr;
+  if (cache->graphs.size() >= kGraphsPerBucket)
+    for (Graph &g : cache->graphs)
+      if (!victim || g.used < victim->used)
+        victim = &g;
+  int result = 1;
+  if (victim && victim->context == context) {
+    CudaDevice::Driver::GraphExecUpdateResultInfo info{};
+    result = driver->cuGraphExecUpdate(victim->exec, graph, &info);
+  }
+  if (result != 0) {
+    void *fresh = nullptr;
+    result = driver->cuGraphInstantiateWithFlags(&fresh, graph, 0);
+    if (result != 0) {
+      driver->cuGraphDestroy(graph);
+      CHECK(result, "cuGraphInstantiateWithFlags");
+    }
+    if (victim) {
+      driver->cuGraphExecDestroy(victim->exec);
+      victim->exec = fresh;
+    } else {
+      cache->graphs.push_back({});
+      victim = &cache->graphs.back();
+      victim->exec = fresh;
+    }
+  }
+  driver->cuGraphDestroy(graph);
+  victim->context = context;
+  victim->workspace = workspace;
+  victim->args = std::move(key);
+  victim->used = ++cache->clock;
+  exec = victim->exec;
+  return 0;
+}
+
+/// Whether the caller is capturing `stream` (then its graph takes the
+/// launches themselves).
+bool capturing(CudaDevice::Driver *driver, void *stream) {
+  int status = 0;
+  return driver->cuStreamIsCapturing(stream, &status) != 0 ||
+         status != kCaptureStatusNone;
+}
+} // namespace
+
+extern "C" int32_t moert_graph_launch(void **graphs, moert_enqueue_fn enqueue,
+                                      void *const *args, int32_t numArgs,
+                                      int64_t tokens, int64_t bucketTokens,
+                                      void *stream, void *workspace,
+                                      int32_t enabled) {
+  std::string error;
+  CudaDevice::Driver *driver = CudaDevice::loadDriver(error);
+  if (!driver)
+    return fail(error);
+  if (!enabled || graphsOff() || capturing(driver, stream))
+    return enqueue(args, tokens, stream, workspace);
+  void *exec = nullptr;
+  if (int32_t status = graphFor(graphs, enqueue, args, numArgs, bucketTokens,
+                                stream, workspace, exec))
+    return status;
+  CHECK(driver->cuGraphLaunch(exec, stream), "cuGraphLaunch");
+  return 0;
+}
+
+extern "C" int32_t moert_graph_prepare(void **graphs, moert_enqueue_fn enqueue,
+                                       void *const *args, int32_t numArgs,
+                                       int64_t bucketTokens, void *stream,
+                                       void *workspace) {
+  std::string error;
+  CudaDevice::Driver *driver = CudaDevice::loadDriver(error);
+  if (!driver)
+    return fail(error);
+  if (capturing(driver, stream))
+    return fail("warmup cannot run while the stream is being captured");
+  void *exec = nullptr;
+  return graphFor(graphs, enqueue, args, numArgs, bucketTokens, stream,
+                  workspace, exec);
+}

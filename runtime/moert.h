@@ -43,6 +43,35 @@ int32_t moert_check_call(void *const *args, const char *kinds, int64_t tokens,
                          int64_t max_tokens, const void *workspace,
                          int64_t workspace_bytes);
 
+/* Writes the call's token count into the first 4 bytes of `workspace` on
+ * `stream`, where the kernels read it. */
+int32_t moert_set_tokens(void *workspace, int64_t tokens, void *stream);
+
+/* A layer's enqueue function: launches a plan's kernels with grids, TMA
+ * descriptors and workspace slices sized for `tokens`. */
+typedef int32_t (*moert_enqueue_fn)(void *const *args, int64_t tokens,
+                                    void *stream, void *workspace);
+
+/* Runs a token bucket's kernels on `stream`: replays the bucket's CUDA graph
+ * for these `num_args` argument pointers, workspace and context, captured
+ * (on a stream of the runtime's) with `enqueue` at the bucket's
+ * `bucket_tokens` on first use, or re-captured and updated in place when
+ * the arguments change (`*graphs` holds the bucket's few most recent
+ * graphs). Launches eagerly, with grids for `tokens`, instead when `enabled`
+ * is 0, MOE_GRAPHS=0 or MOERT_KERNEL_TIMES is set, or the caller is
+ * capturing `stream`. */
+int32_t moert_graph_launch(void **graphs, moert_enqueue_fn enqueue,
+                           void *const *args, int32_t num_args, int64_t tokens,
+                           int64_t bucket_tokens, void *stream,
+                           void *workspace, int32_t enabled);
+
+/* Captures the bucket's graph for these arguments as moert_graph_launch
+ * would, without launching it. */
+int32_t moert_graph_prepare(void **graphs, moert_enqueue_fn enqueue,
+                            void *const *args, int32_t num_args,
+                            int64_t bucket_tokens, void *stream,
+                            void *workspace);
+
 /* What the last failing call on this thread said. */
 const char *moert_last_error(void);
 /* Sets it (for the expert-parallel runtime, runtime/moe_ep.h). */

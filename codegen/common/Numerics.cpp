@@ -21,7 +21,16 @@ std::pair<Value, Value> common::expertScore(Emitter &e, RouterKind kind,
 
 void common::selectExperts(Emitter &e, RouterAttr router, int64_t experts,
                            int64_t topK, const RouteScratch &scratch, Value ids,
-                           Value weights, Value t) {
+                           Value weights, Value t, SelectThreads threads) {
+  auto sequential = [&](Value lb, Value ub, function_ref<Value(Value)> key,
+                        function_ref<Value(Value)> eligible) {
+    return e.argmax(lb, ub, key, eligible);
+  };
+  ArgmaxFn argmax = threads.argmax ? threads.argmax : ArgmaxFn(sequential);
+  auto alone = [](function_ref<void()> step) { step(); };
+  auto single = threads.single
+                    ? threads.single
+                    : function_ref<void(function_ref<void()>)>(alone);
   RouterKind kind = router.getKind();
   int64_t nGroup = router.getNGroup();
   Value zero8 = arith::ConstantOp::create(e.b, e.loc, e.b.getI8IntegerAttr(0));
@@ -31,110 +40,120 @@ void common::selectExperts(Emitter &e, RouterAttr router, int64_t experts,
       return e.icmp(arith::CmpIPredicate::eq, e.loadRaw(flags, {iv}), zero8);
     };
   };
-  e.forEach(e.index(0), e.index(experts),
-            [&](Value x) { e.storeRaw(zero8, scratch.taken, {x}); });
+  single([&] {
+    e.forEach(e.index(0), e.index(experts),
+              [&](Value x) { e.storeRaw(zero8, scratch.taken, {x}); });
+  });
 
-  if (kind == RouterKind::SoftmaxTopK) {
-    // Softmax over all experts, max-subtracted; it ranks as the logits do.
-    Value max =
-        e.reduce(e.index(0), e.index(experts), {e.f32(-INFINITY)},
-                 [&](Value x, ValueRange acc) -> SmallVector<Value> {
-                   return {e.maxf(acc[0], e.loadRaw(scratch.score, {x}))};
-                 })[0];
-    Value sum = e.reduce(e.index(0), e.index(experts), {e.f32(0.0)},
-                         [&](Value x, ValueRange acc) -> SmallVector<Value> {
-                           Value p =
-                               e.exp(e.sub(e.loadRaw(scratch.score, {x}), max));
-                           e.storeRaw(p, scratch.score, {x});
-                           return {e.add(acc[0], p)};
-                         })[0];
-    e.forEach(e.index(0), e.index(experts), [&](Value x) {
-      Value p = e.div(e.loadRaw(scratch.score, {x}), sum);
-      e.storeRaw(p, scratch.score, {x});
-      e.storeRaw(p, scratch.choice, {x});
+  if (kind == RouterKind::SoftmaxTopK)
+    single([&] {
+      // Softmax over all experts, max-subtracted; it ranks as the logits do.
+      Value max =
+          e.reduce(e.index(0), e.index(experts), {e.f32(-INFINITY)},
+                   [&](Value x, ValueRange acc) -> SmallVector<Value> {
+                     return {e.maxf(acc[0], e.loadRaw(scratch.score, {x}))};
+                   })[0];
+      Value sum =
+          e.reduce(e.index(0), e.index(experts), {e.f32(0.0)},
+                   [&](Value x, ValueRange acc) -> SmallVector<Value> {
+                     Value p = e.exp(e.sub(e.loadRaw(scratch.score, {x}), max));
+                     e.storeRaw(p, scratch.score, {x});
+                     return {e.add(acc[0], p)};
+                   })[0];
+      e.forEach(e.index(0), e.index(experts), [&](Value x) {
+        Value p = e.div(e.loadRaw(scratch.score, {x}), sum);
+        e.storeRaw(p, scratch.score, {x});
+        e.storeRaw(p, scratch.choice, {x});
+      });
     });
-  }
 
-  if (nGroup > 1) {
-    // Each group scores by the sum of its two best choices; experts outside
-    // the best topk_group groups compete with a choice score of 0, as in
-    // HF transformers' DeepseekV3TopkRouter.
-    int64_t perGroup = experts / nGroup;
-    e.forEach(e.index(0), e.index(nGroup), [&](Value g) {
-      Value first = arith::MulIOp::create(e.b, e.loc, g, e.index(perGroup));
-      Value last = e.iadd(first, e.index(perGroup));
-      auto top2 = e.reduce(first, last, {e.f32(-INFINITY), e.f32(-INFINITY)},
-                           [&](Value x, ValueRange acc) -> SmallVector<Value> {
-                             Value v = e.loadRaw(scratch.choice, {x});
-                             Value beatsFirst = e.fgt(v, acc[0]);
-                             Value second = e.select(
-                                 beatsFirst, acc[0],
-                                 e.select(e.fgt(v, acc[1]), v, acc[1]));
-                             return {e.select(beatsFirst, v, acc[0]), second};
-                           });
-      e.storeRaw(e.add(top2[0], top2[1]), scratch.groupScore, {g});
-      e.storeRaw(zero8, scratch.groupTaken, {g});
+  if (nGroup > 1)
+    single([&] {
+      // Each group scores by the sum of its two best choices; experts outside
+      // the best topk_group groups compete with a choice score of 0, as in
+      // HF transformers' DeepseekV3TopkRouter.
+      int64_t perGroup = experts / nGroup;
+      e.forEach(e.index(0), e.index(nGroup), [&](Value g) {
+        Value first = arith::MulIOp::create(e.b, e.loc, g, e.index(perGroup));
+        Value last = e.iadd(first, e.index(perGroup));
+        auto top2 =
+            e.reduce(first, last, {e.f32(-INFINITY), e.f32(-INFINITY)},
+                     [&](Value x, ValueRange acc) -> SmallVector<Value> {
+                       Value v = e.loadRaw(scratch.choice, {x});
+                       Value beatsFirst = e.fgt(v, acc[0]);
+                       Value second =
+                           e.select(beatsFirst, acc[0],
+                                    e.select(e.fgt(v, acc[1]), v, acc[1]));
+                       return {e.select(beatsFirst, v, acc[0]), second};
+                     });
+        e.storeRaw(e.add(top2[0], top2[1]), scratch.groupScore, {g});
+        e.storeRaw(zero8, scratch.groupTaken, {g});
+      });
+      e.forEach(e.index(0), e.index(router.getTopkGroup()), [&](Value) {
+        Value best = e.argmax(
+            e.index(0), e.index(nGroup),
+            [&](Value g) { return e.loadRaw(scratch.groupScore, {g}); },
+            isFree(scratch.groupTaken));
+        e.storeRaw(one8, scratch.groupTaken, {e.toIndex(best)});
+      });
+      e.forEach(e.index(0), e.index(experts), [&](Value x) {
+        Value g = arith::DivUIOp::create(e.b, e.loc, x, e.index(perGroup));
+        Value masked = e.icmp(arith::CmpIPredicate::eq,
+                              e.loadRaw(scratch.groupTaken, {g}), zero8);
+        e.storeRaw(e.select(masked, e.f32(0.0), e.loadRaw(scratch.choice, {x})),
+                   scratch.choice, {x});
+      });
     });
-    e.forEach(e.index(0), e.index(router.getTopkGroup()), [&](Value) {
-      Value best = e.argmax(
-          e.index(0), e.index(nGroup),
-          [&](Value g) { return e.loadRaw(scratch.groupScore, {g}); },
-          isFree(scratch.groupTaken));
-      e.storeRaw(one8, scratch.groupTaken, {e.toIndex(best)});
-    });
-    e.forEach(e.index(0), e.index(experts), [&](Value x) {
-      Value g = arith::DivUIOp::create(e.b, e.loc, x, e.index(perGroup));
-      Value masked = e.icmp(arith::CmpIPredicate::eq,
-                            e.loadRaw(scratch.groupTaken, {g}), zero8);
-      e.storeRaw(e.select(masked, e.f32(0.0), e.loadRaw(scratch.choice, {x})),
-                 scratch.choice, {x});
-    });
-  }
 
   // Top-k by choice score, in descending order.
   e.forEach(e.index(0), e.index(topK), [&](Value j) {
-    Value best = e.toIndex(e.argmax(
+    Value best = e.toIndex(argmax(
         e.index(0), e.index(experts),
         [&](Value x) { return e.loadRaw(scratch.choice, {x}); },
         isFree(scratch.taken)));
-    e.storeRaw(one8, scratch.taken, {best});
-    e.storeRaw(e.toI32(best), ids, {t, j});
-    Value w = e.loadRaw(scratch.score, {best});
-    if (kind == RouterKind::SigmoidScaleInput)
-      w = e.sigmoid(w);
-    e.storeRaw(w, weights, {t, j});
-  });
-
-  // GPT-OSS: softmax over the k chosen logits.
-  if (kind == RouterKind::TopKSoftmax) {
-    Value max = e.reduce(e.index(0), e.index(topK), {e.f32(-INFINITY)},
-                         [&](Value j, ValueRange acc) -> SmallVector<Value> {
-                           return {e.maxf(acc[0], e.loadRaw(weights, {t, j}))};
-                         })[0];
-    e.forEach(e.index(0), e.index(topK), [&](Value j) {
-      e.storeRaw(e.exp(e.sub(e.loadRaw(weights, {t, j}), max)), weights,
-                 {t, j});
-    });
-  }
-  bool normalize = router.getRenormalize() || kind == RouterKind::TopKSoftmax;
-  double scaling = router.getScaling().convertToDouble();
-  if (normalize || scaling != 1.0) {
-    Value sum = e.reduce(e.index(0), e.index(topK), {e.f32(0.0)},
-                         [&](Value j, ValueRange acc) -> SmallVector<Value> {
-                           return {e.add(acc[0], e.loadRaw(weights, {t, j}))};
-                         })[0];
-    // DeepSeek guards the sum against zero.
-    if (kind == RouterKind::SigmoidGroupedTopK)
-      sum = e.add(sum, e.f32(1e-20));
-    e.forEach(e.index(0), e.index(topK), [&](Value j) {
-      Value w = e.loadRaw(weights, {t, j});
-      if (normalize)
-        w = e.div(w, sum);
-      if (scaling != 1.0)
-        w = e.mul(w, e.f32(scaling));
+    single([&] {
+      e.storeRaw(one8, scratch.taken, {best});
+      e.storeRaw(e.toI32(best), ids, {t, j});
+      Value w = e.loadRaw(scratch.score, {best});
+      if (kind == RouterKind::SigmoidScaleInput)
+        w = e.sigmoid(w);
       e.storeRaw(w, weights, {t, j});
     });
-  }
+  });
+
+  single([&] {
+    // GPT-OSS: softmax over the k chosen logits.
+    if (kind == RouterKind::TopKSoftmax) {
+      Value max =
+          e.reduce(e.index(0), e.index(topK), {e.f32(-INFINITY)},
+                   [&](Value j, ValueRange acc) -> SmallVector<Value> {
+                     return {e.maxf(acc[0], e.loadRaw(weights, {t, j}))};
+                   })[0];
+      e.forEach(e.index(0), e.index(topK), [&](Value j) {
+        e.storeRaw(e.exp(e.sub(e.loadRaw(weights, {t, j}), max)), weights,
+                   {t, j});
+      });
+    }
+    bool normalize = router.getRenormalize() || kind == RouterKind::TopKSoftmax;
+    double scaling = router.getScaling().convertToDouble();
+    if (normalize || scaling != 1.0) {
+      Value sum = e.reduce(e.index(0), e.index(topK), {e.f32(0.0)},
+                           [&](Value j, ValueRange acc) -> SmallVector<Value> {
+                             return {e.add(acc[0], e.loadRaw(weights, {t, j}))};
+                           })[0];
+      // DeepSeek guards the sum against zero.
+      if (kind == RouterKind::SigmoidGroupedTopK)
+        sum = e.add(sum, e.f32(1e-20));
+      e.forEach(e.index(0), e.index(topK), [&](Value j) {
+        Value w = e.loadRaw(weights, {t, j});
+        if (normalize)
+          w = e.div(w, sum);
+        if (scaling != 1.0)
+          w = e.mul(w, e.f32(scaling));
+        e.storeRaw(w, weights, {t, j});
+      });
+    }
+  });
 }
 
 Value common::activate(Emitter &e, ActivationAttr activation, Value gate,

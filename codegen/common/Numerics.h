@@ -28,11 +28,28 @@ struct RouteScratch {
   Value score, choice, taken, groupScore, groupTaken;
 };
 
+/// Emitter::argmax's contract: the index in [lb, ub) of the largest `key`
+/// among the `eligible`, ties and NaN keys to the lowest index, -1 if none.
+using ArgmaxFn =
+    function_ref<Value(Value lb, Value ub, function_ref<Value(Value)> key,
+                       function_ref<Value(Value)> eligible)>;
+
+/// How a target shares a token's selection among threads. Every thread runs
+/// selectExperts; each writing step runs inside `single`, which must run it
+/// once and make its writes visible to every thread before going on; the
+/// searches run in `argmax`, which may split them across the threads if it
+/// keeps Emitter::argmax's contract (that fixes the result bit for bit).
+/// Both null: one thread does everything.
+struct SelectThreads {
+  ArgmaxFn argmax = nullptr;
+  function_ref<void(function_ref<void()>)> single = nullptr;
+};
+
 /// Chooses token `t`'s top-k experts into ids[t, :] (i32) and their weights
 /// into weights[t, :] (f32), as `router` says.
 void selectExperts(Emitter &e, RouterAttr router, int64_t experts, int64_t topK,
                    const RouteScratch &scratch, Value ids, Value weights,
-                   Value t);
+                   Value t, SelectThreads threads = {});
 
 /// The activation of a gate and an up value (f32).
 Value activate(Emitter &e, ActivationAttr activation, Value gate, Value up);

@@ -184,7 +184,7 @@ static llvm::json::Value configJson(ConfigAttr config) {
 std::string host::infoJson(StringRef name, ArrayRef<host::ArgInfo> args,
                            ConfigAttr config, StringRef target,
                            const TokenLinear *workspace, int64_t epCapacity,
-                           int64_t epStateBytes) {
+                           int64_t epStateBytes, ArrayRef<int64_t> buckets) {
   llvm::json::Array list;
   for (const host::ArgInfo &arg : args)
     list.push_back(llvm::json::Object{{"name", arg.name},
@@ -226,6 +226,11 @@ std::string host::infoJson(StringRef name, ArrayRef<host::ArgInfo> args,
     info["workspace"] = llvm::json::Object{{"base", workspace->fixed},
                                            {"per_token", workspace->perToken}};
     info["workspace_size"] = ("moe_" + name + "_workspace_size").str();
+  }
+  if (!buckets.empty()) {
+    info["token_buckets"] = llvm::json::Array(buckets);
+    info["set_graphs"] = ("moe_" + name + "_set_graphs").str();
+    info["warmup"] = ("moe_" + name + "_warmup").str();
   }
   std::string text;
   llvm::raw_string_ostream os(text);
@@ -374,7 +379,7 @@ void host::addLayerInfo(ModuleOp module, StringRef json) {
 }
 
 std::string host::headerText(StringRef name, ArrayRef<ArgInfo> args, bool gpu,
-                             int64_t epSize) {
+                             int64_t epSize, bool buckets) {
   std::string guard = ("MOE_" + name.upper() + "_H");
   std::string text;
   llvm::raw_string_ostream os(text);
@@ -400,6 +405,17 @@ std::string host::headerText(StringRef name, ArrayRef<ArgInfo> args, bool gpu,
        << "int64_t moe_" << name << "_workspace_size(int64_t tokens);\n"
        << "/* Why the last call on this thread failed. */\n"
        << "const char *moe_last_error(void);\n\n";
+  if (gpu && buckets)
+    os << "/* Token buckets (moe_layer_info()'s token_buckets): a forward of "
+          "at most a\n * bucket's tokens replays the bucket's CUDA graph, "
+          "captured on first use\n * for its argument pointers and workspace "
+          "(unless the caller is capturing\n * the stream, or graphs are off: "
+          "set_graphs(0) or MOE_GRAPHS=0). warmup\n * captures every bucket's "
+          "graph for these arguments and workspace\n * (workspace_size of the "
+          "largest bucket) and launches nothing. */\n"
+       << "void moe_" << name << "_set_graphs(int32_t on);\n"
+       << "int32_t moe_" << name
+       << "_warmup(void *const *args, void *stream, void *workspace);\n\n";
   else
     os << " * Returns 0 on success. */\n"
        << "int32_t moe_" << name

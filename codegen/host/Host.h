@@ -39,28 +39,33 @@ LogicalResult addEntryPoints(ModuleOp module, StringRef name,
 /// addLaunchEntryPoints) adds; an expert-parallel layer (`epSize` > 1) adds
 /// its init and finalize.
 std::string headerText(StringRef name, ArrayRef<ArgInfo> args, bool gpu = false,
-                       int64_t epSize = 1);
+                       int64_t epSize = 1, bool buckets = false);
 
 /// The layer's description as JSON (what moe_layer_info returns); a GPU
 /// target adds its workspace bytes.
 /// An expert-parallel GPU layer adds its capacity (`epCapacity` tokens per
 /// rank) and the bytes of its state.
+/// A GPU layer with token buckets lists them.
 std::string infoJson(StringRef name, ArrayRef<ArgInfo> args, ConfigAttr config,
                      StringRef target, const TokenLinear *workspace = nullptr,
-                     int64_t epCapacity = 0, int64_t epStateBytes = 0);
+                     int64_t epCapacity = 0, int64_t epStateBytes = 0,
+                     ArrayRef<int64_t> buckets = {});
 
 /// Adds `const char *moe_layer_info(void)` returning `json` to `module`.
 void addLayerInfo(ModuleOp module, StringRef json);
 
 /// Adds the GPU entry points to `module`: moe_<name>_forward carrying out
 /// `plan` with the kernels of the embedded `cubin`,
-/// moe_<name>_workspace_size and moe_layer_info; an expert-parallel layer
-/// (compiled for `epMaxTokens` tokens per rank) adds moe_<name>_ep_init,
-/// _ep_finalize and _ep_status.
+/// moe_<name>_workspace_size and moe_layer_info. With token `buckets` (one
+/// plan each, ascending), a call of at most a bucket's tokens replays that
+/// bucket's CUDA graph, and moe_<name>_set_graphs and moe_<name>_warmup are
+/// added. An expert-parallel layer (compiled for `epMaxTokens` tokens per
+/// rank) adds moe_<name>_ep_init, _ep_finalize and _ep_status.
 LogicalResult addLaunchEntryPoints(ModuleOp module, StringRef name,
                                    ArrayRef<ArgInfo> args, ConfigAttr config,
-                                   LaunchPlanAttr plan, StringRef cubin,
-                                   int64_t epMaxTokens = 0);
+                                   LaunchPlanAttr plan,
+                                   ArrayRef<LaunchPlanAttr> buckets,
+                                   StringRef cubin, int64_t epMaxTokens = 0);
 
 /// Translates `module` to LLVM IR, optimizes it for the host CPU, and links
 /// it into the shared library `path` with the system's C++ compiler driver,

@@ -58,7 +58,8 @@ static SmallVector<Value> bufferAddresses(HostBuilder &h, LaunchPlanAttr plan,
                                           Value args, Value tokens,
                                           Value workspace, Value epState) {
   SmallVector<Value> addresses;
-  Value cursor = h.c64(0);
+  // The token count comes first.
+  Value cursor = h.c64(LaunchPlanAttr::kTokenCountBytes);
   for (PlanBufferAttr buffer : plan.getBufferList()) {
     if (buffer.getArg() == -2) {
       addresses.push_back(h.offset(epState, h.c64(buffer.getBytes().fixed)));
@@ -275,10 +276,14 @@ static LLVM::LLVMFuncOp addProxyTurn(ModuleOp module, StringRef name,
   return turn;
 }
 
-LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
-                                         ArrayRef<ArgInfo> args,
-                                         ConfigAttr config, LaunchPlanAttr plan,
-                                         StringRef cubin, int64_t epMaxTokens) {
+/// int32_t enqueue(void *const *args, int64_t tokens, void *stream,
+///                 void *workspace)
+/// launches `plan`'s kernels on `stream` with grids, workspace slices and
+/// TMA descriptors sized for `tokens` (the kernels read the call's own
+/// count from the workspace, so a bucket's graph is captured at its size).
+static LLVM::LLVMFuncOp addEnqueue(ModuleOp module, StringRef symbol,
+                                   LaunchPlanAttr plan, LLVM::GlobalOp image,
+                                   LLVM::GlobalOp moduleSlot) {
   Location loc = module.getLoc();
   OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
   HostBuilder h(b, loc);
@@ -287,54 +292,21 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
                           {ptr, ptr, ptr, i32, i32, i32, i32, ptr, ptr});
   auto mapFn = declare(b, module, loc, "moert_tensor_map_2d", i32,
                        {ptr, ptr, i32, i64, i64, i32, i32});
-  auto checkFn = declare(b, module, loc, "moert_check_call", i32,
-                         {ptr, ptr, i64, i64, ptr, i64});
-  // The loaded module, cached by the runtime on first use.
-  auto moduleSlot = LLVM::GlobalOp::create(
-      b, loc, i64, /*isConstant=*/false, LLVM::Linkage::Internal,
-      "moe_cuda_module", b.getI64IntegerAttr(0));
-
-  // int64_t moe_<name>_workspace_size(int64_t tokens)
-  TokenLinear workspace = plan.getWorkspaceBytes();
-  {
-    auto f = LLVM::LLVMFuncOp::create(b, loc,
-                                      ("moe_" + name + "_workspace_size").str(),
-                                      LLVM::LLVMFunctionType::get(i64, {i64}));
-    Block *entry = f.addEntryBlock(b);
-    b.setInsertionPointToStart(entry);
-    LLVM::ReturnOp::create(b, loc, h.linear(workspace, entry->getArgument(0)));
-    b.setInsertionPointToEnd(module.getBody());
-  }
-
-  auto forward = LLVM::LLVMFuncOp::create(
-      b, loc, ("moe_" + name + "_forward").str(),
-      LLVM::LLVMFunctionType::get(i32, {ptr, i64, ptr, ptr}));
-  Block *entry = forward.addEntryBlock(b);
-  h.failure = b.createBlock(&forward.getBody(), {}, {i32}, {loc});
+  b.setInsertionPointToEnd(module.getBody());
+  auto f = LLVM::LLVMFuncOp::create(
+      b, loc, symbol, LLVM::LLVMFunctionType::get(i32, {ptr, i64, ptr, ptr}),
+      LLVM::Linkage::Internal);
+  Block *entry = f.addEntryBlock(b);
+  h.failure = b.createBlock(&f.getBody(), {}, {i32}, {loc});
   LLVM::ReturnOp::create(b, loc, h.failure->getArgument(0));
   b.setInsertionPointToStart(entry);
   Value argv = entry->getArgument(0), tokens = entry->getArgument(1);
   Value stream = entry->getArgument(2), ws = entry->getArgument(3);
-  // A call the kernels cannot take safely fails here, not on the GPU.
-  std::string kinds;
-  for (const ArgInfo &arg : args)
-    kinds.push_back(!arg.shape.empty() && arg.shape[0] < 0 ? 't' : 'w');
-  kinds.push_back('\0');
-  Value kindsText = LLVM::createGlobalString(loc, b, "moe_arg_kinds", kinds,
-                                             LLVM::Linkage::Internal);
-  bool expertParallel =
-      llvm::any_of(plan.getBufferList(),
-                   [](PlanBufferAttr buffer) { return buffer.getArg() == -2; });
-  int64_t most = maxTokens(plan);
-  if (expertParallel)
-    most = std::min(most, epMaxTokens);
-  h.check(LLVM::CallOp::create(b, loc, checkFn,
-                               ValueRange{argv, kindsText, tokens, h.c64(most),
-                                          ws, h.linear(workspace, tokens)})
-              .getResult());
   // An expert-parallel layer's state, mapped by every peer at init.
   Value epState = LLVM::ZeroOp::create(b, loc, ptr);
-  if (expertParallel) {
+  if (llvm::any_of(plan.getBufferList(), [](PlanBufferAttr buffer) {
+        return buffer.getArg() == -2;
+      })) {
     auto stateFn = declare(b, module, loc, "moe_ep_cuda_state", ptr, {});
     epState = LLVM::CallOp::create(b, loc, stateFn, ValueRange{}).getResult();
     Value missing = LLVM::ICmpOp::create(
@@ -342,11 +314,7 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
         LLVM::PtrToIntOp::create(b, loc, i64, epState), h.c64(0));
     h.check(LLVM::ZExtOp::create(b, loc, i32, missing));
   }
-
-  Value image = LLVM::createGlobalString(loc, b, "moe_cubin", cubin,
-                                         LLVM::Linkage::Internal);
-  if (auto global = module.lookupSymbol<LLVM::GlobalOp>("moe_cubin"))
-    global.setAlignment(64);
+  Value imageAddress = LLVM::AddressOfOp::create(b, loc, image);
   Value moduleAddress = LLVM::AddressOfOp::create(b, loc, moduleSlot);
   SmallVector<Value> buffers =
       bufferAddresses(h, plan, argv, tokens, ws, epState);
@@ -375,13 +343,13 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
     Value params = h.stackSlot(ptr, launch.getArgs().size());
     for (auto [j, arg] : llvm::enumerate(launch.getArgs())) {
       // kernelParams[j] points at the parameter's value: a descriptor is
-      // its own 128 bytes, other values get a slot.
+      // its own 128 bytes, other values (addresses) get a slot.
       Value slot;
       if (arg.kind == KernelArgKind::TensorMap) {
         slot = maps[arg.index];
       } else {
         Value value =
-            arg.kind == KernelArgKind::Buffer ? buffers[arg.index] : tokens;
+            arg.kind == KernelArgKind::Buffer ? buffers[arg.index] : Value(ws);
         slot = h.stackSlot(value.getType(), 1);
         LLVM::StoreOp::create(b, loc, value, slot);
       }
@@ -398,19 +366,199 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
     blocks =
         LLVM::AddOp::create(b, loc, blocks, h.c64(launch.getExtraBlocks()));
     Value gridX = LLVM::TruncOp::create(b, loc, i32, blocks);
-    std::string kernelName = launch.getKernel().getValue().str();
-    kernelName.push_back('\0');
-    Value kernel =
-        LLVM::createGlobalString(loc, b, ("moe_kernel_name_" + Twine(i)).str(),
-                                 kernelName, LLVM::Linkage::Internal);
+    // One name string per kernel, shared by the plans that launch it.
+    StringRef kernelName = launch.getKernel().getValue();
+    std::string global = ("moe_kernel_name_" + kernelName).str();
+    Value kernel;
+    if (auto known = module.lookupSymbol<LLVM::GlobalOp>(global))
+      kernel = LLVM::AddressOfOp::create(b, loc, known);
+    else
+      kernel = LLVM::createGlobalString(loc, b, global,
+                                        (kernelName + Twine('\0')).str(),
+                                        LLVM::Linkage::Internal);
     h.check(LLVM::CallOp::create(
                 b, loc, launchFn,
-                ValueRange{moduleAddress, image, kernel, gridX,
+                ValueRange{moduleAddress, imageAddress, kernel, gridX,
                            h.c32(launch.getGridY()), h.c32(launch.getBlock()),
                            h.c32(launch.getSharedBytes()), stream, params})
                 .getResult());
   }
   LLVM::ReturnOp::create(b, loc, h.c32(0));
+  return f;
+}
+
+LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
+                                         ArrayRef<ArgInfo> args,
+                                         ConfigAttr config, LaunchPlanAttr plan,
+                                         ArrayRef<LaunchPlanAttr> buckets,
+                                         StringRef cubin, int64_t epMaxTokens) {
+  Location loc = module.getLoc();
+  OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
+  HostBuilder h(b, loc);
+  Type ptr = h.ptr, i64 = h.i64, i32 = h.i32;
+  auto checkFn = declare(b, module, loc, "moert_check_call", i32,
+                         {ptr, ptr, i64, i64, ptr, i64});
+  auto setTokensFn =
+      declare(b, module, loc, "moert_set_tokens", i32, {ptr, i64, ptr});
+  auto graphFn = declare(b, module, loc, "moert_graph_launch", i32,
+                         {ptr, ptr, ptr, i32, i64, i64, ptr, ptr, i32});
+  auto prepareFn = declare(b, module, loc, "moert_graph_prepare", i32,
+                           {ptr, ptr, ptr, i32, i64, ptr, ptr});
+  b.setInsertionPointToEnd(module.getBody());
+  // The loaded module, cached by the runtime on first use.
+  auto moduleSlot = LLVM::GlobalOp::create(
+      b, loc, i64, /*isConstant=*/false, LLVM::Linkage::Internal,
+      "moe_cuda_module", b.getI64IntegerAttr(0));
+  // Whether a bucket's call replays its graph (moe_<name>_set_graphs).
+  auto graphsOn = LLVM::GlobalOp::create(
+      b, loc, i32, /*isConstant=*/false, LLVM::Linkage::Internal,
+      "moe_graphs_enabled", b.getI32IntegerAttr(1));
+  // Each bucket's graphs, owned by the runtime.
+  SmallVector<LLVM::GlobalOp> graphSlots;
+  for (auto [i, bucket] : llvm::enumerate(buckets))
+    graphSlots.push_back(LLVM::GlobalOp::create(
+        b, loc, i64, /*isConstant=*/false, LLVM::Linkage::Internal,
+        ("moe_graphs_" + Twine(i)).str(), b.getI64IntegerAttr(0)));
+  // The image, 64-byte aligned as cuModuleLoadData wants.
+  auto cubinGlobal = LLVM::GlobalOp::create(
+      b, loc, LLVM::LLVMArrayType::get(b.getI8Type(), cubin.size()),
+      /*isConstant=*/true, LLVM::Linkage::Internal, "moe_cubin",
+      b.getStringAttr(cubin), /*alignment=*/64);
+  // The enqueue function of each plan: the buckets', then the one for any
+  // count.
+  SmallVector<LLVM::LLVMFuncOp> enqueues;
+  for (auto [i, bucket] : llvm::enumerate(buckets))
+    enqueues.push_back(
+        addEnqueue(module, ("moe_" + name + "_enqueue_" + Twine(i)).str(),
+                   bucket, cubinGlobal, moduleSlot));
+  enqueues.push_back(addEnqueue(module, ("moe_" + name + "_enqueue").str(),
+                                plan, cubinGlobal, moduleSlot));
+  b.setInsertionPointToEnd(module.getBody());
+
+  // The bytes a call's workspace needs: its bucket's at the bucket's size
+  // (its graph is captured there), else the plan's for any count.
+  auto workspaceAt = [&](Value tokens) {
+    Value bytes = h.linear(plan.getWorkspaceBytes(), tokens);
+    for (LaunchPlanAttr bucket : llvm::reverse(buckets)) {
+      Value inside = LLVM::ICmpOp::create(b, loc, LLVM::ICmpPredicate::sle,
+                                          tokens, h.c64(bucket.getMaxTokens()));
+      bytes = LLVM::SelectOp::create(
+          b, loc, inside,
+          h.c64(bucket.getWorkspaceBytes().fixed +
+                bucket.getWorkspaceBytes().perToken * bucket.getMaxTokens()),
+          bytes);
+    }
+    return bytes;
+  };
+
+  // int64_t moe_<name>_workspace_size(int64_t tokens)
+  TokenLinear workspace = plan.getWorkspaceBytes();
+  {
+    auto f = LLVM::LLVMFuncOp::create(b, loc,
+                                      ("moe_" + name + "_workspace_size").str(),
+                                      LLVM::LLVMFunctionType::get(i64, {i64}));
+    Block *entry = f.addEntryBlock(b);
+    b.setInsertionPointToStart(entry);
+    LLVM::ReturnOp::create(b, loc, workspaceAt(entry->getArgument(0)));
+    b.setInsertionPointToEnd(module.getBody());
+  }
+
+  std::string kinds;
+  for (const ArgInfo &arg : args)
+    kinds.push_back(!arg.shape.empty() && arg.shape[0] < 0 ? 't' : 'w');
+  kinds.push_back('\0');
+  bool expertParallel =
+      llvm::any_of(plan.getBufferList(),
+                   [](PlanBufferAttr buffer) { return buffer.getArg() == -2; });
+  int64_t most = maxTokens(plan);
+  if (expertParallel)
+    most = std::min(most, epMaxTokens);
+  for (LaunchPlanAttr bucket : buckets)
+    most = std::max(most, std::min(maxTokens(bucket), bucket.getMaxTokens()));
+
+  auto forward = LLVM::LLVMFuncOp::create(
+      b, loc, ("moe_" + name + "_forward").str(),
+      LLVM::LLVMFunctionType::get(i32, {ptr, i64, ptr, ptr}));
+  Block *entry = forward.addEntryBlock(b);
+  h.failure = b.createBlock(&forward.getBody(), {}, {i32}, {loc});
+  LLVM::ReturnOp::create(b, loc, h.failure->getArgument(0));
+  b.setInsertionPointToStart(entry);
+  Value argv = entry->getArgument(0), tokens = entry->getArgument(1);
+  Value stream = entry->getArgument(2), ws = entry->getArgument(3);
+  // A call the kernels cannot take safely fails here, not on the GPU.
+  Value kindsText = LLVM::createGlobalString(loc, b, "moe_arg_kinds", kinds,
+                                             LLVM::Linkage::Internal);
+  h.check(LLVM::CallOp::create(b, loc, checkFn,
+                               ValueRange{argv, kindsText, tokens, h.c64(most),
+                                          ws, workspaceAt(tokens)})
+              .getResult());
+  // The kernels read the count from the workspace.
+  h.check(
+      LLVM::CallOp::create(b, loc, setTokensFn, ValueRange{ws, tokens, stream})
+          .getResult());
+  // The smallest bucket that holds the call replays its graph; a call
+  // above every bucket launches the plan for any count.
+  Value enabled = LLVM::LoadOp::create(
+      b, loc, i32, LLVM::AddressOfOp::create(b, loc, graphsOn));
+  for (auto [i, bucket] : llvm::enumerate(buckets)) {
+    Value inside = LLVM::ICmpOp::create(b, loc, LLVM::ICmpPredicate::sle,
+                                        tokens, h.c64(bucket.getMaxTokens()));
+    Block *current = b.getInsertionBlock();
+    Block *replay = b.createBlock(current->getParent());
+    Block *next = b.createBlock(current->getParent());
+    b.setInsertionPointToEnd(current);
+    LLVM::CondBrOp::create(b, loc, inside, replay, ValueRange{}, next,
+                           ValueRange{});
+    b.setInsertionPointToStart(replay);
+    Value status =
+        LLVM::CallOp::create(
+            b, loc, graphFn,
+            ValueRange{LLVM::AddressOfOp::create(b, loc, graphSlots[i]),
+                       LLVM::AddressOfOp::create(b, loc, enqueues[i]), argv,
+                       h.c32(args.size()), tokens, h.c64(bucket.getMaxTokens()),
+                       stream, ws, enabled})
+            .getResult();
+    LLVM::ReturnOp::create(b, loc, status);
+    b.setInsertionPointToStart(next);
+  }
+  LLVM::ReturnOp::create(
+      b, loc,
+      LLVM::CallOp::create(b, loc, enqueues.back(),
+                           ValueRange{argv, tokens, stream, ws})
+          .getResult());
+
+  if (!buckets.empty()) {
+    b.setInsertionPointToEnd(module.getBody());
+    // void moe_<name>_set_graphs(int32_t on)
+    auto setGraphs = LLVM::LLVMFuncOp::create(
+        b, loc, ("moe_" + name + "_set_graphs").str(),
+        LLVM::LLVMFunctionType::get(LLVM::LLVMVoidType::get(b.getContext()),
+                                    {i32}));
+    b.setInsertionPointToStart(setGraphs.addEntryBlock(b));
+    LLVM::StoreOp::create(b, loc, setGraphs.getArgument(0),
+                          LLVM::AddressOfOp::create(b, loc, graphsOn));
+    LLVM::ReturnOp::create(b, loc, ValueRange{});
+    // int32_t moe_<name>_warmup(void *const *args, void *stream, void *ws):
+    // captures every bucket's graph for these arguments, launching nothing.
+    b.setInsertionPointToEnd(module.getBody());
+    auto warmup = LLVM::LLVMFuncOp::create(
+        b, loc, ("moe_" + name + "_warmup").str(),
+        LLVM::LLVMFunctionType::get(i32, {ptr, ptr, ptr}));
+    Block *body = warmup.addEntryBlock(b);
+    h.failure = b.createBlock(&warmup.getBody(), {}, {i32}, {loc});
+    LLVM::ReturnOp::create(b, loc, h.failure->getArgument(0));
+    b.setInsertionPointToStart(body);
+    for (auto [i, bucket] : llvm::enumerate(buckets))
+      h.check(LLVM::CallOp::create(
+                  b, loc, prepareFn,
+                  ValueRange{LLVM::AddressOfOp::create(b, loc, graphSlots[i]),
+                             LLVM::AddressOfOp::create(b, loc, enqueues[i]),
+                             body->getArgument(0), h.c32(args.size()),
+                             h.c64(bucket.getMaxTokens()), body->getArgument(1),
+                             body->getArgument(2)})
+                  .getResult());
+    LLVM::ReturnOp::create(b, loc, h.c32(0));
+  }
 
   // What the last failing runtime call said (the runtime's own symbols stay
   // inside the library).
@@ -467,7 +615,10 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
         LLVM::CallOp::create(b, loc, statusFn, ValueRange{}).getResult());
   }
 
-  addLayerInfo(module, infoJson(name, args, config, "sm_90a", &workspace,
-                                expertParallel ? epMaxTokens : 0, stateBytes));
+  SmallVector<int64_t> sizes = llvm::map_to_vector(
+      buckets, [](LaunchPlanAttr bucket) { return bucket.getMaxTokens(); });
+  addLayerInfo(module,
+               infoJson(name, args, config, "sm_90a", &workspace,
+                        expertParallel ? epMaxTokens : 0, stateBytes, sizes));
   return success();
 }

@@ -49,23 +49,21 @@ static LogicalResult buildKernel(LayerKernels &layer, Operation *op) {
       });
 }
 
-/// Builds `func`'s kernels into a new gpu.module and attaches its plan.
-static LogicalResult buildLayer(func::FuncOp func, int64_t epMaxTokens) {
-  if (!func.getBody().hasOneBlock())
-    return func.emitOpError() << "must have a single block to be lowered";
-  ModuleOp module = func->getParentOfType<ModuleOp>();
-  OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
-  auto gpuModule = gpu::GPUModuleOp::create(
-      b, func.getLoc(), (func.getName() + "_kernels").str());
-  LaunchPlan plan(func.getContext());
-  LayerKernels layer(gpuModule, plan);
+/// Builds `func`'s kernels for calls of at most `maxTokens` tokens (0: any)
+/// into `gpuModule`, and returns their plan.
+static FailureOr<std::unique_ptr<LaunchPlan>>
+buildPlan(func::FuncOp func, gpu::GPUModuleOp gpuModule,
+          llvm::StringSet<> &names, int64_t epMaxTokens, int64_t maxTokens) {
+  auto plan = std::make_unique<LaunchPlan>(func.getContext());
+  plan->maxTokens = maxTokens;
+  LayerKernels layer(gpuModule, *plan, names, maxTokens);
   layer.epMaxTokens = epMaxTokens;
   Block &body = func.getBody().front();
   FunctionType type = func.getFunctionType();
   // Buffer i is argument i: the inputs, then the outputs.
   unsigned numArgs = type.getNumInputs() + type.getNumResults();
   for (unsigned i = 0; i < numArgs; ++i)
-    plan.addArgument(i);
+    plan->addArgument(i);
   for (BlockArgument arg : body.getArguments()) {
     auto tensor = dyn_cast<RankedTensorType>(arg.getType());
     if (!tensor)
@@ -91,9 +89,66 @@ static LogicalResult buildLayer(func::FuncOp func, int64_t epMaxTokens) {
   for (Operation &op : body.without_terminator())
     if (failed(buildKernel(layer, &op)))
       return failure();
+  return plan;
+}
+
+/// `kernel` printed with a fixed name: equal texts are equal kernels.
+static std::string fingerprint(gpu::GPUFuncOp kernel) {
+  std::string name = kernel.getName().str(), text;
+  kernel.setName("kernel");
+  llvm::raw_string_ostream os(text);
+  kernel->print(os, OpPrintingFlags().useLocalScope());
+  kernel.setName(name);
+  return text;
+}
+
+/// Builds `func`'s kernels into a new gpu.module and attaches its plan, and
+/// one plan per token bucket (moe.token_buckets, set by moe-bucketize). A
+/// bucket's kernel equal to one built before is dropped and the earlier
+/// one launched, so only what a bucket specializes is compiled twice.
+static LogicalResult buildLayer(func::FuncOp func, int64_t epMaxTokens) {
+  if (!func.getBody().hasOneBlock())
+    return func.emitOpError() << "must have a single block to be lowered";
+  ModuleOp module = func->getParentOfType<ModuleOp>();
+  OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
+  auto gpuModule = gpu::GPUModuleOp::create(
+      b, func.getLoc(), (func.getName() + "_kernels").str());
+  llvm::StringSet<> names;
+  SmallVector<std::unique_ptr<LaunchPlan>> plans;
+  SmallVector<int64_t> sizes = {0};
+  if (auto buckets =
+          func->getAttrOfType<DenseI64ArrayAttr>(kTokenBucketsAttrName))
+    llvm::append_range(sizes, buckets.asArrayRef());
+  std::map<std::string, std::string> built;
+  for (int64_t size : sizes) {
+    size_t before = std::distance(gpuModule.getOps<gpu::GPUFuncOp>().begin(),
+                                  gpuModule.getOps<gpu::GPUFuncOp>().end());
+    FailureOr<std::unique_ptr<LaunchPlan>> plan =
+        buildPlan(func, gpuModule, names, epMaxTokens, size);
+    if (failed(plan))
+      return failure();
+    std::map<std::string, std::string> renamed;
+    for (auto kernel : llvm::make_early_inc_range(
+             llvm::drop_begin(gpuModule.getOps<gpu::GPUFuncOp>(), before))) {
+      auto [it, added] =
+          built.try_emplace(fingerprint(kernel), kernel.getName().str());
+      if (added)
+        continue;
+      renamed[kernel.getName().str()] = it->second;
+      kernel.erase();
+    }
+    (*plan)->renameKernels(renamed);
+    plans.push_back(std::move(*plan));
+  }
   if (failed(verify(gpuModule)))
     return failure();
-  func->setAttr(LaunchPlanAttr::getAttrName(), plan.toAttr());
+  func->setAttr(LaunchPlanAttr::getAttrName(), plans.front()->toAttr());
+  if (plans.size() > 1) {
+    SmallVector<Attribute> buckets;
+    for (auto &plan : llvm::drop_begin(plans))
+      buckets.push_back(plan->toAttr());
+    func->setAttr(kBucketPlansAttrName, b.getArrayAttr(buckets));
+  }
   return success();
 }
 

@@ -24,8 +24,12 @@ LogicalResult nvidia::buildCombine(LayerKernels &layer, CombineOp op) {
     if (v)
       buffers.push_back(v);
   Kernel k = layer.kernel(op, "combine", buffers);
+  int64_t width = vectorWidth(h);
+  // A block per token and 128 vectors of its row: a decode call's few rows
+  // are spread over as many SMs as they fill.
   k.launch.work = tokens;
   k.launch.block = 128;
+  k.launch.gridY = llvm::divideCeil(h, 128 * width);
   Emitter &e = k.e;
   OpBuilder &b = e.b;
   unsigned next = 3;
@@ -39,7 +43,7 @@ LogicalResult nvidia::buildCombine(LayerKernels &layer, CombineOp op) {
   Value gate =
       op.getGate() ? k.view(next++, layer.info(op.getGate())) : Value();
   Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
-  int64_t width = vectorWidth(h);
+  k.onlyIf(e.ult(t, k.linear(tokens)));
   auto f32Vec = VectorType::get({width}, b.getF32Type());
   Type outElement = cast<MemRefType>(out.getType()).getElementType();
   auto loadVec = [&](Value buffer, ValueRange index) {
@@ -49,8 +53,10 @@ LogicalResult nvidia::buildCombine(LayerKernels &layer, CombineOp op) {
     return vector::BroadcastOp::create(b, e.loc, f32Vec, s).getResult();
   };
   Value gateScale = gate ? e.sigmoid(e.load(gate, {t, e.index(0)})) : Value();
+  Value chunk = e.imul(k.blockId(gpu::Dimension::y), 128 * width);
   e.forEach(
-      e.imul(tid, width), e.index(h),
+      e.iadd(chunk, e.imul(tid, width)),
+      e.minUI(e.iadd(chunk, e.index(128 * width)), e.index(h)),
       [&](Value c) {
         Value zero = arith::ConstantOp::create(
             b, e.loc, DenseElementsAttr::get(f32Vec, b.getF32FloatAttr(0.0)));

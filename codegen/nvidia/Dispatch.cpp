@@ -147,6 +147,7 @@ LogicalResult nvidia::buildDispatch(LayerKernels &layer, DispatchOp op) {
   Value tokenCodes = op.getTokens() ? view(op.getTokens()) : Value();
   Value tokenScales = op.getTokens() ? view(op.getTokenScales()) : Value();
   Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
+  k.onlyIf(e.ult(t, k.linear(tokens)));
   int64_t width = vectorWidth(h);
   Type bf16 = e.b.getBF16Type(), f32 = e.b.getF32Type();
   auto vecType = VectorType::get({width}, bf16);

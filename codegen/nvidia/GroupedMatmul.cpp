@@ -155,6 +155,80 @@ static std::string describeK(GroupedMatmulOp op) {
   return "the length of the rows it multiplies";
 }
 
+/// The expert and rows [start, end) of row tile `target` (i32) when each
+/// expert's rows are cut into tiles of kTileM: (-1, 0, 0) past the last.
+/// Every warp finds it on its own, its lanes each summing the tiles of a
+/// run of experts and meeting through shuffles, so a block waits for one
+/// round of loads rather than one per expert.
+static SmallVector<Value> findTile(Emitter &e, Value tid, Value counts,
+                                   Value offsets, int64_t experts,
+                                   Value target) {
+  OpBuilder &b = e.b;
+  Location loc = e.loc;
+  Value lane = e.toI32(e.remUI(tid, 32));
+  int64_t per = llvm::divideCeil(experts, int64_t(32));
+  Value first = arith::MulIOp::create(b, loc, lane, e.i32(per));
+  // Expert `first + j`'s count, zero past the last expert.
+  auto countAt = [&](Value j) {
+    Value x = e.iadd(first, j);
+    Value inside = e.icmp(arith::CmpIPredicate::slt, x, e.i32(experts));
+    Value clamped = e.toIndex(e.select(inside, x, e.i32(experts - 1)));
+    return e.select(inside, e.loadRaw(counts, {clamped}), e.i32(0));
+  };
+  auto tilesOf = [&](Value c) {
+    return arith::CeilDivUIOp::create(b, loc, c, e.i32(kTileM)).getResult();
+  };
+  // This lane's tiles; the loads are independent, so they overlap.
+  Value mine = e.reduce(
+      e.i32(0), e.i32(per), {e.i32(0)},
+      [&](Value j, ValueRange acc) -> SmallVector<Value> {
+        return {e.iadd(acc[0], tilesOf(countAt(j)))};
+      },
+      e.i32(1))[0];
+  // Inclusive prefix over the lanes.
+  Value inclusive = mine;
+  for (int64_t offset = 1; offset < 32; offset *= 2) {
+    Value other = gpu::ShuffleOp::create(b, loc, inclusive, offset, 32,
+                                         gpu::ShuffleMode::UP)
+                      .getShuffleResult();
+    inclusive = e.select(e.icmp(arith::CmpIPredicate::sge, lane, e.i32(offset)),
+                         e.iadd(inclusive, other), inclusive);
+  }
+  Value seen0 = arith::SubIOp::create(b, loc, inclusive, mine);
+  // The lane whose experts hold the tile walks them; the others give
+  // (-1, 0, 0) and the warp takes the maxima.
+  auto walk = e.reduce(
+      e.i32(0), e.i32(per), {e.i32(-1), e.i32(0), e.i32(0), seen0},
+      [&](Value j, ValueRange acc) -> SmallVector<Value> {
+        Value c = countAt(j), seen = acc[3];
+        Value x = e.iadd(first, j);
+        Value tiles = tilesOf(c);
+        Value into = arith::SubIOp::create(b, loc, target, seen);
+        Value here =
+            e.andi(e.icmp(arith::CmpIPredicate::slt, acc[0], e.i32(0)),
+                   e.andi(e.icmp(arith::CmpIPredicate::sge, into, e.i32(0)),
+                          e.icmp(arith::CmpIPredicate::slt, into, tiles)));
+        Value offset = e.loadRaw(
+            offsets, {e.toIndex(e.select(
+                         e.icmp(arith::CmpIPredicate::slt, x, e.i32(experts)),
+                         x, e.i32(experts - 1)))});
+        Value start =
+            e.iadd(offset, arith::MulIOp::create(b, loc, into, e.i32(kTileM)));
+        return {e.select(here, x, acc[0]), e.select(here, start, acc[1]),
+                e.select(here, e.iadd(offset, c), acc[2]), e.iadd(seen, tiles)};
+      },
+      e.i32(1));
+  SmallVector<Value> result = {walk[0], walk[1], walk[2]};
+  for (Value &v : result)
+    for (int64_t offset = 16; offset > 0; offset /= 2) {
+      Value other =
+          gpu::ShuffleOp::create(b, loc, v, offset, 32, gpu::ShuffleMode::XOR)
+              .getShuffleResult();
+      v = arith::MaxSIOp::create(b, loc, v, other);
+    }
+  return result;
+}
+
 LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
                                          GroupedMatmulOp op) {
   auto rhsType = cast<RankedTensorType>(op.getRhs().getType());
@@ -185,7 +259,10 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   // columns, and gives 128 outputs.
   int64_t outTile = activation ? kTileN / 2 : kTileN;
   // A copy: define() may grow the map it lives in.
-  TensorInfo lhs = layer.info(op.getLhs());
+  FailureOr<TensorInfo> source = layer.tmaSource(op, op.getLhs());
+  if (failed(source))
+    return failure();
+  TensorInfo lhs = *source;
   layer.define(op.getOut(), lhs.rows);
   QuantAttr outQuant = op.getOutQuantAttr();
   if (outQuant)
@@ -279,33 +356,17 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   // This block's expert and rows [rowStart, rowEnd).
   Value expert, rowStart, rowEnd;
   if (grouped) {
-    Value target = e.toI32(mTile);
-    auto found = e.reduce(
-        e.index(0), e.index(experts), {e.i32(-1), e.i32(0), e.i32(0), e.i32(0)},
-        [&](Value x, ValueRange acc) -> SmallVector<Value> {
-          Value c = e.loadRaw(counts, {x});
-          Value tiles = arith::CeilDivUIOp::create(b, e.loc, c, e.i32(kTileM));
-          Value seen = acc[1];
-          Value here = e.andi(
-              e.icmp(arith::CmpIPredicate::slt, acc[0], e.i32(0)),
-              e.icmp(arith::CmpIPredicate::slt,
-                     arith::SubIOp::create(b, e.loc, target, seen), tiles));
-          Value start = e.iadd(
-              e.loadRaw(offsets, {x}),
-              arith::MulIOp::create(
-                  b, e.loc, arith::SubIOp::create(b, e.loc, target, seen),
-                  e.i32(kTileM)));
-          Value end = e.iadd(e.loadRaw(offsets, {x}), c);
-          return {e.select(here, e.toI32(x), acc[0]), e.iadd(seen, tiles),
-                  e.select(here, start, acc[2]), e.select(here, end, acc[3])};
-        });
+    auto found =
+        findTile(e, k.threadId(), counts, offsets, experts, e.toI32(mTile));
     expert = found[0];
-    rowStart = found[2];
-    rowEnd = found[3];
+    rowStart = found[1];
+    rowEnd = found[2];
   } else {
-    expert = e.i32(0);
+    // A tile past the call's rows (a grid sized for a bucket) has none.
     rowStart = e.toI32(e.imul(mTile, kTileM));
     rowEnd = e.toI32(k.linear(lhs.rows));
+    expert = e.select(e.icmp(arith::CmpIPredicate::slt, rowStart, rowEnd),
+                      e.i32(0), e.i32(-1));
   }
   auto active = scf::IfOp::create(
       b, e.loc, e.icmp(arith::CmpIPredicate::sge, expert, e.i32(0)),

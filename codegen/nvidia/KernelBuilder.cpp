@@ -15,8 +15,9 @@ Kernel::Kernel(gpu::GPUModuleOp module, StringRef name, Launch &launch,
   MLIRContext *ctx = module.getContext();
   b.setInsertionPointToEnd(module.getBody());
   Type ptr = LLVM::LLVMPointerType::get(ctx);
-  SmallVector<Type> types(args.size(), ptr);
-  types.push_back(b.getI64Type());
+  // The last parameter is the address of the call's token count (i32, in
+  // device memory), so a graph replays for any count its grids cover.
+  SmallVector<Type> types(args.size() + 1, ptr);
   func = gpu::GPUFuncOp::create(b, loc, name, b.getFunctionType(types, {}));
   func->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
   // TMA descriptors are passed by value (__grid_constant__): the launch
@@ -32,8 +33,9 @@ Kernel::Kernel(gpu::GPUModuleOp module, StringRef name, Launch &launch,
   launch.kernel = name.str();
   launch.args.assign(args.begin(), args.end());
   launch.args.push_back({KernelArgKind::Tokens, 0});
-  Value t64 = func.getArgument(args.size());
-  tokens = arith::IndexCastOp::create(b, loc, b.getIndexType(), t64);
+  Value t32 = LLVM::LoadOp::create(b, loc, b.getI32Type(),
+                                   func.getArgument(args.size()), 4);
+  tokens = arith::IndexCastUIOp::create(b, loc, b.getIndexType(), t32);
 }
 
 Value Kernel::view(unsigned i, const TensorInfo &info) {
@@ -106,7 +108,16 @@ Value Kernel::workgroupBuffer(ArrayRef<int64_t> shape, Type element) {
   return buffer;
 }
 
+void Kernel::onlyIf(Value condition) {
+  auto op = scf::IfOp::create(b, e.loc, condition, /*withElseRegion=*/false);
+  if (!guard)
+    guard = op;
+  b.setInsertionPoint(op.thenBlock()->getTerminator());
+}
+
 LogicalResult Kernel::finish(Operation *op) {
+  if (guard)
+    b.setInsertionPointAfter(guard);
   gpu::ReturnOp::create(b, e.loc);
   if (staticSharedBytes > kStaticSharedLimit)
     return op->emitOpError()
@@ -137,6 +148,47 @@ const TensorInfo &LayerKernels::define(Value result, TokenLinear rows) {
     index =
         plan.addWorkspace(dynamic ? rows * rowBytes : TokenLinear{rowBytes, 0});
   return tensors[result] = TensorInfo{index, type, rows};
+}
+
+FailureOr<TensorInfo> LayerKernels::tmaSource(Operation *op, Value tensor) {
+  TensorInfo source = info(tensor);
+  if (maxTokens == 0 || source.rows.perToken == 0 ||
+      !plan.isArgument(source.buffer))
+    return source;
+  auto it = staged.find(tensor);
+  if (it != staged.end())
+    return it->second;
+  MemRefType type = source.type;
+  int64_t rowBytes = type.getElementTypeBitWidth() / 8;
+  for (int64_t d = 1; d < type.getRank(); ++d)
+    rowBytes *= type.getDimSize(d);
+  if (type.getRank() != 2 || rowBytes % 16 != 0)
+    return op->emitOpError() << "reads a caller's rows with TMA that are not "
+                                "rank 2 or not a multiple of 16 bytes";
+  TensorInfo copy = source;
+  copy.buffer = plan.addWorkspace(source.rows * rowBytes);
+  Kernel k = kernelOn(op, "copy_rows", {source.buffer, copy.buffer});
+  k.launch.work = source.rows;
+  k.launch.block = 128;
+  Emitter &e = k.e;
+  Value from = k.view(0, source), to = k.view(1, copy);
+  Value r = k.blockId(gpu::Dimension::x);
+  k.onlyIf(e.ult(r, k.linear(source.rows)));
+  Type element = type.getElementType();
+  int64_t width = 16 / (element.getIntOrFloatBitWidth() / 8);
+  auto vecType = VectorType::get({width}, element);
+  e.forEach(
+      e.imul(k.threadId(), width), e.index(type.getDimSize(1)),
+      [&](Value c) {
+        Value v = vector::LoadOp::create(e.b, e.loc, vecType, from, {r, c},
+                                         false, vectorAlign(width, element));
+        vector::StoreOp::create(e.b, e.loc, v, to, {r, c}, false,
+                                vectorAlign(width, element));
+      },
+      e.index(128 * width));
+  if (failed(k.finish(op)))
+    return failure();
+  return staged[tensor] = copy;
 }
 
 std::string LayerKernels::uniqueName(std::string name) {

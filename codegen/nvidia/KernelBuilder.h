@@ -59,6 +59,9 @@ public:
   /// A shared-memory buffer, 16-byte aligned so vector accesses the code
   /// generator forms within it are aligned too.
   Value workgroupBuffer(ArrayRef<int64_t> shape, Type element);
+  /// The rest of the kernel runs only where `condition` holds (a block past
+  /// the call's tokens, whose grid was sized for a bucket, exits).
+  void onlyIf(Value condition);
   /// Ends the kernel; fails, naming `op`, if its static shared memory exceeds
   /// what a kernel gets without opting in.
   LogicalResult finish(Operation *op);
@@ -71,13 +74,17 @@ public:
 
 private:
   int64_t staticSharedBytes = 0;
+  Operation *guard = nullptr;
 };
 
 /// The kernels of one layer function, built op by op in order.
 class LayerKernels {
 public:
-  LayerKernels(gpu::GPUModuleOp module, LaunchPlan &plan)
-      : plan(plan), module(module) {}
+  /// Kernels go into `module`, named uniquely among `names`; `maxTokens`
+  /// is the most tokens the plan serves (a bucket), 0 for any.
+  LayerKernels(gpu::GPUModuleOp module, LaunchPlan &plan,
+               llvm::StringSet<> &names, int64_t maxTokens = 0)
+      : plan(plan), maxTokens(maxTokens), module(module), names(names) {}
 
   /// Records that `tensor` lives in buffer `buffer`.
   void bind(Value tensor, unsigned buffer, TokenLinear rows);
@@ -90,6 +97,13 @@ public:
   /// `rows`: the caller's output buffer or a new workspace slice.
   const TensorInfo &define(Value result, TokenLinear rows);
   const TensorInfo &info(Value v) { return tensors.find(v)->second; }
+
+  /// Where a kernel that reads `tensor` with TMA finds it. A bucket's graph
+  /// encodes its descriptors for the bucket's size, which may be more rows
+  /// than a caller's argument has: such an argument is first copied (its
+  /// call's rows, by a kernel built for `op`) into a workspace slice of the
+  /// bucket's size, whose rows past the call's are never stored.
+  FailureOr<TensorInfo> tmaSource(Operation *op, Value tensor);
 
   /// A kernel of `family` for `op`, reading and writing `buffers` (in that
   /// parameter order) and then the TMA descriptors `maps`. Its name is
@@ -115,6 +129,9 @@ public:
   int64_t epMaxTokens = 4096;
 
   LaunchPlan &plan;
+  /// The bucket being built: the most tokens a call brings, 0 for any. A
+  /// family may specialize its kernels to it.
+  const int64_t maxTokens;
 
 private:
   std::string uniqueName(std::string name);
@@ -122,8 +139,9 @@ private:
   gpu::GPUModuleOp module;
   DenseMap<Value, TensorInfo> tensors;
   DenseMap<Value, int64_t> outputArgs;
+  DenseMap<Value, TensorInfo> staged;
   std::map<int64_t, unsigned> epStateBuffers;
-  llvm::StringSet<> names;
+  llvm::StringSet<> &names;
 };
 
 /// The alignment of `width` elements: buffers are 16-byte aligned and rows a

@@ -34,6 +34,15 @@ Launch &LaunchPlan::addLaunch() {
   return launches.back();
 }
 
+void LaunchPlan::renameKernels(
+    const std::map<std::string, std::string> &renamed) {
+  for (Launch &l : launches) {
+    auto it = renamed.find(l.kernel);
+    if (it != renamed.end())
+      l.kernel = it->second;
+  }
+}
+
 LaunchPlanAttr LaunchPlan::toAttr() const {
   Builder b(ctx);
   SmallVector<Attribute> launchAttrs;
@@ -43,5 +52,5 @@ LaunchPlanAttr LaunchPlan::toAttr() const {
         l.extraBlocks, l.gridY, l.block, l.sharedBytes, l.args));
   return LaunchPlanAttr::get(ctx, b.getArrayAttr(buffers),
                              b.getArrayAttr(tensorMaps),
-                             b.getArrayAttr(launchAttrs));
+                             b.getArrayAttr(launchAttrs), maxTokens);
 }

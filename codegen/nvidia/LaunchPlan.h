@@ -13,6 +13,7 @@
 #include "dialects/moe/MoeDialect.h"
 
 #include <deque>
+#include <map>
 #include <string>
 
 namespace mlir::moe::nvidia {
@@ -42,8 +43,17 @@ public:
   unsigned addTensorMap(unsigned buffer, int64_t elementBytes, TokenLinear rows,
                         int64_t cols, int64_t boxRows, int64_t boxCols);
   Launch &addLaunch();
+  /// Whether buffer `buffer` is one of the caller's arguments.
+  bool isArgument(unsigned buffer) const {
+    return cast<PlanBufferAttr>(buffers[buffer]).getArg() >= 0;
+  }
+  /// Launches kernel `to` wherever a launch named a key `from`.
+  void renameKernels(const std::map<std::string, std::string> &renamed);
 
   LaunchPlanAttr toAttr() const;
+
+  /// The most tokens the plan serves (a bucket), 0 for any.
+  int64_t maxTokens = 0;
 
 private:
   MLIRContext *ctx;

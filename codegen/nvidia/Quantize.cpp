@@ -108,6 +108,7 @@ LogicalResult nvidia::buildRowQuantize(LayerKernels &layer, Operation *op,
   Value data = kernel.view(1, layer.info(dataTensor));
   Value scales = kernel.view(2, layer.info(scalesTensor));
   Value r = kernel.blockId(gpu::Dimension::x), tid = kernel.threadId();
+  kernel.onlyIf(e.ult(r, kernel.linear(rows)));
   int64_t bs = scheme.getBlockSize();
   Type bf16 = e.b.getBF16Type(), i8 = e.b.getI8Type();
   auto vecType = VectorType::get({width}, bf16);

@@ -1,16 +1,23 @@
-//===- Route.cpp - the routing kernel -------------------------------------===//
+//===- Route.cpp - the routing kernels ------------------------------------===//
 //
-// moe.route in one kernel: a block per kRouteTokens tokens, whose warps
-// compute the router logits (each load of a weight serves every token of the
-// block, each load of a token every expert of a pass) and reduce them across
-// lanes with shuffles; then one lane per token chooses its experts with the
-// selection code the CPU backend runs (codegen/common/Numerics.h).
+// moe.route: warps compute router logits (each load of a weight serves
+// every token of the block, each load of a token every expert of a pass)
+// and reduce them across lanes with shuffles; then a warp per token chooses
+// its experts with the selection code the CPU backend runs
+// (codegen/common/Numerics.h), its lanes splitting each search.
+// For many tokens one kernel does both, a block per kRouteTokens tokens.
+// A bucket of few tokens cannot fill the GPU that way (one block would read
+// the whole router), so its logits kernel spreads the experts over blocks
+// and writes the scores to the workspace, and a second kernel chooses.
+// Both compute each logit with the same lanes in the same order, so they
+// choose the same experts with the same weights, bit for bit.
 //
 //===----------------------------------------------------------------------===//
 
 #include "codegen/common/Numerics.h"
 #include "codegen/nvidia/KernelBuilder.h"
 
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 
 using namespace mlir;
@@ -19,6 +26,204 @@ using namespace mlir::moe::nvidia;
 
 namespace {
 constexpr int64_t kRouteWarps = 8, kRouteTokens = 4;
+/// Buckets up to this many tokens route in two kernels.
+constexpr int64_t kSplitRouteTokens = 64;
+
+/// The index of the largest `key` among the `eligible` in [lb, ub), ties
+/// and NaN keys to the lowest index, -1 if none: Emitter::argmax's contract,
+/// with the indices split across the lanes of a warp, every lane of which
+/// must run it and gets the result.
+Value warpArgmax(Emitter &e, Value lane, Value lb, Value ub,
+                 function_ref<Value(Value)> key,
+                 function_ref<Value(Value)> eligible) {
+  OpBuilder &b = e.b;
+  Location loc = e.loc;
+  Value none = e.i32(-1);
+  // Per lane: its first eligible index, and its best one among eligible
+  // non-NaN keys (the first of equal keys).
+  auto lanes = e.reduce(
+      e.iadd(lb, lane), ub, {none, none, e.f32(0.0)},
+      [&](Value x, ValueRange acc) -> SmallVector<Value> {
+        Value ok = eligible(x), v = key(x);
+        Value x32 = e.toI32(x);
+        Value noFirst = e.icmp(arith::CmpIPredicate::slt, acc[0], e.i32(0));
+        Value first = e.select(e.andi(ok, noFirst), x32, acc[0]);
+        Value isNumber =
+            arith::CmpFOp::create(b, loc, arith::CmpFPredicate::ORD, v, v);
+        Value noBest = e.icmp(arith::CmpIPredicate::slt, acc[1], e.i32(0));
+        Value better =
+            e.andi(e.andi(ok, isNumber), e.ori(noBest, e.fgt(v, acc[2])));
+        return {first, e.select(better, x32, acc[1]),
+                e.select(better, v, acc[2])};
+      },
+      e.index(32));
+  Value first = lanes[0], best = lanes[1], value = lanes[2];
+  auto shuffle = [&](Value v, int64_t offset) {
+    return gpu::ShuffleOp::create(b, loc, v, offset, 32, gpu::ShuffleMode::XOR)
+        .getShuffleResult();
+  };
+  for (int64_t offset = 16; offset > 0; offset /= 2) {
+    Value otherFirst = shuffle(first, offset);
+    Value otherBest = shuffle(best, offset),
+          otherValue = shuffle(value, offset);
+    // The lowest first index (-1 is none).
+    Value takeFirst =
+        e.andi(e.icmp(arith::CmpIPredicate::sge, otherFirst, e.i32(0)),
+               e.ori(e.icmp(arith::CmpIPredicate::slt, first, e.i32(0)),
+                     e.icmp(arith::CmpIPredicate::slt, otherFirst, first)));
+    first = e.select(takeFirst, otherFirst, first);
+    // The larger key, the lower index on a tie.
+    Value otherHas = e.icmp(arith::CmpIPredicate::sge, otherBest, e.i32(0));
+    Value mineNone = e.icmp(arith::CmpIPredicate::slt, best, e.i32(0));
+    Value equal = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OEQ,
+                                        otherValue, value);
+    Value takeBest = e.andi(
+        otherHas,
+        e.ori(mineNone, e.ori(e.fgt(otherValue, value),
+                              e.andi(equal, e.icmp(arith::CmpIPredicate::slt,
+                                                   otherBest, best)))));
+    best = e.select(takeBest, otherBest, best);
+    value = e.select(takeBest, otherValue, value);
+  }
+  // A sequential search keeps a NaN it met first; otherwise it ends on the
+  // first of the largest keys.
+  Value anyFirst = e.icmp(arith::CmpIPredicate::sge, first, e.i32(0));
+  Value firstKey = key(e.toIndex(e.select(anyFirst, first, e.toI32(lb))));
+  Value firstIsNaN = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::UNO,
+                                           firstKey, firstKey);
+  return e.select(anyFirst, e.select(firstIsNaN, first, best), none);
+}
+
+/// The pieces both route forms share.
+struct Router {
+  Kernel &k;
+  Emitter &e;
+  RouteOp op;
+  int64_t experts, h, topK, unroll;
+
+  Router(Kernel &k, RouteOp op, int64_t experts, int64_t h, int64_t topK)
+      : k(k), e(k.e), op(op), experts(experts), h(h), topK(topK) {
+    // Two experts a pass: four would keep 128 f32 accumulators per thread
+    // and one block per SM.
+    unroll = experts % (kRouteWarps * 2) == 0 ? 2 : 1;
+  }
+
+  /// The logits of experts [first, first + unroll) for the tokens of
+  /// `rows` (loads clamped into the call's tokens), reduced over the lanes
+  /// of a warp; lane 0 gets `emit(p, expert, logit)`. Each logit is summed
+  /// in the same order whichever warp, block or kernel computes it.
+  void logits(Value hidden, Value weight, ArrayRef<Value> rows, Value first,
+              Value lane, function_ref<void(int64_t, Value, Value)> emit) {
+    int64_t width = vectorWidth(h);
+    Type f32 = e.b.getF32Type();
+    auto f32Vec = VectorType::get({width}, f32);
+    Value zero = arith::ConstantOp::create(
+        e.b, e.loc, DenseElementsAttr::get(f32Vec, e.b.getF32FloatAttr(0)));
+    int64_t tokens = rows.size();
+    SmallVector<Value> xs, init(tokens * unroll, zero);
+    for (int64_t u = 0; u < unroll; ++u)
+      xs.push_back(e.iadd(first, e.index(u)));
+    // A fixed trip count (lanes past h add zeros), so the loads of
+    // several steps can be in flight at once.
+    int64_t step = 32 * width;
+    int64_t steps = llvm::divideCeil(h, step);
+    bool ragged = h % step != 0;
+    SmallVector<Value> lanes = e.reduce(
+        e.index(0), e.index(steps), init,
+        [&](Value s, ValueRange acc) -> SmallVector<Value> {
+          Value c = e.iadd(e.imul(s, step), e.imul(lane, width));
+          Value inside = ragged ? e.ult(c, e.index(h)) : Value();
+          Value at = ragged ? e.minUI(c, e.index(h - width)) : c;
+          auto load = [&](Value buffer, Value row) {
+            Value v = loadF32Vector(e, buffer, {row, at}, width);
+            return inside ? e.select(inside, v, zero) : v;
+          };
+          SmallVector<Value> w, next;
+          for (int64_t u = 0; u < unroll; ++u)
+            w.push_back(load(weight, xs[u]));
+          for (int64_t p = 0; p < tokens; ++p) {
+            Value x = load(hidden, rows[p]);
+            for (int64_t u = 0; u < unroll; ++u)
+              next.push_back(e.add(acc[p * unroll + u], e.mul(x, w[u])));
+          }
+          return next;
+        });
+    for (int64_t p = 0; p < tokens; ++p)
+      for (int64_t u = 0; u < unroll; ++u) {
+        Value partial = vector::ReductionOp::create(
+            e.b, e.loc, vector::CombiningKind::ADD, lanes[p * unroll + u]);
+        for (int offset = 16; offset > 0; offset /= 2) {
+          Value other = gpu::ShuffleOp::create(e.b, e.loc, partial, offset, 32,
+                                               gpu::ShuffleMode::XOR)
+                            .getShuffleResult();
+          partial = e.add(partial, other);
+        }
+        e.ifThen(e.eq(lane, e.index(0)), [&] { emit(p, xs[u], partial); });
+      }
+  }
+
+  /// The warp of `lane` chooses token `t`'s experts from its scratch row.
+  void choose(const common::RouteScratch &scratch, Value ids, Value weights,
+              Value t, Value lane) {
+    auto argmax = [&](Value lb, Value ub, function_ref<Value(Value)> key,
+                      function_ref<Value(Value)> eligible) {
+      return warpArgmax(e, lane, lb, ub, key, eligible);
+    };
+    auto single = [&](function_ref<void()> step) {
+      e.ifThen(e.eq(lane, e.index(0)), step);
+      NVVM::SyncWarpOp::create(e.b, e.loc, e.i32(-1));
+    };
+    common::selectExperts(e, op.getRouter(), experts, topK, scratch, ids,
+                          weights, t, {argmax, single});
+  }
+
+  /// Token rows `firstToken + p`, clamped into the call's tokens.
+  SmallVector<Value> rows(Value firstToken, Value count, int64_t tokens) {
+    Value last = e.isub(count, e.index(1));
+    SmallVector<Value> result;
+    for (int64_t p = 0; p < tokens; ++p)
+      result.push_back(e.minUI(e.iadd(firstToken, e.index(p)), last));
+    return result;
+  }
+};
+
+/// Row `r` of a rank-2 buffer as a rank-1 view.
+Value rowOf(Emitter &e, Value buffer, Value r) {
+  if (!buffer)
+    return buffer;
+  auto type = cast<MemRefType>(buffer.getType());
+  int64_t n = type.getDimSize(1);
+  SmallVector<OpFoldResult> offsets = {r, e.b.getIndexAttr(0)};
+  SmallVector<OpFoldResult> sizes = {e.b.getIndexAttr(1), e.b.getIndexAttr(n)};
+  SmallVector<OpFoldResult> strides = {e.b.getIndexAttr(1),
+                                       e.b.getIndexAttr(1)};
+  MemRefType rowType = memref::SubViewOp::inferRankReducedResultType(
+      {n}, type, offsets, sizes, strides);
+  return memref::SubViewOp::create(e.b, e.loc, rowType, buffer, offsets, sizes,
+                                   strides);
+}
+
+/// Shared scratch for `tokens` tokens' selections.
+common::RouteScratch scratchFor(Kernel &k, RouterAttr router, int64_t tokens,
+                                int64_t experts) {
+  Type f32 = k.b.getF32Type(), i8 = k.b.getI8Type();
+  common::RouteScratch all;
+  all.score = k.workgroupBuffer({tokens, experts}, f32);
+  all.choice = k.workgroupBuffer({tokens, experts}, f32);
+  all.taken = k.workgroupBuffer({tokens, experts}, i8);
+  if (router.getNGroup() > 1) {
+    all.groupScore = k.workgroupBuffer({tokens, router.getNGroup()}, f32);
+    all.groupTaken = k.workgroupBuffer({tokens, router.getNGroup()}, i8);
+  }
+  return all;
+}
+
+common::RouteScratch rowsOf(Emitter &e, const common::RouteScratch &all,
+                            Value r) {
+  return {rowOf(e, all.score, r), rowOf(e, all.choice, r),
+          rowOf(e, all.taken, r), rowOf(e, all.groupScore, r),
+          rowOf(e, all.groupTaken, r)};
+}
 } // namespace
 
 LogicalResult nvidia::buildRoute(LayerKernels &layer, RouteOp op) {
@@ -30,127 +235,144 @@ LogicalResult nvidia::buildRoute(LayerKernels &layer, RouteOp op) {
   TokenLinear tokens = layer.info(op.getHiddenStates()).rows;
   layer.define(op.getExpertIds(), tokens);
   layer.define(op.getWeights(), tokens);
-  SmallVector<Value> buffers = {op.getHiddenStates(), op.getRouterWeight()};
-  if (op.getBias())
-    buffers.push_back(op.getBias());
-  buffers.append({op.getExpertIds(), op.getWeights()});
-  Kernel k = layer.kernel(op, "route", buffers);
-  // kRouteTokens tokens per block share each load of the router weights.
-  k.launch.work = tokens;
-  k.launch.perBlock = kRouteTokens;
-  k.launch.block = kRouteWarps * 32;
-  Emitter &e = k.e;
-  SmallVector<Value> views;
-  for (auto [i, v] : llvm::enumerate(buffers))
-    views.push_back(k.view(i, layer.info(v)));
-  Value hidden = views[0], weight = views[1];
-  Value bias = op.getBias() ? views[2] : Value();
-  Value ids = views[views.size() - 2], weights = views.back();
+  Value bias = op.getBias();
+  bool split = layer.maxTokens > 0 && layer.maxTokens <= kSplitRouteTokens;
 
-  Type f32 = e.b.getF32Type(), i8 = e.b.getI8Type();
-  int64_t nGroup = router.getNGroup();
-  // One row of scratch per token of the block.
-  common::RouteScratch all;
-  all.score = k.workgroupBuffer({kRouteTokens, experts}, f32);
-  all.choice = k.workgroupBuffer({kRouteTokens, experts}, f32);
-  all.taken = k.workgroupBuffer({kRouteTokens, experts}, i8);
-  if (nGroup > 1) {
-    all.groupScore = k.workgroupBuffer({kRouteTokens, nGroup}, f32);
-    all.groupTaken = k.workgroupBuffer({kRouteTokens, nGroup}, i8);
+  if (!split) {
+    SmallVector<Value> buffers = {op.getHiddenStates(), op.getRouterWeight()};
+    if (bias)
+      buffers.push_back(bias);
+    buffers.append({op.getExpertIds(), op.getWeights()});
+    Kernel k = layer.kernel(op, "route", buffers);
+    // kRouteTokens tokens per block share each load of the router weights.
+    k.launch.work = tokens;
+    k.launch.perBlock = kRouteTokens;
+    k.launch.block = kRouteWarps * 32;
+    Emitter &e = k.e;
+    SmallVector<Value> views;
+    for (auto [i, v] : llvm::enumerate(buffers))
+      views.push_back(k.view(i, layer.info(v)));
+    Value hidden = views[0], weight = views[1];
+    Value biasView = bias ? views[2] : Value();
+    Value ids = views[views.size() - 2], weights = views.back();
+    Router route(k, op, experts, h, topK);
+    common::RouteScratch all = scratchFor(k, router, kRouteTokens, experts);
+    Value count = k.linear(tokens);
+    Value firstToken = e.imul(k.blockId(gpu::Dimension::x), kRouteTokens);
+    k.onlyIf(e.ult(firstToken, count));
+    SmallVector<Value> rows = route.rows(firstToken, count, kRouteTokens);
+    Value tid = k.threadId();
+    Value warp = e.divUI(tid, 32), lane = e.remUI(tid, 32);
+    // Each warp takes `unroll` experts at a time, every kRouteWarps-th
+    // group.
+    e.forEach(
+        e.imul(warp, route.unroll), e.index(experts),
+        [&](Value first) {
+          route.logits(hidden, weight, rows, first, lane,
+                       [&](int64_t p, Value x, Value logit) {
+                         auto [s, choice] = common::expertScore(
+                             e, router.getKind(), logit,
+                             biasView ? e.load(biasView, {x}) : Value());
+                         e.storeRaw(s, all.score, {e.index(p), x});
+                         e.storeRaw(choice, all.choice, {e.index(p), x});
+                       });
+        },
+        e.index(kRouteWarps * route.unroll));
+    gpu::BarrierOp::create(e.b, e.loc);
+    // Warp p chooses token p's experts.
+    Value t = e.iadd(firstToken, warp);
+    e.ifThen(e.andi(e.ult(warp, e.index(kRouteTokens)), e.ult(t, count)), [&] {
+      route.choose(rowsOf(e, all, warp), ids, weights, t, lane);
+    });
+    return k.finish(op);
   }
-  auto row = [&](Value buffer, Value r) -> Value {
-    if (!buffer)
-      return buffer;
-    auto type = cast<MemRefType>(buffer.getType());
-    int64_t n = type.getDimSize(1);
-    SmallVector<OpFoldResult> offsets = {r, e.b.getIndexAttr(0)};
-    SmallVector<OpFoldResult> sizes = {e.b.getIndexAttr(1),
-                                       e.b.getIndexAttr(n)};
-    SmallVector<OpFoldResult> strides = {e.b.getIndexAttr(1),
-                                         e.b.getIndexAttr(1)};
-    MemRefType rowType = memref::SubViewOp::inferRankReducedResultType(
-        {n}, type, offsets, sizes, strides);
-    return memref::SubViewOp::create(e.b, e.loc, rowType, buffer, offsets,
-                                     sizes, strides);
-  };
-  Value tokenCount = k.linear(tokens);
-  Value firstToken = e.imul(k.blockId(gpu::Dimension::x), kRouteTokens);
-  Value lastToken = arith::SubIOp::create(e.b, e.loc, tokenCount, e.index(1));
-  // Tokens past the end read the last one and are chosen for by no one.
-  SmallVector<Value> loadRows;
-  for (int64_t p = 0; p < kRouteTokens; ++p)
-    loadRows.push_back(e.minUI(e.iadd(firstToken, e.index(p)), lastToken));
+
+  // Few tokens: the logits kernel takes kRouteWarps * unroll experts a
+  // block, on y, and stores every token's scores; the choosing kernel
+  // takes a token a warp.
+  auto f32 = Float32Type::get(op.getContext());
+  MemRefType scoreType = MemRefType::get({ShapedType::kDynamic, experts}, f32);
+  TensorInfo scores{layer.plan.addWorkspace(tokens * (experts * 4)), scoreType,
+                    tokens};
+  TensorInfo choices{layer.plan.addWorkspace(tokens * (experts * 4)), scoreType,
+                     tokens};
+  SmallVector<unsigned> logitBuffers = {
+      layer.info(op.getHiddenStates()).buffer,
+      layer.info(op.getRouterWeight()).buffer};
+  if (bias)
+    logitBuffers.push_back(layer.info(bias).buffer);
+  logitBuffers.append({scores.buffer, choices.buffer});
+  {
+    Kernel k = layer.kernelOn(op, "route_logits", logitBuffers);
+    k.launch.work = tokens;
+    k.launch.perBlock = kRouteTokens;
+    k.launch.block = kRouteWarps * 32;
+    Emitter &e = k.e;
+    Router route(k, op, experts, h, topK);
+    k.launch.gridY = llvm::divideCeil(experts, kRouteWarps * route.unroll);
+    Value hidden = k.view(0, layer.info(op.getHiddenStates()));
+    Value weight = k.view(1, layer.info(op.getRouterWeight()));
+    Value biasView = bias ? k.view(2, layer.info(bias)) : Value();
+    unsigned next = bias ? 3 : 2;
+    Value scoreView = k.view(next, scores);
+    Value choiceView = k.view(next + 1, choices);
+    Value count = k.linear(tokens);
+    Value firstToken = e.imul(k.blockId(gpu::Dimension::x), kRouteTokens);
+    k.onlyIf(e.ult(firstToken, count));
+    SmallVector<Value> rows = route.rows(firstToken, count, kRouteTokens);
+    Value tid = k.threadId();
+    Value warp = e.divUI(tid, 32), lane = e.remUI(tid, 32);
+    Value first =
+        e.iadd(e.imul(k.blockId(gpu::Dimension::y), kRouteWarps * route.unroll),
+               e.imul(warp, route.unroll));
+    e.ifThen(e.ult(first, e.index(experts)), [&] {
+      route.logits(hidden, weight, rows, first, lane,
+                   [&](int64_t p, Value x, Value logit) {
+                     Value t = e.iadd(firstToken, e.index(p));
+                     e.ifThen(e.ult(t, count), [&] {
+                       auto [s, choice] = common::expertScore(
+                           e, router.getKind(), logit,
+                           biasView ? e.load(biasView, {x}) : Value());
+                       e.storeRaw(s, scoreView, {t, x});
+                       e.storeRaw(choice, choiceView, {t, x});
+                     });
+                   });
+    });
+    if (failed(k.finish(op)))
+      return failure();
+  }
+  Kernel k = layer.kernelOn(op, "route_select",
+                            {scores.buffer, choices.buffer,
+                             layer.info(op.getExpertIds()).buffer,
+                             layer.info(op.getWeights()).buffer});
+  // As many warps (a token each) as their scratch lets share a block.
+  int64_t scratchBytes = experts * 9 + router.getNGroup() * 5 + 64;
+  int64_t warps =
+      std::clamp<int64_t>(kStaticSharedLimit / scratchBytes, 1, kRouteWarps);
+  k.launch.work = tokens;
+  k.launch.perBlock = warps;
+  k.launch.block = warps * 32;
+  Emitter &e = k.e;
+  Router route(k, op, experts, h, topK);
+  Value scoreView = k.view(0, scores), choiceView = k.view(1, choices);
+  Value ids = k.view(2, layer.info(op.getExpertIds()));
+  Value weights = k.view(3, layer.info(op.getWeights()));
+  common::RouteScratch all = scratchFor(k, router, warps, experts);
   Value tid = k.threadId();
   Value warp = e.divUI(tid, 32), lane = e.remUI(tid, 32);
-  // Each warp takes `unroll` experts at a time, every kRouteWarps-th group;
-  // lanes split the hidden dimension with 16-byte loads and meet through
-  // shuffles. Each load of a weight serves every token of the block, each
-  // load of a token every expert of the pass.
-  int64_t width = vectorWidth(h);
-  // Two experts a pass: four would keep 128 f32 accumulators per thread
-  // and one block per SM.
-  int64_t unroll = experts % (kRouteWarps * 2) == 0 ? 2 : 1;
-  auto f32Vec = VectorType::get({width}, f32);
-  auto loadVec = [&](Value buffer, ValueRange index) {
-    return loadF32Vector(e, buffer, index, width);
-  };
-  e.forEach(
-      e.imul(warp, unroll), e.index(experts),
-      [&](Value first) {
-        Value zero = arith::ConstantOp::create(
-            e.b, e.loc, DenseElementsAttr::get(f32Vec, e.b.getF32FloatAttr(0)));
-        SmallVector<Value> xs, init(kRouteTokens * unroll, zero);
-        for (int64_t u = 0; u < unroll; ++u)
-          xs.push_back(e.iadd(first, e.index(u)));
-        // acc[p * unroll + u]: token p, expert u.
-        SmallVector<Value> lanes = e.reduce(
-            e.imul(lane, width), e.index(h), init,
-            [&](Value c, ValueRange acc) -> SmallVector<Value> {
-              SmallVector<Value> w, next;
-              for (int64_t u = 0; u < unroll; ++u)
-                w.push_back(loadVec(weight, {xs[u], c}));
-              for (int64_t p = 0; p < kRouteTokens; ++p) {
-                Value x = loadVec(hidden, {loadRows[p], c});
-                for (int64_t u = 0; u < unroll; ++u)
-                  next.push_back(e.add(acc[p * unroll + u], e.mul(x, w[u])));
-              }
-              return next;
-            },
-            e.index(32 * width));
-        for (int64_t p = 0; p < kRouteTokens; ++p) {
-          for (int64_t u = 0; u < unroll; ++u) {
-            Value partial = vector::ReductionOp::create(
-                e.b, e.loc, vector::CombiningKind::ADD, lanes[p * unroll + u]);
-            for (int offset = 16; offset > 0; offset /= 2) {
-              Value other = gpu::ShuffleOp::create(e.b, e.loc, partial, offset,
-                                                   32, gpu::ShuffleMode::XOR)
-                                .getShuffleResult();
-              partial = e.add(partial, other);
-            }
-            Value x = xs[u];
-            Value slot = e.index(p);
-            e.ifThen(e.eq(lane, e.index(0)), [&] {
-              auto [s, choice] =
-                  common::expertScore(e, router.getKind(), partial,
-                                      bias ? e.load(bias, {x}) : Value());
-              e.storeRaw(s, all.score, {slot, x});
-              e.storeRaw(choice, all.choice, {slot, x});
-            });
-          }
-        }
-      },
-      e.index(kRouteWarps * unroll));
-  gpu::BarrierOp::create(e.b, e.loc);
-  // The first lane of warp p chooses token p's experts.
-  Value t = e.iadd(firstToken, warp);
-  Value chooses =
-      e.andi(e.eq(lane, e.index(0)),
-             e.andi(e.ult(warp, e.index(kRouteTokens)), e.ult(t, tokenCount)));
-  e.ifThen(chooses, [&] {
-    common::RouteScratch mine{row(all.score, warp), row(all.choice, warp),
-                              row(all.taken, warp), row(all.groupScore, warp),
-                              row(all.groupTaken, warp)};
-    common::selectExperts(e, router, experts, topK, mine, ids, weights, t);
+  Value t = e.iadd(e.imul(k.blockId(gpu::Dimension::x), warps), warp);
+  // Warp-uniform: a whole warp has a token or none.
+  e.ifThen(e.ult(t, k.linear(tokens)), [&] {
+    common::RouteScratch mine = rowsOf(e, all, warp);
+    e.forEach(
+        lane, e.index(experts),
+        [&](Value x) {
+          e.storeRaw(e.loadRaw(scoreView, {t, x}), mine.score, {x});
+          e.storeRaw(e.loadRaw(choiceView, {t, x}), mine.choice, {x});
+        },
+        e.index(32));
+    NVVM::SyncWarpOp::create(e.b, e.loc, e.i32(-1));
+    route.choose(mine, ids, weights, t, lane);
   });
   return k.finish(op);
 }

@@ -336,7 +336,10 @@ LogicalResult KernelLaunchAttr::verify(
 LogicalResult
 LaunchPlanAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                        ArrayAttr buffers, ArrayAttr tensorMaps,
-                       ArrayAttr launches) {
+                       ArrayAttr launches, int64_t maxTokens) {
+  if (maxTokens < 0)
+    return emitError() << "launch_plan max_tokens must be positive, or 0 for "
+                          "any token count";
   for (Attribute a : buffers)
     if (!isa<PlanBufferAttr>(a))
       return emitError() << "launch_plan buffers must be #moe.buffer";
@@ -385,7 +388,7 @@ TokenLinear PlanBufferAttr::getSliceBytes() const {
 }
 
 TokenLinear LaunchPlanAttr::getWorkspaceBytes() const {
-  TokenLinear total;
+  TokenLinear total{kTokenCountBytes, 0};
   for (PlanBufferAttr buffer : getBufferList()) {
     if (buffer.getArg() != -1)
       continue;

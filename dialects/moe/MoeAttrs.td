@@ -66,7 +66,7 @@ def Moe_KernelArgKind : I32EnumAttr<"KernelArgKind",
   I32EnumAttrCase<"Buffer", 0, "buffer">,
   // A TMA descriptor of the plan, passed by value (__grid_constant__).
   I32EnumAttrCase<"TensorMap", 1, "tensor_map">,
-  // The call's token count, as i64.
+  // The address of the call's token count (an i32 in device memory).
   I32EnumAttrCase<"Tokens", 2, "tokens">
 ]> {
   let cppNamespace = "::mlir::moe";
@@ -263,20 +263,27 @@ def Moe_LaunchPlanAttr : Moe_Attr<"LaunchPlan", "launch_plan"> {
   let description = [{
     What a GPU target's kernel builder hands to the host code: every device
     buffer (the caller's arguments, then workspace slices in order, each
-    256-byte aligned), the TMA descriptors to encode per call, and the
-    kernel launches in stream order.
+    256-byte aligned, after the workspace's first 256 bytes, which hold the
+    call's token count), the TMA descriptors to encode per call, and the
+    kernel launches in stream order. A plan with `max_tokens` serves calls
+    of at most that many tokens (a token bucket, moe-bucketize); without,
+    any count.
   }];
   let parameters = (ins
     "::mlir::ArrayAttr":$buffers,
     "::mlir::ArrayAttr":$tensor_maps,
-    "::mlir::ArrayAttr":$launches
+    "::mlir::ArrayAttr":$launches,
+    Moe_CountParameter<"the most tokens it serves, 0 for any", "0">:$max_tokens
   );
   let extraClassDeclaration = [{
     ::llvm::SmallVector<PlanBufferAttr> getBufferList() const;
     ::llvm::SmallVector<TensorMapAttr> getTensorMapList() const;
     ::llvm::SmallVector<KernelLaunchAttr> getLaunchList() const;
-    /// The workspace: the sum of its slices, each rounded up to 256 bytes.
+    /// The workspace: the token count's 256 bytes and the sum of its
+    /// slices, each rounded up to 256 bytes.
     TokenLinear getWorkspaceBytes() const;
+    /// Where the first slice starts: the token count comes first.
+    static constexpr int64_t kTokenCountBytes = 256;
     /// The name a function's launch plan is attached under.
     static ::llvm::StringRef getAttrName() { return "moe.launch_plan"; }
   }];

@@ -57,6 +57,13 @@ void printKernelArgs(AsmPrinter &printer, ArrayRef<KernelArg> args);
 #include "dialects/moe/MoeAttrs.h.inc"
 
 namespace mlir::moe {
+/// On a layer function: its token buckets (dense i64 array, ascending), as
+/// moe-bucketize chooses them.
+constexpr const char kTokenBucketsAttrName[] = "moe.token_buckets";
+/// On a layer function: one #moe.launch_plan per token bucket, beside the
+/// moe.launch_plan for any count (moe-build-kernels).
+constexpr const char kBucketPlansAttrName[] = "moe.bucket_plans";
+
 /// The scales `quant` gives data of `dataShape`: one per block along the last
 /// dimension, or, with `squareBlocks` under FP8 block-128 (weights), one
 /// per 128 x 128 block of the last two. Dynamic sizes stay dynamic.

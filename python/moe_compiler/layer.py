@@ -42,6 +42,58 @@ class Layer:
     def workspace_size(self, tokens):
         return int(self._workspace_size(tokens))
 
+    @property
+    def token_buckets(self):
+        """The token counts whose calls replay a CUDA graph (sm_90a)."""
+        return list(self.info.get("token_buckets", []))
+
+    def set_graphs(self, on):
+        """Turns the buckets' graph replay on or off (for callers that
+        capture their own graphs, which works either way)."""
+        if "set_graphs" in self.info:
+            getattr(self.lib, self.info["set_graphs"])(ctypes.c_int32(int(on)))
+
+    def warmup(self, *tensors, stream=None):
+        """Captures every bucket's graph for these tensors' addresses (the
+        token dimension may be any size), launching nothing; later forwards
+        on the same tensors replay them. Returns the seconds it took."""
+        import time
+        import torch
+        if "warmup" not in self.info:
+            return 0.0
+        device = tensors[0].device
+        with torch.cuda.device(device):
+            if stream is None:
+                stream = torch.cuda.current_stream(device)
+            buckets = self.token_buckets
+            workspace = self._workspace_for(device, stream,
+                                            self.workspace_size(buckets[-1]))
+            pointers = (ctypes.c_void_p * len(tensors))(
+                *[t.data_ptr() for t in tensors])
+            fn = getattr(self.lib, self.info["warmup"])
+            fn.restype = ctypes.c_int32
+            fn.argtypes = [ctypes.c_void_p] * 3
+            start = time.perf_counter()
+            status = fn(pointers, stream.cuda_stream, workspace.data_ptr())
+            took = time.perf_counter() - start
+        if status != 0:
+            raise LayerError(f"{self.info['warmup']} failed: "
+                             f"{self.lib.moe_last_error().decode()}")
+        return took
+
+    def _workspace_for(self, device, stream, need):
+        """This stream's workspace, grown (never shrunk) to `need` bytes."""
+        import torch
+        key = (device, stream.cuda_stream)
+        workspace = self._workspace.get(key)
+        if workspace is None or workspace.numel() < need:
+            if workspace is not None:
+                self._retired.append(workspace)
+            with torch.cuda.stream(stream):
+                workspace = torch.empty(need, dtype=torch.uint8, device=device)
+            self._workspace[key] = workspace
+        return workspace
+
     def check(self, tensors):
         """Raises unless `tensors` match the ABI's names, dtypes and shapes."""
         import torch
@@ -81,15 +133,7 @@ class Layer:
                     stream = torch.cuda.current_stream(device)
                 need = max(self.workspace_size(tokens), 1)
                 if workspace is None:
-                    key = (device, stream.cuda_stream)
-                    workspace = self._workspace.get(key)
-                    if workspace is None or workspace.numel() < need:
-                        if workspace is not None:
-                            self._retired.append(workspace)
-                        with torch.cuda.stream(stream):
-                            workspace = torch.empty(need, dtype=torch.uint8,
-                                                    device=device)
-                        self._workspace[key] = workspace
+                    workspace = self._workspace_for(device, stream, need)
                 elif workspace.numel() < need or workspace.device != device:
                     raise LayerError(f"the workspace needs {need} bytes on "
                                      f"{device}")

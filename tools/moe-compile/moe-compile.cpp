@@ -91,6 +91,14 @@ cl::opt<int64_t> epMaxTokens(
              "rank passes to one forward (default 4096); it sizes the "
              "receive buffers, and init refuses a larger max_tokens"),
     cl::value_desc("T"), cl::init(4096), cl::cat(category));
+cl::opt<std::string> tokenBuckets(
+    "token-buckets",
+    cl::desc("sm_90a: ascending token counts, comma-separated, each given "
+             "kernels specialized to it and a CUDA graph replayed for calls "
+             "of at most its tokens (moe-bucketize); 'default' (1, 2, 4, "
+             "..., 4096) or 'none'"),
+    cl::value_desc("N,N,...|default|none"), cl::init("default"),
+    cl::cat(category));
 cl::opt<bool> fuseQuantization(
     "fuse-quantization",
     cl::desc("Quantize activations in the kernels that produce them "
@@ -200,6 +208,24 @@ static bool compileSharedLibrary(ModuleOp module, const char *argv0) {
     return false;
   }
   options.epMaxTokens = epMaxTokens;
+  if (tokenBuckets == "none") {
+    options.tokenBuckets = false;
+  } else if (tokenBuckets != "default") {
+    SmallVector<StringRef> items;
+    StringRef(tokenBuckets).split(items, ',');
+    for (StringRef item : items) {
+      int64_t size;
+      if (item.trim().getAsInteger(10, size) || size < 1 ||
+          (!options.bucketSizes.empty() &&
+           size <= options.bucketSizes.back())) {
+        llvm::errs() << "moe-compile: --token-buckets takes ascending token "
+                        "counts of at least 1 ('default' or 'none'), not '"
+                     << tokenBuckets << "'\n";
+        return false;
+      }
+      options.bucketSizes.push_back(size);
+    }
+  }
   options.stop = emit == Emit::L1        ? moe::Stop::L1
                  : emit == Emit::Kernels ? moe::Stop::Kernels
                  : emit == Emit::PTX     ? moe::Stop::PTX
@@ -243,8 +269,12 @@ static bool compileSharedLibrary(ModuleOp module, const char *argv0) {
     llvm::errs() << "moe-compile: " << error << "\n";
     return false;
   }
-  header->os() << moe::host::headerText(name, *args, target == Target::SM90a,
-                                        config ? config.getEpSize() : 1);
+  // The CPU pipeline lowered the function away; a GPU layer's keeps its
+  // plans.
+  auto lowered = module.lookupSymbol<func::FuncOp>(name);
+  header->os() << moe::host::headerText(
+      name, *args, target == Target::SM90a, config ? config.getEpSize() : 1,
+      lowered && lowered->hasAttr(moe::kBucketPlansAttrName));
   header->keep();
   return true;
 }

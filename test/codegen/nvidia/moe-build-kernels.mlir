@@ -18,7 +18,7 @@
 // CHECK: moe.route
 // CHECK: moe.combine
 // CHECK: gpu.module @layer_kernels
-// CHECK: gpu.func @moe_route(%{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: i64) workgroup({{.*}}llvm.align = 16
+// CHECK: gpu.func @moe_route(%{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr) workgroup({{.*}}llvm.align = 16
 // CHECK-SAME: kernel
 // CHECK: gpu.func @moe_dispatch_plan(
 // CHECK: gpu.func @moe_dispatch_scatter(
@@ -156,3 +156,63 @@ func.func @two_blocks(%x: tensor<?x64xbf16>, %w: tensor<64x64xbf16>) -> tensor<?
 ^next:
   return %0 : tensor<?x64xbf16>
 }
+
+// -----
+
+// With token buckets, each bucket gets a plan of its own beside the plan for
+// any count. A bucket of few tokens routes in two kernels (logits spread
+// over blocks, then a warp per token choosing); a bucket's graph encodes
+// TMA descriptors for its size, so the caller's rows that a matmul reads
+// with TMA are first copied into the workspace. A bucket's kernel equal to
+// one built before is launched from there, not built again.
+// CHECK-LABEL: func.func @bucketed
+// CHECK-SAME: moe.bucket_plans = [#moe.launch_plan<
+// CHECK-SAME: #moe.launch<kernel = @moe_route_logits, work = 1 * T, per_block = 4, block = 256
+// CHECK-SAME: #moe.launch<kernel = @moe_route_select,
+// CHECK-SAME: kernel = @moe_dispatch_plan,
+// CHECK-SAME: kernel = @moe_copy_rows_shared,
+// CHECK-SAME: kernel = @moe_matmul_shared,
+// CHECK-SAME: max_tokens = 1>, #moe.launch_plan<
+// CHECK-SAME: #moe.launch<kernel = @moe_route, work = 1 * T, per_block = 4
+// CHECK-SAME: kernel = @moe_copy_rows_shared,
+// CHECK-SAME: max_tokens = 128>]
+// CHECK-SAME: moe.launch_plan = #moe.launch_plan<
+// CHECK-NOT: copy_rows
+// CHECK-SAME: kernel = @moe_matmul_shared,
+// CHECK-NOT: max_tokens
+// CHECK-SAME: >
+// CHECK: gpu.module @bucketed_kernels
+// CHECK-COUNT-1: gpu.func @moe_route(
+// CHECK-COUNT-1: gpu.func @moe_route_logits(
+// CHECK-COUNT-1: gpu.func @moe_route_select(
+// CHECK-COUNT-1: gpu.func @moe_copy_rows_shared(
+// CHECK-NOT: gpu.func
+func.func @bucketed(%hidden: tensor<?x64xbf16>, %router: tensor<8x64xbf16>,
+                    %w13: tensor<8x64x64xbf16>, %w2: tensor<8x64x32xbf16>,
+                    %s13: tensor<64x64xbf16>)
+    -> tensor<?x64xbf16> attributes {moe.token_buckets = array<i64: 1, 128>} {
+  %ids, %weights = moe.route %hidden, %router {router = #moe.router<kind = softmax_topk>}
+      : (tensor<?x64xbf16>, tensor<8x64xbf16>) -> (tensor<?x2xi32>, tensor<?x2xf32>) loc(#route)
+  %dispatched, %counts, %offsets, %rows = moe.dispatch %hidden, %ids
+      : (tensor<?x64xbf16>, tensor<?x2xi32>)
+      -> (tensor<?x64xbf16>, tensor<8xi32>, tensor<9xi32>, tensor<?x2xi32>) loc(#dispatch)
+  %0 = moe.grouped_matmul %dispatched, %w13 groups(%counts, %offsets)
+      {activation = #moe.activation<kind = swiglu>}
+      : (tensor<?x64xbf16>, tensor<8x64x64xbf16>, tensor<8xi32>, tensor<9xi32>)
+      -> tensor<?x32xbf16> loc(#gate_up)
+  %1 = moe.grouped_matmul %0, %w2 groups(%counts, %offsets)
+      : (tensor<?x32xbf16>, tensor<8x64x32xbf16>, tensor<8xi32>, tensor<9xi32>)
+      -> tensor<?x64xbf16> loc(#down)
+  %s = moe.grouped_matmul %hidden, %s13 {activation = #moe.activation<kind = swiglu>}
+      : (tensor<?x64xbf16>, tensor<64x64xbf16>) -> tensor<?x32xbf16> loc(#shared)
+  %2 = moe.combine %1, %rows weights %weights
+      : (tensor<?x64xbf16>, tensor<?x2xi32>, tensor<?x2xf32>) -> tensor<?x64xbf16> loc(#combine)
+  return %2 : tensor<?x64xbf16>
+}
+#loc1 = loc("layer.mlir":1:1)
+#route = loc("route"(#loc1))
+#dispatch = loc("dispatch"(#loc1))
+#gate_up = loc("gate_up"(#loc1))
+#down = loc("down"(#loc1))
+#shared = loc("shared"(#loc1))
+#combine = loc("combine"(#loc1))
