@@ -67,6 +67,19 @@ def LegalizeScaledMatmul : Pass<"moe-legalize-scaled-matmul"> {
   let dependentDialects = ["::mlir::moe::MoeDialect"];
 }
 
+def Legalize : Pass<"moe-legalize"> {
+  let summary = "Rewrite what sm_90a's kernels do not take into what they do";
+  let description = [{
+    sm_90a's matmul reads both operands with TMA, whose rows must be a
+    whole number of 16 bytes: K a multiple of 8 in bf16, of 16 in FP8. A
+    `moe.grouped_matmul` whose K is not gets both operands padded with zeros
+    to the next such K (`moe.pad`; the zeros add nothing, so the result is
+    the same), and a remark naming the rule and what the padding copies on
+    each call. Scales need nothing: a padded K has as many scale blocks.
+  }];
+  let dependentDialects = ["::mlir::moe::MoeDialect"];
+}
+
 def Bucketize : Pass<"moe-bucketize"> {
   let summary = "Cut a layer's dynamic token count into buckets";
   let description = [{

@@ -64,6 +64,7 @@ void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop, StringRef cudaPath,
   if (fuseQuantization)
     pm.addPass(createFuseQuantization());
   pm.addPass(createExpertParallel());
+  pm.addPass(createLegalize());
   if (!options || options->tokenBuckets) {
     BucketizeOptions buckets;
     if (options)

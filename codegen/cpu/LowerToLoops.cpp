@@ -43,6 +43,7 @@ public:
         .Case([&](GroupedMatmulOp matmul) { return lowerMatmul(matmul); })
         .Case([&](CombineOp combine) { return lowerCombine(combine); })
         .Case([&](QuantizeOp quantize) { return lowerQuantize(quantize); })
+        .Case([&](PadOp pad) { return lowerPad(pad); })
         .Case([&](DequantizeOp dequantize) {
           return lowerDequantize(dequantize);
         })
@@ -109,6 +110,7 @@ private:
   LogicalResult lowerMatmul(GroupedMatmulOp op);
   LogicalResult lowerCombine(CombineOp op);
   LogicalResult lowerQuantize(QuantizeOp op);
+  LogicalResult lowerPad(PadOp op);
   LogicalResult lowerDequantize(DequantizeOp op);
   // Expert parallelism: the bytes move through the runtime's calls
   // (runtime/moe_ep.h) over lib/transport; the arithmetic stays here.
@@ -501,6 +503,43 @@ LogicalResult FunctionLowering::lowerQuantize(QuantizeOp op) {
                  quantizeBlock(e, scheme, input, data, scales, prefix, rb, kb,
                                firstRow, lastRow, firstCol, lastCol);
                });
+  return success();
+}
+
+LogicalResult FunctionLowering::lowerPad(PadOp op) {
+  Value input = buffer(op.getInput());
+  auto inType = cast<MemRefType>(input.getType());
+  Value out = resultBuffer(op.getResult(), dynamicSizes(op.getResult(), input));
+  auto outType = cast<MemRefType>(out.getType());
+  int64_t last = outType.getRank() - 1, k = inType.getDimSize(last);
+  Type element = outType.getElementType();
+  Value zero =
+      arith::ConstantOp::create(e.b, e.loc, element, e.b.getZeroAttr(element));
+  SmallVector<Value> ivs;
+  std::function<void(int64_t)> nest = [&](int64_t d) {
+    if (d == last) {
+      e.forEach(e.index(0), e.index(outType.getDimSize(last)), [&](Value c) {
+        ivs.push_back(c);
+        auto inside = scf::IfOp::create(e.b, e.loc, TypeRange{element},
+                                        e.ult(c, e.index(k)), true);
+        OpBuilder::InsertionGuard guard(e.b);
+        e.b.setInsertionPointToStart(&inside.getThenRegion().front());
+        scf::YieldOp::create(e.b, e.loc, e.loadRaw(input, ivs));
+        e.b.setInsertionPointToStart(&inside.getElseRegion().front());
+        scf::YieldOp::create(e.b, e.loc, zero);
+        e.b.setInsertionPointAfter(inside);
+        e.storeRaw(inside.getResult(0), out, ivs);
+        ivs.pop_back();
+      });
+      return;
+    }
+    e.forEach(e.index(0), e.dim(input, d), [&](Value i) {
+      ivs.push_back(i);
+      nest(d + 1);
+      ivs.pop_back();
+    });
+  };
+  nest(0);
   return success();
 }
 

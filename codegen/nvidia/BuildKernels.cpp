@@ -40,6 +40,7 @@ static LogicalResult buildKernel(LayerKernels &layer, Operation *op) {
       .Case([&](CombineOp o) { return buildCombine(layer, o); })
       .Case([&](QuantizeOp o) { return buildQuantize(layer, o); })
       .Case([&](DequantizeOp o) { return buildDequantize(layer, o); })
+      .Case([&](PadOp o) { return buildPad(layer, o); })
       .Case([&](LayerOp o) {
         return o.emitOpError()
                << "must be decomposed first (run moe-decompose)";

@@ -182,6 +182,7 @@ LogicalResult buildGroupedMatmul(LayerKernels &layer, GroupedMatmulOp op);
 LogicalResult buildCombine(LayerKernels &layer, CombineOp op);
 LogicalResult buildQuantize(LayerKernels &layer, QuantizeOp op);
 LogicalResult buildDequantize(LayerKernels &layer, DequantizeOp op);
+LogicalResult buildPad(LayerKernels &layer, PadOp op);
 LogicalResult buildEpDispatchSend(LayerKernels &layer, EpDispatchSendOp op);
 LogicalResult buildEpDispatchRecv(LayerKernels &layer, EpDispatchRecvOp op);
 LogicalResult buildEpCombineSend(LayerKernels &layer, EpCombineSendOp op);

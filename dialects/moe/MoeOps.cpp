@@ -455,6 +455,34 @@ LogicalResult QuantizeOp::verify() {
                          getScales(), getScheme());
 }
 
+LogicalResult PadOp::verify() {
+  auto in = cast<RankedTensorType>(getInput().getType());
+  auto out = cast<RankedTensorType>(getResult().getType());
+  if (in.getElementType() != out.getElementType())
+    return emitOpError() << "must keep the element type: "
+                         << in.getElementType() << " becomes "
+                         << out.getElementType();
+  if (in.getRank() != out.getRank() || in.getRank() < 1)
+    return emitOpError() << "must keep the rank (at least 1): " << in.getRank()
+                         << " becomes " << out.getRank();
+  int64_t last = in.getRank() - 1;
+  auto size = [](int64_t s) {
+    return ShapedType::isDynamic(s) ? std::string("?") : std::to_string(s);
+  };
+  for (int64_t d = 0; d < last; ++d)
+    if (in.getDimSize(d) != out.getDimSize(d))
+      return emitOpError() << "may change only the last dimension, but "
+                              "dimension "
+                           << d << " is " << size(in.getDimSize(d)) << " and "
+                           << size(out.getDimSize(d));
+  if (in.isDynamicDim(last) || out.isDynamicDim(last) ||
+      out.getDimSize(last) < in.getDimSize(last))
+    return emitOpError() << "must extend a static last dimension: "
+                         << size(in.getDimSize(last)) << " becomes "
+                         << size(out.getDimSize(last));
+  return success();
+}
+
 LogicalResult DequantizeOp::verify() {
   return verifyQuantPair(getOperation(), getOutput(), "output", getData(),
                          getScales(), getScheme());

@@ -219,6 +219,23 @@ def Moe_DequantizeOp : Moe_Op<"dequantize", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Moe_PadOp : Moe_Op<"pad", [Pure]> {
+  let summary = "zeros appended to the last dimension";
+  let description = [{
+    `result` is `input` with its last dimension extended with zeros; every
+    other dimension (the leading one may be the dynamic token count) is the
+    same. moe-legalize pads a matmul's K with it where a target reads rows
+    only in whole units (sm_90a's TMA: multiples of 16 bytes); the zeros add
+    nothing to any product.
+  }];
+  let arguments = (ins RankedTensorOf<[BF16, F8E4M3FN, F32]>:$input);
+  let results = (outs RankedTensorOf<[BF16, F8E4M3FN, F32]>:$result);
+  let assemblyFormat = [{
+    $input attr-dict `:` type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
 def Moe_GroupedMatmulOp : Moe_Op<"grouped_matmul",
                                  [Pure, AttrSizedOperandSegments]> {
   let summary = "one matmul per expert over its rows, with an epilogue";

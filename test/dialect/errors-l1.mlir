@@ -485,3 +485,27 @@ func.func @f(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) {
   %d, %c, %o, %r = moe.dispatch %x, %ids {ep_size = 0 : i64} : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<?x8xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x2xi32>)
   return
 }
+
+// -----
+
+func.func @f(%x: tensor<?x100xbf16>) {
+  // expected-error @+1 {{may change only the last dimension, but dimension 0 is ? and 4}}
+  %p = moe.pad %x : tensor<?x100xbf16> -> tensor<4x104xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x100xbf16>) {
+  // expected-error @+1 {{must extend a static last dimension: 100 becomes 96}}
+  %p = moe.pad %x : tensor<?x100xbf16> -> tensor<?x96xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x100xbf16>) {
+  // expected-error @+1 {{must keep the element type: 'bf16' becomes 'f32'}}
+  %p = moe.pad %x : tensor<?x100xbf16> -> tensor<?x104xf32>
+  return
+}

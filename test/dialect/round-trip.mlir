@@ -89,6 +89,15 @@ func.func @dispatch(%x: tensor<?x64xbf16>, %ids: tensor<?x2xi32>, %w: tensor<?x2
   return
 }
 
+// CHECK-LABEL: func @pad
+// CHECK: moe.pad %{{[^ ,)]+}} : tensor<?x100xbf16> -> tensor<?x104xbf16>
+// CHECK: moe.pad %{{[^ ,)]+}} : tensor<4x64x40xf8E4M3FN> -> tensor<4x64x48xf8E4M3FN>
+func.func @pad(%x: tensor<?x100xbf16>, %w: tensor<4x64x40xf8E4M3FN>) -> (tensor<?x104xbf16>, tensor<4x64x48xf8E4M3FN>) {
+  %0 = moe.pad %x : tensor<?x100xbf16> -> tensor<?x104xbf16>
+  %1 = moe.pad %w : tensor<4x64x40xf8E4M3FN> -> tensor<4x64x48xf8E4M3FN>
+  return %0, %1 : tensor<?x104xbf16>, tensor<4x64x48xf8E4M3FN>
+}
+
 // CHECK-LABEL: func @quantize
 // CHECK: moe.quantize %{{[^ ,)]+}} {scheme = #moe.quant<kind = mxfp8>}
 // CHECK: moe.quantize %{{[^ ,)]+}} {scheme = #moe.quant<kind = fp8_block128>}

@@ -111,3 +111,20 @@ func.func @not_split(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) -> tensor<?x8x
   %d, %c, %o, %r = moe.dispatch %x, %ids {ep_size = 2 : i64} : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<?x8xbf16>, tensor<2xi32>, tensor<3xi32>, tensor<?x2xi32>)
   return %d : tensor<?x8xbf16>
 }
+
+// -----
+
+// moe.pad copies each row and stores zeros past the input's columns.
+// CHECK-LABEL: func.func @pad(
+// CHECK: scf.for
+// CHECK: scf.for %[[C:.*]] = %{{.*}} to %{{.*}}
+// CHECK: %[[IN:.*]] = arith.cmpi ult, %[[C]]
+// CHECK: scf.if %[[IN]] -> (bf16)
+// CHECK: memref.load
+// CHECK: else
+// CHECK: scf.yield %{{.*}} : bf16
+// CHECK: memref.store
+func.func @pad(%x: tensor<?x100xbf16>) -> tensor<?x104xbf16> {
+  %0 = moe.pad %x : tensor<?x100xbf16> -> tensor<?x104xbf16>
+  return %0 : tensor<?x104xbf16>
+}

@@ -1,0 +1,46 @@
+// RUN: moe-opt %s -split-input-file -moe-decompose -moe-fuse-quantization -moe-legalize -verify-diagnostics | FileCheck %s
+
+// H = 100 in bf16: gate/up's K is 200 bytes a row, not a whole number of
+// TMA's 16-byte units. Its input rows and weights get zero columns up to
+// K = 104 (the down matmul's K, the intermediate 64, is fine as it is).
+// CHECK-LABEL: func @hidden_100
+// CHECK: %[[D:.*]], %{{.*}}, %{{.*}}, %{{.*}} = moe.dispatch
+// CHECK: %[[X:.*]] = moe.pad %[[D]] : tensor<?x100xbf16> -> tensor<?x104xbf16>
+// CHECK: %[[W:.*]] = moe.pad %arg2 : tensor<4x128x100xbf16> -> tensor<4x128x104xbf16>
+// CHECK: moe.grouped_matmul %[[X]], %[[W]] groups
+// CHECK-NOT: moe.pad
+// CHECK: moe.combine
+func.func @hidden_100(%x: tensor<?x100xbf16>, %rw: tensor<4x100xbf16>, %w13: tensor<4x128x100xbf16>, %w2: tensor<4x100x64xbf16>) -> tensor<?x100xbf16> {
+  // expected-remark @below {{K = 100 (gate_up matmul) padded with zeros to 104: sm_90a loads matmul operands with TMA, whose rows must be a multiple of 16 bytes; each call copies 102400 bytes of weights and 208 bytes per row of its input}}
+  %0 = moe.layer %x router(%rw) experts(%w13, %w2) {config = #moe.config<experts = 4, top_k = 2, hidden = 100, intermediate = 64, router = <kind = softmax_topk>, activation = <kind = swiglu>>}
+      : (tensor<?x100xbf16>, tensor<4x100xbf16>, tensor<4x128x100xbf16>, tensor<4x100x64xbf16>) -> tensor<?x100xbf16>
+  return %0 : tensor<?x100xbf16>
+}
+
+// -----
+
+// I = 40 in FP8 (MXFP8): the down matmul's K is 40 one-byte codes; codes
+// and weights get zero columns up to 48, and the scales stay as they are
+// (ceil(48 / 32) = ceil(40 / 32) blocks).
+// CHECK-LABEL: func @intermediate_40_mxfp8
+// CHECK: %[[H:.*]], %[[HS:.*]] = moe.grouped_matmul
+// CHECK: %[[C:.*]] = moe.pad %[[H]] : tensor<?x40xf8E4M3FN> -> tensor<?x48xf8E4M3FN>
+// CHECK: %[[W:.*]] = moe.pad %{{.*}} : tensor<4x64x40xf8E4M3FN> -> tensor<4x64x48xf8E4M3FN>
+// CHECK: moe.grouped_matmul %[[C]], %[[W]] groups({{.*}}) scales(%[[HS]], %{{.*}})
+func.func @intermediate_40_mxfp8(%x: tensor<?x64xbf16>, %rw: tensor<4x64xbf16>, %w13: tensor<4x80x64xbf16>, %w2: tensor<4x64x40xbf16>) -> tensor<?x64xbf16> {
+  // expected-remark @below {{K = 40 (down matmul) padded with zeros to 48}}
+  %0 = moe.layer %x router(%rw) experts(%w13, %w2) {config = #moe.config<experts = 4, top_k = 2, hidden = 64, intermediate = 40, router = <kind = softmax_topk>, activation = <kind = swiglu>, quant = <kind = mxfp8>>}
+      : (tensor<?x64xbf16>, tensor<4x64xbf16>, tensor<4x80x64xbf16>, tensor<4x64x40xbf16>) -> tensor<?x64xbf16>
+  return %0 : tensor<?x64xbf16>
+}
+
+// -----
+
+// Shapes the kernels take are left alone.
+// CHECK-LABEL: func @fine
+// CHECK-NOT: moe.pad
+func.func @fine(%x: tensor<?x64xbf16>, %rw: tensor<4x64xbf16>, %w13: tensor<4x128x64xbf16>, %w2: tensor<4x64x64xbf16>) -> tensor<?x64xbf16> {
+  %0 = moe.layer %x router(%rw) experts(%w13, %w2) {config = #moe.config<experts = 4, top_k = 2, hidden = 64, intermediate = 64, router = <kind = softmax_topk>, activation = <kind = swiglu>>}
+      : (tensor<?x64xbf16>, tensor<4x64xbf16>, tensor<4x128x64xbf16>, tensor<4x64x64xbf16>) -> tensor<?x64xbf16>
+  return %0 : tensor<?x64xbf16>
+}
