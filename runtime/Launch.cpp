@@ -218,13 +218,13 @@ extern "C" void moert_kernel_times_report(const char *label) {
 }
 
 extern "C" int32_t moert_set_tokens(void *workspace, int64_t tokens,
-                                    void *stream) {
+                                    int64_t words, void *stream) {
   std::string error;
   CudaDevice::Driver *driver = CudaDevice::loadDriver(error);
   if (!driver)
     return fail(error);
   CHECK(driver->cuMemsetD32Async(reinterpret_cast<uintptr_t>(workspace),
-                                 unsigned(tokens), 1, stream),
+                                 unsigned(tokens), size_t(words), stream),
         "cuMemsetD32Async");
   return 0;
 }

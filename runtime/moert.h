@@ -43,9 +43,11 @@ int32_t moert_check_call(void *const *args, const char *kinds, int64_t tokens,
                          int64_t max_tokens, const void *workspace,
                          int64_t workspace_bytes);
 
-/* Writes the call's token count into the first 4 bytes of `workspace` on
- * `stream`, where the kernels read it. */
-int32_t moert_set_tokens(void *workspace, int64_t tokens, void *stream);
+/* Writes the call's token count into the first `words` i32 words of
+ * `workspace` on `stream`: the first is where the kernels read it, the
+ * others split-K counters that count on from it. */
+int32_t moert_set_tokens(void *workspace, int64_t tokens, int64_t words,
+                         void *stream);
 
 /* A layer's enqueue function: launches a plan's kernels with grids, TMA
  * descriptors and workspace slices sized for `tokens`. */

@@ -58,11 +58,15 @@ static SmallVector<Value> bufferAddresses(HostBuilder &h, LaunchPlanAttr plan,
                                           Value args, Value tokens,
                                           Value workspace, Value epState) {
   SmallVector<Value> addresses;
-  // The token count comes first.
-  Value cursor = h.c64(LaunchPlanAttr::kTokenCountBytes);
+  // The header comes first.
+  Value cursor = h.c64(plan.getHeaderBytes());
   for (PlanBufferAttr buffer : plan.getBufferList()) {
     if (buffer.getArg() == -2) {
       addresses.push_back(h.offset(epState, h.c64(buffer.getBytes().fixed)));
+      continue;
+    }
+    if (buffer.getArg() == -3) {
+      addresses.push_back(h.offset(workspace, h.c64(buffer.getBytes().fixed)));
       continue;
     }
     if (buffer.getArg() >= 0) {
@@ -399,7 +403,7 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
   auto checkFn = declare(b, module, loc, "moert_check_call", i32,
                          {ptr, ptr, i64, i64, ptr, i64});
   auto setTokensFn =
-      declare(b, module, loc, "moert_set_tokens", i32, {ptr, i64, ptr});
+      declare(b, module, loc, "moert_set_tokens", i32, {ptr, i64, i64, ptr});
   auto graphFn = declare(b, module, loc, "moert_graph_launch", i32,
                          {ptr, ptr, ptr, i32, i64, i64, ptr, ptr, i32});
   auto prepareFn = declare(b, module, loc, "moert_graph_prepare", i32,
@@ -492,10 +496,14 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
                                ValueRange{argv, kindsText, tokens, h.c64(most),
                                           ws, workspaceAt(tokens)})
               .getResult());
-  // The kernels read the count from the workspace.
-  h.check(
-      LLVM::CallOp::create(b, loc, setTokensFn, ValueRange{ws, tokens, stream})
-          .getResult());
+  // The kernels read the count from the workspace header, whose counters
+  // start at it too (the most any plan has).
+  int64_t words = 1 + plan.getCounters();
+  for (LaunchPlanAttr bucket : buckets)
+    words = std::max(words, 1 + bucket.getCounters());
+  h.check(LLVM::CallOp::create(b, loc, setTokensFn,
+                               ValueRange{ws, tokens, h.c64(words), stream})
+              .getResult());
   // The smallest bucket that holds the call replays its graph; a call
   // above every bucket launches the plan for any count.
   Value enabled = LLVM::LoadOp::create(

@@ -31,6 +31,9 @@ using namespace mlir::moe;
 using namespace mlir::moe::nvidia;
 
 namespace {
+// Split-K aims for at most this many busy blocks (one per SM), with at most
+// kMaxSplits splits.
+constexpr int64_t kSplitTarget = 132, kMaxSplits = 8, kMinSplitTiles = 32;
 // A tile is 128 rows x 256 columns (B rows), 128 bytes of K per stage; each
 // of its two warpgroups computes 64 rows.
 constexpr int64_t kTileM = 128, kTileN = 256, kSliceBytes = 128;
@@ -274,6 +277,45 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
       layer.plan.addTensorMap(layer.info(op.getRhs()).buffer, enc.elementBytes,
                               {experts * n, 0}, kDim, kTileN / 2, enc.tileK());
 
+  // A bucket of few tokens has few tiles, each streaming all of K from one
+  // SM: its tiles split K among several blocks (their f32 partials summed
+  // in split order by the tile's last block, which runs the epilogue), so
+  // the weight reads spread over the GPU. Its grid is cut to the tiles its
+  // rows can have: a tile holds at least one row.
+  int64_t kTiles = llvm::divideCeil(kDim, enc.tileK());
+  int64_t colTiles = llvm::divideCeil(outN, outTile);
+  int64_t splits = 1, tilesPerSplit = kTiles, rowTiles = 0;
+  if (layer.maxTokens > 0) {
+    int64_t rows = std::max<int64_t>(
+        lhs.rows.fixed + lhs.rows.perToken * layer.maxTokens, 1);
+    rowTiles = llvm::divideCeil(rows, kTileM);
+    // The tiles likely busy: one per expert that has rows, and one per
+    // 128 rows.
+    int64_t busy = rowTiles * colTiles;
+    if (grouped) {
+      busy = (std::min(experts, rows) + rowTiles) * colTiles;
+      rowTiles = std::min(rowTiles + experts, rows);
+    }
+    // One wave: a block holds an SM (its ring takes the shared memory),
+    // and a second wave costs more than its share of K saves. A split
+    // streams at least kMinSplitTiles slices: on H100 a split block's fixed
+    // cost (ring fill, partials, the last block's sum) outweighed what
+    // shorter splits saved (bench/RESULTS.md).
+    splits = std::clamp<int64_t>(
+        std::min(kSplitTarget / busy, kTiles / kMinSplitTiles), 1, kMaxSplits);
+    tilesPerSplit = llvm::divideCeil(kTiles, splits);
+    splits = llvm::divideCeil(kTiles, tilesPerSplit);
+  }
+  // Split partials [splits, rows, n] f32 and one counter per tile.
+  TensorInfo partials{};
+  if (splits > 1)
+    partials = TensorInfo{layer.plan.addWorkspace(lhs.rows * (splits * n * 4)),
+                          MemRefType::get({ShapedType::kDynamic, n},
+                                          Float32Type::get(op.getContext())),
+                          lhs.rows * splits};
+  unsigned counters =
+      splits > 1 ? layer.plan.addCounters(rowTiles * colTiles) : 0;
+
   SmallVector<Value> buffers = {op.getOut()};
   if (grouped)
     buffers.append({op.getTokensPerExpert(), op.getExpertOffsets()});
@@ -283,15 +325,22 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
     buffers.append({op.getLhsScale(), op.getRhsScale()});
   if (outQuant)
     buffers.push_back(op.getOutScale());
-  Kernel k = layer.kernel(op, grouped ? "grouped_matmul" : "matmul", buffers,
-                          {mapA, mapB});
+  SmallVector<unsigned> bufferIndices;
+  for (Value v : buffers)
+    bufferIndices.push_back(layer.info(v).buffer);
+  if (splits > 1)
+    bufferIndices.append({partials.buffer, counters});
+  Kernel k = layer.kernelOn(op, grouped ? "grouped_matmul" : "matmul",
+                            bufferIndices, {mapA, mapB});
   Launch &launch = k.launch;
   // Row tiles on x (no 65535 limit), column tiles on y. Grouped: at most
   // ceil(rows / 128) + experts row tiles are non-empty.
   launch.work = lhs.rows;
   launch.perBlock = kTileM;
   launch.extraBlocks = grouped ? experts : 0;
-  launch.gridY = llvm::divideCeil(outN, outTile);
+  if (rowTiles > 0)
+    launch.work = {rowTiles, 0}, launch.perBlock = 1, launch.extraBlocks = 0;
+  launch.gridY = colTiles * splits;
   // Two consumer warpgroups and a producer warpgroup; the block size is
   // fixed (.reqntid), so ptxas plans registers for 384 threads.
   launch.block = (kWarpGroups + 1) * 128;
@@ -330,8 +379,11 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
         nvgpu::TensorMapOOBKind::OOB_ZERO,
         nvgpu::TensorMapInterleaveKind::INTERLEAVE_NONE);
   };
-  Value descA = k.tensorMap(buffers.size(), mapType(kTileM));
-  Value descB = k.tensorMap(buffers.size() + 1, mapType(kTileN / 2));
+  unsigned firstMap = bufferIndices.size();
+  Value descA = k.tensorMap(firstMap, mapType(kTileM));
+  Value descB = k.tensorMap(firstMap + 1, mapType(kTileN / 2));
+  Value partialView =
+      splits > 1 ? k.view(bufferIndices.size() - 2, partials) : Value();
 
   Value tid = k.threadId();
   // Blocks start in x-fastest order; consecutive blocks take groups of
@@ -339,10 +391,17 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   // weight tiles stay in L2 while it runs.
   constexpr int64_t kGroupM = 8;
   Value mTiles = gpu::GridDimOp::create(b, e.loc, gpu::Dimension::x);
-  Value nTiles = gpu::GridDimOp::create(b, e.loc, gpu::Dimension::y);
-  Value linearId = e.iadd(
-      arith::MulIOp::create(b, e.loc, k.blockId(gpu::Dimension::y), mTiles),
-      k.blockId(gpu::Dimension::x));
+  // y is column tile x split (splits consecutive).
+  Value nTiles =
+      e.divUI(gpu::GridDimOp::create(b, e.loc, gpu::Dimension::y), splits);
+  Value splitIdx = e.remUI(k.blockId(gpu::Dimension::y), splits);
+  Value colY = e.divUI(k.blockId(gpu::Dimension::y), splits);
+  Value linearId = e.iadd(arith::MulIOp::create(b, e.loc, colY, mTiles),
+                          k.blockId(gpu::Dimension::x));
+  // This split's K slices [kBegin, kBegin + kCount).
+  Value kBegin = e.imul(splitIdx, tilesPerSplit);
+  Value kCount =
+      e.minUI(e.index(tilesPerSplit), e.isub(e.index(kTiles), kBegin));
   Value perGroup = e.imul(nTiles, kGroupM);
   Value firstM =
       e.imul(arith::DivUIOp::create(b, e.loc, linearId, perGroup), kGroupM);
@@ -434,10 +493,8 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
                               : e.iadd(colTile, e.index(kTileN / 2));
   Value bRow0 = e.iadd(e.imul(expertIdx, n), halfRow0);
   Value bRow1 = e.iadd(e.imul(expertIdx, n), halfRow1);
-  int64_t kTiles = llvm::divideCeil(kDim, enc.tileK());
-  // Thread 0 loads K slice `kt` into its ring slot.
-  auto issue = [&](Value kt) {
-    Value slot = e.remUI(kt, kStages);
+  // Thread 0 loads K slice `kt` into ring slot `slot`.
+  auto issue = [&](Value kt, Value slot) {
     Value col = e.imul(kt, enc.tileK());
     nvgpu::MBarrierArriveExpectTxOp::create(
         b, e.loc, barriers, e.index(kStageBytes), slot, Value());
@@ -568,17 +625,18 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
       nvgpu::TmaPrefetchOp::create(b, e.loc, descA, Value());
       nvgpu::TmaPrefetchOp::create(b, e.loc, descB, Value());
     });
-    e.forEach(e.index(0), e.index(kTiles), [&](Value kt) {
-      Value slot = e.remUI(kt, kStages);
+    e.forEach(e.index(0), kCount, [&](Value j) {
+      Value kt = e.iadd(kBegin, j);
+      Value slot = e.remUI(j, kStages);
       // From the second round on, wait for the slot's previous use.
-      e.ifThen(e.icmp(arith::CmpIPredicate::uge, kt, e.index(kStages)), [&] {
+      e.ifThen(e.icmp(arith::CmpIPredicate::uge, j, e.index(kStages)), [&] {
         Value parity = arith::TruncIOp::create(
             b, e.loc, b.getI1Type(),
-            e.toI32(e.remUI(e.iadd(e.divUI(kt, kStages), e.index(1)), 2)));
+            e.toI32(e.remUI(e.iadd(e.divUI(j, kStages), e.index(1)), 2)));
         nvgpu::MBarrierTryWaitParityOp::create(b, e.loc, empty, parity,
                                                e.index(10000000), slot);
       });
-      e.ifThen(producerLead, [&] { issue(kt); });
+      e.ifThen(producerLead, [&] { issue(kt, slot); });
       if (columnScales) {
         storeColumnScales(kt, slot, e.isub(tid, e.index(kConsumers)));
         arrive(barriers, slot);
@@ -596,20 +654,21 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   SmallVector<Value> init(enc.halves(), zero);
   int64_t scaleValues = 0;
   if (enc.fp8()) {
-    SmallVector<Value> first = loadScales(e.index(0));
+    SmallVector<Value> first = loadScales(kBegin);
     scaleValues = first.size();
     init.append(first);
   }
   // This thread's warpgroup computes rows [64 g, 64 g + 64) of the tile.
   Value groupOffset = arith::IndexCastOp::create(
       b, e.loc, b.getI64Type(), e.imul(group, kGroupRows * kSliceBytes));
-  auto loop = scf::ForOp::create(b, e.loc, e.index(0), e.index(kTiles),
-                                 e.index(1), init);
+  auto loop =
+      scf::ForOp::create(b, e.loc, e.index(0), kCount, e.index(1), init);
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
-    Value kt = loop.getInductionVar();
-    Value slot = e.remUI(kt, kStages);
+    Value j = loop.getInductionVar();
+    Value kt = e.iadd(kBegin, j);
+    Value slot = e.remUI(j, kStages);
     ValueRange carried = loop.getRegionIterArgs();
     SmallVector<Value> accs(carried.take_front(enc.halves()));
     ValueRange scales = carried.drop_front(enc.halves());
@@ -619,7 +678,7 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
     if (enc.fp8())
       nextScales = loadScales(next);
     Value parity = arith::TruncIOp::create(
-        b, e.loc, b.getI1Type(), e.toI32(e.remUI(e.divUI(kt, kStages), 2)));
+        b, e.loc, b.getI1Type(), e.toI32(e.remUI(e.divUI(j, kStages), 2)));
     nvgpu::MBarrierTryWaitParityOp::create(b, e.loc, barriers, parity,
                                            e.index(10000000), slot);
     Value aBase = LLVM::AddOp::create(b, e.loc, address(slot, 0), groupOffset);
@@ -644,8 +703,8 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
       NVVM::WgmmaGroupSyncAlignedOp::create(b, e.loc);
       // The previous slice's wgmma are done: its slot can be refilled.
       NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 1);
-      e.ifThen(e.icmp(arith::CmpIPredicate::uge, kt, e.index(1)),
-               [&] { release(e.remUI(e.isub(kt, e.index(1)), kStages)); });
+      e.ifThen(e.icmp(arith::CmpIPredicate::uge, j, e.index(1)),
+               [&] { release(e.remUI(e.isub(j, e.index(1)), kStages)); });
     } else {
       Value stage = slot;
       int64_t perBlock = perSlice / sub;
@@ -708,11 +767,113 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   if (!enc.fp8())
     NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 0);
 
+  SmallVector<Value> finals;
+  for (int64_t h = 0; h < enc.halves(); ++h)
+    finals.push_back(loop.getResult(h));
+  // The weight row (output column before the activation) of fragment
+  // element i of half h.
+  auto weightRow = [&](int64_t h, int64_t i) {
+    int64_t c = h * enc.instN + (i / 4) * 8 + i % 2;
+    Value inHalf = e.iadd(colBase, e.index(c % 128));
+    return e.iadd(c < 128 ? halfRow0 : halfRow1, inHalf);
+  };
+  if (splits > 1) {
+    // Every split stores its partial; the tile's last block to count
+    // itself in adds them in split order, the same sum whichever is last.
+    auto partialAt = [&](Value s, Value row, Value wr) {
+      return SmallVector<Value>{e.iadd(e.imul(s, k.linear(lhs.rows)), row), wr};
+    };
+    for (int64_t h = 0; h < enc.halves(); ++h)
+      for (int64_t i = 0; i < enc.fragment(); ++i) {
+        Value row = e.iadd(rowBase, e.index(((i / 2) % 2) * 8));
+        Value wr = weightRow(h, i);
+        e.ifThen(e.andi(e.ult(row, rowEndIdx), e.ult(wr, e.index(n))), [&] {
+          memref::StoreOp::create(
+              b, e.loc,
+              LLVM::ExtractValueOp::create(b, e.loc, finals[h],
+                                           ArrayRef<int64_t>{i}),
+              partialView, partialAt(splitIdx, row, wr));
+        });
+      }
+    Value ticket = k.workgroupBuffer({1}, b.getI32Type());
+    auto consumerBarrier = [&] {
+      LLVM::InlineAsmOp::create(
+          b, e.loc, TypeRange{}, ValueRange{}, "bar.sync 1, 256;", "",
+          /*has_side_effects=*/true,
+          /*is_align_stack=*/false, LLVM::tailcallkind::TailCallKind::None,
+          LLVM::AsmDialectAttr(), ArrayAttr());
+    };
+    auto fence = [&] {
+      LLVM::InlineAsmOp::create(
+          b, e.loc, TypeRange{}, ValueRange{}, "fence.acq_rel.gpu;", "",
+          /*has_side_effects=*/true,
+          /*is_align_stack=*/false, LLVM::tailcallkind::TailCallKind::None,
+          LLVM::AsmDialectAttr(), ArrayAttr());
+    };
+    fence();
+    consumerBarrier();
+    e.ifThen(e.eq(tid, e.index(0)), [&] {
+      // The tile's counter starts the forward at the token count (the host
+      // writes both); the last split sees it at T + splits - 1.
+      Value tileIdx =
+          e.iadd(e.imul(colY, mTiles), k.blockId(gpu::Dimension::x));
+      Value counter = LLVM::GEPOp::create(
+          b, e.loc, LLVM::LLVMPointerType::get(ctx), b.getI32Type(),
+          k.func.getArgument(bufferIndices.size() - 1),
+          ValueRange{
+              arith::IndexCastOp::create(b, e.loc, b.getI64Type(), tileIdx)});
+      Value before =
+          LLVM::AtomicRMWOp::create(b, e.loc, LLVM::AtomicBinOp::add, counter,
+                                    e.i32(1), LLVM::AtomicOrdering::acq_rel);
+      memref::StoreOp::create(
+          b, e.loc, arith::SubIOp::create(b, e.loc, before, e.toI32(k.tokens)),
+          ticket, ValueRange{e.index(0)});
+    });
+    consumerBarrier();
+    Value last =
+        e.eq(memref::LoadOp::create(b, e.loc, ticket, ValueRange{e.index(0)}),
+             e.i32(splits - 1));
+    auto lastOnly = scf::IfOp::create(b, e.loc, last, /*withElse=*/false);
+    b.setInsertionPointToStart(&lastOnly.getThenRegion().front());
+    fence();
+    // Only a thread's rows that hold data are summed (a decode tile has a
+    // row or two of its 128).
+    for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
+      Value row = e.iadd(rowBase, e.index(rowHalf * 8));
+      auto summed = scf::IfOp::create(b, e.loc, TypeRange(ValueRange(finals)),
+                                      e.ult(row, rowEndIdx), true);
+      {
+        OpBuilder::InsertionGuard guard(b);
+        b.setInsertionPointToStart(&summed.getElseRegion().front());
+        scf::YieldOp::create(b, e.loc, finals);
+        b.setInsertionPointToStart(&summed.getThenRegion().front());
+        SmallVector<Value> sums(finals);
+        for (int64_t h = 0; h < enc.halves(); ++h)
+          for (int64_t i = 0; i < enc.fragment(); ++i) {
+            if ((i / 2) % 2 != rowHalf)
+              continue;
+            Value wr = e.minUI(weightRow(h, i), e.index(n - 1));
+            Value mine = LLVM::ExtractValueOp::create(b, e.loc, finals[h],
+                                                      ArrayRef<int64_t>{i});
+            Value total;
+            for (int64_t s = 0; s < splits; ++s) {
+              Value theirs = memref::LoadOp::create(
+                  b, e.loc, partialView, partialAt(e.index(s), row, wr));
+              Value term = e.select(e.eq(splitIdx, e.index(s)), mine, theirs);
+              total = s == 0 ? term : e.add(total, term);
+            }
+            sums[h] = LLVM::InsertValueOp::create(b, e.loc, sums[h], total,
+                                                  ArrayRef<int64_t>{i});
+          }
+        scf::YieldOp::create(b, e.loc, sums);
+      }
+      finals.assign(summed.getResults().begin(), summed.getResults().end());
+    }
+  }
   // Epilogue from registers: element i of the m64n256 tile is element
   // i % fragment of half i / fragment.
   auto column = [&](int64_t i) {
-    return LLVM::ExtractValueOp::create(b, e.loc,
-                                        loop.getResult(i / enc.fragment()),
+    return LLVM::ExtractValueOp::create(b, e.loc, finals[i / enc.fragment()],
                                         ArrayRef<int64_t>{i % enc.fragment()})
         .getResult();
   };

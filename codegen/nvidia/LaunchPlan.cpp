@@ -21,6 +21,14 @@ unsigned LaunchPlan::addEpState(int64_t offset) {
   return buffers.size() - 1;
 }
 
+unsigned LaunchPlan::addCounters(int64_t count) {
+  // After the token count: word 1 + counters.
+  buffers.push_back(
+      PlanBufferAttr::get(ctx, -3, TokenLinear{4 + 4 * counters, 0}));
+  counters += count;
+  return buffers.size() - 1;
+}
+
 unsigned LaunchPlan::addTensorMap(unsigned buffer, int64_t elementBytes,
                                   TokenLinear rows, int64_t cols,
                                   int64_t boxRows, int64_t boxCols) {
@@ -52,5 +60,5 @@ LaunchPlanAttr LaunchPlan::toAttr() const {
         l.extraBlocks, l.gridY, l.block, l.sharedBytes, l.args));
   return LaunchPlanAttr::get(ctx, b.getArrayAttr(buffers),
                              b.getArrayAttr(tensorMaps),
-                             b.getArrayAttr(launchAttrs), maxTokens);
+                             b.getArrayAttr(launchAttrs), maxTokens, counters);
 }

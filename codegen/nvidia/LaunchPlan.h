@@ -52,8 +52,13 @@ public:
 
   LaunchPlanAttr toAttr() const;
 
+  /// A buffer of `count` i32 counters in the workspace header, which the
+  /// host sets to the token count before each call.
+  unsigned addCounters(int64_t count);
+
   /// The most tokens the plan serves (a bucket), 0 for any.
   int64_t maxTokens = 0;
+  int64_t counters = 0;
 
 private:
   MLIRContext *ctx;

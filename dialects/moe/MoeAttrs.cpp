@@ -283,9 +283,10 @@ void mlir::moe::printKernelArgs(AsmPrinter &printer, ArrayRef<KernelArg> args) {
 LogicalResult
 PlanBufferAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                        int64_t arg, TokenLinear bytes) {
-  if (arg < -1)
-    return emitError() << "buffer arg must be an argument index or -1 (a "
-                          "workspace slice), but is "
+  if (arg < -3)
+    return emitError() << "buffer arg must be an argument index, -1 (a "
+                          "workspace slice), -2 (the expert-parallel state) or "
+                          "-3 (header counters), but is "
                        << arg;
   if (bytes.fixed < 0 || bytes.perToken < 0)
     return emitError() << "buffer bytes must not be negative";
@@ -336,7 +337,10 @@ LogicalResult KernelLaunchAttr::verify(
 LogicalResult
 LaunchPlanAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                        ArrayAttr buffers, ArrayAttr tensorMaps,
-                       ArrayAttr launches, int64_t maxTokens) {
+                       ArrayAttr launches, int64_t maxTokens,
+                       int64_t counters) {
+  if (counters < 0)
+    return emitError() << "launch_plan counters must not be negative";
   if (maxTokens < 0)
     return emitError() << "launch_plan max_tokens must be positive, or 0 for "
                           "any token count";
@@ -388,7 +392,7 @@ TokenLinear PlanBufferAttr::getSliceBytes() const {
 }
 
 TokenLinear LaunchPlanAttr::getWorkspaceBytes() const {
-  TokenLinear total{kTokenCountBytes, 0};
+  TokenLinear total{getHeaderBytes(), 0};
   for (PlanBufferAttr buffer : getBufferList()) {
     if (buffer.getArg() != -1)
       continue;

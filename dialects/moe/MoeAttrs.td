@@ -208,10 +208,11 @@ def Moe_PlanBufferAttr : Moe_Attr<"PlanBuffer", "buffer"> {
     The caller's argument `arg` (inputs, then outputs, in ABI order), or,
     with `arg = -1`, a slice of `bytes` of the workspace, or, with
     `arg = -2`, the expert-parallel state (device memory the library owns
-    from its init on) at offset `bytes`.
+    from its init on) at offset `bytes`, or, with `arg = -3`, counters in
+    the workspace header at offset `bytes`.
   }];
   let parameters = (ins
-    Moe_CountParameter<"argument index, -1 for a workspace slice, -2 for the expert-parallel state", "-1">:$arg,
+    Moe_CountParameter<"argument index, -1 for a workspace slice, -2 for the expert-parallel state, -3 for header counters", "-1">:$arg,
     Moe_TokenLinearParameter:$bytes
   );
   let extraClassDeclaration = [{
@@ -263,27 +264,32 @@ def Moe_LaunchPlanAttr : Moe_Attr<"LaunchPlan", "launch_plan"> {
   let description = [{
     What a GPU target's kernel builder hands to the host code: every device
     buffer (the caller's arguments, then workspace slices in order, each
-    256-byte aligned, after the workspace's first 256 bytes, which hold the
-    call's token count), the TMA descriptors to encode per call, and the
-    kernel launches in stream order. A plan with `max_tokens` serves calls
-    of at most that many tokens (a token bucket, moe-bucketize); without,
-    any count.
+    256-byte aligned, after the workspace's header: the call's token count
+    and `counters` more i32 words, which the host sets to the token count
+    before each call and split-K matmuls count their blocks in), the TMA
+    descriptors to encode per call, and the kernel launches in stream order.
+    A plan with `max_tokens` serves calls of at most that many tokens (a
+    token bucket, moe-bucketize); without, any count.
   }];
   let parameters = (ins
     "::mlir::ArrayAttr":$buffers,
     "::mlir::ArrayAttr":$tensor_maps,
     "::mlir::ArrayAttr":$launches,
-    Moe_CountParameter<"the most tokens it serves, 0 for any", "0">:$max_tokens
+    Moe_CountParameter<"the most tokens it serves, 0 for any", "0">:$max_tokens,
+    Moe_CountParameter<"i32 words after the token count", "0">:$counters
   );
   let extraClassDeclaration = [{
     ::llvm::SmallVector<PlanBufferAttr> getBufferList() const;
     ::llvm::SmallVector<TensorMapAttr> getTensorMapList() const;
     ::llvm::SmallVector<KernelLaunchAttr> getLaunchList() const;
-    /// The workspace: the token count's 256 bytes and the sum of its
-    /// slices, each rounded up to 256 bytes.
+    /// The workspace: its header and the sum of its slices, each rounded
+    /// up to 256 bytes.
     TokenLinear getWorkspaceBytes() const;
-    /// Where the first slice starts: the token count comes first.
-    static constexpr int64_t kTokenCountBytes = 256;
+    /// The header's bytes (the token count and the counters), a multiple
+    /// of 256: where the first slice starts.
+    int64_t getHeaderBytes() const {
+      return (4 * (1 + getCounters()) + 255) / 256 * 256;
+    }
     /// The name a function's launch plan is attached under.
     static ::llvm::StringRef getAttrName() { return "moe.launch_plan"; }
   }];
