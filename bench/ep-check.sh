@@ -27,7 +27,7 @@ if [[ $mode == prepare ]]; then
   done
   small() {  # name config [moe-compile options]
     local m=$1 c=$2; shift 2
-    "$compile" --from-hf-config "$c" --name layer --target=sm_90a "$@" -o "$dir/${m}_ep1.so"
+    "$compile" --from-hf-config "$c" --name layer --target=sm_90a --token-buckets=none "$@" -o "$dir/${m}_ep1.so"
     "$compile" --from-hf-config "$c" --name layer --target=sm_90a --ep-size 2 --ep-max-tokens 64 "$@" -o "$dir/${m}_ep2.so"
     python3 - "$dir/${m}_ep1.so" "$dir/in_$m.safetensors" <<'PY'
 import sys
@@ -49,10 +49,10 @@ PY
   small qwen3_mxfp8 "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=mxfp8
   small qwen3_fp8_block128 "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=fp8-block128
   hf="$root/test/tools/Inputs/hf/deepseek_v3.json"
-  "$compile" --from-hf-config "$hf" --quant=none --name dsv3 --target=sm_90a -o "$dir/dsv3_ep1.so"
+  "$compile" --from-hf-config "$hf" --quant=none --name dsv3 --target=sm_90a --token-buckets=none -o "$dir/dsv3_ep1.so"
   "$compile" --from-hf-config "$hf" --quant=none --name dsv3 --target=sm_90a --ep-size 2 --ep-max-tokens 4096 -o "$dir/dsv3_ep2.so"
   # As DeepSeek-V3 ships: FP8 block-128 weights; tokens travel as E4M3.
-  "$compile" --from-hf-config "$hf" --name dsv3 --target=sm_90a -o "$dir/dsv3_fp8_ep1.so"
+  "$compile" --from-hf-config "$hf" --name dsv3 --target=sm_90a --token-buckets=none -o "$dir/dsv3_fp8_ep1.so"
   "$compile" --from-hf-config "$hf" --name dsv3 --target=sm_90a --ep-size 2 --ep-max-tokens 4096 -o "$dir/dsv3_fp8_ep2.so"
   du -sh "$dir" >&2
   exit 0
