@@ -45,7 +45,9 @@ void common::selectExperts(Emitter &e, RouterAttr router, int64_t experts,
               [&](Value x) { e.storeRaw(zero8, scratch.taken, {x}); });
   });
 
-  if (kind == RouterKind::SoftmaxTopK)
+  if (kind == RouterKind::SoftmaxTopK && threads.softmax)
+    threads.softmax();
+  else if (kind == RouterKind::SoftmaxTopK)
     single([&] {
       // Softmax over all experts, max-subtracted; it ranks as the logits do.
       Value max =

@@ -40,9 +40,13 @@ using ArgmaxFn =
 /// searches run in `argmax`, which may split them across the threads if it
 /// keeps Emitter::argmax's contract (that fixes the result bit for bit).
 /// Both null: one thread does everything.
+/// `softmax`, when given, replaces the softmax router's step (every thread
+/// runs it): score and choice of each expert become its softmax probability;
+/// it may sum in another order than one thread does.
 struct SelectThreads {
   ArgmaxFn argmax = nullptr;
   function_ref<void(function_ref<void()>)> single = nullptr;
+  function_ref<void()> softmax = nullptr;
 };
 
 /// Chooses token `t`'s top-k experts into ids[t, :] (i32) and their weights

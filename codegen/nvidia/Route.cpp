@@ -173,8 +173,50 @@ struct Router {
       e.ifThen(e.eq(lane, e.index(0)), step);
       NVVM::SyncWarpOp::create(e.b, e.loc, e.i32(-1));
     };
+    // Softmax over the experts with each lane on its stripe: the maximum
+    // is exact in any order, the sum a shuffle tree.
+    auto softmax = [&] {
+      auto stripe =
+          [&](ValueRange init,
+              function_ref<SmallVector<Value>(Value, ValueRange)> body) {
+            return e.reduce(lane, e.index(experts), init, body, e.index(32));
+          };
+      auto across = [&](Value v, bool isMax) {
+        for (int64_t offset = 16; offset > 0; offset /= 2) {
+          Value other = gpu::ShuffleOp::create(e.b, e.loc, v, offset, 32,
+                                               gpu::ShuffleMode::XOR)
+                            .getShuffleResult();
+          v = isMax ? e.maxf(v, other) : e.add(v, other);
+        }
+        return v;
+      };
+      Value max = across(
+          stripe({e.f32(-INFINITY)},
+                 [&](Value x, ValueRange acc) -> SmallVector<Value> {
+                   return {e.maxf(acc[0], e.loadRaw(scratch.score, {x}))};
+                 })[0],
+          /*isMax=*/true);
+      Value sum =
+          across(stripe({e.f32(0.0)},
+                        [&](Value x, ValueRange acc) -> SmallVector<Value> {
+                          Value p =
+                              e.exp(e.sub(e.loadRaw(scratch.score, {x}), max));
+                          e.storeRaw(p, scratch.score, {x});
+                          return {e.add(acc[0], p)};
+                        })[0],
+                 /*isMax=*/false);
+      e.forEach(
+          lane, e.index(experts),
+          [&](Value x) {
+            Value p = e.div(e.loadRaw(scratch.score, {x}), sum);
+            e.storeRaw(p, scratch.score, {x});
+            e.storeRaw(p, scratch.choice, {x});
+          },
+          e.index(32));
+      NVVM::SyncWarpOp::create(e.b, e.loc, e.i32(-1));
+    };
     common::selectExperts(e, op.getRouter(), experts, topK, scratch, ids,
-                          weights, t, {argmax, single});
+                          weights, t, {argmax, single, softmax});
   }
 
   /// Token rows `firstToken + p`, clamped into the call's tokens.
@@ -309,6 +351,9 @@ LogicalResult nvidia::buildRoute(LayerKernels &layer, RouteOp op) {
     k.launch.block = kRouteWarps * 32;
     Emitter &e = k.e;
     Router route(k, op, experts, h, topK);
+    // An expert a warp: the router spreads over twice the blocks (each
+    // logit is summed the same way).
+    route.unroll = 1;
     k.launch.gridY = llvm::divideCeil(experts, kRouteWarps * route.unroll);
     Value hidden = k.view(0, layer.info(op.getHiddenStates()));
     Value weight = k.view(1, layer.info(op.getRouterWeight()));
