@@ -196,12 +196,17 @@ def peer_layer(named, info):
     return fwd
 
 
-def bench(fn, iters, warm=3):
+def bench(fn, iters, warm=3, ahead=False):
+    """us per call, by CUDA events around `iters` calls. With `ahead`, the
+    calls are enqueued behind a spin kernel, so the host gets ahead and the
+    time is the GPU's alone (kernels and the gaps between them)."""
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
     s = torch.cuda.Event(enable_timing=True)
     e = torch.cuda.Event(enable_timing=True)
+    if ahead:
+        torch.cuda._sleep(int(2e8))  # ~100 ms
     s.record()
     for _ in range(iters):
         fn()

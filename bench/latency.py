@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
-from device_check import kernel_times, make_inputs, peer_layer  # noqa: E402
+from device_check import bench, kernel_times, make_inputs, peer_layer  # noqa: E402
 from moe_compiler import Layer  # noqa: E402
 
 
@@ -58,31 +58,13 @@ def weight_bytes(layer, named, tokens):
 
 
 def queued(fn, iters):
-    """GPU ms per call with the host enqueuing ahead of the GPU."""
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Event(enable_timing=True)
-    e = torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(int(2e8))  # ~100 ms: the host gets ahead
-    s.record()
-    for _ in range(iters):
-        fn()
-    e.record()
-    torch.cuda.synchronize()
-    return s.elapsed_time(e) / iters * 1e3
+    """GPU us per call with the host enqueuing ahead of the GPU."""
+    return bench(fn, iters, warm=1, ahead=True)
 
 
 def back_to_back(fn, iters):
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Event(enable_timing=True)
-    e = torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(iters):
-        fn()
-    e.record()
-    torch.cuda.synchronize()
-    return s.elapsed_time(e) / iters * 1e3
+    """us per call, host cost included."""
+    return bench(fn, iters, warm=1)
 
 
 def main():

@@ -264,8 +264,8 @@ bool graphsOff() {
 
 /// The bucket's graph for this call, captured (or updated) if new.
 int32_t graphFor(void **slot, moert_enqueue_fn enqueue, void *const *args,
-                 int32_t numArgs, int64_t bucketTokens, void *stream,
-                 void *workspace, void *&exec) {
+                 int32_t numArgs, int64_t bucketTokens, void *workspace,
+                 void *&exec) {
   std::string error;
   void *context = nullptr;
   CudaDevice::Driver *driver = driverWithContext(context, error);
@@ -279,9 +279,10 @@ int32_t graphFor(void **slot, moert_enqueue_fn enqueue, void *const *args,
     cache = static_cast<Graphs *>(*slot);
   }
   std::lock_guard<std::mutex> lock(cache->mutex);
-  std::vector<void *> key(args, args + numArgs);
+  // A replay compares pointers in place; only a capture copies them.
   for (Graph &g : cache->graphs)
-    if (g.context == context && g.workspace == workspace && g.args == key) {
+    if (g.context == context && g.workspace == workspace &&
+        std::equal(g.args.begin(), g.args.end(), args, args + numArgs)) {
       g.used = ++cache->clock;
       exec = g.exec;
       return 0;
@@ -338,7 +339,7 @@ int32_t graphFor(void **slot, moert_enqueue_fn enqueue, void *const *args,
   driver->cuGraphDestroy(graph);
   victim->context = context;
   victim->workspace = workspace;
-  victim->args = std::move(key);
+  victim->args.assign(args, args + numArgs);
   victim->used = ++cache->clock;
   exec = victim->exec;
   return 0;
@@ -366,7 +367,7 @@ extern "C" int32_t moert_graph_launch(void **graphs, moert_enqueue_fn enqueue,
     return enqueue(args, tokens, stream, workspace);
   void *exec = nullptr;
   if (int32_t status = graphFor(graphs, enqueue, args, numArgs, bucketTokens,
-                                stream, workspace, exec))
+                                workspace, exec))
     return status;
   CHECK(driver->cuGraphLaunch(exec, stream), "cuGraphLaunch");
   return 0;
@@ -383,6 +384,6 @@ extern "C" int32_t moert_graph_prepare(void **graphs, moert_enqueue_fn enqueue,
   if (capturing(driver, stream))
     return fail("warmup cannot run while the stream is being captured");
   void *exec = nullptr;
-  return graphFor(graphs, enqueue, args, numArgs, bucketTokens, stream,
-                  workspace, exec);
+  return graphFor(graphs, enqueue, args, numArgs, bucketTokens, workspace,
+                  exec);
 }

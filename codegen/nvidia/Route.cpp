@@ -219,13 +219,25 @@ struct Router {
                           weights, t, {argmax, single, softmax});
   }
 
-  /// Token rows `firstToken + p`, clamped into the call's tokens.
-  SmallVector<Value> rows(Value firstToken, Value count, int64_t tokens) {
-    Value last = e.isub(count, e.index(1));
-    SmallVector<Value> result;
-    for (int64_t p = 0; p < tokens; ++p)
-      result.push_back(e.minUI(e.iadd(firstToken, e.index(p)), last));
-    return result;
+  /// What a block of kRouteTokens tokens (blocks along x) works on.
+  struct TokenBlock {
+    Value count, firstToken, warp, lane;
+    /// Token rows firstToken + p, clamped into the call's tokens.
+    SmallVector<Value> rows;
+  };
+  /// The block's tokens; a block past the call's tokens exits.
+  TokenBlock tokenBlock(TokenLinear tokens) {
+    TokenBlock t;
+    t.count = k.linear(tokens);
+    t.firstToken = e.imul(k.blockId(gpu::Dimension::x), kRouteTokens);
+    k.onlyIf(e.ult(t.firstToken, t.count));
+    Value last = e.isub(t.count, e.index(1));
+    for (int64_t p = 0; p < kRouteTokens; ++p)
+      t.rows.push_back(e.minUI(e.iadd(t.firstToken, e.index(p)), last));
+    Value tid = k.threadId();
+    t.warp = e.divUI(tid, 32);
+    t.lane = e.remUI(tid, 32);
+    return t;
   }
 };
 
@@ -299,12 +311,10 @@ LogicalResult nvidia::buildRoute(LayerKernels &layer, RouteOp op) {
     Value ids = views[views.size() - 2], weights = views.back();
     Router route(k, op, experts, h, topK);
     common::RouteScratch all = scratchFor(k, router, kRouteTokens, experts);
-    Value count = k.linear(tokens);
-    Value firstToken = e.imul(k.blockId(gpu::Dimension::x), kRouteTokens);
-    k.onlyIf(e.ult(firstToken, count));
-    SmallVector<Value> rows = route.rows(firstToken, count, kRouteTokens);
-    Value tid = k.threadId();
-    Value warp = e.divUI(tid, 32), lane = e.remUI(tid, 32);
+    Router::TokenBlock block = route.tokenBlock(tokens);
+    Value count = block.count, firstToken = block.firstToken;
+    Value warp = block.warp, lane = block.lane;
+    SmallVector<Value> &rows = block.rows;
     // Each warp takes `unroll` experts at a time, every kRouteWarps-th
     // group.
     e.forEach(
@@ -361,12 +371,10 @@ LogicalResult nvidia::buildRoute(LayerKernels &layer, RouteOp op) {
     unsigned next = bias ? 3 : 2;
     Value scoreView = k.view(next, scores);
     Value choiceView = k.view(next + 1, choices);
-    Value count = k.linear(tokens);
-    Value firstToken = e.imul(k.blockId(gpu::Dimension::x), kRouteTokens);
-    k.onlyIf(e.ult(firstToken, count));
-    SmallVector<Value> rows = route.rows(firstToken, count, kRouteTokens);
-    Value tid = k.threadId();
-    Value warp = e.divUI(tid, 32), lane = e.remUI(tid, 32);
+    Router::TokenBlock block = route.tokenBlock(tokens);
+    Value count = block.count, firstToken = block.firstToken;
+    Value warp = block.warp, lane = block.lane;
+    SmallVector<Value> &rows = block.rows;
     Value first =
         e.iadd(e.imul(k.blockId(gpu::Dimension::y), kRouteWarps * route.unroll),
                e.imul(warp, route.unroll));
