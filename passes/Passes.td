@@ -101,4 +101,35 @@ def Bucketize : Pass<"moe-bucketize"> {
   let dependentDialects = ["::mlir::moe::MoeDialect"];
 }
 
+def SplitAttention : Pass<"moe-split-attention"> {
+  let summary = "Split attention into matrix and vector stages on tiles";
+  let description = [{
+    Each `moe.attention` becomes `moe.tiled_attention`: row groups of 64
+    query rows walk the keys a tile at a time (128 keys, 64 for head sizes
+    above 128) with an online softmax, and the loop body is an explicit
+    schedule of matrix stages (qk, pv) and vector stages (mask, max, exp,
+    rescale, sum). With `ping-pong` and two or more groups, each slot runs
+    one group's matrix stages beside another group's vector stages, and a
+    group issues pv of the previous tile with qk of the next, so its own
+    softmax overlaps that pv too; without, all groups run the same kind of
+    stage at once. When the row groups of a static shape would fill fewer
+    than `target-blocks` blocks of two groups, the keys are split into
+    ranges walked in parallel and merged (`kv-splits`; 0 chooses), as a
+    decode step needs.
+  }];
+  let options = [
+    Option<"tileN", "tile-n", "int64_t", "0",
+           "Keys per tile (0: 128, or 64 for head sizes above 128)">,
+    Option<"groups", "groups", "int64_t", "2",
+           "Row groups of 64 query rows that take turns">,
+    Option<"pingPong", "ping-pong", "bool", "true",
+           "One group's matrix stages beside another's vector stages">,
+    Option<"kvSplits", "kv-splits", "int64_t", "0",
+           "Key ranges walked in parallel (0: as the shape needs)">,
+    Option<"targetBlocks", "target-blocks", "int64_t", "132",
+           "Blocks that fill the target (its multiprocessors)">
+  ];
+  let dependentDialects = ["::mlir::moe::MoeDialect"];
+}
+
 #endif // MOE_PASSES_TD

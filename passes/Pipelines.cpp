@@ -39,6 +39,7 @@ void moe::buildCpuPipeline(OpPassManager &pm, Stop stop,
   if (fuseQuantization)
     pm.addPass(createFuseQuantization());
   pm.addPass(createExpertParallel());
+  pm.addPass(createSplitAttention());
   if (stop == Stop::L1)
     return;
   pm.addPass(cpu::createLowerToLoops());
@@ -65,6 +66,10 @@ void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop, StringRef cudaPath,
     pm.addPass(createFuseQuantization());
   pm.addPass(createExpertParallel());
   pm.addPass(createLegalize());
+  SplitAttentionOptions attention;
+  if (options)
+    attention.pingPong = options->pingPong;
+  pm.addPass(createSplitAttention(attention));
   if (!options || options->tokenBuckets) {
     BucketizeOptions buckets;
     if (options)

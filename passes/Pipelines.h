@@ -39,6 +39,9 @@ struct PipelineOptions {
   /// sm_90a: token buckets (moe-bucketize), ascending; empty: its default.
   bool tokenBuckets = true;
   SmallVector<int64_t> bucketSizes;
+  /// Attention's row groups take turns on the tensor cores
+  /// (moe-split-attention's ping-pong); off only to measure what it buys.
+  bool pingPong = true;
 };
 
 /// Appends the CPU target's passes: a layer (L0 or L1) to the LLVM dialect,

@@ -108,6 +108,12 @@ void layOutExperts(Emitter &e, int64_t experts, int64_t align, Value offsets,
 /// A scale as f32, from its E8M0 code or as stored.
 Value loadScale(Emitter &e, Value scales, ValueRange indices);
 
+/// Attention's softmax runs in base 2: scores times scale * log2(e),
+/// rounded once to f32, then exp2 (docs/numerics.md).
+inline float attentionLog2Scale(double scale) {
+  return float(scale * 1.4426950408889634);
+}
+
 } // namespace mlir::moe::common
 
 #endif // MOE_CODEGEN_COMMON_NUMERICS_H

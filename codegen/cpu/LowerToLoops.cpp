@@ -44,6 +44,11 @@ public:
         .Case([&](CombineOp combine) { return lowerCombine(combine); })
         .Case([&](QuantizeOp quantize) { return lowerQuantize(quantize); })
         .Case([&](PadOp pad) { return lowerPad(pad); })
+        .Case([&](TiledAttentionOp o) { return lowerTiledAttention(o); })
+        .Case([&](AttentionOp o) {
+          return o.emitOpError()
+                 << "must be split first (run moe-split-attention)";
+        })
         .Case([&](DequantizeOp dequantize) {
           return lowerDequantize(dequantize);
         })
@@ -111,6 +116,7 @@ private:
   LogicalResult lowerCombine(CombineOp op);
   LogicalResult lowerQuantize(QuantizeOp op);
   LogicalResult lowerPad(PadOp op);
+  LogicalResult lowerTiledAttention(TiledAttentionOp op);
   LogicalResult lowerDequantize(DequantizeOp op);
   // Expert parallelism: the bytes move through the runtime's calls
   // (runtime/moe_ep.h) over lib/transport; the arithmetic stays here.
@@ -540,6 +546,145 @@ LogicalResult FunctionLowering::lowerPad(PadOp op) {
     });
   };
   nest(0);
+  return success();
+}
+
+/// Row by row, the same tiles, key ranges and arithmetic as the GPU's
+/// stages: per key tile the masked scores in base 2, the running max, P, the
+/// rescaled sum (of P in f32) and output (P rounded to bf16 times V, in f32);
+/// the ranges' partial results merged at the end.
+LogicalResult FunctionLowering::lowerTiledAttention(TiledAttentionOp op) {
+  Value q = buffer(op.getQuery()), k = buffer(op.getKey()),
+        v = buffer(op.getValue());
+  Value out = resultBuffer(op.getOut(), dynamicSizes(op.getOut(), q));
+  auto qType = cast<MemRefType>(q.getType());
+  auto kType = cast<MemRefType>(k.getType());
+  int64_t hq = qType.getDimSize(2), d = qType.getDimSize(3);
+  int64_t hkv = kType.getDimSize(2);
+  int64_t dv = cast<MemRefType>(v.getType()).getDimSize(3);
+  int64_t tileN = op.getTileN(), splits = op.getKvSplits();
+  OpBuilder &b = e.b;
+  Type f32 = b.getF32Type();
+  Value sq = e.dim(q, 1), skv = e.dim(k, 1);
+  Value keyTiles = e.divUI(e.iadd(skv, e.index(tileN - 1)), tileN);
+  Value perSplit = e.divUI(e.iadd(keyTiles, e.index(splits - 1)), splits);
+  Value scores = e.alloc(MemRefType::get({tileN}, f32));
+  Value acc = e.alloc(MemRefType::get({splits, dv}, f32));
+  Value stats = e.alloc(MemRefType::get({splits, 2}, f32));
+  Value c = e.f32(attentionLog2Scale(op.getScale().convertToDouble()));
+  Value negInf = e.f32(-INFINITY), zero = e.f32(0.0);
+  auto exp2 = [&](Value x) -> Value {
+    return math::Exp2Op::create(b, e.loc, x);
+  };
+  // exp2(x - m), with m = -inf (nothing seen yet) taken as 0.
+  auto safe = [&](Value m) {
+    return e.select(
+        arith::CmpFOp::create(b, e.loc, arith::CmpFPredicate::OEQ, m, negInf),
+        zero, m);
+  };
+  auto toBf16AndBack = [&](Value x) {
+    Value rounded = arith::TruncFOp::create(b, e.loc, b.getBF16Type(), x);
+    return arith::ExtFOp::create(b, e.loc, f32, rounded).getResult();
+  };
+  e.forEach(e.index(0), e.dim(q, 0), [&](Value bi) {
+    e.forEach(e.index(0), e.index(hq), [&](Value h) {
+      Value hk = e.divUI(h, hq / hkv);
+      e.forEach(e.index(0), sq, [&](Value i) {
+        // The last key row i sees: the mask is aligned to the keys' end.
+        Value limit = e.isub(e.iadd(i, skv), sq);
+        e.forEach(e.index(0), e.index(splits), [&](Value s) {
+          e.forEach(e.index(0), e.index(dv), [&](Value x) {
+            e.storeRaw(zero, acc, {s, x});
+          });
+          Value first = e.minUI(e.imul(s, perSplit), keyTiles);
+          Value last = e.minUI(e.iadd(first, perSplit), keyTiles);
+          SmallVector<Value> ml = e.reduce(
+              first, last, {negInf, zero},
+              [&](Value t, ValueRange carried) -> SmallVector<Value> {
+                Value key0 = e.imul(t, tileN);
+                // qk and mask.
+                e.forEach(e.index(0), e.index(tileN), [&](Value jj) {
+                  Value key = e.iadd(key0, jj);
+                  Value valid = e.ult(key, skv);
+                  if (op.getCausal())
+                    valid = e.andi(
+                        valid, e.icmp(arith::CmpIPredicate::sle, key, limit));
+                  Value row = e.minUI(key, e.isub(skv, e.index(1)));
+                  Value dot = e.reduce(
+                      e.index(0), e.index(d), {zero},
+                      [&](Value x, ValueRange sum) -> SmallVector<Value> {
+                        return {
+                            e.add(sum[0], e.mul(e.load(q, {bi, i, h, x}),
+                                                e.load(k, {bi, row, hk, x})))};
+                      })[0];
+                  e.storeRaw(e.select(valid, e.mul(dot, c), negInf), scores,
+                             {jj});
+                });
+                // max, rescale.
+                Value tileMax =
+                    e.reduce(e.index(0), e.index(tileN), {negInf},
+                             [&](Value jj, ValueRange m) -> SmallVector<Value> {
+                               return {arith::MaximumFOp::create(
+                                   b, e.loc, m[0], e.loadRaw(scores, {jj}))};
+                             })[0];
+                Value mNew =
+                    arith::MaximumFOp::create(b, e.loc, carried[0], tileMax);
+                Value base = safe(mNew);
+                Value alpha = exp2(e.sub(carried[0], base));
+                e.forEach(e.index(0), e.index(dv), [&](Value x) {
+                  e.storeRaw(e.mul(e.loadRaw(acc, {s, x}), alpha), acc, {s, x});
+                });
+                // exp, sum and pv.
+                Value sum = e.reduce(
+                    e.index(0), e.index(tileN), {zero},
+                    [&](Value jj, ValueRange l) -> SmallVector<Value> {
+                      Value p = exp2(e.sub(e.loadRaw(scores, {jj}), base));
+                      Value key = e.iadd(key0, jj);
+                      e.ifThen(e.ult(key, skv), [&] {
+                        Value pb = toBf16AndBack(p);
+                        e.forEach(e.index(0), e.index(dv), [&](Value x) {
+                          Value term = e.mul(pb, e.load(v, {bi, key, hk, x}));
+                          e.storeRaw(e.add(e.loadRaw(acc, {s, x}), term), acc,
+                                     {s, x});
+                        });
+                      });
+                      return {e.add(l[0], p)};
+                    })[0];
+                return {mNew, e.add(e.mul(carried[1], alpha), sum)};
+              });
+          e.storeRaw(ml[0], stats, {s, e.index(0)});
+          e.storeRaw(ml[1], stats, {s, e.index(1)});
+        });
+        // Merge the ranges: weights exp2(m_s - M); a row that sees no key
+        // gives zeros.
+        Value top =
+            e.reduce(e.index(0), e.index(splits), {negInf},
+                     [&](Value s, ValueRange m) -> SmallVector<Value> {
+                       return {arith::MaximumFOp::create(
+                           b, e.loc, m[0], e.loadRaw(stats, {s, e.index(0)}))};
+                     })[0];
+        Value base = safe(top);
+        Value total = e.reduce(
+            e.index(0), e.index(splits), {zero},
+            [&](Value s, ValueRange l) -> SmallVector<Value> {
+              Value w = exp2(e.sub(e.loadRaw(stats, {s, e.index(0)}), base));
+              return {e.add(l[0], e.mul(e.loadRaw(stats, {s, e.index(1)}), w))};
+            })[0];
+        Value seen = arith::CmpFOp::create(b, e.loc, arith::CmpFPredicate::OGT,
+                                           total, zero);
+        Value inverse = e.select(seen, e.div(e.f32(1.0), total), zero);
+        e.forEach(e.index(0), e.index(dv), [&](Value x) {
+          Value sum = e.reduce(
+              e.index(0), e.index(splits), {zero},
+              [&](Value s, ValueRange o) -> SmallVector<Value> {
+                Value w = exp2(e.sub(e.loadRaw(stats, {s, e.index(0)}), base));
+                return {e.add(o[0], e.mul(e.loadRaw(acc, {s, x}), w))};
+              })[0];
+          e.store(e.mul(sum, inverse), out, {bi, i, h, x});
+        });
+      });
+    });
+  });
   return success();
 }
 

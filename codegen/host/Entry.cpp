@@ -89,31 +89,42 @@ describeKernelFunction(func::FuncOp func) {
 }
 
 FailureOr<SmallVector<host::ArgInfo>> host::describeLayer(func::FuncOp func) {
-  SmallVector<LayerOp> layers(func.getOps<LayerOp>());
+  SmallVector<Operation *> layers;
+  for (Operation &op : func.getBody().front())
+    if (isa<LayerOp, AttentionOp>(op))
+      layers.push_back(&op);
   if (layers.empty())
     return describeKernelFunction(func);
   if (layers.size() != 1)
-    return func.emitOpError() << "must hold exactly one moe.layer to be "
-                                 "compiled, but holds "
+    return func.emitOpError() << "must hold exactly one moe.layer or "
+                                 "moe.attention to be compiled, but holds "
                               << layers.size();
-  LayerOp layer = layers.front();
-  // The ABI names each argument after the layer operand it feeds.
-  std::pair<StringRef, Value> operands[] = {
-      {"hidden_states", layer.getHiddenStates()},
-      {"router_weight", layer.getRouterWeight()},
-      {"router_bias", layer.getRouterBias()},
-      {"w13", layer.getW13()},
-      {"w2", layer.getW2()},
-      {"w13_scale", layer.getW13Scale()},
-      {"w2_scale", layer.getW2Scale()},
-      {"w13_bias", layer.getW13Bias()},
-      {"w2_bias", layer.getW2Bias()},
-      {"shared_w13", layer.getSharedW13()},
-      {"shared_w2", layer.getSharedW2()},
-      {"shared_gate", layer.getSharedGate()},
-      {"shared_w13_scale", layer.getSharedW13Scale()},
-      {"shared_w2_scale", layer.getSharedW2Scale()},
-  };
+  Operation *layer = layers.front();
+  // The ABI names each argument after the operand it feeds.
+  SmallVector<std::pair<StringRef, Value>> operands;
+  if (auto attention = dyn_cast<AttentionOp>(layer)) {
+    operands = {{"query", attention.getQuery()},
+                {"key", attention.getKey()},
+                {"value", attention.getValue()}};
+  } else {
+    auto l = cast<LayerOp>(layer);
+    operands = {
+        {"hidden_states", l.getHiddenStates()},
+        {"router_weight", l.getRouterWeight()},
+        {"router_bias", l.getRouterBias()},
+        {"w13", l.getW13()},
+        {"w2", l.getW2()},
+        {"w13_scale", l.getW13Scale()},
+        {"w2_scale", l.getW2Scale()},
+        {"w13_bias", l.getW13Bias()},
+        {"w2_bias", l.getW2Bias()},
+        {"shared_w13", l.getSharedW13()},
+        {"shared_w2", l.getSharedW2()},
+        {"shared_gate", l.getSharedGate()},
+        {"shared_w13_scale", l.getSharedW13Scale()},
+        {"shared_w2_scale", l.getSharedW2Scale()},
+    };
+  }
   SmallVector<StringRef> names(func.getNumArguments());
   for (auto [name, value] : operands) {
     if (!value)
@@ -121,13 +132,13 @@ FailureOr<SmallVector<host::ArgInfo>> host::describeLayer(func::FuncOp func) {
     auto arg = dyn_cast<BlockArgument>(value);
     if (!arg || arg.getOwner() != &func.getBody().front() ||
         !names[arg.getArgNumber()].empty())
-      return layer.emitOpError() << "operand '" << name
-                                 << "' must be its own function argument to "
-                                    "be compiled";
+      return layer->emitOpError() << "operand '" << name
+                                  << "' must be its own function argument to "
+                                     "be compiled";
     names[arg.getArgNumber()] = name;
   }
   auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
-  if (ret.getNumOperands() != 1 || ret.getOperand(0) != layer.getResult())
+  if (ret.getNumOperands() != 1 || ret.getOperand(0) != layer->getResult(0))
     return func.emitOpError() << "must return the layer's result";
 
   SmallVector<ArgInfo> args;
@@ -142,7 +153,8 @@ FailureOr<SmallVector<host::ArgInfo>> host::describeLayer(func::FuncOp func) {
       return failure();
     args.push_back(*info);
   }
-  FailureOr<ArgInfo> out = describe(func, "out", layer.getType(), true);
+  FailureOr<ArgInfo> out =
+      describe(func, "out", layer->getResult(0).getType(), true);
   if (failed(out))
     return failure();
   args.push_back(*out);

@@ -33,7 +33,17 @@ unsigned LaunchPlan::addTensorMap(unsigned buffer, int64_t elementBytes,
                                   TokenLinear rows, int64_t cols,
                                   int64_t boxRows, int64_t boxCols) {
   tensorMaps.push_back(TensorMapAttr::get(ctx, buffer, elementBytes, rows, cols,
-                                          boxRows, boxCols));
+                                          boxRows, boxCols, 0, {}));
+  return tensorMaps.size() - 1;
+}
+
+unsigned LaunchPlan::addTensorMap(unsigned buffer, int64_t elementBytes,
+                                  int64_t rows, int64_t rowStride, int64_t cols,
+                                  int64_t boxRows, int64_t boxCols,
+                                  ArrayRef<int64_t> outer) {
+  tensorMaps.push_back(TensorMapAttr::get(ctx, buffer, elementBytes,
+                                          TokenLinear{rows, 0}, cols, boxRows,
+                                          boxCols, rowStride, outer));
   return tensorMaps.size() - 1;
 }
 

@@ -42,6 +42,11 @@ public:
   /// matrix in [boxRows, boxCols] tiles.
   unsigned addTensorMap(unsigned buffer, int64_t elementBytes, TokenLinear rows,
                         int64_t cols, int64_t boxRows, int64_t boxCols);
+  /// The same with rows `rowStride` elements apart and dimensions beyond
+  /// the rows, innermost first, as (size, stride, box) triples.
+  unsigned addTensorMap(unsigned buffer, int64_t elementBytes, int64_t rows,
+                        int64_t rowStride, int64_t cols, int64_t boxRows,
+                        int64_t boxCols, ArrayRef<int64_t> outer);
   Launch &addLaunch();
   /// Whether buffer `buffer` is one of the caller's arguments.
   bool isArgument(unsigned buffer) const {

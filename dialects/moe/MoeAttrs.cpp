@@ -299,7 +299,8 @@ PlanBufferAttr::verify(function_ref<InFlightDiagnostic()> emitError,
 LogicalResult
 TensorMapAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                       int64_t buffer, int64_t elementBytes, TokenLinear rows,
-                      int64_t cols, int64_t boxRows, int64_t boxCols) {
+                      int64_t cols, int64_t boxRows, int64_t boxCols,
+                      int64_t rowStride, ArrayRef<int64_t> outer) {
   if (buffer < 0)
     return emitError() << "tensor_map buffer must be a plan buffer index";
   if (elementBytes != 1 && elementBytes != 2 && elementBytes != 4)
@@ -312,6 +313,19 @@ TensorMapAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                        << " bytes are not a multiple of 16 bytes";
   if (boxRows < 1 || boxRows > 256 || boxCols * elementBytes != 128)
     return emitError() << "tensor_map box must be 1 to 256 rows of 128 bytes";
+  if (rowStride < 0 || (rowStride * elementBytes) % 16 != 0)
+    return emitError() << "tensor_map row_stride must be a multiple of 16 "
+                          "bytes";
+  // At most five dimensions; each outer one a (size, stride, box) triple.
+  if (outer.size() % 3 != 0 || outer.size() > 9)
+    return emitError() << "tensor_map outer must hold at most three (size, "
+                          "stride, box) triples";
+  for (size_t i = 0; i < outer.size(); i += 3)
+    if (outer[i] < 1 || (outer[i + 1] * elementBytes) % 16 != 0 ||
+        outer[i + 1] < 1 || outer[i + 2] < 1 || outer[i + 2] > 256)
+      return emitError() << "tensor_map outer dimension " << i / 3
+                         << " needs a positive size, a stride of 16-byte "
+                            "multiples and a box of 1 to 256";
   return success();
 }
 
@@ -400,4 +414,15 @@ TokenLinear LaunchPlanAttr::getWorkspaceBytes() const {
     total.perToken += buffer.getSliceBytes().perToken;
   }
   return total;
+}
+
+LogicalResult StageAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                AttentionStageKind kind, int64_t group,
+                                int64_t tile) {
+  if (group < 0)
+    return emitError() << "stage group must not be negative";
+  // A stage works on this iteration's key tile or an earlier one's.
+  if (tile > 0)
+    return emitError() << "stage tile offset must be 0 or negative";
+  return success();
 }

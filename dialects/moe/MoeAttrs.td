@@ -73,6 +73,24 @@ def Moe_KernelArgKind : I32EnumAttr<"KernelArgKind",
   let genSpecializedAttr = 0;
 }
 
+def Moe_AttentionStageKind : I32EnumAttr<"AttentionStageKind",
+    "one stage of attention on a tile of keys", [
+  // Matrix stages: S = Q K^T for the tile, O += P V.
+  I32EnumAttrCase<"QK", 0, "qk">,
+  I32EnumAttrCase<"PV", 1, "pv">,
+  // Vector stages: keys a row may not see (causal, past the sequence) to
+  // -inf; the running row max; P = exp2(S - max); the running output and
+  // sum scaled by exp2(old max - new max); the row sums of P.
+  I32EnumAttrCase<"Mask", 2, "mask">,
+  I32EnumAttrCase<"Max", 3, "max">,
+  I32EnumAttrCase<"Exp", 4, "exp">,
+  I32EnumAttrCase<"Rescale", 5, "rescale">,
+  I32EnumAttrCase<"Sum", 6, "sum">
+]> {
+  let cppNamespace = "::mlir::moe";
+  let genSpecializedAttr = 0;
+}
+
 //===----------------------------------------------------------------------===//
 // Parameters
 //===----------------------------------------------------------------------===//
@@ -143,6 +161,26 @@ def Moe_RouterAttr : Moe_Attr<"Router", "router"> {
     ::llvm::LogicalResult
     verifyFor(::llvm::function_ref<::mlir::InFlightDiagnostic()> emitError,
               int64_t experts, int64_t topK) const;
+  }];
+}
+
+def Moe_StageAttr : Moe_Attr<"Stage", "stage"> {
+  let summary = "one stage of a split attention's schedule";
+  let description = [{
+    Stage `kind` of row group `group` on key tile j + `tile`, where j is the
+    iteration of the schedule's loop over key tiles. qk and pv run on the
+    matrix engine, the others on the vector engine.
+  }];
+  let parameters = (ins
+    EnumParameter<Moe_AttentionStageKind>:$kind,
+    Moe_CountParameter<"row group">:$group,
+    Moe_CountParameter<"key tile offset", "0">:$tile
+  );
+  let extraClassDeclaration = [{
+    bool isMatrix() const {
+      return getKind() == AttentionStageKind::QK ||
+             getKind() == AttentionStageKind::PV;
+    }
   }];
 }
 
@@ -227,7 +265,10 @@ def Moe_TensorMapAttr : Moe_Attr<"TensorMap", "tensor_map"> {
   let description = [{
     Buffer `buffer` read as a row-major [rows, cols] matrix of
     `element_bytes`-byte elements, in [box_rows, box_cols] tiles with
-    128-byte swizzling; rows past the end read as zero.
+    128-byte swizzling; rows past the end read as zero. `row_stride`
+    (elements; 0: `cols`) spaces the rows, and `outer` adds dimensions
+    beyond the rows, innermost first, as (size, stride in elements, box)
+    triples: an attention kernel reads one head of a [B, S, H, D] tensor.
   }];
   let parameters = (ins
     Moe_CountParameter<"plan buffer">:$buffer,
@@ -235,7 +276,9 @@ def Moe_TensorMapAttr : Moe_Attr<"TensorMap", "tensor_map"> {
     Moe_TokenLinearParameter:$rows,
     Moe_CountParameter<"columns">:$cols,
     Moe_CountParameter<"tile rows">:$box_rows,
-    Moe_CountParameter<"tile columns">:$box_cols
+    Moe_CountParameter<"tile columns">:$box_cols,
+    Moe_CountParameter<"elements between rows, 0 for cols", "0">:$row_stride,
+    OptionalArrayRefParameter<"int64_t">:$outer
   );
 }
 

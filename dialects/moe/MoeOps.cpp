@@ -11,6 +11,8 @@
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
+#include <map>
+
 using namespace mlir;
 using namespace mlir::moe;
 
@@ -264,36 +266,137 @@ LogicalResult LayerOp::verify() {
 // AttentionOp
 //===----------------------------------------------------------------------===//
 
-LogicalResult AttentionOp::verify() {
-  Operation *op = getOperation();
-  if (failed(checkShape(op, "query", getQuery(),
+/// The shapes attention takes: query [B, Sq, Hq, D], key [B, Skv, Hkv, D],
+/// value [B, Skv, Hkv, Dv], result [B, Sq, Hq, Dv], Hq a multiple of Hkv.
+static LogicalResult verifyAttentionShapes(Operation *op, Value query,
+                                           Value key, Value value, Value out) {
+  if (failed(checkShape(op, "query", query,
                         {count(kAny, "batch"), count(kAny, "query positions"),
                          size(kAny, "query heads"), size(kAny, "head size")})))
     return failure();
-  ArrayRef<int64_t> q = shapeOf(getQuery());
+  ArrayRef<int64_t> q = shapeOf(query);
   if (failed(
-          checkShape(op, "key", getKey(),
+          checkShape(op, "key", key,
                      {count(q[0], "batch"), count(kAny, "key positions"),
                       size(kAny, "key/value heads"), size(q[3], "head size")})))
     return failure();
-  ArrayRef<int64_t> k = shapeOf(getKey());
-  if (failed(checkShape(op, "value", getValue(),
+  ArrayRef<int64_t> k = shapeOf(key);
+  if (failed(checkShape(op, "value", value,
                         {count(q[0], "batch"), count(k[1], "key positions"),
                          size(k[2], "key/value heads"),
                          size(kAny, "value head size")})) ||
-      failed(checkShape(op, "result", getOut(),
+      failed(checkShape(op, "result", out,
                         {count(q[0], "batch"), count(q[1], "query positions"),
                          size(q[2], "query heads"),
-                         size(shapeOf(getValue())[3], "value head size")})))
+                         size(shapeOf(value)[3], "value head size")})))
     return failure();
   if (q[2] % k[2] != 0)
-    return emitOpError() << "query heads (" << q[2]
-                         << ") must be a multiple of key/value heads (" << k[2]
-                         << ")";
-  if (auto scale = getScale();
-      scale && !(scale->convertToDouble() > 0.0 &&
+    return op->emitOpError()
+           << "query heads (" << q[2]
+           << ") must be a multiple of key/value heads (" << k[2] << ")";
+  return success();
+}
+
+static LogicalResult verifyScale(Operation *op, std::optional<APFloat> scale) {
+  if (scale && !(scale->convertToDouble() > 0.0 &&
                  std::isfinite(scale->convertToDouble())))
-    return emitOpError() << "scale must be a positive finite number";
+    return op->emitOpError() << "scale must be a positive finite number";
+  return success();
+}
+
+LogicalResult AttentionOp::verify() {
+  return failure(
+      failed(verifyAttentionShapes(getOperation(), getQuery(), getKey(),
+                                   getValue(), getOut())) ||
+      failed(verifyScale(getOperation(), getScale())));
+}
+
+//===----------------------------------------------------------------------===//
+// TiledAttentionOp
+//===----------------------------------------------------------------------===//
+
+TiledAttentionOp::Placement TiledAttentionOp::placement(AttentionStageKind kind,
+                                                        int64_t group) {
+  for (auto [slot, stages] : llvm::enumerate(getSchedule()))
+    for (auto [position, attr] :
+         llvm::enumerate(cast<ArrayAttr>(stages).getValue())) {
+      auto stage = cast<StageAttr>(attr);
+      if (stage.getKind() == kind && stage.getGroup() == group)
+        return {int64_t(slot), int64_t(position), stage.getTile()};
+    }
+  return {-1, -1, 0};
+}
+
+LogicalResult TiledAttentionOp::verify() {
+  Operation *op = getOperation();
+  if (failed(verifyAttentionShapes(op, getQuery(), getKey(), getValue(),
+                                   getOut())) ||
+      failed(verifyScale(op, getScale())))
+    return failure();
+  ArrayAttr schedule = getSchedule();
+  if (schedule.empty())
+    return emitOpError() << "schedule must have at least one slot";
+  int64_t groups = getGroups();
+  // Each group runs each stage once per key tile.
+  std::map<std::pair<int64_t, int64_t>, int> seen;
+  for (auto [slot, stages] : llvm::enumerate(schedule)) {
+    auto list = dyn_cast<ArrayAttr>(stages);
+    if (!list)
+      return emitOpError() << "schedule slot " << slot
+                           << " must be an array of #moe.stage";
+    for (Attribute attr : list) {
+      auto stage = dyn_cast<StageAttr>(attr);
+      if (!stage)
+        return emitOpError() << "schedule slot " << slot << " holds " << attr
+                             << ", not a #moe.stage";
+      if (stage.getGroup() < 0 || stage.getGroup() >= groups)
+        return emitOpError()
+               << "schedule slot " << slot << " names row group "
+               << stage.getGroup() << ", but there are " << groups;
+      if (++seen[{stage.getGroup(), int64_t(stage.getKind())}] > 1)
+        return emitOpError()
+               << "schedule runs "
+               << stringifyAttentionStageKind(stage.getKind())
+               << " of row group " << stage.getGroup() << " more than once";
+    }
+  }
+  // When a stage of key tile j runs, counted in slots from the iteration
+  // of tile j, and where within its slot.
+  int64_t slots = schedule.size();
+  auto when = [&](AttentionStageKind kind, int64_t group) {
+    Placement p = placement(kind, group);
+    return std::make_pair(-p.tile * slots + p.slot, p.position);
+  };
+  using K = AttentionStageKind;
+  for (int64_t g = 0; g < groups; ++g) {
+    for (K kind : {K::QK, K::Mask, K::Max, K::Exp, K::Rescale, K::Sum, K::PV})
+      if (placement(kind, g).slot < 0)
+        return emitOpError()
+               << "schedule has no " << stringifyAttentionStageKind(kind)
+               << " stage for row group " << g;
+    // What each stage reads: qk's S (a later slot: the matrix engine runs
+    // asynchronously), the max, P and the scaled output.
+    struct Edge {
+      K from, to;
+      bool laterSlot;
+    } edges[] = {{K::QK, K::Mask, true},      {K::Mask, K::Max, false},
+                 {K::Max, K::Exp, false},     {K::Exp, K::Sum, false},
+                 {K::Max, K::Rescale, false}, {K::Exp, K::PV, true},
+                 {K::Rescale, K::PV, true}};
+    for (Edge edge : edges) {
+      auto from = when(edge.from, g), to = when(edge.to, g);
+      bool ok = edge.laterSlot ? to.first > from.first : from < to;
+      if (!ok)
+        return emitOpError()
+               << "schedule runs " << stringifyAttentionStageKind(edge.to)
+               << " of row group " << g << " before the "
+               << stringifyAttentionStageKind(edge.from) << " it reads";
+    }
+    // The rescale of tile j scales the output that pv of tile j - 1 added to.
+    if (when(K::PV, g).first - slots >= when(K::Rescale, g).first)
+      return emitOpError() << "schedule rescales row group " << g
+                           << "'s output before pv of the previous tile";
+  }
   return success();
 }
 

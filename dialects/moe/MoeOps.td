@@ -275,6 +275,49 @@ def Moe_GroupedMatmulOp : Moe_Op<"grouped_matmul",
   let hasVerifier = 1;
 }
 
+def Moe_TiledAttentionOp : Moe_Op<"tiled_attention", [Pure]> {
+  let summary = "attention as matrix and vector stages on tiles, scheduled";
+  let description = [{
+    `moe.attention` (same operands, result and `causal`; `scale` is always
+    given) cut into tiles: each row group of `tile_m` query rows (query
+    positions times the query heads sharing a key/value head) walks the
+    keys `tile_n` at a time with an online softmax in f32. The keys are cut
+    into `kv_splits` ranges of whole tiles, each walked on its own and the
+    partial results merged at the end.
+
+    `schedule` is the loop body over key tiles, as slots in time order:
+    each slot lists the stages (`#moe.stage`) that run side by side, qk and
+    pv on the matrix engine, the rest on the vector engine. `groups` row
+    groups take turns: with two, one group's matrix stages run beside the
+    other's vector stages (FlashAttention-3's ping-pong; a machine with
+    separate matrix and vector engines gives each kind its own queue).
+    The numerics are in docs/numerics.md.
+  }];
+  let arguments = (ins
+    Moe_Activations:$query,
+    Moe_Activations:$key,
+    Moe_Activations:$value,
+    UnitAttr:$causal,
+    F32Attr:$scale,
+    ConfinedAttr<I64Attr, [IntPositive]>:$tile_m,
+    ConfinedAttr<I64Attr, [IntPositive]>:$tile_n,
+    ConfinedAttr<I64Attr, [IntPositive]>:$groups,
+    ConfinedAttr<I64Attr, [IntPositive]>:$kv_splits,
+    ArrayAttr:$schedule
+  );
+  let results = (outs Moe_Activations:$out);
+  let assemblyFormat = [{
+    $query `,` $key `,` $value attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The slot (index into `schedule`) and the position within it of
+    /// stage `kind` of row group `group`, and its key tile offset.
+    struct Placement { int64_t slot, position, tile; };
+    Placement placement(AttentionStageKind kind, int64_t group);
+  }];
+}
+
 def Moe_CombineOp : Moe_Op<"combine", [Pure, AttrSizedOperandSegments]> {
   let summary = "gather expert outputs back to tokens and sum them";
   let description = [{

@@ -99,6 +99,12 @@ cl::opt<std::string> tokenBuckets(
              "..., 4096) or 'none'"),
     cl::value_desc("N,N,...|default|none"), cl::init("default"),
     cl::cat(category));
+cl::opt<bool> pingPong(
+    "attention-ping-pong",
+    cl::desc("Attention's two row groups take turns, one's matmuls beside "
+             "the other's softmax (moe-split-attention; default on). Off "
+             "measures what the overlap buys"),
+    cl::init(true), cl::cat(category));
 cl::opt<bool> fuseQuantization(
     "fuse-quantization",
     cl::desc("Quantize activations in the kernels that produce them "
@@ -202,6 +208,7 @@ static bool compileSharedLibrary(ModuleOp module, const char *argv0) {
   options.target = target;
   options.cudaPath = cudaPath;
   options.fuseQuantization = fuseQuantization;
+  options.pingPong = pingPong;
   if (epMaxTokens < 1 || epMaxTokens > (int64_t(1) << 20)) {
     llvm::errs() << "moe-compile: --ep-max-tokens must be in [1, 2^20], not "
                  << epMaxTokens << "\n";
