@@ -157,6 +157,43 @@ extern "C" int32_t moert_tensor_map_2d(void *descriptor, void *base,
   return 0;
 }
 
+extern "C" int32_t moert_tensor_map_nd(void *descriptor, void *base,
+                                       int32_t elementBytes, int32_t rank,
+                                       const int64_t *dims,
+                                       const int64_t *strides,
+                                       const int64_t *box) {
+  if (rank < 2 || rank > 5)
+    return fail("a TMA descriptor has 2 to 5 dimensions, not " +
+                std::to_string(rank));
+  bool empty = !base;
+  for (int32_t i = 0; i < rank; ++i)
+    empty |= dims[i] == 0;
+  if (empty) {
+    std::memset(descriptor, 0, 128);
+    return 0;
+  }
+  std::string error;
+  CudaDevice::Driver *driver = CudaDevice::loadDriver(error);
+  if (!driver)
+    return fail(error);
+  uint64_t globalDims[5], globalStrides[4];
+  unsigned boxDims[5], elementStrides[5];
+  for (int32_t i = 0; i < rank; ++i) {
+    globalDims[i] = uint64_t(dims[i]);
+    boxDims[i] = unsigned(box[i]);
+    elementStrides[i] = 1;
+    if (i > 0)
+      globalStrides[i - 1] = uint64_t(strides[i - 1]) * uint64_t(elementBytes);
+  }
+  CHECK(driver->cuTensorMapEncodeTiled(
+            descriptor,
+            elementBytes == 2 ? kTensorMapBFloat16 : kTensorMapUInt8, rank,
+            base, globalDims, globalStrides, boxDims, elementStrides,
+            /*interleave=*/0, kSwizzle128B, kL2Promotion128B, /*oobFill=*/0),
+        "cuTensorMapEncodeTiled");
+  return 0;
+}
+
 extern "C" int32_t moert_check_call(void *const *args, const char *kinds,
                                     int64_t tokens, int64_t maxTokens,
                                     const void *workspace,

@@ -32,6 +32,14 @@ int32_t moert_tensor_map_2d(void *descriptor, void *base, int32_t element_bytes,
                             uint64_t rows, uint64_t cols, uint32_t box_rows,
                             uint32_t box_cols);
 
+/* The same for a tensor of `rank` (2 to 5) dimensions, innermost first:
+ * `dims` sizes, `strides` (rank - 1 of them) the elements between
+ * consecutive indices of dimensions 1 and up, `box` the tile. An empty
+ * tensor gets a zeroed descriptor. */
+int32_t moert_tensor_map_nd(void *descriptor, void *base, int32_t element_bytes,
+                            int32_t rank, const int64_t *dims,
+                            const int64_t *strides, const int64_t *box);
+
 /* Checks a forward's call before anything is launched: `tokens` must be
  * between 0 and `max_tokens` (beyond it grids or row indices would
  * overflow); `kinds` has a letter per argument, 'w' for one read whatever the

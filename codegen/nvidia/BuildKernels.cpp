@@ -41,6 +41,11 @@ static LogicalResult buildKernel(LayerKernels &layer, Operation *op) {
       .Case([&](QuantizeOp o) { return buildQuantize(layer, o); })
       .Case([&](DequantizeOp o) { return buildDequantize(layer, o); })
       .Case([&](PadOp o) { return buildPad(layer, o); })
+      .Case([&](TiledAttentionOp o) { return buildAttention(layer, o); })
+      .Case([&](AttentionOp o) {
+        return o.emitOpError()
+               << "must be split first (run moe-split-attention)";
+      })
       .Case([&](LayerOp o) {
         return o.emitOpError()
                << "must be decomposed first (run moe-decompose)";

@@ -21,6 +21,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "codegen/common/Numerics.h"
+#include "codegen/nvidia/Hopper.h"
 #include "codegen/nvidia/KernelBuilder.h"
 
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
@@ -94,34 +95,9 @@ struct Wgmma {
   /// The descriptor of a K-major tile at shared address `address` (i64):
   /// 128-byte swizzle, 1024 bytes between 8-row groups.
   Value descriptor(Value address) {
-    Value field = LLVM::LShrOp::create(
-        b, loc, LLVM::AndOp::create(b, loc, address, k.constI64(0x3FFFF)),
-        k.constI64(4));
-    int64_t fixedBits =
-        (int64_t(1) << 62) | (int64_t(1024 >> 4) << 32) | (int64_t(1) << 16);
-    return LLVM::OrOp::create(b, loc, field, k.constI64(fixedBits));
+    return swizzledDescriptor(b, loc, address);
   }
-  /// `acc` itself, through an empty volatile asm that reads and writes each
-  /// register: LLVM may not move arithmetic on the fragment across it, so a
-  /// partial's promotion stays between its wait and the next wgmma (sunk
-  /// past them, two partials would be live at once and spill).
-  Value fence(Value acc) {
-    SmallVector<Value> fields;
-    std::string constraints;
-    for (int64_t i = 0; i < enc.fragment(); ++i) {
-      fields.push_back(
-          LLVM::ExtractValueOp::create(b, loc, acc, ArrayRef<int64_t>{i}));
-      constraints += "=f,";
-    }
-    for (int64_t i = 0; i < enc.fragment(); ++i)
-      constraints += std::to_string(i) + (i + 1 < enc.fragment() ? "," : "");
-    return LLVM::InlineAsmOp::create(b, loc, fragment, fields, "", constraints,
-                                     /*has_side_effects=*/true,
-                                     /*is_align_stack=*/false,
-                                     LLVM::tailcallkind::TailCallKind::None,
-                                     LLVM::AsmDialectAttr(), ArrayAttr())
-        .getResult(0);
-  }
+  Value fence(Value acc) { return fenceFragment(b, loc, acc); }
   /// acc + A x B, or A x B alone when `accumulate` is false.
   Value mma(Value acc, Value a, Value bDesc, bool accumulate = true) {
     MLIRContext *ctx = b.getContext();
@@ -598,17 +574,8 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   // of its threads keeps the ring full, waiting only for a slot to be
   // released; the consumers take the registers and never wait on each
   // other, so one's promotion or epilogue overlaps the other's wgmma.
-  // An arrival on barrier `slot` of `group`, as inline PTX: the NVVM
-  // arrive's token is unused, and the op without a use is dropped.
   auto arrive = [&](Value group, Value slot) {
-    Value address =
-        nvgpu::MBarrierGetOp::create(b, e.loc, b.getI32Type(), group, slot);
-    LLVM::InlineAsmOp::create(b, e.loc, TypeRange{}, ValueRange{address},
-                              "mbarrier.arrive.shared::cta.b64 _, [$0];", "r",
-                              /*has_side_effects=*/true,
-                              /*is_align_stack=*/false,
-                              LLVM::tailcallkind::TailCallKind::None,
-                              LLVM::AsmDialectAttr(), ArrayAttr());
+    mbarrierArrive(b, e.loc, group, slot);
   };
   auto roles = scf::IfOp::create(b, e.loc, consumer, /*withElse=*/true);
   b.setInsertionPointToStart(&roles.getElseRegion().front());
@@ -797,19 +764,9 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
       }
     Value ticket = k.workgroupBuffer({1}, b.getI32Type());
     auto consumerBarrier = [&] {
-      LLVM::InlineAsmOp::create(
-          b, e.loc, TypeRange{}, ValueRange{}, "bar.sync 1, 256;", "",
-          /*has_side_effects=*/true,
-          /*is_align_stack=*/false, LLVM::tailcallkind::TailCallKind::None,
-          LLVM::AsmDialectAttr(), ArrayAttr());
+      inlinePtx(b, e.loc, {}, {}, "bar.sync 1, 256;", "");
     };
-    auto fence = [&] {
-      LLVM::InlineAsmOp::create(
-          b, e.loc, TypeRange{}, ValueRange{}, "fence.acq_rel.gpu;", "",
-          /*has_side_effects=*/true,
-          /*is_align_stack=*/false, LLVM::tailcallkind::TailCallKind::None,
-          LLVM::AsmDialectAttr(), ArrayAttr());
-    };
+    auto fence = [&] { inlinePtx(b, e.loc, {}, {}, "fence.acq_rel.gpu;", ""); };
     fence();
     consumerBarrier();
     e.ifThen(e.eq(tid, e.index(0)), [&] {
