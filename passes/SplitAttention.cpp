@@ -66,9 +66,9 @@ struct SplitAttentionPass
     : public moe::impl::SplitAttentionBase<SplitAttentionPass> {
   using SplitAttentionBase::SplitAttentionBase;
 
-  /// Key ranges for `op`: enough that row tiles times ranges fill the
-  /// target's blocks (the smallest count within 10% of a whole wave), each
-  /// range at least two key tiles. Dynamic shapes take one.
+  /// Key ranges for `op`: the fewest that make row tiles times ranges fill
+  /// whole waves of the target's blocks to within 10%, each range at least
+  /// two key tiles. Dynamic shapes take one.
   int64_t chooseSplits(AttentionOp op, int64_t tileN) {
     auto q = cast<RankedTensorType>(op.getQuery().getType());
     auto k = cast<RankedTensorType>(op.getKey().getType());
@@ -84,7 +84,7 @@ struct SplitAttentionPass
     for (int64_t s = 1; s <= most; ++s) {
       int64_t total = blocks * s;
       int64_t waves = llvm::divideCeil(total, targetBlocks);
-      if (total >= targetBlocks && total * 10 >= waves * targetBlocks * 9)
+      if (total * 10 >= waves * targetBlocks * 9)
         return s;
     }
     return most;

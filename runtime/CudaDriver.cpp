@@ -41,6 +41,7 @@ CudaDevice::Driver *CudaDevice::loadDriver(std::string &error) {
     bind(driver.cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
     bind(driver.cuCtxSetCurrent, "cuCtxSetCurrent");
     bind(driver.cuCtxSynchronize, "cuCtxSynchronize");
+    bind(driver.cuCtxGetDevice, "cuCtxGetDevice");
     bind(driver.cuModuleLoadData, "cuModuleLoadData");
     bind(driver.cuModuleGetFunction, "cuModuleGetFunction");
     bind(driver.cuLaunchKernel, "cuLaunchKernel");

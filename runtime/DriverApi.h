@@ -36,6 +36,7 @@ struct CudaDevice::Driver {
   int (*cuGetErrorName)(int, const char **);
   // Used by compiled layers (Launch.cpp).
   int (*cuCtxGetCurrent)(void **);
+  int (*cuCtxGetDevice)(int *);
   int (*cuFuncSetAttribute)(void *, int, int);
   int (*cuTensorMapEncodeTiled)(void *, int, unsigned, void *, const uint64_t *,
                                 const uint64_t *, const unsigned *,

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -155,6 +156,24 @@ extern "C" int32_t moert_tensor_map_2d(void *descriptor, void *base,
             kL2Promotion128B, /*oobFill=*/0),
         "cuTensorMapEncodeTiled");
   return 0;
+}
+
+extern "C" int32_t moert_multiprocessors(void) {
+  // Per device ordinal, found once.
+  static std::atomic<int32_t> known[64];
+  std::string error;
+  CudaDevice::Driver *driver = CudaDevice::loadDriver(error);
+  int device = 0, count = 0;
+  if (!driver || driver->cuCtxGetDevice(&device) != 0 || device < 0 ||
+      device >= 64)
+    return 1;
+  if (int32_t n = known[device].load(std::memory_order_relaxed))
+    return n;
+  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+  if (driver->cuDeviceGetAttribute(&count, 16, device) != 0 || count < 1)
+    return 1;
+  known[device].store(count, std::memory_order_relaxed);
+  return count;
 }
 
 extern "C" int32_t moert_tensor_map_nd(void *descriptor, void *base,

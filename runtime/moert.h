@@ -20,6 +20,10 @@ extern "C" {
  * the default stream) in the current context, or in device 0's primary
  * context if none is current. `*module` caches the module, loaded once per
  * context, with each kernel's dynamic shared-memory limit raised. */
+/* The multiprocessors of the current context's device (1 if it cannot be
+ * told): a persistent kernel's grid. */
+int32_t moert_multiprocessors(void);
+
 int32_t moert_launch(void **module, const void *image, const char *kernel,
                      uint32_t grid_x, uint32_t grid_y, uint32_t block_x,
                      uint32_t shared_bytes, void *stream, void **params);

@@ -296,6 +296,7 @@ static LLVM::LLVMFuncOp addEnqueue(ModuleOp module, StringRef symbol,
                           {ptr, ptr, ptr, i32, i32, i32, i32, ptr, ptr});
   auto mapFn = declare(b, module, loc, "moert_tensor_map_2d", i32,
                        {ptr, ptr, i32, i64, i64, i32, i32});
+  auto smFn = declare(b, module, loc, "moert_multiprocessors", i32, {});
   auto mapNdFn = declare(b, module, loc, "moert_tensor_map_nd", i32,
                          {ptr, ptr, i32, i32, ptr, ptr, ptr});
   b.setInsertionPointToEnd(module.getBody());
@@ -402,6 +403,10 @@ static LLVM::LLVMFuncOp addEnqueue(ModuleOp module, StringRef symbol,
     blocks =
         LLVM::AddOp::create(b, loc, blocks, h.c64(launch.getExtraBlocks()));
     Value gridX = LLVM::TruncOp::create(b, loc, i32, blocks);
+    if (launch.getPersistent()) {
+      Value sms = LLVM::CallOp::create(b, loc, smFn, ValueRange{}).getResult();
+      gridX = LLVM::UMinOp::create(b, loc, gridX, sms);
+    }
     // One name string per kernel, shared by the plans that launch it.
     StringRef kernelName = launch.getKernel().getValue();
     std::string global = ("moe_kernel_name_" + kernelName).str();

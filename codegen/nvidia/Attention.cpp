@@ -121,18 +121,28 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
   int64_t perSplit = std::max<int64_t>(llvm::divideCeil(keyTiles, splits), 1);
   int64_t qBytes = kBlockRows * d * 2, kBytes = tileN * d * 2,
           vBytes = tileN * dv * 2;
+  // Two Q buffers where two K/V slots still fit: the producer loads the
+  // next tile's Q while the row groups finish this one.
+  int64_t qBuffers =
+      2 * qBytes + 2 * (kBytes + vBytes) + 1024 <= kSharedLimit ? 2 : 1;
   int64_t stages =
-      std::min(kMaxStages, (kSharedLimit - qBytes - 1024) / (kBytes + vBytes));
+      std::min(kMaxStages,
+               (kSharedLimit - qBuffers * qBytes - 1024) / (kBytes + vBytes));
   if (stages < 2)
     return op.emitOpError() << "needs " << qBytes + 2 * (kBytes + vBytes)
                             << " bytes of shared memory for Q and two K/V "
                                "slots; sm_90a has "
                             << kSharedLimit;
-  int64_t gridY = hkv * headBlocks * batch * splits;
-  if (gridY > 65535)
-    return op.emitOpError() << "needs " << gridY
-                            << " blocks along y (heads x batch x key "
-                               "splits); at most 65535 launch";
+  // Work tiles: row tiles x heads x batch x key splits.
+  int64_t headTiles = hkv * headBlocks * batch * splits;
+  int64_t workTiles = rowTiles * headTiles;
+  // A causal unit is a pair of row tiles of one head, the j-th longest
+  // and the j-th shortest, so every unit has about the same work.
+  int64_t perUnit = op.getCausal() ? 2 : 1;
+  int64_t unitsPerHead = llvm::divideCeil(rowTiles, perUnit);
+  if (workTiles >= (int64_t(1) << 31))
+    return op.emitOpError()
+           << "has " << workTiles << " tiles of 128 rows; at most 2^31 run";
 
   // TMA: Q as (d, head in group, position, key/value head, batch), a box
   // of [128 / pack positions][pack heads][64]: row r of the tile is
@@ -169,10 +179,12 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
   }
   Kernel k = layer.kernelOn(op, "attention", buffers, {qMap, kMap, vMap});
   Launch &launch = k.launch;
-  launch.work = {rowTiles, 0};
-  launch.gridY = gridY;
+  // Persistent: each block strides over the work tiles, so its producer
+  // loads the next tile's Q, K and V while its row groups finish one.
+  launch.work = {headTiles * unitsPerHead, 0};
+  launch.persistent = true;
   launch.block = (kGroups + 1) * 128;
-  launch.sharedBytes = qBytes + stages * (kBytes + vBytes) + 1024;
+  launch.sharedBytes = qBuffers * qBytes + stages * (kBytes + vBytes) + 1024;
   k.func.setKnownBlockSizeAttr(
       k.b.getDenseI32ArrayAttr({int32_t(launch.block), 1, 1}));
   Emitter &e = k.e;
@@ -205,35 +217,80 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
   Value kDesc = k.tensorMap(firstMap + 1, mapType(kvBox));
   Value vDesc = k.tensorMap(firstMap + 2, mapType(kvBox));
 
-  // This block's rows, heads and key tiles [first, last).
   Value tid = k.threadId();
-  Value rowTile = k.blockId(gpu::Dimension::x);
-  Value y = k.blockId(gpu::Dimension::y);
-  Value split = e.remUI(y, splits);
-  Value rest = e.divUI(y, splits);
-  Value headBlock = e.remUI(rest, headBlocks);
-  rest = e.divUI(rest, headBlocks);
-  Value kvHead = e.remUI(rest, hkv);
-  Value batchIdx = e.divUI(rest, hkv);
-  Value firstHead = e.imul(headBlock, pack); // within the group
-  Value firstPos = e.imul(rowTile, kBlockRows / pack);
-  Value first = e.minUI(e.imul(split, perSplit), e.index(keyTiles));
-  Value last = e.minUI(e.iadd(first, e.index(perSplit)), e.index(keyTiles));
   auto slt = [&](Value a, Value c) {
     return e.icmp(arith::CmpIPredicate::slt, a, c);
   };
-  if (op.getCausal()) {
-    // The block's last position sees keys up to pos + skv - sq: later
-    // tiles are never loaded.
-    Value lastPos = e.minUI(e.iadd(firstPos, e.index(kBlockRows / pack - 1)),
-                            e.index(sq - 1));
-    Value seen = e.isub(e.iadd(lastPos, e.index(skv + 1)), e.index(sq));
-    Value tiles = e.divUI(e.iadd(seen, e.index(tileN - 1)), tileN);
-    tiles = e.select(slt(seen, e.index(1)), e.index(0), tiles);
-    last = e.minUI(last, tiles);
-    first = e.minUI(first, last);
-  }
-  Value count = e.isub(last, first);
+  // A work tile: its rows, heads and key tiles [first, first + count).
+  // Tiles go head by head, so a head's K and V stay in L2 while its row
+  // tiles run.
+  struct Tile {
+    Value split, kvHead, batch, firstHead, firstPos, first, count;
+    Value real; // false for the second half of a one-tile pair
+  };
+  auto tileOf = [&](Value unit, Value half) {
+    Tile w;
+    Value y = e.divUI(unit, unitsPerHead);
+    Value j = e.remUI(unit, unitsPerHead);
+    Value rowTile = j;
+    Value duplicate = arith::ConstantIntOp::create(b, loc, 0, 1);
+    if (op.getCausal()) {
+      Value longer = e.isub(e.index(rowTiles - 1), j);
+      rowTile = e.select(e.eq(half, e.index(0)), longer, j);
+      // The middle tile of an odd count is its own pair.
+      duplicate = e.andi(e.eq(half, e.index(1)), e.eq(longer, j));
+    }
+    w.split = e.remUI(y, splits);
+    Value rest = e.divUI(y, splits);
+    Value headBlock = e.remUI(rest, headBlocks);
+    rest = e.divUI(rest, headBlocks);
+    w.kvHead = e.remUI(rest, hkv);
+    w.batch = e.divUI(rest, hkv);
+    w.firstHead = e.imul(headBlock, pack); // within the group
+    w.firstPos = e.imul(rowTile, kBlockRows / pack);
+    Value first = e.minUI(e.imul(w.split, perSplit), e.index(keyTiles));
+    Value last = e.minUI(e.iadd(first, e.index(perSplit)), e.index(keyTiles));
+    if (op.getCausal()) {
+      // The tile's last position sees keys up to pos + skv - sq: later
+      // key tiles are never loaded.
+      Value lastPos = e.minUI(
+          e.iadd(w.firstPos, e.index(kBlockRows / pack - 1)), e.index(sq - 1));
+      Value seen = e.isub(e.iadd(lastPos, e.index(skv + 1)), e.index(sq));
+      Value tiles = e.divUI(e.iadd(seen, e.index(tileN - 1)), tileN);
+      tiles = e.select(slt(seen, e.index(1)), e.index(0), tiles);
+      last = e.minUI(last, tiles);
+      first = e.minUI(first, last);
+    }
+    w.first = first;
+    w.count = e.select(duplicate, e.index(0), e.isub(last, first));
+    w.real = arith::XOrIOp::create(b, loc, duplicate,
+                                   arith::ConstantIntOp::create(b, loc, 1, 1));
+    return w;
+  };
+  // Both roles walk the same tiles, carrying the rings' K/V iteration
+  // and the number of Q loads so far.
+  auto forEachTile = [&](function_ref<void(Tile &, Value, Value)> body) {
+    Value step = gpu::GridDimOp::create(b, loc, gpu::Dimension::x);
+    auto units = scf::ForOp::create(b, loc, k.blockId(gpu::Dimension::x),
+                                    e.index(headTiles * unitsPerHead), step,
+                                    ValueRange{e.index(0), e.index(0)});
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(units.getBody());
+    auto halves = scf::ForOp::create(b, loc, e.index(0), e.index(perUnit),
+                                     e.index(1), units.getRegionIterArgs());
+    b.setInsertionPointToStart(halves.getBody());
+    Tile w = tileOf(units.getInductionVar(), halves.getInductionVar());
+    Value kvIter = halves.getRegionIterArgs()[0];
+    Value qLoads = halves.getRegionIterArgs()[1];
+    body(w, kvIter, qLoads);
+    Value loaded = e.ult(e.index(0), w.count);
+    scf::YieldOp::create(
+        b, loc,
+        ValueRange{e.iadd(kvIter, w.count),
+                   e.iadd(qLoads, e.select(loaded, e.index(1), e.index(0)))});
+    b.setInsertionPointAfter(halves);
+    scf::YieldOp::create(b, loc, halves.getResults());
+  };
 
   // Shared memory, 1024-byte aligned: Q, then the K ring, then the V ring.
   auto bytesType = MemRefType::get({ShapedType::kDynamic}, b.getI8Type(),
@@ -252,22 +309,29 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
         .getResult();
   };
   auto kOffset = [&](Value slot) {
-    return e.iadd(e.index(qBytes), e.imul(slot, kBytes));
+    return e.iadd(e.index(qBuffers * qBytes), e.imul(slot, kBytes));
   };
   auto vOffset = [&](Value slot) {
-    return e.iadd(e.index(qBytes + stages * kBytes), e.imul(slot, vBytes));
+    return e.iadd(e.index(qBuffers * qBytes + stages * kBytes),
+                  e.imul(slot, vBytes));
   };
 
   auto barrierType = [&](int64_t n) {
     return nvgpu::MBarrierGroupType::get(ctx, workgroup, n);
   };
-  Value qFull = nvgpu::MBarrierCreateOp::create(b, loc, barrierType(1));
+  Value qFull = nvgpu::MBarrierCreateOp::create(b, loc, barrierType(qBuffers));
+  Value qEmpty = nvgpu::MBarrierCreateOp::create(b, loc, barrierType(qBuffers));
   Value kFull = nvgpu::MBarrierCreateOp::create(b, loc, barrierType(stages));
   Value kEmpty = nvgpu::MBarrierCreateOp::create(b, loc, barrierType(stages));
   Value vFull = nvgpu::MBarrierCreateOp::create(b, loc, barrierType(stages));
   Value vEmpty = nvgpu::MBarrierCreateOp::create(b, loc, barrierType(stages));
   Value leader = e.eq(tid, e.index(0));
-  nvgpu::MBarrierInitOp::create(b, loc, qFull, e.index(1), e.index(0), leader);
+  for (int64_t q = 0; q < qBuffers; ++q) {
+    nvgpu::MBarrierInitOp::create(b, loc, qFull, e.index(1), e.index(q),
+                                  leader);
+    nvgpu::MBarrierInitOp::create(b, loc, qEmpty, e.index(kConsumers),
+                                  e.index(q), leader);
+  }
   for (int64_t s = 0; s < stages; ++s)
     for (auto [group, arrivals] : {std::pair{kFull, int64_t(1)},
                                    {vFull, 1},
@@ -295,24 +359,35 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
   b.setInsertionPointToStart(&roles.getElseRegion().front());
   NVVM::SetMaxRegisterOp::create(b, loc, kProducerRegisters,
                                  NVVM::SetMaxRegisterAction::decrease);
-  e.ifThen(
-      e.andi(e.eq(tid, e.index(kConsumers)), e.ult(e.index(0), count)), [&] {
+  e.ifThen(e.eq(tid, e.index(kConsumers)), [&] {
+    forEachTile([&](Tile &w, Value kvIter, Value qLoads) {
+      e.ifThen(e.ult(e.index(0), w.count), [&] {
+        // A Q buffer is free once the row groups are done with the tile
+        // it held before.
+        Value buffer = e.remUI(qLoads, qBuffers);
+        Value use = e.divUI(qLoads, qBuffers);
+        e.ifThen(e.ult(e.index(0), use),
+                 [&] { waitOn(qEmpty, buffer, e.isub(use, e.index(1))); });
         nvgpu::MBarrierArriveExpectTxOp::create(b, loc, qFull, e.index(qBytes),
-                                                e.index(0), Value());
+                                                buffer, Value());
         for (int64_t c = 0; c < d / kChunk; ++c)
           nvgpu::TmaAsyncLoadOp::create(
-              b, loc, viewAt(e.index(c * kBlockRows * kChunkBytes), qBox),
+              b, loc,
+              viewAt(e.iadd(e.imul(buffer, qBytes),
+                            e.index(c * kBlockRows * kChunkBytes)),
+                     qBox),
               qFull, qDesc,
-              ValueRange{e.index(c * kChunk), firstHead, firstPos, kvHead,
-                         batchIdx},
-              e.index(0), Value(), Value());
-        e.forEach(e.index(0), count, [&](Value i) {
-          Value slot = e.remUI(i, stages);
-          Value round = e.divUI(i, stages);
-          Value key0 = e.imul(e.iadd(first, i), tileN);
+              ValueRange{e.index(c * kChunk), w.firstHead, w.firstPos, w.kvHead,
+                         w.batch},
+              buffer, Value(), Value());
+        e.forEach(e.index(0), w.count, [&](Value i) {
+          Value n = e.iadd(kvIter, i);
+          Value slot = e.remUI(n, stages);
+          Value round = e.divUI(n, stages);
+          Value key0 = e.imul(e.iadd(w.first, i), tileN);
           auto load = [&](Value full, Value empty, Value desc, Value offset,
                           int64_t width, int64_t bytes) {
-            e.ifThen(e.icmp(arith::CmpIPredicate::uge, i, e.index(stages)),
+            e.ifThen(e.icmp(arith::CmpIPredicate::uge, n, e.index(stages)),
                      [&] { waitOn(empty, slot, e.iadd(round, e.index(1))); });
             nvgpu::MBarrierArriveExpectTxOp::create(
                 b, loc, full, e.index(bytes), slot, Value());
@@ -322,13 +397,15 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
                   viewAt(e.iadd(offset, e.index(c * tileN * kChunkBytes)),
                          kvBox),
                   full, desc,
-                  ValueRange{e.index(c * kChunk), key0, kvHead, batchIdx}, slot,
-                  Value(), Value());
+                  ValueRange{e.index(c * kChunk), key0, w.kvHead, w.batch},
+                  slot, Value(), Value());
           };
           load(kFull, kEmpty, kDesc, kOffset(slot), d, kBytes);
           load(vFull, vEmpty, vDesc, vOffset(slot), dv, vBytes);
         });
       });
+    });
+  });
 
   // The row groups.
   b.setInsertionPointToStart(&roles.getThenRegion().front());
@@ -346,14 +423,11 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
   auto fragmentColumn = [&](int64_t i) {
     return e.iadd(colBase, e.index((i / 4) * 8 + i % 2));
   };
-  Value position[2], limit[2];
-  for (int64_t h = 0; h < 2; ++h) {
-    position[h] = e.iadd(firstPos, e.divUI(rowInTile[h], pack));
-    // The last key the row sees (signed: a row may see none).
-    limit[h] = e.isub(e.iadd(position[h], e.index(skv)), e.index(sq));
-  }
-  // The block's smallest limit: tiles up to it need no causal mask.
-  Value blockLimit = e.isub(e.iadd(firstPos, e.index(skv)), e.index(sq));
+  // The tile being walked (set per work tile below): its first key tile,
+  // its K/V ring position, its rows' positions and the last key each sees
+  // (signed: a row may see none), and the smallest of those, up to which
+  // no key tile needs the causal mask.
+  Value first, kvBase, blockLimit, position[2], limit[2];
 
   auto fragmentType = [&](int64_t n) {
     SmallVector<Type> fields(n / 2, f32);
@@ -385,17 +459,19 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
   };
 
   // S = Q K^T for key tile i of the block's range.
-  Value qAddress = addressAt(e.index(0));
+  Value qBuffer; // the tile's Q buffer, set per work tile
   Value groupOffset = arith::IndexCastOp::create(
       b, loc, i64, e.imul(g, kGroupRows * kChunkBytes));
   auto issueQK = [&](Value i) {
-    Value slot = e.remUI(i, stages);
-    waitOn(kFull, slot, e.divUI(i, stages));
+    Value n = e.iadd(kvBase, i);
+    Value slot = e.remUI(n, stages);
+    waitOn(kFull, slot, e.divUI(n, stages));
     Value kAddress = addressAt(kOffset(slot));
     NVVM::WgmmaFenceAlignedOp::create(b, loc);
     Value acc = LLVM::PoisonOp::create(b, loc, sType);
     for (int64_t kk = 0; kk < d / 16; ++kk) {
       int64_t c = kk / 4, within = (kk % 4) * 32;
+      Value qAddress = addressAt(e.imul(qBuffer, qBytes));
       Value aAddr = LLVM::AddOp::create(
           b, loc, LLVM::AddOp::create(b, loc, qAddress, groupOffset),
           k.constI64(c * kBlockRows * kChunkBytes + within));
@@ -439,8 +515,9 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
     pvConstraints += std::to_string(j) + ",";
   pvConstraints += "r,r,r,r,l";
   auto issuePV = [&](Value acc, ArrayRef<Value> p, Value i) {
-    Value slot = e.remUI(i, stages);
-    waitOn(vFull, slot, e.divUI(i, stages));
+    Value n = e.iadd(kvBase, i);
+    Value slot = e.remUI(n, stages);
+    waitOn(vFull, slot, e.divUI(n, stages));
     Value vAddress = addressAt(vOffset(slot));
     NVVM::WgmmaFenceAlignedOp::create(b, loc);
     for (int64_t kk = 0; kk < tileN / 16; ++kk) {
@@ -459,7 +536,7 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
     return acc;
   };
   auto release = [&](Value group, Value i) {
-    mbarrierArrive(b, loc, group, e.remUI(i, stages));
+    mbarrierArrive(b, loc, group, e.remUI(e.iadd(kvBase, i), stages));
   };
 
   float c = common::attentionLog2Scale(op.getScale().convertToDouble());
@@ -552,122 +629,137 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
     return acc;
   };
 
-  SmallVector<Type> resultTypes = {oType, f32, f32, f32, f32};
-  auto walked = scf::IfOp::create(b, loc, resultTypes, e.ult(e.index(0), count),
-                                  /*withElse=*/true);
-  {
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(&walked.getElseRegion().front());
-    scf::YieldOp::create(b, loc,
-                         ValueRange{zeroFragment(oType, dv), negInf, negInf,
-                                    constF32(0.0), constF32(0.0)});
-    b.setInsertionPointToStart(&walked.getThenRegion().front());
-    // The second group opens the first group's turn.
-    if (*pingPong)
-      e.ifThen(e.eq(g, e.index(1)),
-               [&] { namedBarrierArrive(b, loc, turn[0], kConsumers); });
-    // The first tile: qk and its softmax, no pv yet.
-    waitTurn();
-    waitOn(qFull, e.index(0), e.index(0));
-    Value s = issueQK(e.index(0));
-    giveTurn();
-    NVVM::WgmmaWaitGroupSyncOp::create(b, loc, 0);
-    s = fenceFragment(b, loc, s);
-    release(kEmpty, e.index(0));
-    Softmax st = softmax(s, e.index(0), {negInf, negInf},
-                         {constF32(0.0), constF32(0.0)});
-    SmallVector<Value> init = {zeroFragment(oType, dv), st.m[0], st.m[1],
-                               st.l[0], st.l[1]};
-    init.append(st.p);
-    auto loop = scf::ForOp::create(b, loc, e.index(1), count, e.index(1), init);
+  forEachTile([&](Tile &w, Value kvIter, Value qLoads) {
+    first = w.first;
+    kvBase = kvIter;
+    Value count = w.count;
+    for (int64_t h = 0; h < 2; ++h) {
+      position[h] = e.iadd(w.firstPos, e.divUI(rowInTile[h], pack));
+      limit[h] = e.isub(e.iadd(position[h], e.index(skv)), e.index(sq));
+    }
+    blockLimit = e.isub(e.iadd(w.firstPos, e.index(skv)), e.index(sq));
+    SmallVector<Type> resultTypes = {oType, f32, f32, f32, f32};
+    auto walked =
+        scf::IfOp::create(b, loc, resultTypes, e.ult(e.index(0), count),
+                          /*withElse=*/true);
     {
-      OpBuilder::InsertionGuard inner(b);
-      b.setInsertionPointToStart(loop.getBody());
-      Value i = loop.getInductionVar();
-      ValueRange carried = loop.getRegionIterArgs();
-      SmallVector<Value> p(carried.drop_front(5));
-      Value prev = e.isub(i, e.index(1));
-      // Matrix stages: qk of this tile, pv of the previous one.
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(&walked.getElseRegion().front());
+      scf::YieldOp::create(b, loc,
+                           ValueRange{zeroFragment(oType, dv), negInf, negInf,
+                                      constF32(0.0), constF32(0.0)});
+      b.setInsertionPointToStart(&walked.getThenRegion().front());
+      // The second group opens the first group's turn.
+      if (*pingPong)
+        e.ifThen(e.eq(g, e.index(1)),
+                 [&] { namedBarrierArrive(b, loc, turn[0], kConsumers); });
+      // The first tile: qk and its softmax, no pv yet.
       waitTurn();
-      Value s = issueQK(i);
-      Value acc = issuePV(carried[0], p, prev);
+      qBuffer = e.remUI(qLoads, qBuffers);
+      waitOn(qFull, qBuffer, e.divUI(qLoads, qBuffers));
+      Value s = issueQK(e.index(0));
       giveTurn();
-      // Vector stages while pv runs (and the other group's matmuls).
-      NVVM::WgmmaWaitGroupSyncOp::create(b, loc, 1);
+      NVVM::WgmmaWaitGroupSyncOp::create(b, loc, 0);
       s = fenceFragment(b, loc, s);
-      release(kEmpty, i);
-      Softmax st =
-          softmax(s, i, {carried[1], carried[2]}, {carried[3], carried[4]});
+      release(kEmpty, e.index(0));
+      Softmax st = softmax(s, e.index(0), {negInf, negInf},
+                           {constF32(0.0), constF32(0.0)});
+      SmallVector<Value> init = {zeroFragment(oType, dv), st.m[0], st.m[1],
+                                 st.l[0], st.l[1]};
+      init.append(st.p);
+      auto loop =
+          scf::ForOp::create(b, loc, e.index(1), count, e.index(1), init);
+      {
+        OpBuilder::InsertionGuard inner(b);
+        b.setInsertionPointToStart(loop.getBody());
+        Value i = loop.getInductionVar();
+        ValueRange carried = loop.getRegionIterArgs();
+        SmallVector<Value> p(carried.drop_front(5));
+        Value prev = e.isub(i, e.index(1));
+        // Matrix stages: qk of this tile, pv of the previous one.
+        waitTurn();
+        Value s = issueQK(i);
+        Value acc = issuePV(carried[0], p, prev);
+        giveTurn();
+        // Vector stages while pv runs (and the other group's matmuls).
+        NVVM::WgmmaWaitGroupSyncOp::create(b, loc, 1);
+        s = fenceFragment(b, loc, s);
+        release(kEmpty, i);
+        Softmax st =
+            softmax(s, i, {carried[1], carried[2]}, {carried[3], carried[4]});
+        NVVM::WgmmaWaitGroupSyncOp::create(b, loc, 0);
+        acc = fenceFragment(b, loc, acc);
+        // The previous P stays live until its pv is done: were its registers
+        // reused for the new P, ptxas would serialize the wgmma.
+        inlinePtx(b, loc, {}, p, "",
+                  llvm::join(SmallVector<std::string>(p.size(), "r"), ","));
+        release(vEmpty, prev);
+        acc = rescale(acc, st.alpha);
+        SmallVector<Value> next = {acc, st.m[0], st.m[1], st.l[0], st.l[1]};
+        next.append(st.p);
+        scf::YieldOp::create(b, loc, next);
+      }
+      ValueRange done = loop.getResults();
+      SmallVector<Value> p(done.drop_front(5));
+      // The last tile's pv; the second group opens no further turn.
+      waitTurn();
+      Value acc = issuePV(done[0], p, e.isub(count, e.index(1)));
+      if (*pingPong)
+        e.ifThen(e.eq(g, e.index(0)), [&] { giveTurn(); });
       NVVM::WgmmaWaitGroupSyncOp::create(b, loc, 0);
       acc = fenceFragment(b, loc, acc);
-      // The previous P stays live until its pv is done: were its registers
-      // reused for the new P, ptxas would serialize the wgmma.
-      inlinePtx(b, loc, {}, p, "",
-                llvm::join(SmallVector<std::string>(p.size(), "r"), ","));
-      release(vEmpty, prev);
-      acc = rescale(acc, st.alpha);
-      SmallVector<Value> next = {acc, st.m[0], st.m[1], st.l[0], st.l[1]};
-      next.append(st.p);
-      scf::YieldOp::create(b, loc, next);
+      release(vEmpty, e.isub(count, e.index(1)));
+      // Q's buffer may take the next tile's.
+      mbarrierArrive(b, loc, qEmpty, qBuffer);
+      scf::YieldOp::create(b, loc,
+                           ValueRange{acc, done[1], done[2], done[3], done[4]});
     }
-    ValueRange done = loop.getResults();
-    SmallVector<Value> p(done.drop_front(5));
-    // The last tile's pv; the second group opens no further turn.
-    waitTurn();
-    Value acc = issuePV(done[0], p, e.isub(count, e.index(1)));
-    if (*pingPong)
-      e.ifThen(e.eq(g, e.index(0)), [&] { giveTurn(); });
-    NVVM::WgmmaWaitGroupSyncOp::create(b, loc, 0);
-    acc = fenceFragment(b, loc, acc);
-    release(vEmpty, e.isub(count, e.index(1)));
-    scf::YieldOp::create(b, loc,
-                         ValueRange{acc, done[1], done[2], done[3], done[4]});
-  }
-  Value acc = walked.getResult(0);
-  Value m[2] = {walked.getResult(1), walked.getResult(2)};
-  Value l[2] = {quadReduce(walked.getResult(3), false),
-                quadReduce(walked.getResult(4), false)};
+    Value acc = walked.getResult(0);
+    Value m[2] = {walked.getResult(1), walked.getResult(2)};
+    Value l[2] = {quadReduce(walked.getResult(3), false),
+                  quadReduce(walked.getResult(4), false)};
 
-  // Output rows: position, then the query head.
-  Value headBase = e.iadd(e.imul(kvHead, group), firstHead);
-  for (int64_t h = 0; h < 2; ++h) {
-    Value head = e.iadd(headBase, e.remUI(rowInTile[h], pack));
-    Value row =
-        e.iadd(e.imul(e.iadd(e.imul(batchIdx, sq), position[h]), hq), head);
-    e.ifThen(e.ult(position[h], e.index(sq)), [&] {
-      if (splits == 1) {
-        Value seen = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OGT,
-                                           l[h], constF32(0.0));
-        Value inverse =
-            e.select(seen, e.div(constF32(1.0), l[h]), constF32(0.0));
-        auto pairType = VectorType::get({2}, bf16);
+    // Output rows: position, then the query head.
+    Value headBase = e.iadd(e.imul(w.kvHead, group), w.firstHead);
+    for (int64_t h = 0; h < 2; ++h) {
+      Value head = e.iadd(headBase, e.remUI(rowInTile[h], pack));
+      Value row =
+          e.iadd(e.imul(e.iadd(e.imul(w.batch, sq), position[h]), hq), head);
+      e.ifThen(e.andi(w.real, e.ult(position[h], e.index(sq))), [&] {
+        if (splits == 1) {
+          Value seen = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OGT,
+                                             l[h], constF32(0.0));
+          Value inverse =
+              e.select(seen, e.div(constF32(1.0), l[h]), constF32(0.0));
+          auto pairType = VectorType::get({2}, bf16);
+          for (int64_t j = 0; j < dv / 2; j += 4) {
+            int64_t i0 = j + 2 * h;
+            Value pair = vector::FromElementsOp::create(
+                b, loc, VectorType::get({2}, f32),
+                ValueRange{e.mul(field(acc, i0), inverse),
+                           e.mul(field(acc, i0 + 1), inverse)});
+            Value rounded = arith::TruncFOp::create(b, loc, pairType, pair);
+            vector::StoreOp::create(b, loc, rounded, outView,
+                                    {row, fragmentColumn(i0)});
+          }
+          return;
+        }
+        Value at = e.iadd(e.imul(w.split, rowsTotal), row);
         for (int64_t j = 0; j < dv / 2; j += 4) {
           int64_t i0 = j + 2 * h;
           Value pair = vector::FromElementsOp::create(
               b, loc, VectorType::get({2}, f32),
-              ValueRange{e.mul(field(acc, i0), inverse),
-                         e.mul(field(acc, i0 + 1), inverse)});
-          Value rounded = arith::TruncFOp::create(b, loc, pairType, pair);
-          vector::StoreOp::create(b, loc, rounded, outView,
-                                  {row, fragmentColumn(i0)});
+              ValueRange{field(acc, i0), field(acc, i0 + 1)});
+          vector::StoreOp::create(b, loc, pair, partialView,
+                                  {at, fragmentColumn(i0)});
         }
-        return;
-      }
-      Value at = e.iadd(e.imul(split, rowsTotal), row);
-      for (int64_t j = 0; j < dv / 2; j += 4) {
-        int64_t i0 = j + 2 * h;
-        Value pair = vector::FromElementsOp::create(
-            b, loc, VectorType::get({2}, f32),
-            ValueRange{field(acc, i0), field(acc, i0 + 1)});
-        vector::StoreOp::create(b, loc, pair, partialView,
-                                {at, fragmentColumn(i0)});
-      }
-      e.ifThen(e.eq(e.remUI(lane, 4), e.index(0)), [&] {
-        e.storeRaw(e.mul(m[h], scaleC), statsView, {at, e.index(0)});
-        e.storeRaw(l[h], statsView, {at, e.index(1)});
+        e.ifThen(e.eq(e.remUI(lane, 4), e.index(0)), [&] {
+          e.storeRaw(e.mul(m[h], scaleC), statsView, {at, e.index(0)});
+          e.storeRaw(l[h], statsView, {at, e.index(1)});
+        });
       });
-    });
-  }
+    }
+  });
   b.setInsertionPointAfter(roles);
   if (failed(k.finish(op)))
     return failure();

@@ -25,6 +25,9 @@ struct Launch {
   TokenLinear work;
   int64_t perBlock = 1, extraBlocks = 0;
   int64_t gridY = 1, block = 128, sharedBytes = 0;
+  /// The kernel strides over its blocks' work; at most one block per
+  /// multiprocessor is launched.
+  bool persistent = false;
   SmallVector<KernelArg> args;
 };
 

@@ -332,7 +332,8 @@ TensorMapAttr::verify(function_ref<InFlightDiagnostic()> emitError,
 LogicalResult KernelLaunchAttr::verify(
     function_ref<InFlightDiagnostic()> emitError, FlatSymbolRefAttr kernel,
     TokenLinear work, int64_t perBlock, int64_t extraBlocks, int64_t gridY,
-    int64_t block, int64_t sharedBytes, ArrayRef<KernelArg> args) {
+    int64_t block, int64_t sharedBytes, ArrayRef<KernelArg> args,
+    bool persistent) {
   if (!kernel)
     return emitError() << "launch needs a kernel";
   if (perBlock < 1 || extraBlocks < 0 || gridY < 1 || gridY > 65535)

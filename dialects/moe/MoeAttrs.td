@@ -289,6 +289,8 @@ def Moe_KernelLaunchAttr : Moe_Attr<"KernelLaunch", "launch"> {
     ceil(`work` / `per_block`) + `extra_blocks` blocks along x (`work` may
     grow with the token count), `grid_y` along y, `block` threads and
     `shared_bytes` of dynamic shared memory. `args` lists its parameters.
+    A `persistent` kernel loops over its blocks' work itself: it launches
+    at most one block per multiprocessor of the device it runs on.
   }];
   let parameters = (ins
     "::mlir::FlatSymbolRefAttr":$kernel,
@@ -298,7 +300,8 @@ def Moe_KernelLaunchAttr : Moe_Attr<"KernelLaunch", "launch"> {
     Moe_CountParameter<"blocks along y", "1">:$grid_y,
     Moe_CountParameter<"threads per block">:$block,
     Moe_CountParameter<"dynamic shared memory", "0">:$shared_bytes,
-    Moe_KernelArgsParameter:$args
+    Moe_KernelArgsParameter:$args,
+    Moe_BoolParameter:$persistent
   );
 }
 

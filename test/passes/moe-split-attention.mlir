@@ -26,11 +26,11 @@ func.func @prefill(%q: tensor<4x2048x16x128xbf16>, %k: tensor<4x2048x16x128xbf16
 // -----
 
 // Decode, one query against 8192 keys, GQA 8:1: 4 x 8 row tiles would
-// leave most of 132 multiprocessors idle, so the keys are cut into 8
-// ranges (256 blocks, the first count within 10% of whole waves); head
+// leave most of 132 multiprocessors idle, so the keys are cut into 4
+// ranges (128 blocks, the fewest within 10% of whole waves); head
 // size 256 takes tiles of 64 keys; a given scale is kept.
 // CHECK-LABEL: func @decode
-// CHECK: moe.tiled_attention {{.*}}kv_splits = 8 : i64, scale = 5.000000e-02 : f32{{.*}}tile_n = 64 : i64}
+// CHECK: moe.tiled_attention {{.*}}kv_splits = 4 : i64, scale = 5.000000e-02 : f32{{.*}}tile_n = 64 : i64}
 func.func @decode(%q: tensor<4x1x64x256xbf16>, %k: tensor<4x8192x8x256xbf16>, %v: tensor<4x8192x8x256xbf16>) -> tensor<4x1x64x256xbf16> {
   %o = moe.attention %q, %k, %v {scale = 0.05 : f32} : (tensor<4x1x64x256xbf16>, tensor<4x8192x8x256xbf16>, tensor<4x8192x8x256xbf16>) -> tensor<4x1x64x256xbf16>
   return %o : tensor<4x1x64x256xbf16>
