@@ -91,7 +91,7 @@ describeKernelFunction(func::FuncOp func) {
 FailureOr<SmallVector<host::ArgInfo>> host::describeLayer(func::FuncOp func) {
   SmallVector<Operation *> layers;
   for (Operation &op : func.getBody().front())
-    if (isa<LayerOp, AttentionOp>(op))
+    if (isa<LayerOp, AttentionOp, TiledAttentionOp>(op))
       layers.push_back(&op);
   if (layers.empty())
     return describeKernelFunction(func);
@@ -102,10 +102,10 @@ FailureOr<SmallVector<host::ArgInfo>> host::describeLayer(func::FuncOp func) {
   Operation *layer = layers.front();
   // The ABI names each argument after the operand it feeds.
   SmallVector<std::pair<StringRef, Value>> operands;
-  if (auto attention = dyn_cast<AttentionOp>(layer)) {
-    operands = {{"query", attention.getQuery()},
-                {"key", attention.getKey()},
-                {"value", attention.getValue()}};
+  if (isa<AttentionOp, TiledAttentionOp>(layer)) {
+    operands = {{"query", layer->getOperand(0)},
+                {"key", layer->getOperand(1)},
+                {"value", layer->getOperand(2)}};
   } else {
     auto l = cast<LayerOp>(layer);
     operands = {

@@ -66,8 +66,28 @@ func.func @fp8(%x: tensor<?x64xbf16>, %b: tensor<32x64xf8E4M3FN>, %bs: tensor<32
 // -----
 
 func.func @attention(%q: tensor<1x4x2x8xbf16>, %k: tensor<1x4x2x8xbf16>, %v: tensor<1x4x2x8xbf16>) -> tensor<1x4x2x8xbf16> {
-  // expected-error @+1 {{is not supported by the CPU reference backend}}
+  // expected-error @+1 {{must be split first (run moe-split-attention)}}
   %0 = moe.attention %q, %k, %v : (tensor<1x4x2x8xbf16>, tensor<1x4x2x8xbf16>, tensor<1x4x2x8xbf16>) -> tensor<1x4x2x8xbf16>
+  return %0 : tensor<1x4x2x8xbf16>
+}
+
+// -----
+
+// The split form, row by row: per key tile of 4 the masked scores in base 2
+// (times scale * log2 e), the running max, P = exp2(s - max), the sum of P
+// in f32 and P rounded to bf16 times V; two key ranges merged at the end.
+// CHECK-LABEL: func @tiled_attention
+// CHECK: memref.alloc() : memref<4xf32>
+// CHECK: memref.alloc() : memref<2x8xf32>
+// CHECK: arith.constant 0.180336878 : f32
+// CHECK: scf.for
+// CHECK: arith.cmpi sle
+// CHECK: arith.maximumf
+// CHECK: math.exp2
+// CHECK: arith.truncf {{.*}} : f32 to bf16
+// CHECK: math.exp2
+func.func @tiled_attention(%q: tensor<1x4x2x8xbf16>, %k: tensor<1x6x1x8xbf16>, %v: tensor<1x6x1x8xbf16>) -> tensor<1x4x2x8xbf16> {
+  %0 = moe.tiled_attention %q, %k, %v {causal, groups = 1 : i64, kv_splits = 2 : i64, scale = 0.125 : f32, tile_m = 64 : i64, tile_n = 4 : i64, schedule = [[#moe.stage<kind = qk, group = 0>, #moe.stage<kind = pv, group = 0, tile = -1>], [#moe.stage<kind = mask, group = 0>, #moe.stage<kind = max, group = 0>, #moe.stage<kind = exp, group = 0>, #moe.stage<kind = rescale, group = 0>, #moe.stage<kind = sum, group = 0>]]} : (tensor<1x4x2x8xbf16>, tensor<1x6x1x8xbf16>, tensor<1x6x1x8xbf16>) -> tensor<1x4x2x8xbf16>
   return %0 : tensor<1x4x2x8xbf16>
 }
 

@@ -132,7 +132,7 @@ func.func @dynamic_hidden(%x: tensor<?x64xbf16>, %w: tensor<64x64xbf16>,
 
 func.func @attention(%q: tensor<1x16x4x64xbf16>, %k: tensor<1x16x4x64xbf16>,
                      %v: tensor<1x16x4x64xbf16>) -> tensor<1x16x4x64xbf16> {
-  // expected-error @+1 {{has no sm_90a kernel}}
+  // expected-error @+1 {{must be split first (run moe-split-attention)}}
   %0 = moe.attention %q, %k, %v
       : (tensor<1x16x4x64xbf16>, tensor<1x16x4x64xbf16>, tensor<1x16x4x64xbf16>) -> tensor<1x16x4x64xbf16>
   return %0 : tensor<1x16x4x64xbf16>
