@@ -159,6 +159,10 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
         {hkv, width, 1, batch, std::max<int64_t>(skv, 1) * hkv * width, 1});
   };
   unsigned kMap = kvMap(op.getKey(), d), vMap = kvMap(op.getValue(), dv);
+  // Without key splits a row group stages its output in its rows of the
+  // tile's Q buffer (free once its last qk is done) and stores it with TMA,
+  // 64 rows at a time; positions past the query's end are clipped.
+  bool tmaStore = splits == 1 && dv <= d && pack <= kGroupRows;
 
   const TensorInfo &out = layer.define(op.getOut(), {});
   int64_t rowsTotal = batch * sq * hq;
@@ -177,7 +181,13 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
                        {}};
     buffers = {partials.buffer, stats.buffer};
   }
-  Kernel k = layer.kernelOn(op, "attention", buffers, {qMap, kMap, vMap});
+  SmallVector<unsigned> maps = {qMap, kMap, vMap};
+  if (tmaStore)
+    maps.push_back(
+        layer.plan.addTensorMap(out.buffer, 2, group, dv, dv, pack, kChunk,
+                                {sq, hq * dv, kGroupRows / pack, hkv,
+                                 group * dv, 1, batch, sq * hq * dv, 1}));
+  Kernel k = layer.kernelOn(op, "attention", buffers, maps);
   Launch &launch = k.launch;
   // Persistent: each block strides over the work tiles, so its producer
   // loads the next tile's Q, K and V while its row groups finish one.
@@ -216,6 +226,8 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
   Value qDesc = k.tensorMap(firstMap, mapType(qBox));
   Value kDesc = k.tensorMap(firstMap + 1, mapType(kvBox));
   Value vDesc = k.tensorMap(firstMap + 2, mapType(kvBox));
+  SmallVector<int64_t> oBox = {1, 1, kGroupRows / pack, pack, kChunk};
+  Value oDesc = tmaStore ? k.tensorMap(firstMap + 3, mapType(oBox)) : Value();
 
   Value tid = k.threadId();
   auto slt = [&](Value a, Value c) {
@@ -329,8 +341,8 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
   for (int64_t q = 0; q < qBuffers; ++q) {
     nvgpu::MBarrierInitOp::create(b, loc, qFull, e.index(1), e.index(q),
                                   leader);
-    nvgpu::MBarrierInitOp::create(b, loc, qEmpty, e.index(kConsumers),
-                                  e.index(q), leader);
+    nvgpu::MBarrierInitOp::create(b, loc, qEmpty, e.index(kGroups), e.index(q),
+                                  leader);
   }
   for (int64_t s = 0; s < stages; ++s)
     for (auto [group, arrivals] : {std::pair{kFull, int64_t(1)},
@@ -412,6 +424,7 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
   NVVM::SetMaxRegisterOp::create(b, loc, kConsumerRegisters,
                                  NVVM::SetMaxRegisterAction::increase);
   Value g = e.divUI(tid, 128);
+  Value groupLeader = e.eq(e.remUI(tid, 128), e.index(0));
   Value warp = e.remUI(e.divUI(tid, 32), 4), lane = e.remUI(tid, 32);
   // Fragment element i of a thread is row 16w + l/4 + 8((i/2)%2) of its
   // group's 64 and column 8(i/4) + 2(l%4) + i%2.
@@ -639,6 +652,7 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
     }
     blockLimit = e.isub(e.iadd(w.firstPos, e.index(skv)), e.index(sq));
     SmallVector<Type> resultTypes = {oType, f32, f32, f32, f32};
+    qBuffer = e.remUI(qLoads, qBuffers);
     auto walked =
         scf::IfOp::create(b, loc, resultTypes, e.ult(e.index(0), count),
                           /*withElse=*/true);
@@ -655,7 +669,6 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
                  [&] { namedBarrierArrive(b, loc, turn[0], kConsumers); });
       // The first tile: qk and its softmax, no pv yet.
       waitTurn();
-      qBuffer = e.remUI(qLoads, qBuffers);
       waitOn(qFull, qBuffer, e.divUI(qLoads, qBuffers));
       Value s = issueQK(e.index(0));
       giveTurn();
@@ -709,8 +722,10 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
       NVVM::WgmmaWaitGroupSyncOp::create(b, loc, 0);
       acc = fenceFragment(b, loc, acc);
       release(vEmpty, e.isub(count, e.index(1)));
-      // Q's buffer may take the next tile's.
-      mbarrierArrive(b, loc, qEmpty, qBuffer);
+      // Q's buffer may take the next tile's once the group's output has
+      // left it (its leader arrives; wgmma's wait is the warpgroup's).
+      if (!tmaStore)
+        e.ifThen(groupLeader, [&] { mbarrierArrive(b, loc, qEmpty, qBuffer); });
       scf::YieldOp::create(b, loc,
                            ValueRange{acc, done[1], done[2], done[3], done[4]});
     }
@@ -719,6 +734,71 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
     Value l[2] = {quadReduce(walked.getResult(3), false),
                   quadReduce(walked.getResult(4), false)};
 
+    Value inverse[2];
+    for (int64_t h = 0; h < 2; ++h) {
+      Value seen = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OGT,
+                                         l[h], constF32(0.0));
+      inverse[h] = e.select(seen, e.div(constF32(1.0), l[h]), constF32(0.0));
+    }
+    auto staged = scf::IfOp::create(
+        b, loc, TypeRange{},
+        tmaStore ? e.andi(w.real, e.ult(e.index(0), count))
+                 : arith::ConstantIntOp::create(b, loc, 0, 1).getResult(),
+        /*withElse=*/true);
+    if (tmaStore) {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(&staged.getThenRegion().front());
+      // bf16 pairs into the Q buffer's 128-byte swizzled rows (16-byte
+      // unit u of row r sits at unit u ^ (r % 8)), as TMA reads them.
+      Value words = memref::ViewOp::create(
+                        b, loc,
+                        MemRefType::get({launch.sharedBytes / 4 - 256}, i32,
+                                        MemRefLayoutAttrInterface(), workgroup),
+                        smem, pad, ValueRange{})
+                        .getResult();
+      Value bufferBase = e.imul(qBuffer, qBytes);
+      for (int64_t h = 0; h < 2; ++h) {
+        Value r = rowInTile[h];
+        Value rowBase = e.iadd(bufferBase, e.imul(r, kChunkBytes));
+        for (int64_t j = 0; j < dv / 2; j += 4) {
+          int64_t i0 = j + 2 * h, col0 = (i0 / 4) * 8;
+          int64_t chunk = col0 / kChunk, unit = (col0 % kChunk) / 8;
+          Value swizzled = e.imul(
+              arith::XOrIOp::create(b, loc, e.index(unit), e.remUI(r, 8)), 16);
+          Value byte =
+              e.iadd(e.iadd(rowBase, e.index(chunk * kBlockRows * kChunkBytes)),
+                     e.iadd(swizzled, e.imul(colBase, 2)));
+          Value pair =
+              inlinePtx(b, loc, i32,
+                        ValueRange{e.mul(field(acc, i0 + 1), inverse[h]),
+                                   e.mul(field(acc, i0), inverse[h])},
+                        "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f");
+          e.storeRaw(pair, words, {e.divUI(byte, 4)});
+        }
+      }
+      // The stores reach TMA (the async proxy) once the group is done.
+      inlinePtx(b, loc, {}, {}, "fence.proxy.async.shared::cta;", "");
+      namedBarrierSync(b, loc, e.toI32(e.iadd(g, e.index(3))), 128);
+      e.ifThen(groupLeader, [&] {
+        Value firstRowPos = e.iadd(w.firstPos, e.imul(g, kGroupRows / pack));
+        for (int64_t c = 0; c < dv / kChunk; ++c)
+          nvgpu::TmaAsyncStoreOp::create(
+              b, loc,
+              viewAt(e.iadd(bufferBase,
+                            e.iadd(e.index(c * kBlockRows * kChunkBytes),
+                                   e.imul(g, kGroupRows * kChunkBytes))),
+                     oBox),
+              oDesc,
+              ValueRange{e.index(c * kChunk), w.firstHead, firstRowPos,
+                         w.kvHead, w.batch},
+              Value());
+        inlinePtx(b, loc, {}, {}, "cp.async.bulk.commit_group;", "");
+        // The buffer is read: Q's next tile may take it.
+        inlinePtx(b, loc, {}, {}, "cp.async.bulk.wait_group.read 0;", "");
+        mbarrierArrive(b, loc, qEmpty, qBuffer);
+      });
+    }
+    b.setInsertionPointToStart(&staged.getElseRegion().front());
     // Output rows: position, then the query head.
     Value headBase = e.iadd(e.imul(w.kvHead, group), w.firstHead);
     for (int64_t h = 0; h < 2; ++h) {
@@ -727,17 +807,13 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
           e.iadd(e.imul(e.iadd(e.imul(w.batch, sq), position[h]), hq), head);
       e.ifThen(e.andi(w.real, e.ult(position[h], e.index(sq))), [&] {
         if (splits == 1) {
-          Value seen = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OGT,
-                                             l[h], constF32(0.0));
-          Value inverse =
-              e.select(seen, e.div(constF32(1.0), l[h]), constF32(0.0));
           auto pairType = VectorType::get({2}, bf16);
           for (int64_t j = 0; j < dv / 2; j += 4) {
             int64_t i0 = j + 2 * h;
             Value pair = vector::FromElementsOp::create(
                 b, loc, VectorType::get({2}, f32),
-                ValueRange{e.mul(field(acc, i0), inverse),
-                           e.mul(field(acc, i0 + 1), inverse)});
+                ValueRange{e.mul(field(acc, i0), inverse[h]),
+                           e.mul(field(acc, i0 + 1), inverse[h])});
             Value rounded = arith::TruncFOp::create(b, loc, pairType, pair);
             vector::StoreOp::create(b, loc, rounded, outView,
                                     {row, fragmentColumn(i0)});
@@ -759,6 +835,7 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
         });
       });
     }
+    b.setInsertionPointAfter(staged);
   });
   b.setInsertionPointAfter(roles);
   if (failed(k.finish(op)))
