@@ -99,6 +99,7 @@ void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop, StringRef cudaPath,
   kernels.addPass(createCSEPass());
   kernels.addPass(createReconcileUnrealizedCastsPass());
   pm.addPass(nvidia::createMarkTensorMapParams());
+  pm.addPass(nvidia::createExternDynamicShared());
   // The toolkit also gives libdevice, which math functions (expf) call.
   std::string toolkit =
       cudaPath.empty() ? nvidia::defaultCudaPath() : cudaPath.str();

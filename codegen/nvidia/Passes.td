@@ -44,6 +44,18 @@ def MarkTensorMapParams : Pass<"moe-mark-tensor-map-params",
   }];
 }
 
+def ExternDynamicShared : Pass<"moe-extern-dynamic-shared",
+                                "::mlir::ModuleOp"> {
+  let summary = "Declare kernels' dynamic shared memory as PTX's extern array";
+  let description = [{
+    Runs once the kernels are LLVM functions: each zero-sized global in
+    shared memory (what gpu.dynamic_shared_memory becomes) gets external
+    linkage, so the NVPTX backend declares it `.extern .shared` and the
+    dynamic shared memory starts after every static shared variable
+    (mbarriers, workgroup buffers) instead of possibly below them.
+  }];
+}
+
 def AssembleCubin : Pass<"moe-assemble-cubin", "::mlir::ModuleOp"> {
   let summary = "Assemble the PTX of every gpu.binary into a cubin with ptxas";
   let description = [{
