@@ -31,6 +31,7 @@ CHECKS = [
     ("decode16_gqa8_causal", 2, 16, 2000, 16, 2, 128, 128, True),
     ("d64_dv128", 1, 100, 100, 2, 1, 64, 128, False),
     ("d192", 1, 128, 300, 2, 2, 192, 192, True),
+    ("no_keys", 1, 5, 0, 2, 2, 64, 64, True),
 ]
 
 
@@ -112,7 +113,8 @@ def reference(q, k, v, causal, rows=None, heads=None):
             keys = torch.arange(skv, device=q.device)
             seen = keys[None, :] <= (rows + skv - sq)[:, None]
             s = s.masked_fill(~seen[None], float("-inf"))
-        m = s.amax(-1, keepdim=True)
+        m = s.amax(-1, keepdim=True) if skv else torch.full(
+            s.shape[:-1] + (1,), float("-inf"), dtype=s.dtype, device=s.device)
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         p = torch.exp(s - m)
         total = p.sum(-1, keepdim=True)
@@ -212,8 +214,9 @@ def run(opts):
             ref = reference(q, k, v, e["causal"], rows, heads)
             got = o[:, rows][:, :, heads].double()
         result["nan"] = bool(torch.isnan(o).any())
+        # With no key to attend to the output must be exactly zero.
         result["error"] = float((got - ref).norm() / ref.norm().clamp(
-            min=1e-30))
+            min=1e-30)) if ref.abs().sum() > 0 else float(got.abs().max())
         # bf16 bound: docs/numerics.md.
         ok = not result["nan"] and result["error"] <= 1e-2
         if e["small"]:
