@@ -47,9 +47,10 @@ int32_t moert_tensor_map_nd(void *descriptor, void *base, int32_t element_bytes,
 /* Checks a forward's call before anything is launched: `tokens` must be
  * between 0 and `max_tokens` (beyond it grids or row indices would
  * overflow); `kinds` has a letter per argument, 'w' for one read whatever the
- * token count (weights) and 't' for one with a token dimension: each must be
- * non-null (a 't' one only when tokens > 0) and 16-byte aligned, as the
- * kernels move 16 bytes at a time; the workspace must be too when
+ * token count (weights), 't' for one with a token dimension and 'e' for an
+ * empty one (a dimension of 0): each must be non-null (a 't' one only when
+ * tokens > 0, an 'e' one never) and 16-byte aligned, as the kernels move 16
+ * bytes at a time; the workspace must be too when
  * `workspace_bytes` > 0. */
 int32_t moert_check_call(void *const *args, const char *kinds, int64_t tokens,
                          int64_t max_tokens, const void *workspace,

@@ -506,7 +506,9 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
 
   std::string kinds;
   for (const ArgInfo &arg : args)
-    kinds.push_back(!arg.shape.empty() && arg.shape[0] < 0 ? 't' : 'w');
+    kinds.push_back(llvm::is_contained(arg.shape, 0)       ? 'e'
+                    : !arg.shape.empty() && arg.shape[0] < 0 ? 't'
+                                                             : 'w');
   kinds.push_back('\0');
   bool expertParallel =
       llvm::any_of(plan.getBufferList(),
