@@ -8,14 +8,16 @@
 // key/value head share a row tile (32 positions x 4 heads), 10 row tiles
 // per key/value head in 5 long/short pairs, 10 pairs in all. Q is read as
 // (head dim, head in group, position, kv head, batch), K and V as (head
-// dim, position, head, batch), 64 columns at a time. One persistent launch
-// (a producer and two row groups, 384 threads) with two Q buffers and a
-// two-slot K/V ring.
+// dim, position, head, batch), 64 columns at a time; the output is stored
+// like Q, 16 positions (a row group's 64 rows) at a time. One persistent
+// launch (a producer and two row groups, 384 threads) with two Q buffers
+// and a two-slot K/V ring.
 // CHECK-LABEL: func.func @gqa_causal
 // CHECK-SAME: tensor_maps = [#moe.tensor_map<buffer = 0, element_bytes = 2, rows = 4, cols = 128, box_rows = 4, box_cols = 64, row_stride = 128, outer = 300, 1024, 32, 2, 512, 1, 1, 307200, 1>,
 // CHECK-SAME: #moe.tensor_map<buffer = 1, element_bytes = 2, rows = 300, cols = 128, box_rows = 128, box_cols = 64, row_stride = 256, outer = 2, 128, 1, 1, 76800, 1>,
-// CHECK-SAME: #moe.tensor_map<buffer = 2, element_bytes = 2, rows = 300, cols = 128, box_rows = 128, box_cols = 64, row_stride = 256, outer = 2, 128, 1, 1, 76800, 1>]
-// CHECK-SAME: launches = [#moe.launch<kernel = @moe_attention, work = 10, block = 384, shared_bytes = 197632, args = [buffer 3, tensor_map 0, tensor_map 1, tensor_map 2, tokens], persistent = true>]
+// CHECK-SAME: #moe.tensor_map<buffer = 2, element_bytes = 2, rows = 300, cols = 128, box_rows = 128, box_cols = 64, row_stride = 256, outer = 2, 128, 1, 1, 76800, 1>,
+// CHECK-SAME: #moe.tensor_map<buffer = 3, element_bytes = 2, rows = 4, cols = 128, box_rows = 4, box_cols = 64, row_stride = 128, outer = 300, 1024, 16, 2, 512, 1, 1, 307200, 1>]
+// CHECK-SAME: launches = [#moe.launch<kernel = @moe_attention, work = 10, block = 384, shared_bytes = 197632, args = [buffer 3, tensor_map 0, tensor_map 1, tensor_map 2, tensor_map 3, tokens], persistent = true>]
 // The row groups: S = Q K^T with both operands in shared memory, then
 // O += P V with P from registers and V transposed (imm-trans-b 1).
 // Ping-pong: a group waits for its turn before its matmuls and hands the
@@ -30,12 +32,17 @@
 // CHECK: wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{.*}} p, 1, 1, 1;
 // The producer loads Q in boxes of 32 positions x 4 heads, K and V in 128
 // keys, each 64 columns wide.
+// A row group's output leaves through its rows of the Q buffer, with TMA.
+// CHECK: "fence.proxy.async.shared::cta;"
+// CHECK: nvgpu.tma.async.store {{.*}} : memref<1x1x16x4x64xbf16, #gpu.address_space<workgroup>>
+// CHECK: "cp.async.bulk.wait_group.read 0;"
 // CHECK: nvvm.setmaxregister  decrease 24
 // CHECK: nvgpu.tma.async.load {{.*}} : <tensor = memref<1x1x32x4x64xbf16, #gpu.address_space<workgroup>>, swizzle = swizzle_128b
 // CHECK: nvgpu.tma.async.load {{.*}} : <tensor = memref<1x1x128x64xbf16, #gpu.address_space<workgroup>>, swizzle = swizzle_128b
-// Without ping-pong no group waits for another.
+// Without ping-pong no group waits for another (a group still syncs its own
+// 128 threads before storing its output).
 // SERIAL-LABEL: gpu.func @moe_attention(
-// SERIAL-NOT: bar.sync $0
+// SERIAL-NOT: bar.sync $0, 256
 // SERIAL-NOT: bar.arrive
 // SERIAL: gpu.return
 // PTX: .visible .entry moe_attention(
