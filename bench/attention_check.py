@@ -124,24 +124,10 @@ def reference(q, k, v, causal, rows=None, heads=None):
     return torch.stack(out, 2)
 
 
-def bench(fn, iters=20, warm=3):
-    import torch
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Event(enable_timing=True)
-    e = torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(iters):
-        fn()
-    e.record()
-    torch.cuda.synchronize()
-    return s.elapsed_time(e) / iters * 1e3
-
-
 def sdpa_peer(q, k, v, causal):
     """The fastest of SDPA's backends that runs this shape: (us, name)."""
     import torch
+    from device_check import bench
     from torch.nn.attention import SDPBackend, sdpa_kernel
     F = torch.nn.functional
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
@@ -161,7 +147,7 @@ def sdpa_peer(q, k, v, causal):
             torch.cuda.synchronize()
         except Exception:  # the backend does not take this shape
             continue
-        t = bench(run)
+        t = bench(run, 20)
         if best is None or t < best[0]:
             best = (t, backend.name.lower())
     return best
@@ -181,6 +167,8 @@ def run(opts):
     import torch
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..",
                                     "python"))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from device_check import bench  # CUDA-event timing, shared
     from moe_compiler import Layer
     manifest = json.load(open(os.path.join(opts.dir, "manifest.json")))
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -230,7 +218,7 @@ def run(opts):
         result["ok"] = ok
         failed += not ok
         if opts.time and not e["small"]:
-            t = bench(lambda: layer.forward(q, k, v, o))
+            t = bench(lambda: layer.forward(q, k, v, o), 20)
             peer = sdpa_peer(q, k, v, e["causal"])
             f = flops(e)
             result["us"] = t

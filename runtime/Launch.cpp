@@ -6,10 +6,10 @@
 #include "runtime/DriverApi.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <atomic>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -134,30 +134,6 @@ extern "C" int32_t moert_launch(void **module, const void *image,
   return 0;
 }
 
-extern "C" int32_t moert_tensor_map_2d(void *descriptor, void *base,
-                                       int32_t elementBytes, uint64_t rows,
-                                       uint64_t cols, uint32_t boxRows,
-                                       uint32_t boxCols) {
-  if (rows == 0 || !base) {
-    std::memset(descriptor, 0, 128);
-    return 0;
-  }
-  std::string error;
-  CudaDevice::Driver *driver = CudaDevice::loadDriver(error);
-  if (!driver)
-    return fail(error);
-  uint64_t dims[2] = {cols, rows};
-  uint64_t strides[1] = {cols * uint64_t(elementBytes)};
-  unsigned box[2] = {boxCols, boxRows}, elementStrides[2] = {1, 1};
-  CHECK(driver->cuTensorMapEncodeTiled(
-            descriptor,
-            elementBytes == 2 ? kTensorMapBFloat16 : kTensorMapUInt8, 2, base,
-            dims, strides, box, elementStrides, /*interleave=*/0, kSwizzle128B,
-            kL2Promotion128B, /*oobFill=*/0),
-        "cuTensorMapEncodeTiled");
-  return 0;
-}
-
 extern "C" int32_t moert_multiprocessors(void) {
   // Per device ordinal, found once.
   static std::atomic<int32_t> known[64];
@@ -176,11 +152,10 @@ extern "C" int32_t moert_multiprocessors(void) {
   return count;
 }
 
-extern "C" int32_t moert_tensor_map_nd(void *descriptor, void *base,
-                                       int32_t elementBytes, int32_t rank,
-                                       const int64_t *dims,
-                                       const int64_t *strides,
-                                       const int64_t *box) {
+extern "C" int32_t moert_tensor_map(void *descriptor, void *base,
+                                    int32_t elementBytes, int32_t rank,
+                                    const int64_t *dims, const int64_t *strides,
+                                    const int64_t *box) {
   if (rank < 2 || rank > 5)
     return fail("a TMA descriptor has 2 to 5 dimensions, not " +
                 std::to_string(rank));

@@ -28,21 +28,15 @@ int32_t moert_launch(void **module, const void *image, const char *kernel,
                      uint32_t grid_x, uint32_t grid_y, uint32_t block_x,
                      uint32_t shared_bytes, void *stream, void **params);
 
-/* Encodes the TMA descriptor (128 bytes, 64-byte aligned) of a row-major
- * [rows, cols] tensor at `base` with `element_bytes`-byte elements (2: bf16,
- * 1: bytes), read in [box_rows, box_cols] tiles with 128-byte swizzling.
- * An empty tensor (no rows) gets a zeroed descriptor: no tile reads it. */
-int32_t moert_tensor_map_2d(void *descriptor, void *base, int32_t element_bytes,
-                            uint64_t rows, uint64_t cols, uint32_t box_rows,
-                            uint32_t box_cols);
-
-/* The same for a tensor of `rank` (2 to 5) dimensions, innermost first:
- * `dims` sizes, `strides` (rank - 1 of them) the elements between
- * consecutive indices of dimensions 1 and up, `box` the tile. An empty
- * tensor gets a zeroed descriptor. */
-int32_t moert_tensor_map_nd(void *descriptor, void *base, int32_t element_bytes,
-                            int32_t rank, const int64_t *dims,
-                            const int64_t *strides, const int64_t *box);
+/* Encodes the TMA descriptor (128 bytes, 64-byte aligned) of a tensor at
+ * `base` of `rank` (2 to 5) dimensions, innermost first: `dims` sizes,
+ * `strides` (rank - 1 of them) the elements between consecutive indices of
+ * dimensions 1 and up, `box` the tile, with `element_bytes`-byte elements
+ * (2: bf16, 1: bytes) and 128-byte swizzling. An empty tensor gets a zeroed
+ * descriptor: no tile reads it. */
+int32_t moert_tensor_map(void *descriptor, void *base, int32_t element_bytes,
+                         int32_t rank, const int64_t *dims,
+                         const int64_t *strides, const int64_t *box);
 
 /* Checks a forward's call before anything is launched: `tokens` must be
  * between 0 and `max_tokens` (beyond it grids or row indices would

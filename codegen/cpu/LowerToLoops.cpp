@@ -570,7 +570,8 @@ LogicalResult FunctionLowering::lowerTiledAttention(TiledAttentionOp op) {
   Value perSplit = e.divUI(e.iadd(keyTiles, e.index(splits - 1)), splits);
   Value scores = e.alloc(MemRefType::get({tileN}, f32));
   Value acc = e.alloc(MemRefType::get({splits, dv}, f32));
-  Value stats = e.alloc(MemRefType::get({splits, 2}, f32));
+  // Per key range: its max, its sum and, once merged, its weight.
+  Value stats = e.alloc(MemRefType::get({splits, 3}, f32));
   Value c = e.f32(attentionLog2Scale(op.getScale().convertToDouble()));
   Value negInf = e.f32(-INFINITY), zero = e.f32(0.0);
   auto exp2 = [&](Value x) -> Value {
@@ -668,18 +669,19 @@ LogicalResult FunctionLowering::lowerTiledAttention(TiledAttentionOp op) {
             e.index(0), e.index(splits), {zero},
             [&](Value s, ValueRange l) -> SmallVector<Value> {
               Value w = exp2(e.sub(e.loadRaw(stats, {s, e.index(0)}), base));
+              e.storeRaw(w, stats, {s, e.index(2)});
               return {e.add(l[0], e.mul(e.loadRaw(stats, {s, e.index(1)}), w))};
             })[0];
         Value seen = arith::CmpFOp::create(b, e.loc, arith::CmpFPredicate::OGT,
                                            total, zero);
         Value inverse = e.select(seen, e.div(e.f32(1.0), total), zero);
         e.forEach(e.index(0), e.index(dv), [&](Value x) {
-          Value sum = e.reduce(
-              e.index(0), e.index(splits), {zero},
-              [&](Value s, ValueRange o) -> SmallVector<Value> {
-                Value w = exp2(e.sub(e.loadRaw(stats, {s, e.index(0)}), base));
-                return {e.add(o[0], e.mul(e.loadRaw(acc, {s, x}), w))};
-              })[0];
+          Value sum =
+              e.reduce(e.index(0), e.index(splits), {zero},
+                       [&](Value s, ValueRange o) -> SmallVector<Value> {
+                         Value w = e.loadRaw(stats, {s, e.index(2)});
+                         return {e.add(o[0], e.mul(e.loadRaw(acc, {s, x}), w))};
+                       })[0];
           e.store(e.mul(sum, inverse), out, {bi, i, h, x});
         });
       });

@@ -294,11 +294,9 @@ static LLVM::LLVMFuncOp addEnqueue(ModuleOp module, StringRef symbol,
   Type ptr = h.ptr, i64 = h.i64, i32 = h.i32;
   auto launchFn = declare(b, module, loc, "moert_launch", i32,
                           {ptr, ptr, ptr, i32, i32, i32, i32, ptr, ptr});
-  auto mapFn = declare(b, module, loc, "moert_tensor_map_2d", i32,
-                       {ptr, ptr, i32, i64, i64, i32, i32});
   auto smFn = declare(b, module, loc, "moert_multiprocessors", i32, {});
-  auto mapNdFn = declare(b, module, loc, "moert_tensor_map_nd", i32,
-                         {ptr, ptr, i32, i32, ptr, ptr, ptr});
+  auto mapFn = declare(b, module, loc, "moert_tensor_map", i32,
+                       {ptr, ptr, i32, i32, ptr, ptr, ptr});
   b.setInsertionPointToEnd(module.getBody());
   auto f = LLVM::LLVMFuncOp::create(
       b, loc, symbol, LLVM::LLVMFunctionType::get(i32, {ptr, i64, ptr, ptr}),
@@ -333,44 +331,34 @@ static LLVM::LLVMFuncOp addEnqueue(ModuleOp module, StringRef symbol,
     int64_t bytes = int64_t(tensorMaps.size()) * 128;
     Value staging = h.stackSlot(b.getI8Type(), bytes, 64);
     for (auto [i, map] : llvm::enumerate(tensorMaps)) {
-      Value status;
-      if (map.getOuter().empty() && map.getRowStride() == 0) {
-        status = LLVM::CallOp::create(
-                     b, loc, mapFn,
-                     ValueRange{
-                         h.offset(staging, h.c64(i * 128)),
-                         buffers[map.getBuffer()], h.c32(map.getElementBytes()),
-                         h.linear(map.getRows(), tokens), h.c64(map.getCols()),
-                         h.c32(map.getBoxRows()), h.c32(map.getBoxCols())})
-                     .getResult();
-      } else {
-        // Dimensions innermost first: columns, rows, then the outer ones.
-        SmallVector<int64_t> dims = {map.getCols(), map.getRows().fixed};
-        SmallVector<int64_t> strides = {map.getRowStride() ? map.getRowStride()
-                                                           : map.getCols()};
-        SmallVector<int64_t> box = {map.getBoxCols(), map.getBoxRows()};
-        ArrayRef<int64_t> outer = map.getOuter();
-        for (size_t j = 0; j < outer.size(); j += 3) {
-          dims.push_back(outer[j]);
-          strides.push_back(outer[j + 1]);
-          box.push_back(outer[j + 2]);
-        }
-        auto array = [&](ArrayRef<int64_t> values) {
-          Value slot = h.stackSlot(i64, values.size());
-          for (auto [j, v] : llvm::enumerate(values))
-            LLVM::StoreOp::create(b, loc, h.c64(v),
-                                  h.offset(slot, h.c64(8 * j)));
-          return slot;
-        };
-        status =
-            LLVM::CallOp::create(b, loc, mapNdFn,
-                                 ValueRange{h.offset(staging, h.c64(i * 128)),
-                                            buffers[map.getBuffer()],
-                                            h.c32(map.getElementBytes()),
-                                            h.c32(dims.size()), array(dims),
-                                            array(strides), array(box)})
-                .getResult();
+      // Dimensions innermost first: columns, rows (which may grow with the
+      // token count), then the outer ones.
+      SmallVector<Value> dims = {h.c64(map.getCols()),
+                                 h.linear(map.getRows(), tokens)};
+      SmallVector<Value> strides = {
+          h.c64(map.getRowStride() ? map.getRowStride() : map.getCols())};
+      SmallVector<Value> box = {h.c64(map.getBoxCols()),
+                                h.c64(map.getBoxRows())};
+      ArrayRef<int64_t> outer = map.getOuter();
+      for (size_t j = 0; j < outer.size(); j += 3) {
+        dims.push_back(h.c64(outer[j]));
+        strides.push_back(h.c64(outer[j + 1]));
+        box.push_back(h.c64(outer[j + 2]));
       }
+      auto array = [&](ArrayRef<Value> values) {
+        Value slot = h.stackSlot(i64, values.size());
+        for (auto [j, v] : llvm::enumerate(values))
+          LLVM::StoreOp::create(b, loc, v, h.offset(slot, h.c64(8 * j)));
+        return slot;
+      };
+      Value status =
+          LLVM::CallOp::create(b, loc, mapFn,
+                               ValueRange{h.offset(staging, h.c64(i * 128)),
+                                          buffers[map.getBuffer()],
+                                          h.c32(map.getElementBytes()),
+                                          h.c32(dims.size()), array(dims),
+                                          array(strides), array(box)})
+              .getResult();
       h.check(status);
       maps.push_back(h.offset(staging, h.c64(i * 128)));
     }
@@ -506,7 +494,7 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp module, StringRef name,
 
   std::string kinds;
   for (const ArgInfo &arg : args)
-    kinds.push_back(llvm::is_contained(arg.shape, 0)       ? 'e'
+    kinds.push_back(llvm::is_contained(arg.shape, 0)         ? 'e'
                     : !arg.shape.empty() && arg.shape[0] < 0 ? 't'
                                                              : 'w');
   kinds.push_back('\0');

@@ -108,8 +108,8 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
     return op.emitOpError()
            << "has a schedule the sm_90a kernel does not run: it runs "
               "moe-split-attention's ping-pong or serial schedule";
-  // Nothing to compute: no launch.
-  if (batch == 0 || sq == 0 || hq == 0)
+  // Nothing to compute (the verifier keeps head counts positive): no launch.
+  if (batch == 0 || sq == 0)
     return success();
 
   // Query heads per key/value head; `pack` of them share a row tile.
@@ -448,13 +448,6 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
   };
   Type sType = fragmentType(tileN), oType = fragmentType(dv);
   auto constF32 = [&](double v) { return e.f32(v); };
-  auto zeroFragment = [&](Type type, int64_t n) {
-    Value acc = LLVM::PoisonOp::create(b, loc, type);
-    Value z = constF32(0.0);
-    for (int64_t i = 0; i < n / 2; ++i)
-      acc = LLVM::InsertValueOp::create(b, loc, acc, z, ArrayRef<int64_t>{i});
-    return acc;
-  };
   auto field = [&](Value s, int64_t i) {
     return LLVM::ExtractValueOp::create(b, loc, s, ArrayRef<int64_t>{i})
         .getResult();
@@ -490,20 +483,9 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
           k.constI64(c * kBlockRows * kChunkBytes + within));
       Value bAddr = LLVM::AddOp::create(
           b, loc, kAddress, k.constI64(c * tileN * kChunkBytes + within));
-      acc = NVVM::WgmmaMmaAsyncOp::create(
-          b, loc, sType, acc, swizzledDescriptor(b, loc, aAddr),
-          swizzledDescriptor(b, loc, bAddr),
-          NVVM::MMAShapeAttr::get(ctx, 64, tileN, 16),
-          NVVM::WGMMATypesAttr::get(ctx, NVVM::WGMMATypes::bf16),
-          NVVM::WGMMATypesAttr::get(ctx, NVVM::WGMMATypes::bf16),
-          NVVM::WGMMATypesAttr::get(ctx, NVVM::WGMMATypes::f32),
-          NVVM::WGMMAScaleOutAttr::get(ctx, kk == 0 ? NVVM::WGMMAScaleOut::zero
-                                                    : NVVM::WGMMAScaleOut::one),
-          NVVM::WGMMAScaleInAttr::get(ctx, NVVM::WGMMAScaleIn::one),
-          NVVM::WGMMAScaleInAttr::get(ctx, NVVM::WGMMAScaleIn::one),
-          NVVM::MMALayoutAttr::get(ctx, NVVM::MMALayout::row),
-          NVVM::MMALayoutAttr::get(ctx, NVVM::MMALayout::col),
-          NVVM::MMAIntOverflowAttr());
+      acc = wgmmaKMajor(b, loc, sType, acc, swizzledDescriptor(b, loc, aAddr),
+                        swizzledDescriptor(b, loc, bAddr), tileN, 16,
+                        NVVM::WGMMATypes::bf16, /*accumulate=*/kk != 0);
     }
     NVVM::WgmmaGroupSyncAlignedOp::create(b, loc);
     return acc;
@@ -660,8 +642,8 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
       OpBuilder::InsertionGuard guard(b);
       b.setInsertionPointToStart(&walked.getElseRegion().front());
       scf::YieldOp::create(b, loc,
-                           ValueRange{zeroFragment(oType, dv), negInf, negInf,
-                                      constF32(0.0), constF32(0.0)});
+                           ValueRange{zeroFragment(b, loc, oType), negInf,
+                                      negInf, constF32(0.0), constF32(0.0)});
       b.setInsertionPointToStart(&walked.getThenRegion().front());
       // The second group opens the first group's turn.
       if (*pingPong)
@@ -677,7 +659,7 @@ LogicalResult nvidia::buildAttention(LayerKernels &layer, TiledAttentionOp op) {
       release(kEmpty, e.index(0));
       Softmax st = softmax(s, e.index(0), {negInf, negInf},
                            {constF32(0.0), constF32(0.0)});
-      SmallVector<Value> init = {zeroFragment(oType, dv), st.m[0], st.m[1],
+      SmallVector<Value> init = {zeroFragment(b, loc, oType), st.m[0], st.m[1],
                                  st.l[0], st.l[1]};
       init.append(st.p);
       auto loop =

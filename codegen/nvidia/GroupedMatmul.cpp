@@ -84,14 +84,7 @@ struct Wgmma {
     SmallVector<Type> fields(enc.fragment(), b.getF32Type());
     fragment = LLVM::LLVMStructType::getLiteral(b.getContext(), fields);
   }
-  Value zero() {
-    Value acc = LLVM::PoisonOp::create(b, loc, fragment);
-    Value z = LLVM::ConstantOp::create(b, loc, b.getF32Type(),
-                                       b.getF32FloatAttr(0.0));
-    for (int64_t i = 0; i < enc.fragment(); ++i)
-      acc = LLVM::InsertValueOp::create(b, loc, acc, z, ArrayRef<int64_t>{i});
-    return acc;
-  }
+  Value zero() { return zeroFragment(b, loc, fragment); }
   /// The descriptor of a K-major tile at shared address `address` (i64):
   /// 128-byte swizzle, 1024 bytes between 8-row groups.
   Value descriptor(Value address) {
@@ -100,23 +93,8 @@ struct Wgmma {
   Value fence(Value acc) { return fenceFragment(b, loc, acc); }
   /// acc + A x B, or A x B alone when `accumulate` is false.
   Value mma(Value acc, Value a, Value bDesc, bool accumulate = true) {
-    MLIRContext *ctx = b.getContext();
-    auto type = [&](NVVM::WGMMATypes t) {
-      return NVVM::WGMMATypesAttr::get(ctx, t);
-    };
-    return NVVM::WgmmaMmaAsyncOp::create(
-        b, loc, fragment, acc, a, bDesc,
-        NVVM::MMAShapeAttr::get(ctx, 64, enc.instN, enc.instK()),
-        type(enc.type), type(enc.type), type(NVVM::WGMMATypes::f32),
-        NVVM::WGMMAScaleOutAttr::get(ctx, accumulate
-                                              ? NVVM::WGMMAScaleOut::one
-                                              : NVVM::WGMMAScaleOut::zero),
-        NVVM::WGMMAScaleInAttr::get(ctx, NVVM::WGMMAScaleIn::one),
-        NVVM::WGMMAScaleInAttr::get(ctx, NVVM::WGMMAScaleIn::one),
-        // Both operands K-major: NVVM's `col` for B is PTX's imm-trans-b 0.
-        NVVM::MMALayoutAttr::get(ctx, NVVM::MMALayout::row),
-        NVVM::MMALayoutAttr::get(ctx, NVVM::MMALayout::col),
-        NVVM::MMAIntOverflowAttr());
+    return wgmmaKMajor(b, loc, fragment, acc, a, bDesc, enc.instN, enc.instK(),
+                       enc.type, accumulate);
   }
 };
 } // namespace

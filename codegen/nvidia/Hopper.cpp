@@ -31,6 +31,37 @@ Value moe::nvidia::swizzledDescriptor(OpBuilder &b, Location loc, Value address,
   return LLVM::OrOp::create(b, loc, field, c(fixedBits));
 }
 
+Value moe::nvidia::zeroFragment(OpBuilder &b, Location loc, Type fragment) {
+  Value acc = LLVM::PoisonOp::create(b, loc, fragment);
+  Value zero =
+      LLVM::ConstantOp::create(b, loc, b.getF32Type(), b.getF32FloatAttr(0.0));
+  int64_t n = cast<LLVM::LLVMStructType>(fragment).getBody().size();
+  for (int64_t i = 0; i < n; ++i)
+    acc = LLVM::InsertValueOp::create(b, loc, acc, zero, ArrayRef<int64_t>{i});
+  return acc;
+}
+
+Value moe::nvidia::wgmmaKMajor(OpBuilder &b, Location loc, Type fragment,
+                               Value acc, Value a, Value bDesc, int64_t n,
+                               int64_t k, NVVM::WGMMATypes type,
+                               bool accumulate) {
+  MLIRContext *ctx = b.getContext();
+  auto types = [&](NVVM::WGMMATypes t) {
+    return NVVM::WGMMATypesAttr::get(ctx, t);
+  };
+  auto one = NVVM::WGMMAScaleInAttr::get(ctx, NVVM::WGMMAScaleIn::one);
+  return NVVM::WgmmaMmaAsyncOp::create(
+      b, loc, fragment, acc, a, bDesc, NVVM::MMAShapeAttr::get(ctx, 64, n, k),
+      types(type), types(type), types(NVVM::WGMMATypes::f32),
+      NVVM::WGMMAScaleOutAttr::get(ctx, accumulate ? NVVM::WGMMAScaleOut::one
+                                                   : NVVM::WGMMAScaleOut::zero),
+      one, one,
+      // Both operands K-major: NVVM's `col` for B is PTX's imm-trans-b 0.
+      NVVM::MMALayoutAttr::get(ctx, NVVM::MMALayout::row),
+      NVVM::MMALayoutAttr::get(ctx, NVVM::MMALayout::col),
+      NVVM::MMAIntOverflowAttr());
+}
+
 Value moe::nvidia::fenceFragment(OpBuilder &b, Location loc, Value fragment) {
   auto type = cast<LLVM::LLVMStructType>(fragment.getType());
   int64_t n = type.getBody().size();

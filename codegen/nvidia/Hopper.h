@@ -10,6 +10,7 @@
 #define MOE_CODEGEN_NVIDIA_HOPPER_H
 
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/IR/Builders.h"
 
 namespace mlir::moe::nvidia {
@@ -24,6 +25,16 @@ Value inlinePtx(OpBuilder &b, Location loc, TypeRange results,
 /// groups.
 Value swizzledDescriptor(OpBuilder &b, Location loc, Value address,
                          int64_t leadingBytes = 16, int64_t strideBytes = 1024);
+
+/// An m64nN f32 fragment (an LLVM struct of f32) of zeros.
+Value zeroFragment(OpBuilder &b, Location loc, Type fragment);
+
+/// acc + A x B (A x B alone when `accumulate` is false) into an m64nN f32
+/// fragment of type `fragment`, both operands in shared memory and K-major
+/// (descriptors `a` and `b`), one m64 x `n` x `k` wgmma of `type`.
+Value wgmmaKMajor(OpBuilder &b, Location loc, Type fragment, Value acc, Value a,
+                  Value bDesc, int64_t n, int64_t k, NVVM::WGMMATypes type,
+                  bool accumulate);
 
 /// `fragment` (an LLVM struct of f32) itself, through an empty volatile asm
 /// that reads and writes each register: LLVM may not move arithmetic on it
