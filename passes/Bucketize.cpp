@@ -46,7 +46,7 @@ struct BucketizePass : public moe::impl::BucketizeBase<BucketizePass> {
       func.walk([&](Operation *op) {
         moeOps |= isa<MoeDialect>(op->getDialect());
         if (auto dispatch = dyn_cast<DispatchOp>(op))
-          expertParallel |= dispatch.getEpSize() > 1;
+          expertParallel |= dispatch.isExpertParallel();
         expertParallel |= isa<EpDispatchSendOp, EpCombineSendOp>(op);
       });
       if (!moeOps || func.isExternal())

@@ -40,12 +40,16 @@ static DispatchOp rebuildDispatch(PatternRewriter &rewriter,
                                   DispatchOp dispatch, Type dispatched,
                                   TypeRange quantized, QuantAttr scheme) {
   rewriter.setInsertionPoint(dispatch);
-  auto fused = DispatchOp::create(
-      rewriter, dispatch.getLoc(), dispatched,
-      dispatch.getTokensPerExpert().getType(),
-      dispatch.getExpertOffsets().getType(), dispatch.getRows().getType(),
-      quantized, dispatch.getHiddenStates(), dispatch.getExpertIds(),
-      dispatch.getScale(), dispatch.getAlign(), scheme, dispatch.getEpSize());
+  // Its operands and attributes as they are (alignment, ranks), but quant.
+  OperationState state(dispatch.getLoc(), dispatch->getName());
+  state.addOperands(dispatch->getOperands());
+  state.addTypes({dispatched, dispatch.getTokensPerExpert().getType(),
+                  dispatch.getExpertOffsets().getType(),
+                  dispatch.getRows().getType()});
+  state.addTypes(quantized);
+  state.useProperties(dispatch.getProperties());
+  auto fused = cast<DispatchOp>(rewriter.create(state));
+  fused.setQuantAttr(scheme);
   rewriter.replaceAllUsesWith(dispatch.getTokensPerExpert(),
                               fused.getTokensPerExpert());
   rewriter.replaceAllUsesWith(dispatch.getExpertOffsets(),

@@ -5,6 +5,36 @@
 
 include "mlir/Pass/PassBase.td"
 
+def ExportInterface : Pass<"moe-export-interface", "::mlir::ModuleOp"> {
+  let summary = "Describe what a layer function's library exports";
+  let description = [{
+    Runs first, on the layer as written: attaches `moe.interface`
+    (`#moe.interface`) to the function `layer`, or, without it, to every
+    function of moe ops that the C entry point can call. Its arguments are
+    named after the layer operands they feed (`query`, `key`, `value` for
+    attention; `moe.name` argument attributes or `argN` for a function of
+    L1 ops) and its result is `out`; it records the layer's config, the
+    ranks of an expert-parallel layer (with the buffer sizes of a CPU
+    rank) and the symbols the library exports. A GPU target's kernel
+    builder adds its workspace, buckets and capacity. A function that
+    cannot be called through the C entry point (a dynamic size other than
+    the token count, an operand that is not its own argument) is an error
+    naming the argument when it is `layer`.
+  }];
+  let options = [
+    Option<"layer", "layer", "std::string", "",
+           "The function a library is built of (default: every function "
+           "that can be one)">,
+    Option<"target", "target", "::mlir::moe::Target",
+           "::mlir::moe::Target::CPU", "What the library runs on",
+           [{::llvm::cl::values(
+               clEnumValN(::mlir::moe::Target::CPU, "cpu", "the host CPU"),
+               clEnumValN(::mlir::moe::Target::SM90a, "sm_90a",
+                          "NVIDIA Hopper"))}]>
+  ];
+  let dependentDialects = ["::mlir::moe::MoeDialect"];
+}
+
 def Decompose : Pass<"moe-decompose"> {
   let summary = "Rewrite whole MoE layers (L0) into their steps (L1)";
   let description = [{

@@ -8,6 +8,8 @@
 
 #include "passes/Pipelines.h"
 
+#include "codegen/host/Host.h"
+
 #include "codegen/cpu/Passes.h"
 #include "codegen/nvidia/Passes.h"
 #include "passes/Passes.h"
@@ -33,14 +35,18 @@
 using namespace mlir;
 using namespace mlir::moe;
 
-void moe::buildCpuPipeline(OpPassManager &pm, Stop stop,
-                           bool fuseQuantization) {
+void moe::buildCpuPipeline(OpPassManager &pm, const PipelineOptions &options,
+                           StringRef layer) {
+  ExportInterfaceOptions interface;
+  interface.target = Target::CPU;
+  interface.layer = layer.str();
+  pm.addPass(createExportInterface(interface));
   pm.addPass(createDecompose());
-  if (fuseQuantization)
+  if (options.fuseQuantization)
     pm.addPass(createFuseQuantization());
   pm.addPass(createExpertParallel());
   pm.addPass(createSplitAttention());
-  if (stop == Stop::L1)
+  if (options.stopAfter == Stop::L1)
     return;
   pm.addPass(cpu::createLowerToLoops());
   pm.addPass(createCanonicalizerPass());
@@ -58,29 +64,31 @@ void moe::buildCpuPipeline(OpPassManager &pm, Stop stop,
   pm.addPass(createReconcileUnrealizedCastsPass());
 }
 
-void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop, StringRef cudaPath,
-                             bool fuseQuantization, int64_t epMaxTokens,
-                             const PipelineOptions *options) {
+void moe::buildSm90aPipeline(OpPassManager &pm, const PipelineOptions &options,
+                             StringRef layer) {
+  Stop stop = options.stopAfter;
+  ExportInterfaceOptions interface;
+  interface.target = Target::SM90a;
+  interface.layer = layer.str();
+  pm.addPass(createExportInterface(interface));
   pm.addPass(createDecompose());
-  if (fuseQuantization)
+  if (options.fuseQuantization)
     pm.addPass(createFuseQuantization());
   pm.addPass(createExpertParallel());
   pm.addPass(createLegalize());
   SplitAttentionOptions attention;
-  if (options)
-    attention.pingPong = options->pingPong;
+  attention.pingPong = options.attentionPingPong;
   pm.addPass(createSplitAttention(attention));
-  if (!options || options->tokenBuckets) {
+  if (options.tokenBuckets.getValue().enabled) {
     BucketizeOptions buckets;
-    if (options)
-      buckets.buckets = llvm::to_vector(options->bucketSizes);
+    buckets.buckets = llvm::to_vector(options.tokenBuckets.getValue().sizes);
     pm.addPass(createBucketize(buckets));
   }
   if (stop == Stop::L1)
     return;
-  nvidia::BuildKernelsOptions kernelOptions;
-  kernelOptions.epMaxTokens = epMaxTokens;
-  pm.addPass(nvidia::createBuildKernels(kernelOptions));
+  nvidia::BuildKernelsOptions kernels;
+  kernels.epMaxTokens = options.epMaxTokens;
+  pm.addPass(nvidia::createBuildKernels(kernels));
   if (stop == Stop::Kernels)
     return;
   GpuNVVMAttachTargetOptions target;
@@ -88,21 +96,21 @@ void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop, StringRef cudaPath,
   target.features = "+ptx85";
   target.optLevel = 3;
   pm.addPass(createGpuNVVMAttachTarget(target));
-  OpPassManager &kernels = pm.nest<gpu::GPUModuleOp>();
-  kernels.addPass(memref::createExpandStridedMetadataPass());
-  kernels.addPass(createLowerAffinePass());
-  kernels.addPass(createConvertNVGPUToNVVMPass());
-  kernels.addPass(createSCFToControlFlowPass());
-  kernels.addPass(createConvertGpuOpsToNVVMOps());
-  kernels.addPass(createConvertNVVMToLLVMPass());
-  kernels.addPass(createCanonicalizerPass());
-  kernels.addPass(createCSEPass());
-  kernels.addPass(createReconcileUnrealizedCastsPass());
+  OpPassManager &gpuModule = pm.nest<gpu::GPUModuleOp>();
+  gpuModule.addPass(memref::createExpandStridedMetadataPass());
+  gpuModule.addPass(createLowerAffinePass());
+  gpuModule.addPass(createConvertNVGPUToNVVMPass());
+  gpuModule.addPass(createSCFToControlFlowPass());
+  gpuModule.addPass(createConvertGpuOpsToNVVMOps());
+  gpuModule.addPass(createConvertNVVMToLLVMPass());
+  gpuModule.addPass(createCanonicalizerPass());
+  gpuModule.addPass(createCSEPass());
+  gpuModule.addPass(createReconcileUnrealizedCastsPass());
   pm.addPass(nvidia::createMarkTensorMapParams());
   pm.addPass(nvidia::createExternDynamicShared());
   // The toolkit also gives libdevice, which math functions (expf) call.
-  std::string toolkit =
-      cudaPath.empty() ? nvidia::defaultCudaPath() : cudaPath.str();
+  std::string toolkit = options.cudaPath.empty() ? nvidia::defaultCudaPath()
+                                                 : options.cudaPath.getValue();
   GpuModuleToBinaryPassOptions toPtx;
   toPtx.toolkitPath = toolkit;
   toPtx.compilationTarget = "isa";
@@ -114,113 +122,87 @@ void moe::buildSm90aPipeline(OpPassManager &pm, Stop stop, StringRef cudaPath,
   pm.addPass(nvidia::createAssembleCubin(assemble));
 }
 
-SmallVector<std::string> moe::expertParallelArchives(StringRef runtimeArchive) {
-  SmallVector<std::string> archives;
-  for (StringRef file : {"libmoe_ep.a", "libmoe_transport.a"}) {
-    SmallString<256> path(llvm::sys::path::parent_path(runtimeArchive));
-    llvm::sys::path::append(path, file);
-    archives.push_back(path.str().str());
-  }
-  return archives;
-}
-
-FailureOr<StringRef> moe::kernelImage(ModuleOp module) {
-  for (auto binary : module.getOps<gpu::BinaryOp>())
-    for (Attribute object : binary.getObjects())
-      return cast<gpu::ObjectAttr>(object).getObject().getValue();
-  return module.emitError() << "no kernels were compiled";
-}
-
-LogicalResult moe::compileLayer(ModuleOp module, StringRef name,
-                                ArrayRef<host::ArgInfo> args, ConfigAttr config,
+LogicalResult moe::compileLayer(ModuleOp module, StringRef name, Target target,
                                 const PipelineOptions &options,
-                                StringRef output, StringRef runtimeArchive) {
+                                StringRef output, StringRef runtimeDir) {
   PassManager pm(module.getContext());
-  bool gpu = options.target == Target::SM90a;
-  Stop passesStop = options.stop;
-  if (passesStop == Stop::Library)
-    passesStop = gpu ? Stop::Cubin : Stop::LLVM;
-  if (gpu)
-    buildSm90aPipeline(pm, passesStop, options.cudaPath,
-                       options.fuseQuantization, options.epMaxTokens, &options);
+  if (target == Target::SM90a)
+    buildSm90aPipeline(pm, options, name);
   else
-    buildCpuPipeline(pm, passesStop, options.fuseQuantization);
+    buildCpuPipeline(pm, options, name);
   if (failed(pm.run(module)))
     return failure();
-  if (options.stop != Stop::Library)
+  if (options.stopAfter != Stop::Library)
     return success();
-  if (!gpu) {
-    bool expertParallel = config && config.getEpSize() > 1;
-    SmallVector<std::string> archives, libraries;
-    if (expertParallel) {
-      archives = expertParallelArchives(runtimeArchive);
-      libraries = {"fabric", "pthread"};
-    }
-    return failure(
-        failed(host::addEntryPoints(module, name, args, config)) ||
-        failed(host::emitSharedLibrary(module, output, archives, libraries)));
-  }
-  // The host side of a GPU layer: its plan carried out by launches of the
-  // embedded cubin, in a module of its own.
-  auto func = module.lookupSymbol<func::FuncOp>(name);
-  auto plan =
-      func ? func->getAttrOfType<LaunchPlanAttr>(LaunchPlanAttr::getAttrName())
-           : LaunchPlanAttr();
-  if (!plan)
-    return module.emitError()
-           << "the layer function @" << name << " has no launch plan";
-  FailureOr<StringRef> cubin = moe::kernelImage(module);
-  if (failed(cubin))
-    return failure();
-  SmallVector<LaunchPlanAttr> buckets;
-  if (auto list = func->getAttrOfType<ArrayAttr>(kBucketPlansAttrName))
-    for (Attribute bucket : list)
-      buckets.push_back(cast<LaunchPlanAttr>(bucket));
-  OwningOpRef<ModuleOp> host = ModuleOp::create(module.getLoc());
-  bool expertParallel = config && config.getEpSize() > 1;
-  SmallVector<std::string> archives = {runtimeArchive.str()}, libraries;
-  if (expertParallel) {
-    // The EP runtime calls into libmoert: it links first.
-    SmallVector<std::string> ep = expertParallelArchives(runtimeArchive);
-    archives = {ep[0], runtimeArchive.str(), ep[1]};
-    libraries = {"fabric", "pthread"};
-  }
+  FailureOr<InterfaceAttr> interface = host::findInterface(module, name);
   return failure(
-      failed(host::addLaunchEntryPoints(*host, name, args, config, plan,
-                                        buckets, *cubin,
-                                        options.epMaxTokens)) ||
-      failed(host::emitSharedLibrary(*host, output, archives, libraries)));
+      failed(interface) ||
+      failed(host::emitLibrary(module, *interface, output, runtimeDir)));
 }
 
-namespace {
-struct Sm90aOptions : public PassPipelineOptions<Sm90aOptions> {
-  Option<Stop> stopAfter{
-      *this, "stop-after", llvm::cl::desc("The last stage to run"),
-      llvm::cl::init(Stop::Cubin),
-      llvm::cl::values(
-          clEnumValN(Stop::L1, "l1", "decomposed and legalized L1 ops"),
-          clEnumValN(Stop::Kernels, "kernels",
-                     "gpu.module kernels and the launch plan"),
-          clEnumValN(Stop::PTX, "ptx", "the kernels' PTX in a gpu.binary"),
-          clEnumValN(Stop::Cubin, "cubin", "the cubin in a gpu.binary"))};
-  Option<std::string> cudaPath{
-      *this, "cuda-path",
-      llvm::cl::desc("CUDA toolkit whose ptxas assembles (default: "
-                     "$CUDA_HOME, else /usr/local/cuda)")};
-};
-} // namespace
+bool PipelineOptions::isOption(StringRef name, bool &takesValue) {
+  PipelineOptions options;
+  auto it = options.OptionsMap.find(name);
+  if (it == options.OptionsMap.end())
+    return false;
+  takesValue = it->second->getValueExpectedFlag() == llvm::cl::ValueRequired;
+  return true;
+}
+
+raw_ostream &moe::operator<<(raw_ostream &os, const TokenBuckets &buckets) {
+  if (!buckets.enabled)
+    return os << "none";
+  if (buckets.sizes.empty())
+    return os << "default";
+  llvm::interleave(buckets.sizes, os, ",");
+  return os;
+}
+
+bool llvm::cl::parser<TokenBuckets>::parse(Option &o, StringRef argName,
+                                           StringRef arg, TokenBuckets &value) {
+  value = TokenBuckets();
+  if (arg == "none") {
+    value.enabled = false;
+    return false;
+  }
+  if (arg == "default")
+    return false;
+  SmallVector<StringRef> items;
+  arg.split(items, ',');
+  for (StringRef item : items) {
+    int64_t size;
+    if (item.trim().getAsInteger(10, size) || size < 1 ||
+        (!value.sizes.empty() && size <= value.sizes.back()))
+      return o.error("takes ascending token counts of at least 1 ('default' "
+                     "or 'none'), not '" +
+                     arg + "'");
+    value.sizes.push_back(size);
+  }
+  return false;
+}
+
+void llvm::cl::parser<TokenBuckets>::printOptionDiff(
+    const Option &o, const TokenBuckets &value,
+    const OptionValue<TokenBuckets> &, size_t globalWidth) const {
+  printOptionName(o, globalWidth);
+  outs() << "= " << value << "\n";
+}
+
+void llvm::cl::parser<TokenBuckets>::anchor() {}
 
 void moe::registerPipelines() {
-  PassPipelineRegistration<>(
+  PassPipelineRegistration<PipelineOptions>(
       "moe-cpu-pipeline",
       "The CPU target: layers (L0 or L1) through the reference backend to "
       "the LLVM dialect",
-      [](OpPassManager &pm) { buildCpuPipeline(pm); });
-  PassPipelineRegistration<Sm90aOptions>(
+      [](OpPassManager &pm, const PipelineOptions &options) {
+        buildCpuPipeline(pm, options);
+      });
+  PassPipelineRegistration<PipelineOptions>(
       "moe-sm90a-pipeline",
       "The sm_90a target: layers (L0 or L1) to kernels, a launch plan and a "
       "cubin (or PTX)",
-      [](OpPassManager &pm, const Sm90aOptions &options) {
-        buildSm90aPipeline(pm, options.stopAfter, options.cudaPath);
+      [](OpPassManager &pm, const PipelineOptions &options) {
+        buildSm90aPipeline(pm, options);
       });
 }

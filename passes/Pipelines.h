@@ -3,15 +3,14 @@
 #ifndef MOE_PASSES_PIPELINES_H
 #define MOE_PASSES_PIPELINES_H
 
-#include "codegen/host/Host.h"
+#include "dialects/moe/MoeDialect.h"
 
 #include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassOptions.h"
 
 #include <string>
 
 namespace mlir::moe {
-
-enum class Target { CPU, SM90a };
 
 /// Where a compilation stops, in pipeline order. A target skips the stops it
 /// has not got (the CPU has no kernels, PTX or cubin).
@@ -24,55 +23,110 @@ enum class Stop {
   Library, // The shared library with its C entry points.
 };
 
-struct PipelineOptions {
-  Target target = Target::CPU;
-  Stop stop = Stop::Library;
-  /// The CUDA toolkit whose ptxas assembles (empty: $CUDA_HOME, else
-  /// /usr/local/cuda).
-  std::string cudaPath;
-  /// moe-fuse-quantization runs; off only to check that fusing changes no
-  /// bit of the result.
-  bool fuseQuantization = true;
-  /// An expert-parallel GPU layer's capacity: the most tokens a rank
-  /// passes to one forward.
-  int64_t epMaxTokens = 4096;
-  /// sm_90a: token buckets (moe-bucketize), ascending; empty: its default.
-  bool tokenBuckets = true;
-  SmallVector<int64_t> bucketSizes;
-  /// Attention's row groups take turns on the tensor cores
-  /// (moe-split-attention's ping-pong); off only to measure what it buys.
-  bool pingPong = true;
+/// moe-bucketize's buckets as a pipeline option: `default` (1, 2, 4, ...,
+/// 4096), `none`, or ascending counts `N,N,...`.
+struct TokenBuckets {
+  bool enabled = true;
+  SmallVector<int64_t> sizes; // empty: the default
+  bool operator==(const TokenBuckets &o) const {
+    return enabled == o.enabled && sizes == o.sizes;
+  }
+};
+raw_ostream &operator<<(raw_ostream &os, const TokenBuckets &buckets);
+} // namespace mlir::moe
+
+namespace llvm::cl {
+/// Parses `default`, `none` or ascending counts of at least 1.
+template <>
+class parser<mlir::moe::TokenBuckets>
+    : public basic_parser<mlir::moe::TokenBuckets> {
+public:
+  parser(Option &o) : basic_parser(o) {}
+  bool parse(Option &o, StringRef argName, StringRef arg,
+             mlir::moe::TokenBuckets &value);
+  StringRef getValueName() const override { return "N,N,...|default|none"; }
+  void printOptionDiff(const Option &o, const mlir::moe::TokenBuckets &value,
+                       const OptionValue<mlir::moe::TokenBuckets> &defaultValue,
+                       size_t globalWidth) const;
+  void anchor() override;
+};
+} // namespace llvm::cl
+
+namespace mlir::moe {
+
+/// Every option of a compilation, for both tools: moe-opt takes them as the
+/// options of --moe-cpu-pipeline and --moe-sm90a-pipeline, moe-compile as
+/// flags of the same names (`--token-buckets=1,8`), so a library can be
+/// rebuilt stage by stage.
+struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
+  Option<Stop> stopAfter{
+      *this, "stop-after",
+      llvm::cl::desc("The last stage to run (default: cubin for sm_90a, llvm "
+                     "for the CPU)"),
+      llvm::cl::init(Stop::Library),
+      llvm::cl::values(
+          clEnumValN(Stop::L1, "l1", "decomposed and legalized L1 ops"),
+          clEnumValN(Stop::Kernels, "kernels",
+                     "gpu.module kernels and the launch plan"),
+          clEnumValN(Stop::PTX, "ptx", "the kernels' PTX in a gpu.binary"),
+          clEnumValN(Stop::Cubin, "cubin", "the cubin in a gpu.binary"),
+          clEnumValN(Stop::LLVM, "llvm", "the CPU layer in the LLVM dialect"))};
+  Option<std::string> cudaPath{
+      *this, "cuda-path",
+      llvm::cl::desc("CUDA toolkit whose ptxas assembles the kernels "
+                     "(default: $CUDA_HOME, else /usr/local/cuda)")};
+  Option<bool> fuseQuantization{
+      *this, "fuse-quantization",
+      llvm::cl::desc("Quantize activations in the kernels that produce them "
+                     "(moe-fuse-quantization; default on). Off, each "
+                     "quantize is a step of its own: for checking that "
+                     "fusing changes nothing"),
+      llvm::cl::init(true)};
+  Option<int64_t> epMaxTokens{
+      *this, "ep-max-tokens",
+      llvm::cl::desc("An expert-parallel sm_90a layer's capacity: the most "
+                     "tokens a rank passes to one forward (default 4096, at "
+                     "most 2^20); it sizes the receive buffers, and init "
+                     "refuses a larger max_tokens"),
+      llvm::cl::init(4096)};
+  Option<TokenBuckets> tokenBuckets{
+      *this, "token-buckets",
+      llvm::cl::desc("sm_90a: ascending token counts, comma-separated, each "
+                     "given kernels specialized to it and a CUDA graph "
+                     "replayed for calls of at most its tokens "
+                     "(moe-bucketize); 'default' (1, 2, 4, ..., 4096) or "
+                     "'none'"),
+      llvm::cl::init(TokenBuckets())};
+  Option<bool> attentionPingPong{
+      *this, "attention-ping-pong",
+      llvm::cl::desc("Attention's two row groups take turns, one's matmuls "
+                     "beside the other's softmax (moe-split-attention; "
+                     "default on). Off measures what the overlap buys"),
+      llvm::cl::init(true)};
+
+  /// Whether `name` is one of the options, and whether it needs a value.
+  static bool isOption(StringRef name, bool &takesValue);
 };
 
 /// Appends the CPU target's passes: a layer (L0 or L1) to the LLVM dialect,
-/// or to `stop`.
-void buildCpuPipeline(OpPassManager &pm, Stop stop = Stop::LLVM,
-                      bool fuseQuantization = true);
+/// or to `options.stopAfter`. `layer` names the function a library is built
+/// of (moe-export-interface's option).
+void buildCpuPipeline(OpPassManager &pm, const PipelineOptions &options,
+                      StringRef layer = "");
 
-/// Appends the sm_90a target's passes up to `stop` (at most Cubin).
-/// Without `options`, the defaults (buckets on).
-void buildSm90aPipeline(OpPassManager &pm, Stop stop = Stop::Cubin,
-                        StringRef cudaPath = "", bool fuseQuantization = true,
-                        int64_t epMaxTokens = 4096,
-                        const PipelineOptions *options = nullptr);
+/// Appends the sm_90a target's passes up to `options.stopAfter` (at most
+/// the cubin).
+void buildSm90aPipeline(OpPassManager &pm, const PipelineOptions &options,
+                        StringRef layer = "");
 
-/// Compiles `module`, whose one layer function `name` has the C arguments
-/// `args`, through every stage of `options.target` up to `options.stop`.
-/// At Stop::Library the shared library is written to `output`, with the
-/// runtime archive `runtimeArchive` linked into GPU layers, and beside it
-/// the expert-parallel runtime and lib/transport (libmoe_ep.a,
-/// libmoe_transport.a) into expert-parallel CPU layers; before it the
-/// module is left at the stop.
-/// The archives an expert-parallel CPU layer links, beside `runtimeArchive`.
-SmallVector<std::string> expertParallelArchives(StringRef runtimeArchive);
-
-LogicalResult compileLayer(ModuleOp module, StringRef name,
-                           ArrayRef<host::ArgInfo> args, ConfigAttr config,
+/// Compiles `module`, whose one layer function is `name`, for `target`
+/// through every stage up to `options.stopAfter`. At Stop::Library the
+/// shared library and its header are written to `output` (libNAME.so,
+/// libNAME.h), linked with the runtime archives of `runtimeDir` it needs;
+/// before it the module is left at the stop.
+LogicalResult compileLayer(ModuleOp module, StringRef name, Target target,
                            const PipelineOptions &options, StringRef output,
-                           StringRef runtimeArchive);
-
-/// The one object (PTX or cubin) of the module's gpu.binary, or an error.
-FailureOr<StringRef> kernelImage(ModuleOp module);
+                           StringRef runtimeDir);
 
 /// Registers moe-cpu-pipeline and moe-sm90a-pipeline for moe-opt.
 void registerPipelines();

@@ -204,7 +204,6 @@ void common::quantizeBlock(Emitter &e, QuantAttr scheme, Value input,
                            Value data, Value scales, ArrayRef<Value> prefix,
                            Value rb, Value kb, Value firstRow, Value lastRow,
                            Value firstCol, Value lastCol) {
-  bool mx = scheme.getKind() == QuantKind::MXFP8;
   auto at = [&](Value r, Value c) {
     SmallVector<Value> index(prefix);
     index.append({r, c});

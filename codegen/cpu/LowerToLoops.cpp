@@ -224,9 +224,8 @@ LogicalResult FunctionLowering::lowerRoute(RouteOp op) {
 }
 
 LogicalResult FunctionLowering::lowerDispatch(DispatchOp op) {
-  if (op.getEpSize() > 1)
-    return op.emitOpError() << "has ep_size = " << op.getEpSize()
-                            << ": run moe-expert-parallel first";
+  if (failed(op.checkOneRank()))
+    return failure();
   Value hidden = buffer(op.getHiddenStates());
   Value ids = buffer(op.getExpertIds());
   Value scale = op.getScale() ? buffer(op.getScale()) : Value();

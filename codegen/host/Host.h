@@ -1,8 +1,11 @@
-//===- Host.h - a compiled layer's host side and artifact -------*- C++ -*-===//
+//===- Host.h - a compiled layer's host side and library --------*- C++ -*-===//
 //
-// What moe-compile adds around a lowered layer: a C entry point and a
-// metadata query (Entry.cpp), then the object and the shared library
-// (Artifact.cpp). The ABI is in runtime/moe_layer.h.
+// What a library of a lowered layer holds around its code, rendered from
+// the layer's interface (#moe.interface) alone: the C entry points (a CPU
+// call, Entry.cpp, or a GPU layer's launches, LaunchEntry.cpp), the
+// expert-parallel proxy routine (ProxyTurn.cpp), the description JSON, the
+// header and the link line (Library.cpp), then the object and the shared
+// library (Artifact.cpp).
 //
 //===----------------------------------------------------------------------===//
 
@@ -10,62 +13,46 @@
 #define MOE_CODEGEN_HOST_HOST_H
 
 #include "dialects/moe/MoeDialect.h"
-#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/IR/BuiltinOps.h"
 
 #include <string>
 
 namespace mlir::moe::host {
 
-/// One argument of a compiled layer, in call order; outputs come last.
-struct ArgInfo {
-  std::string name;           // The moe.layer operand it feeds, or "out".
-  std::string dtype;          // Safetensors dtype name: BF16, F32, ...
-  SmallVector<int64_t> shape; // -1 for the token dimension.
-  bool isOutput = false;
-};
+/// The interface of the layer function `name` of `module`, at any stage of
+/// its lowering, or an error.
+FailureOr<InterfaceAttr> findInterface(ModuleOp module, StringRef name);
 
-/// Describes the arguments and results of `func`, which must hold one
-/// moe.layer fed directly by its arguments and return its result.
-FailureOr<SmallVector<ArgInfo>> describeLayer(func::FuncOp func);
+/// The one object (PTX or cubin) of the module's gpu.binary, or an error.
+FailureOr<StringRef> kernelImage(ModuleOp module);
 
-/// Adds `moe_<name>_forward` and `moe_layer_info` (the arguments and
-/// `config` as JSON) to `module`, already in the LLVM dialect, around the
-/// lowered function `name`.
-LogicalResult addEntryPoints(ModuleOp module, StringRef name,
-                             ArrayRef<ArgInfo> args, ConfigAttr config);
+/// Writes the shared library `output` of the lowered layer of `interface`
+/// in `module`, and its C header beside it (libNAME.so, libNAME.h): the
+/// entry points, the description JSON and the runtime archives of
+/// `runtimeDir` (libmoert.a, libmoe_ep.a, libmoe_transport.a) it needs.
+LogicalResult emitLibrary(ModuleOp module, InterfaceAttr interface,
+                          StringRef output, StringRef runtimeDir);
 
-/// The C header declaring what addEntryPoints (or, with `gpu`,
-/// addLaunchEntryPoints) adds; an expert-parallel layer (`epSize` > 1) adds
-/// its init and finalize.
-std::string headerText(StringRef name, ArrayRef<ArgInfo> args, bool gpu = false,
-                       int64_t epSize = 1, bool buckets = false);
+/// The C header declaring what the library of `interface` exports.
+std::string headerText(InterfaceAttr interface);
 
-/// The layer's description as JSON (what moe_layer_info returns); a GPU
-/// target adds its workspace bytes.
-/// An expert-parallel GPU layer adds its capacity (`epCapacity` tokens per
-/// rank) and the bytes of its state.
-/// A GPU layer with token buckets lists them.
-std::string infoJson(StringRef name, ArrayRef<ArgInfo> args, ConfigAttr config,
-                     StringRef target, const TokenLinear *workspace = nullptr,
-                     int64_t epCapacity = 0, int64_t epStateBytes = 0,
-                     ArrayRef<int64_t> buckets = {});
+/// The layer's description as JSON (what moe_layer_info returns).
+std::string infoJson(InterfaceAttr interface);
 
-/// Adds `const char *moe_layer_info(void)` returning `json` to `module`.
-void addLayerInfo(ModuleOp module, StringRef json);
+/// Adds the CPU forward to `module`, already in the LLVM dialect, around
+/// its lowered layer function.
+LogicalResult addEntryPoints(ModuleOp module, InterfaceAttr interface);
 
-/// Adds the GPU entry points to `module`: moe_<name>_forward carrying out
-/// `plan` with the kernels of the embedded `cubin`,
-/// moe_<name>_workspace_size and moe_layer_info. With token `buckets` (one
-/// plan each, ascending), a call of at most a bucket's tokens replays that
-/// bucket's CUDA graph, and moe_<name>_set_graphs and moe_<name>_warmup are
-/// added. An expert-parallel layer (compiled for `epMaxTokens` tokens per
-/// rank) adds moe_<name>_ep_init, _ep_finalize and _ep_status.
-LogicalResult addLaunchEntryPoints(ModuleOp module, StringRef name,
-                                   ArrayRef<ArgInfo> args, ConfigAttr config,
-                                   LaunchPlanAttr plan,
-                                   ArrayRef<LaunchPlanAttr> buckets,
-                                   StringRef cubin, int64_t epMaxTokens = 0);
+/// Adds to `host` the GPU forward carrying out the launch plans of the
+/// layer function in `module` with the kernels of its cubin, and its
+/// workspace size, set_graphs and warmup.
+LogicalResult addLaunchEntryPoints(ModuleOp host, ModuleOp module,
+                                   InterfaceAttr interface);
+
+/// Adds the proxy routine of an expert-parallel GPU layer (an internal
+/// function whose address init hands the runtime).
+LLVM::LLVMFuncOp addProxyTurn(ModuleOp module, ExpertParallelAttr ep);
 
 /// Translates `module` to LLVM IR, optimizes it for the host CPU, and links
 /// it into the shared library `path` with the system's C++ compiler driver,

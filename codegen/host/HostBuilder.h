@@ -1,9 +1,9 @@
-//===- HostBuilder.h - LLVM dialect code of the host entry points *- C++
-//-*-===//
+//===- HostBuilder.h - LLVM dialect code of host entry points --*- C++ -*-===//
 
 #ifndef MOE_CODEGEN_HOST_HOSTBUILDER_H
 #define MOE_CODEGEN_HOST_HOSTBUILDER_H
 
+#include "codegen/common/RuntimeImports.h"
 #include "dialects/moe/MoeDialect.h"
 
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
@@ -36,6 +36,27 @@ struct HostBuilder {
   }
   Value stackSlot(Type element, int64_t count, int64_t align = 8) {
     return LLVM::AllocaOp::create(b, loc, ptr, element, c64(count), align);
+  }
+  /// Calls the runtime's `fn` (RuntimeImports.def), declared in the module
+  /// on first use; returns its result (null for void).
+  Value call(RuntimeImport fn, ValueRange args) {
+    auto module =
+        b.getInsertionBlock()->getParentOp()->getParentOfType<ModuleOp>();
+    RuntimeSignature signature = getRuntimeSignature(fn);
+    auto callee = module.lookupSymbol<LLVM::LLVMFuncOp>(signature.name);
+    if (!callee) {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(module.getBody());
+      FunctionType type = getRuntimeFunctionType(b.getContext(), fn, ptr);
+      Type result = type.getNumResults()
+                        ? type.getResult(0)
+                        : LLVM::LLVMVoidType::get(b.getContext());
+      callee = LLVM::LLVMFuncOp::create(
+          b, loc, signature.name,
+          LLVM::LLVMFunctionType::get(result, type.getInputs()));
+    }
+    auto op = LLVM::CallOp::create(b, loc, callee, args);
+    return op.getNumResults() ? op.getResult() : Value();
   }
   /// Returns `status` from the function if it is nonzero.
   void check(Value status) {

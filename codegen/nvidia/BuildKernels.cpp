@@ -9,6 +9,7 @@
 #include "codegen/nvidia/Passes.h"
 
 #include "codegen/nvidia/KernelBuilder.h"
+#include "runtime/EpLayout.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Verifier.h"
@@ -26,11 +27,9 @@ using namespace mlir::moe::nvidia;
 static LogicalResult buildKernel(LayerKernels &layer, Operation *op) {
   return TypeSwitch<Operation *, LogicalResult>(op)
       .Case([&](RouteOp o) { return buildRoute(layer, o); })
-      .Case([&](DispatchOp o) -> LogicalResult {
-        if (o.getEpSize() > 1)
-          return o.emitOpError() << "has ep_size = " << o.getEpSize()
-                                 << ": run moe-expert-parallel first";
-        return buildDispatch(layer, o);
+      .Case([&](DispatchOp o) {
+        return failure(failed(o.checkOneRank()) ||
+                       failed(buildDispatch(layer, o)));
       })
       .Case([&](EpDispatchSendOp o) { return buildEpDispatchSend(layer, o); })
       .Case([&](EpDispatchRecvOp o) { return buildEpDispatchRecv(layer, o); })
@@ -98,6 +97,29 @@ buildPlan(func::FuncOp func, gpu::GPUModuleOp gpuModule,
   return plan;
 }
 
+/// Adds what the plan decided to the function's interface (moe.interface,
+/// when moe-export-interface described it): the workspace, the buckets and
+/// an expert-parallel layer's capacity and device state.
+static void recordLaunch(func::FuncOp func, LaunchPlanAttr plan,
+                         ArrayRef<int64_t> buckets, int64_t epMaxTokens) {
+  auto interface =
+      func->getAttrOfType<InterfaceAttr>(InterfaceAttr::getAttrName());
+  if (!interface)
+    return;
+  ExpertParallelAttr ep = interface.getExpertParallel();
+  if (ep) {
+    ::moe::rt::EpDeviceLayout layout{
+        ::moe::rt::EpLayout{ep.getHidden(), ep.getTopK(), ep.getExperts(),
+                            ep.getRanks(), epMaxTokens}};
+    ep = ExpertParallelAttr::get(
+        func.getContext(), ep.getRanks(), ep.getLocalExperts(), ep.getExperts(),
+        ep.getTopK(), ep.getHidden(), epMaxTokens, int64_t(layout.bytes()),
+        TokenLinear(), TokenLinear());
+  }
+  func->setAttr(InterfaceAttr::getAttrName(),
+                interface.withLaunch(plan.getWorkspaceBytes(), buckets, ep));
+}
+
 /// `kernel` printed with a fixed name: equal texts are equal kernels.
 static std::string fingerprint(gpu::GPUFuncOp kernel) {
   std::string name = kernel.getName().str(), text;
@@ -148,13 +170,15 @@ static LogicalResult buildLayer(func::FuncOp func, int64_t epMaxTokens) {
   }
   if (failed(verify(gpuModule)))
     return failure();
-  func->setAttr(LaunchPlanAttr::getAttrName(), plans.front()->toAttr());
+  LaunchPlanAttr plan = plans.front()->toAttr();
+  func->setAttr(LaunchPlanAttr::getAttrName(), plan);
   if (plans.size() > 1) {
     SmallVector<Attribute> buckets;
     for (auto &plan : llvm::drop_begin(plans))
       buckets.push_back(plan->toAttr());
     func->setAttr(kBucketPlansAttrName, b.getArrayAttr(buckets));
   }
+  recordLaunch(func, plan, ArrayRef(sizes).drop_front(), epMaxTokens);
   return success();
 }
 
@@ -162,6 +186,14 @@ namespace {
 struct BuildKernelsPass
     : public nvidia::impl::BuildKernelsBase<BuildKernelsPass> {
   using BuildKernelsBase::BuildKernelsBase;
+  LogicalResult initialize(MLIRContext *context) override {
+    // The runtime's bound on a rank's capacity (moe_ep.h's max_tokens).
+    if (epMaxTokens < 1 || epMaxTokens > (int64_t(1) << 20))
+      return emitError(UnknownLoc::get(context))
+             << "ep-max-tokens must be in [1, 2^20], not "
+             << static_cast<int64_t>(epMaxTokens);
+    return success();
+  }
   void runOnOperation() override {
     SmallVector<func::FuncOp> layers;
     for (auto func : getOperation().getOps<func::FuncOp>()) {

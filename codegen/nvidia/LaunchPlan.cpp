@@ -7,24 +7,26 @@ using namespace mlir::moe;
 using namespace mlir::moe::nvidia;
 
 unsigned LaunchPlan::addArgument(int64_t arg) {
-  buffers.push_back(PlanBufferAttr::get(ctx, arg, TokenLinear()));
+  buffers.push_back(
+      PlanBufferAttr::get(ctx, BufferKind::Argument, arg, TokenLinear()));
   return buffers.size() - 1;
 }
 
 unsigned LaunchPlan::addWorkspace(TokenLinear bytes) {
-  buffers.push_back(PlanBufferAttr::get(ctx, -1, bytes));
+  buffers.push_back(PlanBufferAttr::get(ctx, BufferKind::Workspace, 0, bytes));
   return buffers.size() - 1;
 }
 
 unsigned LaunchPlan::addEpState(int64_t offset) {
-  buffers.push_back(PlanBufferAttr::get(ctx, -2, TokenLinear{offset, 0}));
+  buffers.push_back(
+      PlanBufferAttr::get(ctx, BufferKind::EpState, 0, TokenLinear{offset, 0}));
   return buffers.size() - 1;
 }
 
 unsigned LaunchPlan::addCounters(int64_t count) {
   // After the token count: word 1 + counters.
-  buffers.push_back(
-      PlanBufferAttr::get(ctx, -3, TokenLinear{4 + 4 * counters, 0}));
+  buffers.push_back(PlanBufferAttr::get(ctx, BufferKind::Counters, 0,
+                                        TokenLinear{4 + 4 * counters, 0}));
   counters += count;
   return buffers.size() - 1;
 }

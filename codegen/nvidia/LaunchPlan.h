@@ -53,7 +53,8 @@ public:
   Launch &addLaunch();
   /// Whether buffer `buffer` is one of the caller's arguments.
   bool isArgument(unsigned buffer) const {
-    return cast<PlanBufferAttr>(buffers[buffer]).getArg() >= 0;
+    return cast<PlanBufferAttr>(buffers[buffer]).getKind() ==
+           BufferKind::Argument;
   }
   /// Launches kernel `to` wherever a launch named a key `from`.
   void renameKernels(const std::map<std::string, std::string> &renamed);

@@ -19,7 +19,7 @@ using namespace mlir::moe;
 
 FailureOr<APFloat> mlir::moe::parseReal(AsmParser &parser) {
   // Integers are accepted too: `limit = 7` is as clear as `limit = 7.0`.
-  int64_t integer;
+  int64_t integer = 0;
   OptionalParseResult parsedInteger = parser.parseOptionalInteger(integer);
   if (parsedInteger.has_value()) {
     if (failed(*parsedInteger))
@@ -219,7 +219,7 @@ LogicalResult ConfigAttr::verify(function_ref<InFlightDiagnostic()> emitError,
 FailureOr<TokenLinear> mlir::moe::parseTokenLinear(AsmParser &parser) {
   // `a`, `a * T` or `a + b * T`.
   TokenLinear value;
-  int64_t first;
+  int64_t first = 0;
   if (parser.parseInteger(first))
     return failure();
   if (succeeded(parser.parseOptionalStar())) {
@@ -282,15 +282,14 @@ void mlir::moe::printKernelArgs(AsmPrinter &printer, ArrayRef<KernelArg> args) {
 
 LogicalResult
 PlanBufferAttr::verify(function_ref<InFlightDiagnostic()> emitError,
-                       int64_t arg, TokenLinear bytes) {
-  if (arg < -3)
-    return emitError() << "buffer arg must be an argument index, -1 (a "
-                          "workspace slice), -2 (the expert-parallel state) or "
-                          "-3 (header counters), but is "
-                       << arg;
+                       BufferKind kind, int64_t index, TokenLinear bytes) {
+  if (index < 0)
+    return emitError() << "buffer index must not be negative, but is " << index;
+  if (kind != BufferKind::Argument && index != 0)
+    return emitError() << "only an argument buffer has an index";
   if (bytes.fixed < 0 || bytes.perToken < 0)
     return emitError() << "buffer bytes must not be negative";
-  if (arg >= 0 && bytes != TokenLinear())
+  if (kind == BufferKind::Argument && bytes != TokenLinear())
     return emitError() << "an argument buffer has the caller's size, not "
                           "bytes of its own";
   return success();
@@ -329,11 +328,12 @@ TensorMapAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   return success();
 }
 
-LogicalResult KernelLaunchAttr::verify(
-    function_ref<InFlightDiagnostic()> emitError, FlatSymbolRefAttr kernel,
-    TokenLinear work, int64_t perBlock, int64_t extraBlocks, int64_t gridY,
-    int64_t block, int64_t sharedBytes, ArrayRef<KernelArg> args,
-    bool persistent) {
+LogicalResult
+KernelLaunchAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                         FlatSymbolRefAttr kernel, TokenLinear work,
+                         int64_t perBlock, int64_t extraBlocks, int64_t gridY,
+                         int64_t block, int64_t sharedBytes,
+                         ArrayRef<KernelArg> args, bool persistent) {
   if (!kernel)
     return emitError() << "launch needs a kernel";
   if (perBlock < 1 || extraBlocks < 0 || gridY < 1 || gridY > 65535)
@@ -409,7 +409,7 @@ TokenLinear PlanBufferAttr::getSliceBytes() const {
 TokenLinear LaunchPlanAttr::getWorkspaceBytes() const {
   TokenLinear total{getHeaderBytes(), 0};
   for (PlanBufferAttr buffer : getBufferList()) {
-    if (buffer.getArg() != -1)
+    if (buffer.getKind() != BufferKind::Workspace)
       continue;
     total.fixed += buffer.getSliceBytes().fixed;
     total.perToken += buffer.getSliceBytes().perToken;
@@ -426,4 +426,130 @@ LogicalResult StageAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (tile > 0)
     return emitError() << "stage tile offset must be 0 or negative";
   return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Interface
+//===----------------------------------------------------------------------===//
+
+LogicalResult ArgumentAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                   StringRef name, RankedTensorType type,
+                                   bool output) {
+  if (name.empty())
+    return emitError() << "an argument needs a name";
+  for (int64_t d = 1; d < type.getRank(); ++d)
+    if (type.isDynamicDim(d))
+      return emitError() << "argument '" << name
+                         << "' may be dynamic only in its first (token) "
+                            "dimension";
+  return success();
+}
+
+LogicalResult
+ExpertParallelAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                           int64_t ranks, int64_t localExperts, int64_t experts,
+                           int64_t topK, int64_t hidden, int64_t maxTokens,
+                           int64_t stateBytes, TokenLinear sendBytes,
+                           TokenLinear recvBytes) {
+  if (ranks < 2)
+    return emitError() << "an expert-parallel layer has at least 2 ranks, not "
+                       << ranks;
+  if (localExperts * ranks != experts)
+    return emitError() << "ranks (" << ranks << ") times local_experts ("
+                       << localExperts << ") must be the experts (" << experts
+                       << ")";
+  if (topK < 1 || hidden < 1 || maxTokens < 0 || stateBytes < 0)
+    return emitError() << "top_k and hidden must be positive, max_tokens and "
+                          "state_bytes not negative";
+  return success();
+}
+
+ExpertParallelAttr ExpertParallelAttr::forLayer(ConfigAttr config) {
+  if (!config || config.getEpSize() == 1)
+    return {};
+  return get(config.getContext(), config.getEpSize(), config.getLocalExperts(),
+             config.getExperts(), config.getTopK(), config.getHidden(),
+             /*maxTokens=*/0, /*stateBytes=*/0, TokenLinear(), TokenLinear());
+}
+
+LogicalResult InterfaceAttr::verify(
+    function_ref<InFlightDiagnostic()> emitError, StringRef name, Target target,
+    ArrayAttr args, ConfigAttr config, TokenLinear workspace,
+    ArrayRef<int64_t> tokenBuckets, ExpertParallelAttr expertParallel,
+    DictionaryAttr symbols) {
+  if (name.empty() || llvm::isDigit(name[0]) ||
+      !llvm::all_of(name, [](char c) { return llvm::isAlnum(c) || c == '_'; }))
+    return emitError() << "interface name '" << name
+                       << "' is not a C identifier";
+  if (args.empty() || !llvm::all_of(args, llvm::IsaPred<ArgumentAttr>))
+    return emitError() << "interface args must be #moe.argument values";
+  bool outputs = false;
+  for (Attribute arg : args) {
+    bool output = cast<ArgumentAttr>(arg).getOutput();
+    if (outputs && !output)
+      return emitError() << "interface outputs must come after its inputs";
+    outputs |= output;
+  }
+  if (!outputs)
+    return emitError() << "an interface has at least one output";
+  for (auto [i, size] : llvm::enumerate(tokenBuckets))
+    if (size < 1 || (i > 0 && size <= tokenBuckets[i - 1]))
+      return emitError() << "token buckets must be ascending counts of at "
+                            "least 1";
+  if (!tokenBuckets.empty() && target != Target::SM90a)
+    return emitError() << "only a GPU layer replays token buckets";
+  if (workspace.fixed < 0 || workspace.perToken < 0)
+    return emitError() << "workspace bytes must not be negative";
+  if (!symbols.get("forward") || !symbols.get("layer_info"))
+    return emitError() << "an interface exports at least forward and "
+                          "layer_info";
+  return success();
+}
+
+SmallVector<ArgumentAttr> InterfaceAttr::getArgList() const {
+  return listOf<ArgumentAttr>(getArgs());
+}
+
+StringRef InterfaceAttr::getSymbol(StringRef role) const {
+  auto symbol = getSymbols().getAs<StringAttr>(role);
+  return symbol ? symbol.getValue() : StringRef();
+}
+
+InterfaceAttr
+InterfaceAttr::withLaunch(TokenLinear workspace, ArrayRef<int64_t> tokenBuckets,
+                          ExpertParallelAttr expertParallel) const {
+  return get(getContext(), getName(), getTarget(), getArgs(), getConfig(),
+             workspace, tokenBuckets, expertParallel);
+}
+
+DictionaryAttr
+InterfaceAttr::exportedSymbols(MLIRContext *context, StringRef name,
+                               Target target, ArrayRef<int64_t> tokenBuckets,
+                               ExpertParallelAttr expertParallel) {
+  bool gpu = target == Target::SM90a;
+  SmallVector<NamedAttribute> symbols;
+  auto add = [&](StringRef role, const Twine &symbol) {
+    symbols.emplace_back(StringAttr::get(context, role),
+                         StringAttr::get(context, symbol));
+  };
+  // moe_<name>_<role> for the layer's own entry points; the library-wide
+  // ones keep one name in every library.
+  auto own = [&](StringRef role) { add(role, "moe_" + name + "_" + role); };
+  own("forward");
+  add("layer_info", "moe_layer_info");
+  if (gpu || expertParallel)
+    add("last_error", "moe_last_error");
+  if (gpu)
+    own("workspace_size");
+  if (gpu && !tokenBuckets.empty()) {
+    own("set_graphs");
+    own("warmup");
+  }
+  if (expertParallel) {
+    own("ep_init");
+    own("ep_finalize");
+    if (gpu)
+      own("ep_status");
+  }
+  return DictionaryAttr::get(context, symbols);
 }

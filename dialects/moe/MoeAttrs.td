@@ -91,6 +91,32 @@ def Moe_AttentionStageKind : I32EnumAttr<"AttentionStageKind",
   let genSpecializedAttr = 0;
 }
 
+def Moe_BufferKind : I32EnumAttr<"BufferKind",
+    "where a launch plan's device buffer lives", [
+  // The caller's argument `index` (inputs, then outputs, in ABI order).
+  I32EnumAttrCase<"Argument", 0, "argument">,
+  // A slice of the workspace after its header, in plan order.
+  I32EnumAttrCase<"Workspace", 1, "workspace">,
+  // The expert-parallel state (device memory the library owns from its
+  // init on), at offset `bytes`.
+  I32EnumAttrCase<"EpState", 2, "ep_state">,
+  // Counters in the workspace header, at offset `bytes`.
+  I32EnumAttrCase<"Counters", 3, "counters">
+]> {
+  let cppNamespace = "::mlir::moe";
+  let genSpecializedAttr = 0;
+}
+
+def Moe_Target : I32EnumAttr<"Target", "what a compiled layer runs on", [
+  // The host CPU, through the reference backend.
+  I32EnumAttrCase<"CPU", 0, "cpu">,
+  // NVIDIA Hopper: kernels in an embedded cubin, launched on a stream.
+  I32EnumAttrCase<"SM90a", 1, "sm_90a">
+]> {
+  let cppNamespace = "::mlir::moe";
+  let genSpecializedAttr = 0;
+}
+
 //===----------------------------------------------------------------------===//
 // Parameters
 //===----------------------------------------------------------------------===//
@@ -243,14 +269,15 @@ def Moe_ConfigAttr : Moe_Attr<"Config", "config"> {
 def Moe_PlanBufferAttr : Moe_Attr<"PlanBuffer", "buffer"> {
   let summary = "a device buffer of a launch plan";
   let description = [{
-    The caller's argument `arg` (inputs, then outputs, in ABI order), or,
-    with `arg = -1`, a slice of `bytes` of the workspace, or, with
-    `arg = -2`, the expert-parallel state (device memory the library owns
-    from its init on) at offset `bytes`, or, with `arg = -3`, counters in
-    the workspace header at offset `bytes`.
+    `kind` says where it lives: the caller's argument `index`, a workspace
+    slice of `bytes`, the expert-parallel state at offset `bytes`, or
+    counters in the workspace header at offset `bytes`.
   }];
   let parameters = (ins
-    Moe_CountParameter<"argument index, -1 for a workspace slice, -2 for the expert-parallel state, -3 for header counters", "-1">:$arg,
+    DefaultValuedParameter<"::mlir::moe::BufferKind",
+                           "::mlir::moe::BufferKind::Workspace",
+                           "where the buffer lives">:$kind,
+    Moe_CountParameter<"argument index", "0">:$index,
     Moe_TokenLinearParameter:$bytes
   );
   let extraClassDeclaration = [{
@@ -338,6 +365,109 @@ def Moe_LaunchPlanAttr : Moe_Attr<"LaunchPlan", "launch_plan"> {
     }
     /// The name a function's launch plan is attached under.
     static ::llvm::StringRef getAttrName() { return "moe.launch_plan"; }
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Interface: what a compiled layer exports
+//===----------------------------------------------------------------------===//
+
+def Moe_ArgumentAttr : Moe_Attr<"Argument", "argument"> {
+  let summary = "one argument of a compiled layer's C entry point";
+  let description = [{
+    A row-major buffer named `name` (the layer operand it feeds, or `out`)
+    of `type`, whose only dynamic size is the leading token dimension;
+    `output` marks what the layer writes.
+  }];
+  let parameters = (ins
+    StringRefParameter<"the operand it feeds">:$name,
+    "::mlir::RankedTensorType":$type,
+    Moe_BoolParameter:$output
+  );
+}
+
+def Moe_ExpertParallelAttr : Moe_Attr<"ExpertParallel", "expert_parallel"> {
+  let summary = "what an expert-parallel layer's ranks agree on";
+  let description = [{
+    `ranks` ranks of `local_experts` experts each; `experts`, `top_k` and
+    `hidden` are the layer's, handed to the runtime's init. A GPU layer is
+    compiled for at most `max_tokens` tokens a rank and owns `state_bytes`
+    of device memory a rank; a CPU layer takes its capacity at init and
+    allocates `send_bytes` and `recv_bytes`, written `base + per * T` with T
+    that capacity.
+  }];
+  let parameters = (ins
+    Moe_CountParameter<"ranks">:$ranks,
+    Moe_CountParameter<"experts a rank holds">:$local_experts,
+    Moe_CountParameter<"routed experts">:$experts,
+    Moe_CountParameter<"experts per token">:$top_k,
+    Moe_CountParameter<"hidden size">:$hidden,
+    Moe_CountParameter<"the most tokens a rank passes, 0: set at init", "0">:$max_tokens,
+    Moe_CountParameter<"device state bytes a rank", "0">:$state_bytes,
+    Moe_TokenLinearParameter:$send_bytes,
+    Moe_TokenLinearParameter:$recv_bytes
+  );
+  let extraClassDeclaration = [{
+    /// The ranks and shapes of `config`, or null for a layer on one rank.
+    static ExpertParallelAttr forLayer(ConfigAttr config);
+  }];
+}
+
+def Moe_InterfaceAttr : Moe_Attr<"Interface", "interface"> {
+  let summary = "what a compiled layer exports";
+  let description = [{
+    Everything a library built from the layer function `name` offers its
+    caller, for `target`: the entry point's arguments in call order
+    (outputs last), the layer's configuration where it is a layer, the
+    workspace a GPU forward needs (`fixed + per_token * T` bytes for T
+    tokens), the token buckets whose graphs it replays, what its
+    expert-parallel ranks agree on, and every exported symbol by role.
+    moe-export-interface attaches it as `moe.interface` to the layer
+    function; the target's kernel builder adds what its launch plan
+    decides. The host code, the header and the description JSON are
+    rendered from it alone.
+  }];
+  let parameters = (ins
+    StringRefParameter<"the layer function">:$name,
+    EnumParameter<Moe_Target>:$target,
+    "::mlir::ArrayAttr":$args,
+    OptionalParameter<"::mlir::moe::ConfigAttr", "the layer's config">:$config,
+    Moe_TokenLinearParameter:$workspace,
+    OptionalArrayRefParameter<"int64_t">:$token_buckets,
+    OptionalParameter<"::mlir::moe::ExpertParallelAttr",
+                      "expert-parallel ranks">:$expert_parallel,
+    "::mlir::DictionaryAttr":$symbols
+  );
+  let builders = [
+    // The symbols follow from the rest (exportedSymbols).
+    AttrBuilder<(ins "::llvm::StringRef":$name, "Target":$target,
+                     "::mlir::ArrayAttr":$args, "ConfigAttr":$config,
+                     "TokenLinear":$workspace,
+                     "::llvm::ArrayRef<int64_t>":$tokenBuckets,
+                     "ExpertParallelAttr":$expertParallel), [{
+      return $_get($_ctxt, name, target, args, config, workspace,
+                   tokenBuckets, expertParallel,
+                   exportedSymbols($_ctxt, name, target, tokenBuckets,
+                                   expertParallel));
+    }]>
+  ];
+  let extraClassDeclaration = [{
+    ::llvm::SmallVector<ArgumentAttr> getArgList() const;
+    /// The exported symbol of `role` (forward, layer_info, last_error,
+    /// workspace_size, set_graphs, warmup, ep_init, ep_finalize,
+    /// ep_status), or empty if the library has none.
+    ::llvm::StringRef getSymbol(::llvm::StringRef role) const;
+    /// This interface with what a GPU launch plan decided.
+    InterfaceAttr withLaunch(TokenLinear workspace,
+                             ::llvm::ArrayRef<int64_t> tokenBuckets,
+                             ExpertParallelAttr expertParallel) const;
+    /// Every symbol a library of this shape exports, by role.
+    static ::mlir::DictionaryAttr
+    exportedSymbols(::mlir::MLIRContext *context, ::llvm::StringRef name,
+                    Target target, ::llvm::ArrayRef<int64_t> tokenBuckets,
+                    ExpertParallelAttr expertParallel);
+    /// The name a layer function's interface is attached under.
+    static ::llvm::StringRef getAttrName() { return "moe.interface"; }
   }];
 }
 

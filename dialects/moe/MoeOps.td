@@ -179,6 +179,15 @@ def Moe_DispatchOp : Moe_Op<"dispatch", [Pure]> {
     ::mlir::Value getTokenScales() {
       return getQuantized().size() == 3 ? getQuantized()[2] : ::mlir::Value();
     }
+    /// What a backend checks before it lowers the op: its tokens stay on
+    /// this rank (moe-expert-parallel splits the others).
+    bool isExpertParallel() { return getEpSize() > 1; }
+    ::llvm::LogicalResult checkOneRank() {
+      if (!isExpertParallel())
+        return ::mlir::success();
+      return emitOpError() << "has ep_size = " << getEpSize()
+                           << ": run moe-expert-parallel first";
+    }
   }];
   let assemblyFormat = [{
     $hidden_states `,` $expert_ids (`scale` $scale^)? attr-dict `:`

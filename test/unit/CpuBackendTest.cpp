@@ -9,6 +9,8 @@
 #include "dialects/moe/MoeOps.h"
 #include "passes/Passes.h"
 #include "passes/Pipelines.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "test/reference/Layer.h"
 #include "test/reference/Quantize.h"
 
@@ -108,7 +110,7 @@ std::unique_ptr<ExecutionEngine> compile(const std::string &source) {
   if (!module)
     return nullptr;
   PassManager pm(&context);
-  mlir::moe::buildCpuPipeline(pm);
+  mlir::moe::buildCpuPipeline(pm, mlir::moe::PipelineOptions());
   if (failed(pm.run(*module)))
     return nullptr;
   ExecutionEngineOptions options;

@@ -28,6 +28,7 @@ namespace cl = llvm::cl;
 
 namespace {
 enum class Emit { SharedLibrary, MLIR, L1, Kernels, PTX };
+using moe::PipelineOptions;
 using moe::Target;
 enum class Quant { Auto, None, MXFP8, MXFP8Ceil, FP8Block128 };
 
@@ -71,13 +72,15 @@ cl::opt<Quant> quant(
                    "layer stays bf16 (default)"),
         clEnumValN(Quant::None, "none", "bf16 throughout"),
         clEnumValN(Quant::MXFP8, "mxfp8",
-                   "MXFP8, scales rounded down (OCP MX v1.0); bf16 weights "
-                   "quantized by the layer"),
+                   "MXFP8, scales rounded down (OCP MX v1.0): the layer "
+                   "takes E4M3 weights with E8M0 scales per 32 of K "
+                   "(moe-quantize converts bf16 ones)"),
         clEnumValN(Quant::MXFP8Ceil, "mxfp8-ceil",
                    "MXFP8, scales rounded up (never saturates)"),
         clEnumValN(Quant::FP8Block128, "fp8-block128",
-                   "FP8 with f32 scales per 128 elements (DeepSeek-V3); bf16 "
-                   "weights quantized by the layer")),
+                   "FP8 with f32 scales per 1x128 activation and 128x128 "
+                   "weight block (DeepSeek-V3): the layer takes E4M3 weights "
+                   "with their scales (moe-quantize converts bf16 ones)")),
     cl::init(Quant::Auto), cl::cat(category));
 cl::opt<int64_t> epSize(
     "ep-size",
@@ -85,32 +88,6 @@ cl::opt<int64_t> epSize(
              "divide the experts); each rank holds experts / N of them. A "
              ".mlir layer says it in its config attribute"),
     cl::value_desc("N"), cl::init(0), cl::cat(category));
-cl::opt<int64_t> epMaxTokens(
-    "ep-max-tokens",
-    cl::desc("An expert-parallel sm_90a layer's capacity: the most tokens a "
-             "rank passes to one forward (default 4096); it sizes the "
-             "receive buffers, and init refuses a larger max_tokens"),
-    cl::value_desc("T"), cl::init(4096), cl::cat(category));
-cl::opt<std::string> tokenBuckets(
-    "token-buckets",
-    cl::desc("sm_90a: ascending token counts, comma-separated, each given "
-             "kernels specialized to it and a CUDA graph replayed for calls "
-             "of at most its tokens (moe-bucketize); 'default' (1, 2, 4, "
-             "..., 4096) or 'none'"),
-    cl::value_desc("N,N,...|default|none"), cl::init("default"),
-    cl::cat(category));
-cl::opt<bool> pingPong(
-    "attention-ping-pong",
-    cl::desc("Attention's two row groups take turns, one's matmuls beside "
-             "the other's softmax (moe-split-attention; default on). Off "
-             "measures what the overlap buys"),
-    cl::init(true), cl::cat(category));
-cl::opt<bool> fuseQuantization(
-    "fuse-quantization",
-    cl::desc("Quantize activations in the kernels that produce them "
-             "(moe-fuse-quantization; default on). Off, each quantize is a "
-             "step of its own: for checking that fusing changes nothing"),
-    cl::init(true), cl::cat(category));
 cl::opt<Target> target(
     "target", cl::desc("What the library runs on"),
     cl::values(clEnumValN(Target::CPU, "cpu",
@@ -121,15 +98,10 @@ cl::opt<Target> target(
                           "ptxas) and launched on the caller's stream")),
     cl::init(Target::CPU), cl::cat(category));
 cl::opt<std::string>
-    cudaPath("cuda-path",
-             cl::desc("CUDA toolkit whose ptxas assembles the kernels "
-                      "(default: $CUDA_HOME, else /usr/local/cuda)"),
-             cl::value_desc("dir"), cl::cat(category));
-cl::opt<std::string>
     runtimeLib("runtime-lib",
                cl::desc("The runtime archive linked into GPU layers "
                         "(default: ../lib/libmoert.a beside moe-compile); "
-                        "expert-parallel CPU layers link libmoe_ep.a and "
+                        "expert-parallel layers link libmoe_ep.a and "
                         "libmoe_transport.a from its folder"),
                cl::value_desc("libmoert.a"), cl::cat(category));
 cl::opt<std::string>
@@ -164,7 +136,8 @@ static bool writeOutput(StringRef text) {
 
 /// Compiles the module's one layer function and writes the library and its
 /// header, or the module at an earlier stop.
-static bool compileSharedLibrary(ModuleOp module, const char *argv0) {
+static bool compileSharedLibrary(ModuleOp module, PipelineOptions &options,
+                                 const char *argv0) {
   bool library = emit == Emit::SharedLibrary;
   if (library && outputFile == "-") {
     llvm::errs() << "moe-compile: --emit=so needs -o libNAME.so\n";
@@ -186,116 +159,90 @@ static bool compileSharedLibrary(ModuleOp module, const char *argv0) {
                                << functions.size() << " functions";
     return false;
   }
-  func::FuncOp func = layers.front();
-  std::string name = func.getName().str();
-  if (name.empty() || llvm::isDigit(name[0]) || !llvm::all_of(name, [](char c) {
-        return llvm::isAlnum(c) || c == '_';
-      })) {
-    func.emitOpError() << "name '" << name
-                       << "' is not a C identifier (use --name)";
-    return false;
-  }
-  FailureOr<SmallVector<moe::host::ArgInfo>> args =
-      moe::host::describeLayer(func);
-  if (failed(args))
-    return false;
-  auto layerOps = func.getOps<moe::LayerOp>();
-  moe::ConfigAttr config =
-      layerOps.empty() ? moe::ConfigAttr() : (*layerOps.begin()).getConfig();
-
+  std::string name = layers.front().getName().str();
   // --emit values are stops along the target's pipeline (passes/Pipelines.h).
-  moe::PipelineOptions options;
-  options.target = target;
-  options.cudaPath = cudaPath;
-  options.fuseQuantization = fuseQuantization;
-  options.pingPong = pingPong;
-  if (epMaxTokens < 1 || epMaxTokens > (int64_t(1) << 20)) {
-    llvm::errs() << "moe-compile: --ep-max-tokens must be in [1, 2^20], not "
-                 << epMaxTokens << "\n";
-    return false;
-  }
-  options.epMaxTokens = epMaxTokens;
-  if (tokenBuckets == "none") {
-    options.tokenBuckets = false;
-  } else if (tokenBuckets != "default") {
-    SmallVector<StringRef> items;
-    StringRef(tokenBuckets).split(items, ',');
-    for (StringRef item : items) {
-      int64_t size;
-      if (item.trim().getAsInteger(10, size) || size < 1 ||
-          (!options.bucketSizes.empty() &&
-           size <= options.bucketSizes.back())) {
-        llvm::errs() << "moe-compile: --token-buckets takes ascending token "
-                        "counts of at least 1 ('default' or 'none'), not '"
-                     << tokenBuckets << "'\n";
-        return false;
-      }
-      options.bucketSizes.push_back(size);
-    }
-  }
-  options.stop = emit == Emit::L1        ? moe::Stop::L1
-                 : emit == Emit::Kernels ? moe::Stop::Kernels
-                 : emit == Emit::PTX     ? moe::Stop::PTX
-                                         : moe::Stop::Library;
-  bool expertParallel = config && config.getEpSize() > 1;
-  std::string archive;
-  if (library && (target == Target::SM90a || expertParallel)) {
-    archive = runtimeLib.empty() ? defaultRuntimeLib(argv0) : runtimeLib;
-    SmallVector<std::string> needed = {archive};
-    if (expertParallel)
-      needed.append(moe::expertParallelArchives(archive));
-    for (const std::string &file : needed)
-      if (!llvm::sys::fs::exists(file)) {
-        llvm::errs() << "moe-compile: the runtime archive " << file
-                     << " does not exist (see --runtime-lib)\n";
-        return false;
-      }
-  }
-  if (failed(moe::compileLayer(module, name, *args, config, options, outputFile,
-                               archive)))
+  options.stopAfter = emit == Emit::L1        ? moe::Stop::L1
+                      : emit == Emit::Kernels ? moe::Stop::Kernels
+                      : emit == Emit::PTX     ? moe::Stop::PTX
+                                              : moe::Stop::Library;
+  std::string archive =
+      runtimeLib.empty() ? defaultRuntimeLib(argv0) : runtimeLib;
+  if (failed(moe::compileLayer(module, name, target, options, outputFile,
+                               llvm::sys::path::parent_path(archive))))
     return false;
   if (emit == Emit::PTX) {
-    FailureOr<StringRef> ptx = moe::kernelImage(module);
+    FailureOr<StringRef> ptx = moe::host::kernelImage(module);
     return succeeded(ptx) && writeOutput(*ptx);
   }
-  if (!library) {
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    module.print(os);
-    os << "\n";
-    return writeOutput(text);
-  }
+  if (library)
+    return true;
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  module.print(os);
+  os << "\n";
+  return writeOutput(text);
+}
 
-  StringRef stem = outputFile;
-  stem.consume_back(".so");
-  std::string headerPath = (stem + ".h").str();
-  std::string error;
-  std::unique_ptr<llvm::ToolOutputFile> header =
-      openOutputFile(headerPath, &error);
-  if (!header) {
-    llvm::errs() << "moe-compile: " << error << "\n";
-    return false;
+/// Moves the flags that are pipeline options (passes/Pipelines.h) out of
+/// `argv` into `pipeline` (as PassOptions parse them), and a request for
+/// help into `help`, leaving the others for cl.
+static void splitPipelineOptions(SmallVectorImpl<char *> &argv,
+                                 std::string &pipeline, bool &help) {
+  SmallVector<char *> rest = {argv[0]};
+  for (size_t i = 1; i < argv.size(); ++i) {
+    StringRef arg = argv[i];
+    StringRef flag = arg.ltrim('-');
+    auto [name, value] = flag.split('=');
+    bool takesValue = false;
+    if (arg.starts_with("-") &&
+        (name == "help" || name == "h" || name == "help-hidden")) {
+      help = true;
+      continue;
+    }
+    if (!arg.starts_with("-") || !PipelineOptions::isOption(name, takesValue)) {
+      rest.push_back(argv[i]);
+      continue;
+    }
+    // `--name value` as well as `--name=value`, as cl takes them.
+    if (!flag.contains('=') && takesValue && i + 1 < argv.size())
+      value = argv[++i];
+    pipeline +=
+        (name + "=" + (value.contains(' ') ? "'" + value + "'" : value) + " ")
+            .str();
   }
-  // The CPU pipeline lowered the function away; a GPU layer's keeps its
-  // plans.
-  auto lowered = module.lookupSymbol<func::FuncOp>(name);
-  header->os() << moe::host::headerText(
-      name, *args, target == Target::SM90a, config ? config.getEpSize() : 1,
-      lowered && lowered->hasAttr(moe::kBucketPlansAttrName));
-  header->keep();
-  return true;
+  argv.assign(rest.begin(), rest.end());
 }
 
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
   cl::HideUnrelatedOptions(category);
+  SmallVector<char *> args(argv, argv + argc);
+  std::string pipeline;
+  bool help = false;
+  splitPipelineOptions(args, pipeline, help);
   cl::ParseCommandLineOptions(
-      argc, argv,
+      args.size(), args.data(),
       "moe-compile: build one MoE layer from the moe dialect or a "
       "HuggingFace config.json\n\n"
       "  moe-compile LAYER.mlir -o libNAME.so\n"
       "  moe-compile --from-hf-config config.json [--name NAME] -o libNAME.so\n"
       "  moe-compile ... --emit=mlir [-o OUT.mlir]\n");
+  PipelineOptions options;
+  if (help) {
+    // cl knows the tool's own flags; the pipeline's follow.
+    cl::PrintHelpMessage(/*Hidden=*/false, /*Categorized=*/true);
+    llvm::outs() << "Pipeline options (also those of moe-opt's "
+                    "--moe-cpu-pipeline and --moe-sm90a-pipeline):\n\n";
+    options.printHelp(2, options.getOptionWidth() + 4);
+    return 0;
+  }
+  if (failed(options.parseFromString(pipeline)))
+    return 1;
+  if (options.stopAfter.hasValue()) {
+    llvm::errs() << "moe-compile: --emit says where moe-compile stops; "
+                    "--stop-after is moe-opt's\n";
+    return 1;
+  }
 
   if (hfConfig.empty() && quant != Quant::Auto) {
     llvm::errs() << "moe-compile: --quant applies to --from-hf-config; a "
@@ -373,7 +320,7 @@ int main(int argc, char **argv) {
   if (!module)
     return 1;
   if (emit != Emit::MLIR)
-    return compileSharedLibrary(*module, argv[0]) ? 0 : 1;
+    return compileSharedLibrary(*module, options, argv[0]) ? 0 : 1;
 
   std::unique_ptr<llvm::ToolOutputFile> output =
       openOutputFile(outputFile, &error);

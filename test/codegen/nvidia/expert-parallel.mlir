@@ -8,9 +8,9 @@
 // block; the send is a block per token plus one, so the last block to finish
 // raises the flags even with no tokens; unpack and combine send stride over
 // 264 blocks.
-// CHECK: #moe.buffer<arg = -2>
+// CHECK: #moe.buffer<kind = ep_state>
 // CHECK-SAME: #moe.buffer<bytes = 4096>
-// CHECK-SAME: #moe.buffer<arg = -2, bytes = 10304>
+// CHECK-SAME: #moe.buffer<kind = ep_state, bytes = 10304>
 // CHECK: #moe.launch<kernel = @moe_ep_dispatch_plan, work = 1, block = 1024
 // CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_send, work = 1 * T, extra_blocks = 1, block = 512
 // CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_wait, work = 1, block = 1024

@@ -5,7 +5,7 @@
 // caller's buffers (inputs, then the output), the workspace slices in
 // order, the TMA descriptors of each matmul and the launches in stream order.
 // CHECK-LABEL: func.func @layer
-// CHECK-SAME: moe.launch_plan = #moe.launch_plan<buffers = [#moe.buffer<arg = 0>, #moe.buffer<arg = 1>, #moe.buffer<arg = 2>, #moe.buffer<arg = 3>, #moe.buffer<arg = 4>,
+// CHECK-SAME: moe.launch_plan = #moe.launch_plan<buffers = [#moe.buffer<kind = argument>, #moe.buffer<kind = argument, index = 1>, #moe.buffer<kind = argument, index = 2>, #moe.buffer<kind = argument, index = 3>, #moe.buffer<kind = argument, index = 4>,
 // CHECK-SAME: #moe.buffer<bytes = 8 * T>, #moe.buffer<bytes = 8 * T>, #moe.buffer<bytes = 32>, #moe.buffer<bytes = 36>, #moe.buffer<bytes = 8 * T>, #moe.buffer<bytes = 256 * T>, #moe.buffer<bytes = 128 * T>, #moe.buffer<bytes = 256 * T>]
 // CHECK-SAME: tensor_maps = [#moe.tensor_map<buffer = 10, element_bytes = 2, rows = 2 * T, cols = 64, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 2, element_bytes = 2, rows = 512, cols = 64, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 11, element_bytes = 2, rows = 2 * T, cols = 32, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 3, element_bytes = 2, rows = 512, cols = 32, box_rows = 128, box_cols = 64>]
 // CHECK-SAME: launches = [#moe.launch<kernel = @moe_route, work = 1 * T, per_block = 4, block = 256, args = [buffer 0, buffer 1, buffer 5, buffer 6, tokens]>,
