@@ -109,7 +109,7 @@ static void ifThen(HostBuilder &h, Value cond, function_ref<void()> then) {
 /// the state once lib/transport has counted its writes in. `progress`
 /// holds six counters per peer between passes. Returns 0 when there was
 /// nothing to do, 1 when it did something, 2 when a write failed. The
-/// runtime's proxy thread (ExpertParallelCuda.cpp) calls it in a loop.
+/// runtime's proxy thread (EpCudaGroup.cpp) calls it in a loop.
 static LLVM::LLVMFuncOp addProxyTurn(ModuleOp module, StringRef name,
                                      const ::moe::rt::EpDeviceLayout &layout) {
   using ::moe::rt::EpDeviceLayout;
