@@ -63,6 +63,8 @@ struct RankPlan {
   size_t sharedBytes = 0;           // the reports, then the outputs
 };
 
+/// Rank r takes the r-th of `ranks` near-equal contiguous slices of the
+/// tokens, the first `tokens` mod `ranks` ranks one more.
 RankPlan planRanks(const std::vector<LayerArg> &args, int64_t tokens,
                    int64_t ranks) {
   RankPlan plan;
