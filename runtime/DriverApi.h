@@ -42,7 +42,7 @@ struct CudaDevice::Driver {
                                 const uint64_t *, const unsigned *,
                                 const unsigned *, int, int, int, int);
   int (*cuStreamSynchronize)(void *);
-  // Expert parallelism on one host (ExpertParallelCuda.cpp).
+  // Expert parallelism on one host (EpCudaGroup.cpp).
   struct IpcHandle {
     char reserved[64];
   };

@@ -67,7 +67,7 @@ void moe_ep_combine_send(int64_t expert_out, int64_t row_bytes, int64_t origin,
                          int64_t rows, int64_t sent);
 void moe_ep_combine_recv(int64_t gathered, int64_t rows);
 
-/* ---- called by a GPU layer's generated code (ExpertParallelCuda.cpp) -----
+/* ---- called by a GPU layer's generated code (EpCudaGroup.cpp) -----------
  * Init allocates the rank's state (`state_bytes`, for `capacity` tokens per
  * rank) in the current context and maps every peer's (or, with `proxy`,
  * pins it and a staging copy per peer in host memory and starts a thread

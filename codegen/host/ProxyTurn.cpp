@@ -41,7 +41,7 @@ static void ifThen(HostBuilder &h, Value cond, function_ref<void()> then) {
 /// the state once lib/transport has counted its writes in. `progress`
 /// holds six counters per peer between passes. Returns 0 when there was
 /// nothing to do, 1 when it did something, 2 when a write failed. The
-/// runtime's proxy thread (ExpertParallelCuda.cpp) calls it in a loop.
+/// runtime's proxy thread (runtime/EpCudaGroup.cpp) calls it in a loop.
 LLVM::LLVMFuncOp host::addProxyTurn(ModuleOp module, ExpertParallelAttr ep) {
   using ::moe::rt::EpDeviceLayout;
   EpDeviceLayout layout{::moe::rt::EpLayout{ep.getHidden(), ep.getTopK(),

@@ -1,4 +1,4 @@
-//===- ExpertParallel.cpp - the CPU layer's token exchanges over transport ===//
+//===- EpCpuExchange.cpp - a CPU layer's token exchanges over transport ---===//
 //
 // What the CPU backend's moe.ep_* ops call: bytes move between ranks through
 // lib/transport (RMA writes counted per peer, no ordering assumed); the
@@ -22,7 +22,7 @@
 #include "runtime/moe_ep.h"
 
 #include "moe_transport.h"
-#include "runtime/EpGroup.h"
+#include "runtime/EpJoin.h"
 #include "runtime/EpLayout.h"
 
 #include <algorithm>

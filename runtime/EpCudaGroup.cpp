@@ -1,4 +1,4 @@
-//===- ExpertParallelCuda.cpp - a GPU layer's expert-parallel group -------===//
+//===- EpCudaGroup.cpp - a GPU layer's expert-parallel group --------------===//
 //
 // Init for sm_90a expert-parallel layers. Over NVLink (ranks on one host):
 // each rank allocates its state (runtime/EpLayout.h) in its current
@@ -24,7 +24,7 @@
 #include "moe_transport.h"
 #include "runtime/CudaDriver.h"
 #include "runtime/DriverApi.h"
-#include "runtime/EpGroup.h"
+#include "runtime/EpJoin.h"
 #include "runtime/EpLayout.h"
 #include "runtime/moert.h"
 

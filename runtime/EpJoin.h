@@ -1,13 +1,13 @@
-//===- EpGroup.h - what both expert-parallel runtimes share -----*- C++ -*-===//
+//===- EpJoin.h - config checks and joining a group -------------*- C++ -*-===//
 //
 // Internal to libmoe_ep: the checks of an init's config and joining the
-// group through lib/transport, the same for CPU layers (ExpertParallel.cpp)
-// and GPU layers (ExpertParallelCuda.cpp).
+// group through lib/transport, the same for CPU layers (EpCpuExchange.cpp)
+// and GPU layers (EpCudaGroup.cpp).
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef MOE_RUNTIME_EPGROUP_H
-#define MOE_RUNTIME_EPGROUP_H
+#ifndef MOE_RUNTIME_EPJOIN_H
+#define MOE_RUNTIME_EPJOIN_H
 
 #include "moe_transport.h"
 #include "runtime/moe_ep.h"
@@ -32,4 +32,4 @@ moe_transport_t *joinEpGroup(const moe_ep_config_t *config, void *send,
 
 } // namespace moe::rt
 
-#endif // MOE_RUNTIME_EPGROUP_H
+#endif // MOE_RUNTIME_EPJOIN_H

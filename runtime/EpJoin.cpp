@@ -1,6 +1,6 @@
-//===- EpGroup.cpp - what both expert-parallel runtimes share -------------===//
+//===- EpJoin.cpp - config checks and joining a group over transport ------===//
 
-#include "runtime/EpGroup.h"
+#include "runtime/EpJoin.h"
 
 #include <algorithm>
 
