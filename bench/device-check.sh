@@ -20,6 +20,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${DEVICE_DIR:-$root/build/device}
 mode=${1:-}
+# The checks import this checkout's Python package.
+export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
 
 if [[ $mode == prepare ]]; then
   bash "$root/scripts/build.sh" moe-compile moe-exec moert >&2
