@@ -14,8 +14,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${EP_DIR:-$root/build/ep}
 mode=${1:-}
-# The inputs are made by the test helpers, on this checkout's Python package.
-export PYTHONPATH="$root/python:$root/test/tools${PYTHONPATH:+:$PYTHONPATH}"
+# python3 -m bench.NAME, and the test helpers (which make the inputs) on
+# this checkout's Python package.
+export PYTHONPATH="$root:$root/python:$root/test/tools${PYTHONPATH:+:$PYTHONPATH}"
 
 if [[ $mode == prepare ]]; then
   bash "$root/scripts/build.sh" moe-compile moe-exec moert moe_ep moe_transport >&2
@@ -109,12 +110,12 @@ if [[ $mode == run ]]; then
   fi
   for v in ${EP_BIG-dsv3 dsv3_fp8}; do
     echo "-- DeepSeek-V3 ($v, 256 experts, EP2):"
-    timeout 300 python3 "$root/bench/ep_bench.py" "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" \
+    timeout 300 python3 -m bench.ep_bench "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" \
       --tokens "${EP_TOKENS:-1,128,4096}" --repeat "${EP_REPEAT:-20}" || echo "$v: the benchmark failed"
   done
   for v in ${EP_PROXY-dsv3}; do
     echo "-- DeepSeek-V3 ($v, 256 experts, EP2) through the proxy:"
-    timeout 300 python3 "$root/bench/ep_bench.py" "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" --proxy \
+    timeout 300 python3 -m bench.ep_bench "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" --proxy \
       --tokens "${EP_PROXY_TOKENS:-1,128,4096}" --repeat "${EP_REPEAT:-20}" || echo "$v: the proxy benchmark failed"
   done
   exit 0
