@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """Attention (moe.attention) compiled for sm_90a: checked and timed.
 
-  attention_check.py prepare --compile BIN/moe-compile --dir DIR
+  python3 -m bench.attention_check prepare --compile BIN/moe-compile --dir DIR
       on the build machine: writes one .mlir per shape and compiles it for
       sm_90a (and the small ones for the CPU) into DIR, with manifest.json.
-  attention_check.py run --dir DIR [--time]
+  python3 -m bench.attention_check run --dir DIR [--time]
       on the GPU machine: for each shape, random inputs, the output poisoned
       with NaN, one forward, and the relative error ||out - ref|| / ||ref||
       against a float64 reference (every row of the small shapes, 256 rows
@@ -19,6 +18,8 @@ import math
 import os
 import subprocess
 import sys
+
+from bench.common import bench, emit
 
 # name, batch, query positions, key positions, query heads, kv heads, head
 # size, value head size, causal, ping-pong, small (checked on the CPU too).
@@ -127,7 +128,6 @@ def reference(q, k, v, causal, rows=None, heads=None):
 def sdpa_peer(q, k, v, causal):
     """The fastest of SDPA's backends that runs this shape: (us, name)."""
     import torch
-    from device_check import bench
     from torch.nn.attention import SDPBackend, sdpa_kernel
     F = torch.nn.functional
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
@@ -165,10 +165,6 @@ def flops(e):
 
 def run(opts):
     import torch
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..",
-                                    "python"))
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from device_check import bench  # CUDA-event timing, shared
     from moe_compiler import Layer
     manifest = json.load(open(os.path.join(opts.dir, "manifest.json")))
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -229,7 +225,7 @@ def run(opts):
             if sq <= 16:
                 kv_bytes = 2 * b * skv * hkv * (d + dv)
                 result["kv_gbps"] = kv_bytes / t / 1e3
-        print(json.dumps(result), flush=True)
+        emit(**result)
     return 1 if failed else 0
 
 

@@ -1,19 +1,18 @@
-#!/usr/bin/env python3
 """Calls a GPU layer the way a careless caller might: a negative or huge
 token count, a null or misaligned argument, no workspace. Each call must fail
 with a message that names the problem, launch nothing, and leave the CUDA
 context usable: a correct forward runs after them. Prints one JSON line per
-case; exits nonzero if any case misbehaves."""
+case; exits nonzero if any case misbehaves.
+
+    python3 -m bench.call_checks LIB
+"""
 import ctypes
-import json
-import os
 import sys
 
 import torch
+from moe_compiler.layer import Layer, LayerError
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
-from moe_compiler.layer import Layer, LayerError  # noqa: E402
-from device_check import make_inputs  # noqa: E402
+from bench.common import emit, make_inputs
 
 
 def main():
@@ -45,9 +44,8 @@ def main():
         status, message = raw(pointers, count, ws)
         passed = status != 0 and expect in message
         ok &= passed
-        print(json.dumps({"what": "call-check", "case": name,
-                          "status": status, "message": message,
-                          "ok": passed}))
+        emit(what="call-check", case=name, status=status, message=message,
+             ok=passed)
     # The context survived: a correct forward runs and gives finite output.
     try:
         out = layer.forward(*tensors)
@@ -55,10 +53,9 @@ def main():
         finite = bool(torch.isfinite(out.float()).all())
     except (LayerError, RuntimeError) as e:
         finite = False
-        print(json.dumps({"what": "call-check", "case": "after", "error": str(e)}))
+        emit(what="call-check", case="after", error=str(e))
     ok &= finite
-    print(json.dumps({"what": "call-check", "case": "forward after",
-                      "ok": finite}))
+    emit(what="call-check", case="forward after", ok=finite)
     sys.exit(0 if ok else 1)
 
 

@@ -20,6 +20,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${DEVICE_DIR:-$root/build/device}
 mode=${1:-}
+# python3 -m bench.NAME, and this checkout's Python package.
+export PYTHONPATH="$root:$root/python${PYTHONPATH:+:$PYTHONPATH}"
 
 if [[ $mode == prepare ]]; then
   bash "$root/scripts/build.sh" moe-compile moe-exec moert >&2
@@ -109,7 +111,7 @@ if [[ $mode == compare ]]; then
       name=$(basename "$lib" .so); name=${name#big_}
       for side in "$other" "$dir"; do
         echo "{\"what\": \"side\", \"commit\": \"$(cat "$side/COMMIT")\", \"round\": $round}" | tee -a "$log"
-        python3 "$root/bench/device_check.py" "$side/big_$name.so" --tokens 1 128 4096 --time \
+        python3 -m bench.device_check "$side/big_$name.so" --tokens 1 128 4096 --time \
           --label "$name" | tee -a "$log"
       done
     done
@@ -125,7 +127,7 @@ mkdir -p "$results"
 log="$results/device-check.jsonl"
 : > "$log"
 status=0
-check() { python3 "$root/bench/device_check.py" "$@" | tee -a "$log" || status=1; }
+check() { python3 -m bench.device_check "$@" | tee -a "$log" || status=1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sed 's/^/# /' | tee -a "$log"
 echo "{\"what\": \"commit\", \"commit\": \"$(cat "$dir/COMMIT")\"}" | tee -a "$log"
 for lib in "$dir"/gpu_*.so; do
@@ -168,10 +170,10 @@ sys.exit(0 if err <= 1e-2 else 1)
 PY
 done
 # Our layers against transformers' MoE blocks, from checkpoints it saved.
-python3 "$root/bench/hf_check.py" "$dir/hf" 2>/dev/null | tee -a "$log"
+python3 -m bench.hf_check "$dir/hf" 2>/dev/null | tee -a "$log"
 grep -q '"ok": false' "$log" && status=1
 # Bad calls fail with a message and leave the context usable.
-python3 "$root/bench/call_checks.py" "$dir/gpu_qwen3_moe.so" | tee -a "$log" || status=1
+python3 -m bench.call_checks "$dir/gpu_qwen3_moe.so" | tee -a "$log" || status=1
 for refused in "$dir"/refused_*.txt; do
   [[ -f $refused ]] || continue
   name=$(basename "$refused" .txt); name=${name#refused_}
@@ -180,7 +182,7 @@ for refused in "$dir"/refused_*.txt; do
 done
 if command -v compute-sanitizer > /dev/null; then
   for name in deepseek_v3 $(cd "$dir" && ls gpu_odd_*.so 2>/dev/null | sed 's/^gpu_//; s/\.so$//'); do
-    compute-sanitizer --tool memcheck --print-limit 20 python3 "$root/bench/device_check.py" \
+    compute-sanitizer --tool memcheck --print-limit 20 python3 -m bench.device_check \
       "$dir/gpu_$name.so" --cpu "$dir/cpu_$name.so" --tokens 1 33 200 --label "sanitized_$name" \
       > "$results/memcheck_$name.txt" 2>&1 && echo "{\"what\": \"memcheck\", \"layer\": \"$name\", \"ok\": true}" | tee -a "$log" \
       || { echo "{\"what\": \"memcheck\", \"layer\": \"$name\", \"ok\": false}" | tee -a "$log"; status=1; }

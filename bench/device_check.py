@@ -1,5 +1,6 @@
-#!/usr/bin/env python3
 """Checks and times GPU layers compiled by moe-compile --target=sm_90a.
+
+    python3 -m bench.device_check LIB [--cpu CPU_LIB] [--tokens N...] [--time]
 
 For each layer and token count: fresh random inputs, the output poisoned with
 NaN, one forward on the current stream, then the relative error
@@ -8,104 +9,16 @@ NaN, one forward on the current stream, then the relative error
               the numerics), run on the host: any layer, quantized included;
   otherwise   a float32 PyTorch reference on the GPU (bf16 layers).
 With --time, the layer, its kernels (torch.profiler) and the PyTorch peer (the
-grouped-mm layer of ../shared/bench/torch_peers.py, same shapes) are timed in
-the same run. Prints one JSON line per result.
+grouped-mm layer of bench/common.py, same shapes) are timed in the same run.
+Prints one JSON line per result.
 """
 import argparse
-import json
-import math
-import os
 import sys
 
 import torch
+from moe_compiler import Layer
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
-from moe_compiler import Layer  # noqa: E402
-
-DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32,
-          "F8_E4M3": torch.float8_e4m3fn, "I32": torch.int32}
-
-
-def out(**kw):
-    print(json.dumps(kw), flush=True)
-
-
-def quantize_blocks(values, scale_shape, scale_dtype):
-    """FP8 weights ([E,] N, K) as a quantized layer takes them: E4M3 codes
-    and f32 scales per 128 x 128 (or 1 x 128) block as DeepSeek-V3 stores
-    them, or E8M0 scales (as bytes) per 1 x 32 block for MXFP8."""
-    squeeze = values.dim() == 2
-    if squeeze:
-        values, scale_shape = values[None], [1] + list(scale_shape)
-    e, n, k = values.shape
-    if scale_dtype == "F8_E8M0":
-        pad = (-k) % 32
-        b = torch.nn.functional.pad(values.float(), (0, pad))
-        b = b.view(e, n, -1, 32)
-        amax = b.abs().amax(-1, keepdim=True)
-        exp = (torch.floor(torch.log2(amax.clamp(min=2.0 ** -126))) - 8
-               ).clamp(-127, 127)
-        exp = torch.where(amax > 0, exp, torch.full_like(exp, -127.0))
-        codes = (b / torch.exp2(exp)).clamp(-448, 448)
-        codes = codes.view(e, n, -1)[:, :, :k].contiguous().to(
-            torch.float8_e4m3fn)
-        scales = (exp.squeeze(-1) + 127).to(torch.uint8)
-    else:
-        rb = 1 if scale_shape[1] == n else 128
-        padded = torch.zeros(e, scale_shape[1] * rb, scale_shape[2] * 128,
-                             dtype=torch.float32, device=values.device)
-        padded[:, :n, :k] = values
-        blocks = padded.view(e, scale_shape[1], rb, scale_shape[2], 128)
-        amax = blocks.abs().amax(dim=(2, 4)).clamp(min=1e-4)
-        scales = amax / 448.0
-        codes = (blocks / scales[:, :, None, :, None]).view_as(padded)
-        codes = codes[:, :n, :k].contiguous().to(torch.float8_e4m3fn)
-    if squeeze:
-        codes, scales = codes[0], scales[0]
-    return codes, scales.contiguous()
-
-
-def make_inputs(layer, tokens, gen, device):
-    """Random inputs in ABI order, output last (poisoned)."""
-    shapes = {a["name"]: a["shape"] for a in layer.args}
-    dtypes = {a["name"]: a["dtype"] for a in layer.args}
-    made = {}
-    for arg in layer.args:
-        name = arg["name"]
-        if arg["output"] or name in made:
-            continue
-        shape = [tokens if d < 0 else d for d in arg["shape"]]
-        scale = 1.0 if name == "hidden_states" else (
-            0.3 if "bias" in name else 1.0 / math.sqrt(shape[-1]))
-        values = torch.randn(shape, generator=gen, device=device) * scale
-        if arg["dtype"] == "F8_E4M3":
-            scale_shape = shapes[name + "_scale"]
-            made[name], made[name + "_scale"] = quantize_blocks(
-                values, scale_shape, dtypes[name + "_scale"])
-            continue
-        made[name] = values.to(DTYPES[arg["dtype"]])
-    res = layer.args[-1]
-    made["out"] = torch.full([tokens if d < 0 else d for d in res["shape"]],
-                             float("nan"), dtype=DTYPES[res["dtype"]],
-                             device=device)
-    return [made[a["name"]] for a in layer.args]
-
-
-def dequantized(named, name, dtype=torch.float32):
-    """FP8 data ([E,] N, K) times its block scales, in `dtype` (float64
-    holds every product exactly)."""
-    w = named[name]
-    s = named[name + "_scale"]
-    s = torch.exp2(s.to(dtype) - 127) if s.dtype == torch.uint8 else s.to(dtype)
-    squeeze = w.dim() == 2
-    if squeeze:
-        w, s = w[None], s[None]
-    e, n, k = w.shape
-    rb = 1 if s.shape[1] == n else 128
-    kb = 32 if named[name + "_scale"].dtype == torch.uint8 else 128
-    full = s.repeat_interleave(rb, 1)[:, :n].repeat_interleave(kb, 2)
-    out = w.to(dtype) * full[:, :, :k]
-    return out[0] if squeeze else out
+from bench.common import bench, emit, kernel_times, make_inputs, peer_layer
 
 
 def reference(info, named):
@@ -163,81 +76,10 @@ def reference(info, named):
     return y
 
 
-def peer_layer(named, info):
-    """torch_peers.py's grouped-mm layer (softmax top-k, sort, two
-    torch._grouped_mm, weighted combine) on the same weights."""
-    c = info["config"]
-    x, wr = named["hidden_states"], named["router_weight"]
-    # FP8 layers are timed beside the same layer in bf16.
-    def bf16(name):
-        w = named[name]
-        if w.dtype == torch.float8_e4m3fn:
-            w = dequantized(named, name).bfloat16()
-        return w
-    w13t = bf16("w13").transpose(-2, -1)
-    w2t = bf16("w2").transpose(-2, -1)
-    E, k, T, H = wr.shape[0], c["top_k"], x.shape[0], x.shape[1]
-
-    def fwd():
-        probs = (x @ wr.t()).float().softmax(-1)
-        topw, topi = probs.topk(k, -1)
-        topw = topw / topw.sum(-1, keepdim=True)
-        flat = topi.flatten()
-        order = flat.argsort()
-        counts = torch.bincount(flat, minlength=E)
-        xs = x.repeat_interleave(k, 0)[order]
-        offs = counts.cumsum(0).to(torch.int32)
-        h = torch._grouped_mm(xs, w13t, offs=offs)
-        g, u = h.chunk(2, -1)
-        y = torch._grouped_mm(torch.nn.functional.silu(g) * u, w2t, offs=offs)
-        o = torch.zeros(T * k, H, device=x.device, dtype=torch.float32)
-        o[order] = y.float()
-        return (o.view(T, k, H) * topw.unsqueeze(-1)).sum(1).to(torch.bfloat16)
-    return fwd
-
-
-def bench(fn, iters, warm=3, ahead=False):
-    """us per call, by CUDA events around `iters` calls. With `ahead`, the
-    calls are enqueued behind a spin kernel, so the host gets ahead and the
-    time is the GPU's alone (kernels and the gaps between them)."""
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Event(enable_timing=True)
-    e = torch.cuda.Event(enable_timing=True)
-    if ahead:
-        torch.cuda._sleep(int(2e8))  # ~100 ms
-    s.record()
-    for _ in range(iters):
-        fn()
-    e.record()
-    torch.cuda.synchronize()
-    return s.elapsed_time(e) / iters * 1e3
-
-
 def layer_flops(info, tokens):
     c = info["config"]
     f = 2 * tokens * c["top_k"] * 3 * c["hidden"] * c["intermediate"]
     return f + 2 * tokens * 3 * c["hidden"] * c["shared_intermediate"]
-
-
-def kernel_times(layer, tensors):
-    """Mean device time of each kernel of one forward, from torch.profiler."""
-    from torch.profiler import ProfilerActivity, profile
-    layer.forward(*tensors)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            layer.forward(*tensors)
-        torch.cuda.synchronize()
-    times = {}
-    for ev in prof.key_averages():
-        # Our kernels: moe_<family>[_<step>] (k<N>_<family> before they
-        # had stable names).
-        if ev.key.startswith("moe_") or (ev.key.startswith("k") and "_" in ev.key):
-            t = getattr(ev, "device_time", None) or ev.cuda_time
-            times[ev.key] = times.get(ev.key, 0) + t * ev.count / 3
-    return times
 
 
 def main():
@@ -274,7 +116,7 @@ def main():
         finite = bool(torch.isfinite(got).all())
         if cpu and opts.cpu_tokens is not None and tokens > opts.cpu_tokens:
             ok = finite
-            out(what="check", layer=label, tokens=tokens,
+            emit(what="check", layer=label, tokens=tokens,
                 reference="none (finite only)", finite=finite, ok=ok)
         else:
             if cpu:
@@ -287,7 +129,7 @@ def main():
             norm = ref.norm().item()
             err = (got - ref).norm().item() / norm if norm > 0 else 0.0
             ok = finite and err <= opts.bound
-            out(what="check", layer=label, tokens=tokens,
+            emit(what="check", layer=label, tokens=tokens,
                 reference="cpu backend" if cpu else "torch float32",
                 rel_error=err, bound=opts.bound, finite=finite, ok=ok)
         failed |= not ok
@@ -303,7 +145,7 @@ def main():
             layer.set_graphs(True)
             same = bool(torch.equal(tensors[-1], replayed))
             failed |= not same
-            out(what="buckets", layer=label, tokens=tokens,
+            emit(what="buckets", layer=label, tokens=tokens,
                 eager_equal=same, ok=same)
         if opts.graph and ok and tokens > 0:
             # The forward neither waits nor copies: it can be captured in a
@@ -317,25 +159,25 @@ def main():
             torch.cuda.synchronize()
             same = bool(torch.equal(tensors[-1], first))
             failed |= not same
-            out(what="graph", layer=label, tokens=tokens, replay_equal=same,
+            emit(what="graph", layer=label, tokens=tokens, replay_equal=same,
                 ok=same)
         if not opts.time or not ok:
             continue
         iters = 20 if tokens <= 128 else 10
         us = bench(lambda: layer.forward(*tensors), iters)
         flops = layer_flops(layer.info, tokens)
-        out(what="time", layer=label, tokens=tokens, us=us,
+        emit(what="time", layer=label, tokens=tokens, us=us,
             tflops=flops / us / 1e6)
         if hasattr(torch, "_grouped_mm"):
             try:
                 peer = bench(peer_layer(named, layer.info), iters)
-                out(what="peer", layer=label, tokens=tokens, us=peer,
+                emit(what="peer", layer=label, tokens=tokens, us=peer,
                     peer="torch grouped_mm layer")
             except Exception as ex:  # the peer's own limits, not ours
-                out(what="peer", layer=label, tokens=tokens,
+                emit(what="peer", layer=label, tokens=tokens,
                     error=repr(ex)[:200])
         if tokens == max(opts.tokens):
-            out(what="kernels", layer=label, tokens=tokens,
+            emit(what="kernels", layer=label, tokens=tokens,
                 us=kernel_times(layer, tensors))
     return 1 if failed else 0
 

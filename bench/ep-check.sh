@@ -14,6 +14,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${EP_DIR:-$root/build/ep}
 mode=${1:-}
+# python3 -m bench.NAME, and the test helpers (which make the inputs) on
+# this checkout's Python package.
+export PYTHONPATH="$root:$root/python:$root/test/tools${PYTHONPATH:+:$PYTHONPATH}"
 
 if [[ $mode == prepare ]]; then
   bash "$root/scripts/build.sh" moe-compile moe-exec moert moe_ep moe_transport >&2
@@ -31,10 +34,9 @@ if [[ $mode == prepare ]]; then
     "$compile" --from-hf-config "$c" --name layer --target=sm_90a --ep-size 2 --ep-max-tokens 64 "$@" -o "$dir/${m}_ep2.so"
     python3 - "$dir/${m}_ep1.so" "$dir/in_$m.safetensors" <<'PY'
 import sys
-sys.path.insert(0, "test/tools")
 from check_ep import layer_info, make_inputs
-from check_layer import write_safetensors
-write_safetensors(sys.argv[2], make_inputs(layer_info(sys.argv[1]), 77, 3, None, 2))
+from check_layer import write_inputs
+write_inputs(sys.argv[2], make_inputs(layer_info(sys.argv[1]), 77, 3, None, 2))
 PY
   }
   for m in mixtral qwen2_moe qwen3_moe deepseek_v3 gpt_oss deepseek_v3_fp8; do
@@ -108,12 +110,12 @@ if [[ $mode == run ]]; then
   fi
   for v in ${EP_BIG-dsv3 dsv3_fp8}; do
     echo "-- DeepSeek-V3 ($v, 256 experts, EP2):"
-    timeout 300 python3 "$root/bench/ep_bench.py" "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" \
+    timeout 300 python3 -m bench.ep_bench "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" \
       --tokens "${EP_TOKENS:-1,128,4096}" --repeat "${EP_REPEAT:-20}" || echo "$v: the benchmark failed"
   done
   for v in ${EP_PROXY-dsv3}; do
     echo "-- DeepSeek-V3 ($v, 256 experts, EP2) through the proxy:"
-    timeout 300 python3 "$root/bench/ep_bench.py" "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" --proxy \
+    timeout 300 python3 -m bench.ep_bench "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" --proxy \
       --tokens "${EP_PROXY_TOKENS:-1,128,4096}" --repeat "${EP_REPEAT:-20}" || echo "$v: the proxy benchmark failed"
   done
   exit 0

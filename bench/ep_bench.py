@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """An expert-parallel GPU layer on two (or more) GPUs of one host, one
 process per GPU: checked bit for bit against the same layer compiled with
 ep_size 1, and its dispatch and combine timed beside NCCL's
 all_to_all_single doing the same exchange, and beside the link itself.
 
-  ep_bench.py EP1.so EPN.so --tokens 1,128,4096 [--repeat 50]
+  python3 -m bench.ep_bench EP1.so EPN.so --tokens 1,128,4096 [--repeat 50]
 
 Weights and tokens are made on each GPU from one seed, so every rank has the
 same full layer without files. For each token count T (per rank), every
@@ -21,6 +20,8 @@ import re
 import socket
 import sys
 import tempfile
+
+from bench.common import emit
 
 
 class EpConfig(ctypes.Structure):
@@ -289,7 +290,7 @@ def main():
     if torch.cuda.device_count() < ranks:
         print(f"needs {ranks} GPUs, has {torch.cuda.device_count()}")
         return 1
-    print(json.dumps(link(20)), flush=True)
+    emit(**link(20))
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port, nccl_port = 20000 + free_port() % 20000, free_port()
@@ -313,7 +314,7 @@ def main():
     for p in procs:
         p.join()
     for line in sorted(lines, key=lambda l: (l["tokens_per_rank"], l["rank"])):
-        print(json.dumps(line), flush=True)
+        emit(**line)
     ok = all(l["bit_identical"] for l in lines)
     print("all bit-identical" if ok else "MISMATCH", flush=True)
     return 0 if ok else 1

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Our layers against HuggingFace transformers' own MoE blocks (GPU machine).
 
 For each model type of bench/hf_configs.json: build the model with
@@ -15,7 +14,7 @@ block is given the dequantized weights.
 Then, on one layer: the [batch, seq, H] form, torch.compile and a CUDA graph
 replay give the same output as the eager call. Prints one JSON line each.
 
-    python3 bench/hf_check.py LIB_DIR
+    python3 -m bench.hf_check LIB_DIR
 """
 import json
 import math
@@ -23,22 +22,17 @@ import os
 import sys
 import tempfile
 
-import ml_dtypes
 import numpy as np
 import torch
 import transformers
+from moe_compiler import MoE
+from moe_compiler.quantize import quantize_weight
+from moe_compiler.safetensors_io import SafetensorsFile, write_safetensors
 from transformers import AutoConfig, AutoModelForCausalLM
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
-from moe_compiler import MoE  # noqa: E402
-from moe_compiler.safetensors_io import (SafetensorsFile,  # noqa: E402
-                                         write_safetensors)
+from bench.common import emit
 
 TOKENS = [1, 16, 128, 1024]
-
-
-def out(**kw):
-    print(json.dumps(kw), flush=True)
 
 
 def moe_block(model):
@@ -73,18 +67,13 @@ def hf_forward(block, x):
 
 
 def fp8_blocks(w):
-    """[N, K] f32 -> E4M3 codes and f32 scales per 128 x 128 block."""
+    """[N, K] f32 -> E4M3 codes and f32 scales per 128 x 128 block, and the
+    values they stand for."""
     n, k = w.shape
-    rb, cb = -(-n // 128), -(-k // 128)
-    padded = np.zeros((rb * 128, cb * 128), np.float32)
-    padded[:n, :k] = w
-    tiles = padded.reshape(rb, 128, cb, 128)
-    scales = np.maximum(np.abs(tiles).max(axis=(1, 3)), 1e-4) / 448.0
-    codes = (tiles / scales[:, None, :, None]).reshape(padded.shape)[:n, :k]
-    codes = codes.astype(ml_dtypes.float8_e4m3fn)
+    codes, scales = quantize_weight(w, "fp8-block128")
     deq = codes.astype(np.float32) * np.repeat(np.repeat(scales, 128, 0),
                                                128, 1)[:n, :k]
-    return codes, scales.astype(np.float32), deq
+    return codes, scales, deq
 
 
 def to_fp8_checkpoint(folder, config, block):
@@ -143,7 +132,7 @@ def check(name, config, lib_dir, gen):
         model.save_pretrained(folder)
         with open(os.path.join(folder, "config.json")) as fh:
             saved = json.load(fh)
-        out(what="saved-config", layer=name,
+        emit(what="saved-config", layer=name,
             fields={k: saved.get(k) for k in sorted(saved) if "expert" in k
                     or "intermediate" in k or k in ("num_experts_per_tok",)})
         if fp8:
@@ -168,7 +157,7 @@ def check(name, config, lib_dir, gen):
                  want.double().norm()).item()
         bound = 0.15 if fp8 else 1e-2
         worst = max(worst, error)
-        out(what="hf-block", layer=name, block=type(block).__name__,
+        emit(what="hf-block", layer=name, block=type(block).__name__,
             tokens=tokens, rel_error=error, bound=bound,
             ok=bool(error <= bound and torch.isfinite(got).all()))
     return ours
@@ -178,7 +167,7 @@ def main():
     lib_dir = sys.argv[1]
     configs = json.load(open(os.path.join(os.path.dirname(__file__),
                                           "hf_configs.json")))
-    out(what="versions", transformers=transformers.__version__,
+    emit(what="versions", transformers=transformers.__version__,
         torch=torch.__version__, device=torch.cuda.get_device_name())
     gen = torch.Generator().manual_seed(0)
     modules = {}
@@ -190,11 +179,11 @@ def main():
     x = torch.randn(4, 32, 256, generator=gen).to(torch.bfloat16).cuda()
     eager = moe(x)
     flat = moe(x.reshape(-1, 256)).reshape(eager.shape)
-    out(what="shapes", equal=bool(torch.equal(eager, flat)),
+    emit(what="shapes", equal=bool(torch.equal(eager, flat)),
         shape=list(eager.shape))
     compiled = torch.compile(moe, fullgraph=True)
     same = torch.equal(compiled(x), eager)
-    out(what="torch.compile", equal=bool(same))
+    emit(what="torch.compile", equal=bool(same))
     static = x.clone()
     moe(static)  # warm-up on a side stream is not needed: no sync inside
     torch.cuda.synchronize()
@@ -204,7 +193,7 @@ def main():
     static.copy_(x * 0.5)
     graph.replay()
     torch.cuda.synchronize()
-    out(what="cuda-graph", equal=bool(torch.equal(captured, moe(x * 0.5))))
+    emit(what="cuda-graph", equal=bool(torch.equal(captured, moe(x * 0.5))))
 
 
 if __name__ == "__main__":

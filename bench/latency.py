@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The latency curve of GPU layers: time per forward against token count.
 
 For each layer and token count, with random inputs:
@@ -12,23 +11,20 @@ For each layer and token count, with random inputs:
              eager), per_kernel_us each;
   bound_us   the bytes of weights the forward must read (router, the
              distinct experts the tokens chose, shared experts) at --hbm TB/s.
-With --peer the PyTorch grouped-mm layer of device_check.py runs on the same
+With --peer the PyTorch grouped-mm layer of bench/common.py runs on the same
 inputs in the same run. A layer with buckets also reports its warm-up (every
 bucket's graph captured) and first-call capture times. One JSON line per
 layer and token count.
+
+    python3 -m bench.latency LIB... [--tokens N...] [--peer] [--kernels]
 """
 import argparse
-import json
-import os
-import sys
 import time
 
 import torch
+from moe_compiler import Layer
 
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
-from device_check import bench, kernel_times, make_inputs, peer_layer  # noqa: E402
-from moe_compiler import Layer  # noqa: E402
+from bench.common import bench, emit, kernel_times, make_inputs, peer_layer
 
 
 def weight_bytes(layer, named, tokens):
@@ -87,9 +83,8 @@ def main():
             gen = torch.Generator(device=dev).manual_seed(0)
             tensors = make_inputs(layer, buckets[-1], gen, dev)
             took = layer.warmup(*tensors)
-            print(json.dumps(dict(layer=name, label=opts.label,
-                                  what="warmup", buckets=buckets,
-                                  seconds=took)), flush=True)
+            emit(layer=name, label=opts.label, what="warmup",
+                 buckets=buckets, seconds=took)
         for tokens in opts.tokens:
             gen = torch.Generator(device=dev).manual_seed(tokens)
             tensors = make_inputs(layer, tokens, gen, dev)
@@ -124,7 +119,8 @@ def main():
                     row["peer_us"] = queued(peer, iters)
                 except Exception as ex:  # the peer's own limits
                     row["peer_error"] = repr(ex)[:200]
-            print(json.dumps(row), flush=True)
+            emit(**row)
+
 
 if __name__ == "__main__":
     main()

@@ -1,26 +1,27 @@
-#!/usr/bin/env python3
 """The grouped matmul alone: checked against float64 and timed beside
 torch._grouped_mm (bf16) and torch._scaled_grouped_mm (FP8 rowwise).
 
-  matmul_check.py prepare DIR   on the build machine: writes one function
-                                holding one moe.grouped_matmul per shape and
-                                scheme and compiles it for sm_90a into DIR
-  matmul_check.py run DIR [ONLY]  on the GPU machine: for each library
-                                (those whose name holds ONLY), random
-                                operands (FP8 codes and scales for the
-                                quantized schemes), the output poisoned with
-                                NaN, one call checked against float64, then
-                                timed beside the PyTorch peers; one JSON line
-                                per result
+  python3 -m bench.matmul_check prepare DIR
+        on the build machine: writes one function holding one
+        moe.grouped_matmul per shape and scheme and compiles it for sm_90a
+        into DIR
+  python3 -m bench.matmul_check run DIR [ONLY]
+        on the GPU machine: for each library (those whose name holds ONLY),
+        random operands (FP8 codes and scales for the quantized schemes), the
+        output poisoned with NaN, one call checked against float64, then
+        timed beside the PyTorch peers; one JSON line per result
 
-The shapes are ../shared/bench/peers-h100.md's: E experts x M rows each, N
-weight rows, K; "up" shapes have no activation, so every scheme computes the
-same product as the peers.
+The shapes are the expert matmuls of DeepSeek-V3 (one expert-parallel
+shard's 32 experts, at decode and prefill), Mixtral-8x7B and Qwen3-30B-A3B:
+E experts x M rows each, N weight rows, K; "up" shapes have no activation,
+so every scheme computes the same product as the peers.
 """
 import json
 import os
 import subprocess
 import sys
+
+from bench.common import ROOT, bench, dequantized, emit, quantize
 
 SHAPES = {
     "dsv3_up_decode": (32, 128, 4096, 7168),
@@ -65,8 +66,7 @@ def function(name, scheme, e, n, k):
 
 
 def prepare(out_dir):
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    compile_ = os.path.join(root, "build", "bin", "moe-compile")
+    compile_ = os.path.join(ROOT, "build", "bin", "moe-compile")
     os.makedirs(out_dir, exist_ok=True)
     for shape, (e, m, n, k) in SHAPES.items():
         for scheme in SCHEMES:
@@ -83,13 +83,7 @@ def prepare(out_dir):
 
 def run(lib_dir, only=None):
     import torch
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..",
-                                    "python"))
     from moe_compiler import Layer
-    from device_check import bench, dequantized, quantize_blocks
-
-    def out(**kw):
-        print(json.dumps(kw), flush=True)
 
     shapes = json.load(open(os.path.join(lib_dir, "shapes.json")))
     dev = torch.device("cuda")
@@ -105,7 +99,6 @@ def run(lib_dir, only=None):
         a = torch.randn(rows, k, generator=gen, device=dev)
         b = torch.randn(e, n, k, generator=gen, device=dev) / k ** 0.5
         flops = 2.0 * rows * n * k
-        weight_bytes = {"bf16": 2 * e * n * k}
         for scheme in SCHEMES:
             if only and only not in f"{shape}_{scheme}":
                 continue
@@ -117,15 +110,12 @@ def run(lib_dir, only=None):
                 scales = []
             else:
                 # E4M3 codes with the scales as the ABI takes them (E8M0 as
-                # bytes), quantized as device_check.py quantizes weights.
+                # bytes): the activations' per row (1 x 128 or 1 x 32), the
+                # weights' as a layer's.
                 kind = "F32" if scheme == "fp8_block128" else "F8_E8M0"
-                kb = -(-k // (128 if kind == "F32" else 32))
-                sb_shape = [e, -(-n // 128), kb] if kind == "F32" else [e, n, kb]
                 named = {}
-                named["a"], named["a_scale"] = quantize_blocks(
-                    a, [rows, kb], kind)
-                named["b"], named["b_scale"] = quantize_blocks(
-                    b, sb_shape, kind)
+                named["a"], named["a_scale"] = quantize(a, kind, 1)
+                named["b"], named["b_scale"] = quantize(b, kind)
                 deq_a = dequantized(named, "a", torch.float64)
                 deq_b = dequantized(named, "b", torch.float64)
                 operands = [named["a"], named["b"]]
@@ -145,29 +135,28 @@ def run(lib_dir, only=None):
                      ref.norm()).item()
             ok = bool(torch.isfinite(got).all()) and err <= 2 * floor + 1e-3
             failed |= not ok
-            out(what="check", shape=shape, scheme=scheme, rel_error=err,
+            emit(what="check", shape=shape, scheme=scheme, rel_error=err,
                 bf16_rounding=floor, ok=ok)
             us = bench(lambda: layer.forward(*args), 10 if m >= 1024 else 20)
             wbytes = e * n * k * (2 if scheme == "bf16" else 1)
-            out(what="time", shape=shape, scheme=scheme, us=us,
+            emit(what="time", shape=shape, scheme=scheme, us=us,
                 tflops=flops / us / 1e6, weight_tbps=wbytes / us / 1e6)
             del args, operands, scales, deq_a, deq_b, ref, got
         if not only:
-            peers(out, shape, a, b, offsets[1:], flops, e, n, k)
+            peers(shape, a, b, offsets[1:], flops, e, n, k)
     return 1 if failed else 0
 
 
-def peers(out, shape, a, b, ends, flops, e, n, k):
+def peers(shape, a, b, ends, flops, e, n, k):
     import torch
-    from device_check import bench
     iters = 10 if a.shape[0] // e >= 1024 else 20
     a16, bt16 = a.bfloat16(), b.bfloat16().transpose(-2, -1)
     try:
         us = bench(lambda: torch._grouped_mm(a16, bt16, offs=ends), iters)
-        out(what="peer", shape=shape, peer="torch._grouped_mm bf16", us=us,
+        emit(what="peer", shape=shape, peer="torch._grouped_mm bf16", us=us,
             tflops=flops / us / 1e6, weight_tbps=2 * e * n * k / us / 1e6)
     except Exception as ex:  # the peer's own limits
-        out(what="peer", shape=shape, peer="torch._grouped_mm bf16",
+        emit(what="peer", shape=shape, peer="torch._grouped_mm bf16",
             error=repr(ex)[:200])
     try:
         fp8 = torch.float8_e4m3fn
@@ -177,11 +166,11 @@ def peers(out, shape, a, b, ends, flops, e, n, k):
         qbt = (b / sb[:, :, None]).to(fp8).transpose(-2, -1)
         us = bench(lambda: torch._scaled_grouped_mm(
             qa, qbt, sa, sb, offs=ends, out_dtype=torch.bfloat16), iters)
-        out(what="peer", shape=shape, peer="torch._scaled_grouped_mm fp8 "
+        emit(what="peer", shape=shape, peer="torch._scaled_grouped_mm fp8 "
             "rowwise", us=us, tflops=flops / us / 1e6,
             weight_tbps=e * n * k / us / 1e6)
     except Exception as ex:
-        out(what="peer", shape=shape, peer="torch._scaled_grouped_mm fp8 "
+        emit(what="peer", shape=shape, peer="torch._scaled_grouped_mm fp8 "
             "rowwise", error=repr(ex)[:200])
 
 

@@ -1,10 +1,13 @@
-#!/usr/bin/env python3
 """Turns bench/device-check.sh's JSON lines into the Markdown tables of
-bench/RESULTS.md."""
-import json
+bench/RESULTS.md.
+
+    python3 -m bench.results_table bench/results/device-check-h100-COMMIT.jsonl
+"""
 import sys
 
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+from bench.common import read_lines
+
+rows = read_lines(sys.argv[1])
 commit = next((r["commit"] for r in rows if r["what"] == "commit"), "?")
 print(f"Commit {commit}.\n")
 print("| layer | tokens | reference | relative error | bound |")

@@ -11,6 +11,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
+# The check scripts import this checkout's Python package.
+export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
 bash "$root/scripts/build.sh" moe-opt moe-compile moe-exec moe-reference moe_ep moe_transport >&2
 "$build/bin/moe-opt" --moe-decompose "${1:-$root/examples/deepseek-v3.mlir}"
 

@@ -18,6 +18,12 @@ config.substitutions.append(("%moe_tools_dir", config.moe_tools_dir))
 
 llvm_config.with_system_environment(["HOME", "PATH", "PYTHONPATH"])
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
+# The Python helpers import this checkout's moe_compiler, each other
+# (test/tools) and the reference quantizers' test matrices (test/reference).
+llvm_config.with_environment(
+    "PYTHONPATH", [os.path.join(config.moe_src_root, d)
+                   for d in ("python", "test/tools", "test/reference")],
+    append_path=True)
 
 # The CUDA toolkit, where installed: ptxas turns the PTX we emit into cubins.
 cuda_root = os.environ.get("CUDA_HOME", "/usr/local/cuda")

@@ -30,13 +30,9 @@ class QuantizeError(ValueError):
 
 
 def _encode_e4m3(values):
-    """E4M3 codes of f64 values: round to nearest even, magnitudes past 448
+    """E4M3 codes of f32 values: round to nearest even, magnitudes past 448
     saturate (NaN stays NaN), as docs/numerics.md says."""
-    values = np.asarray(values, np.float64)
-    clipped = np.where(np.isnan(values), values, np.clip(values, -448, 448))
-    # Exact in f32 where it matters: the values carry at most 24 significant
-    # bits, and what underflows f32 is far below E4M3's least step.
-    return clipped.astype(np.float32).astype(E4M3)
+    return np.clip(values, np.float32(-448), np.float32(448)).astype(E4M3)
 
 
 def _mx_exponent(amax, ceil):
@@ -52,11 +48,13 @@ def _mx_exponent(amax, ceil):
     return np.clip(e, -127, 127)
 
 
-def quantize_weight(weight, scheme):
+def quantize_weight(weight, scheme, rows_per_scale=128):
     """E4M3 codes and scales of `weight` ([E,] N, K; any float dtype numpy
     reads exactly into f32, bf16 included) under `scheme`. Returns (codes as
-    float8_e4m3fn, scales as f32 [..., ceil(N/128), ceil(K/128)] or E8M0
-    codes as uint8 [..., N, ceil(K/32)])."""
+    float8_e4m3fn, scales as f32 [..., ceil(N/rows_per_scale), ceil(K/128)]
+    or E8M0 codes as uint8 [..., N, ceil(K/32)]). FP8 block-128 scales
+    blocks of 128 x 128, or of 1 x 128 with `rows_per_scale` 1 (how
+    activations are scaled); MXFP8 blocks are always 1 x 32."""
     if scheme not in SCHEMES:
         raise QuantizeError(f"unknown scheme '{scheme}' (one of "
                             f"{', '.join(SCHEMES)})")
@@ -69,14 +67,15 @@ def quantize_weight(weight, scheme):
         w = w[None]
     e, n, k = w.shape
     if scheme == "fp8-block128":
-        nb, kb = -(-n // 128), -(-k // 128)
-        padded = np.zeros((e, nb * 128, kb * 128), np.float32)
+        rb = rows_per_scale
+        nb, kb = -(-n // rb), -(-k // 128)
+        padded = np.zeros((e, nb * rb, kb * 128), np.float32)
         padded[:, :n, :k] = np.abs(w)
-        blocks = padded.reshape(e, nb, 128, kb, 128)
+        blocks = padded.reshape(e, nb, rb, kb, 128)
         # fmax skips NaN, as the reference's running max does.
         amax = np.fmax.reduce(blocks, axis=(2, 4))
         scales = np.maximum(amax, np.float32(1e-4)) / np.float32(448)
-        per_element = np.repeat(np.repeat(scales, 128, 1), 128, 2)[:, :n, :k]
+        per_element = np.repeat(np.repeat(scales, rb, 1), 128, 2)[:, :n, :k]
         codes = _encode_e4m3(w / per_element)
     else:
         kb = -(-k // 32)
@@ -87,7 +86,9 @@ def quantize_weight(weight, scheme):
         amax = np.where(special, 0, np.abs(np.nan_to_num(blocks)).max(-1))
         exp = _mx_exponent(amax, scheme == "mxfp8-ceil")
         exp = np.where(special, 0, exp)
-        scaled = np.ldexp(blocks.astype(np.float64), -exp[..., None])
+        # Exact in f32 but below its normal range, where ldexp rounds once,
+        # far below E4M3's least step.
+        scaled = np.ldexp(blocks, -exp[..., None])
         codes = _encode_e4m3(scaled.reshape(e, n, kb * 32)[:, :, :k])
         scales = np.where(special, 255, exp + 127).astype(np.uint8)
     if squeeze:

@@ -13,9 +13,8 @@ import subprocess
 import sys
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_layer import DTYPES, read_safetensors, write_safetensors  # noqa
+from check_layer import write_inputs
+from moe_compiler.safetensors_io import DTYPES, SafetensorsFile
 
 
 def reference(q, k, v, causal, scale):
@@ -63,15 +62,15 @@ def main():
         if arg["output"]:
             continue
         values = rng.standard_normal(arg["shape"])
-        arrays[arg["name"]] = values.astype(DTYPES[arg["dtype"]][0])
+        arrays[arg["name"]] = values.astype(DTYPES[arg["dtype"]])
         inputs[arg["name"]] = (arg["dtype"], arrays[arg["name"]])
     os.makedirs(opts.workdir, exist_ok=True)
     given = os.path.join(opts.workdir, "in.safetensors")
     got = os.path.join(opts.workdir, "out.safetensors")
-    write_safetensors(given, inputs)
+    write_inputs(given, inputs)
     subprocess.run([opts.moe_exec, opts.library, "--inputs", given,
                     "--outputs", got], check=True, stdout=subprocess.DEVNULL)
-    out = read_safetensors(got)["out"].astype(np.float64)
+    out = SafetensorsFile(got).get("out").astype(np.float64)
     q, k, v = arrays["query"], arrays["key"], arrays["value"]
     scale = opts.scale or 1.0 / np.sqrt(q.shape[3])
     ref = reference(q, k, v, opts.causal, scale)

@@ -21,12 +21,8 @@ import sys
 
 import ml_dtypes
 import numpy as np
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..",
-                                "python"))
-from moe_compiler.checkpoint import FP4_VALUES  # noqa: E402
-from moe_compiler.safetensors_io import (SafetensorsFile,  # noqa: E402
-                                         write_safetensors)
+from moe_compiler.checkpoint import FP4_VALUES
+from moe_compiler.safetensors_io import SafetensorsFile, write_safetensors
 
 BF16, E4M3 = ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn
 H, I, E, K = 256, 128, 8, 2  # multiples of 128 so FP8 blocks line up

@@ -17,10 +17,8 @@ import subprocess
 import sys
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_layer import (random_inputs, read_safetensors,  # noqa: E402
-                         write_safetensors)
+from check_layer import random_inputs, write_inputs
+from moe_compiler.safetensors_io import SafetensorsFile
 
 
 def layer_info(path):
@@ -78,10 +76,10 @@ def main():
                          max(ranks))
     paths = {k: os.path.join(opts.workdir, f"{tag}-{opts.tokens}-{k}"
                              ".safetensors") for k in ("in", "ep1")}
-    write_safetensors(paths["in"], inputs)
+    write_inputs(paths["in"], inputs)
     subprocess.run([opts.moe_exec, lib1, "--inputs", paths["in"],
                     "--outputs", paths["ep1"]], check=True)
-    expected = read_safetensors(paths["ep1"])["out"]
+    expected = SafetensorsFile(paths["ep1"]).get("out")
     if opts.tokens and not np.any(expected.astype(np.float32)):
         print(f"FAIL: {tag}: the one-rank output is all zeros")
         return 1
@@ -99,7 +97,7 @@ def main():
         if opts.domain:
             cmd += ["--ep-domain", opts.domain]
         subprocess.run(cmd, check=True)
-        got = read_safetensors(out)["out"]
+        got = SafetensorsFile(out).get("out")
         same = got.shape == expected.shape and \
             got.tobytes() == expected.tobytes()
         differ = 0 if same else int(np.sum(

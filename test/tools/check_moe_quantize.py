@@ -15,18 +15,16 @@ import subprocess
 import sys
 import tempfile
 
+import ml_dtypes
 import numpy as np
+from check_quantize import load_raw, matrices
+from moe_compiler.quantize import quantize_weight
+from moe_compiler.safetensors_io import SafetensorsFile, write_safetensors
 from safetensors.numpy import save_file
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reference"))
-from check_quantize import load_raw, matrices  # noqa: E402
 
 
 def main():
-    reference, tool, python_dir = sys.argv[1:4]
-    sys.path.insert(0, python_dir)
-    from moe_compiler.quantize import quantize_weight
-    import ml_dtypes
+    reference, tool = sys.argv[1:3]
     rng = np.random.default_rng(0)
     passed = failed = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -56,8 +54,6 @@ def main():
                  "w13": rng.standard_normal((4, 64, 64)).astype(bf16),
                  "w2": rng.standard_normal((4, 64, 32)).astype(bf16),
                  "shared_w13": rng.standard_normal((32, 64)).astype(bf16)}
-        from moe_compiler.safetensors_io import SafetensorsFile, \
-            write_safetensors
         write_safetensors(f"{tmp}/layer.safetensors", layer)
         for scheme in ("mxfp8", "fp8-block128"):
             out = f"{tmp}/{scheme}.safetensors"
