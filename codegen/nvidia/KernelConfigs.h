@@ -1,0 +1,107 @@
+//===- KernelConfigs.h - the shapes of the tensor-core kernels --*- C++ -*-===//
+//
+// What a kernel family decides before it emits anything: tile shapes, ring
+// stages, warpgroups, shared-memory layout and split counts, as plain data
+// computed from the op and its shapes. The builders emit from these, and
+// tests can check them without building a kernel.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MOE_CODEGEN_NVIDIA_KERNELCONFIGS_H
+#define MOE_CODEGEN_NVIDIA_KERNELCONFIGS_H
+
+#include "codegen/nvidia/LaunchPlan.h"
+#include "dialects/moe/MoeOps.h"
+
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+
+namespace mlir::moe::nvidia {
+
+/// The operands' encoding of a grouped matmul and the wgmma that multiplies
+/// them: bf16, or E4M3 codes with a scale per block of `scaleK` along K.
+struct MatmulEncoding {
+  /// A tile is 128 bytes of K per stage.
+  static constexpr int64_t kSliceBytes = 128;
+
+  MatmulEncoding(QuantAttr scheme, int64_t tileN);
+  bool fp8() const { return static_cast<bool>(scheme); }
+  int64_t tileK() const { return kSliceBytes / elementBytes; }
+  int64_t instK() const { return 32 / elementBytes; }
+  int64_t halves() const { return tileN / instN; }
+  /// f32 per thread of one m64nN fragment.
+  int64_t fragment() const { return instN / 2; }
+  /// Scale blocks along K in one stage.
+  int64_t subBlocks() const { return fp8() ? tileK() / scaleK : 1; }
+
+  QuantAttr scheme;
+  int64_t tileN;
+  int64_t elementBytes = 2, instN, scaleK = 0;
+  NVVM::WGMMATypes type = NVVM::WGMMATypes::bf16;
+};
+
+/// A grouped (or dense) matmul kernel: a block computes tileM rows x tileN
+/// weight rows with a producer and `warpGroups` consumer warpgroups over a
+/// ring of `stages` K slices; K may be split among `splits` blocks.
+struct MatmulConfig {
+  static constexpr int64_t kTileM = 128, kTileN = 256, kWarpGroups = 2,
+                           kStages = 4;
+
+  int64_t tileM = kTileM, tileN = kTileN, warpGroups = kWarpGroups,
+          stages = kStages;
+  /// Registers per thread after setmaxnreg: 128 x 24 + 256 x 240 <= 64 Ki.
+  int64_t producerRegisters = 24, consumerRegisters = 240;
+  MatmulEncoding enc{QuantAttr(), kTileN};
+
+  bool grouped = false;
+  int64_t experts = 1, n = 0, kDim = 0;
+  /// Weight rows per weight scale: 1 for per-row (column) scales, else a
+  /// square block of 128.
+  int64_t rhsScaleRows = 1;
+  bool columnScales = false;
+  /// A gated activation: a tile computes tileN / 2 gate and the matching
+  /// up columns, and gives tileN / 2 outputs.
+  bool gated = false;
+  int64_t outN = 0, outTile = 0;
+  /// Quantization block of the output, 0 when it stays bf16.
+  int64_t outBlock = 0;
+
+  /// K slices, column tiles, K splits and the slices each takes; rowTiles
+  /// is the row tiles of a bucket's grid, 0 when the grid follows the rows.
+  int64_t kTiles = 0, colTiles = 0, splits = 1, tilesPerSplit = 0, rowTiles = 0;
+
+  /// Square weight blocks: the columns of each 128-column half before the
+  /// half's second block row (128 when it lies in one).
+  int64_t scaleSplit[2] = {128, 128};
+
+  int64_t groupRows() const { return tileM / warpGroups; }
+  int64_t consumers() const { return warpGroups * 128; }
+  /// f32 per consumer thread of the whole m64 x tileN accumulator.
+  int64_t fragment() const { return groupRows() * tileN / 128; }
+  int64_t stageBytes() const {
+    return (tileM + tileN) * MatmulEncoding::kSliceBytes;
+  }
+  /// Bytes of one 128-column half of a stage's weight tile.
+  int64_t halfBytes() const { return tileN / 2 * MatmulEncoding::kSliceBytes; }
+  /// Scale blocks along K (FP8).
+  int64_t kBlocks() const {
+    return enc.fp8() ? llvm::divideCeil(kDim, enc.scaleK) : 0;
+  }
+  int64_t weightBlockRows() const { return llvm::divideCeil(n, int64_t(128)); }
+  /// Per-column weight scales of each stage, decoded to f32, after the ring.
+  int64_t columnScaleBytes() const {
+    return columnScales ? stages * enc.subBlocks() * tileN * 4 : 0;
+  }
+  /// The ring, the column scales and room to align to 1024 bytes.
+  int64_t sharedBytes() const {
+    return stages * stageBytes() + columnScaleBytes() + 1024;
+  }
+};
+
+/// The configuration of `op`'s kernel whose left operand has `rows` rows,
+/// built for calls of at most `maxTokens` tokens (0: any).
+MatmulConfig configureMatmul(GroupedMatmulOp op, TokenLinear rows,
+                             int64_t maxTokens);
+
+} // namespace mlir::moe::nvidia
+
+#endif // MOE_CODEGEN_NVIDIA_KERNELCONFIGS_H
