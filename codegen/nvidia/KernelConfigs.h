@@ -102,6 +102,51 @@ struct MatmulConfig {
 MatmulConfig configureMatmul(GroupedMatmulOp op, TokenLinear rows,
                              int64_t maxTokens);
 
+/// An attention kernel: a block takes kBlockRows query rows (positions
+/// times `pack` query heads of one key/value head) with a producer and
+/// kGroups row groups of kGroupRows, over rings of `stages` K and V tiles
+/// of `tileN` keys; the keys may be cut into `splits` ranges.
+struct AttentionConfig {
+  static constexpr int64_t kGroupRows = 64, kGroups = 2, kBlockRows = 128;
+  /// bf16 per 128-byte swizzled row, and its bytes.
+  static constexpr int64_t kChunk = 64, kChunkBytes = 128;
+  static constexpr int64_t kSharedLimit = 227 * 1024, kMaxStages = 4;
+  int64_t producerRegisters = 24, consumerRegisters = 240;
+
+  int64_t batch = 0, sq = 0, hq = 0, d = 0, skv = 0, hkv = 0, dv = 0;
+  int64_t tileN = 0, splits = 1;
+  bool causal = false;
+  /// Whether the row groups take turns on the tensor cores.
+  bool pingPong = false;
+  /// Query heads per key/value head; `pack` of them share a row tile, in
+  /// `headBlocks` row tiles.
+  int64_t group = 1, pack = 1, headBlocks = 1;
+  int64_t rowTiles = 0, keyTiles = 0, perSplit = 1;
+  int64_t qBytes = 0, kBytes = 0, vBytes = 0;
+  /// Q buffers (2 lets the producer load the next tile's Q early) and K/V
+  /// ring slots.
+  int64_t qBuffers = 1, stages = 0;
+  /// Work tiles per row tile (heads x batch x splits), all work tiles, and
+  /// row tiles per unit of work (2: a causal pair).
+  int64_t headTiles = 0, workTiles = 0, perUnit = 1, unitsPerHead = 0;
+  /// Whether a row group stores its output with TMA from its Q buffer.
+  bool tmaStore = false;
+  /// Rows of the output: batch x positions x query heads.
+  int64_t rowsTotal = 0;
+
+  int64_t consumers() const { return kGroups * 128; }
+  /// Shared memory: Q buffers, the K ring, the V ring, room to align.
+  int64_t kRingOffset() const { return qBuffers * qBytes; }
+  int64_t vRingOffset() const { return qBuffers * qBytes + stages * kBytes; }
+  int64_t sharedBytes() const {
+    return qBuffers * qBytes + stages * (kBytes + vBytes) + 1024;
+  }
+};
+
+/// The configuration of `op`'s kernel; `op` has passed the kernel's shape
+/// checks (static shapes, head sizes, row groups, tiles and schedule).
+AttentionConfig configureAttention(TiledAttentionOp op);
+
 } // namespace mlir::moe::nvidia
 
 #endif // MOE_CODEGEN_NVIDIA_KERNELCONFIGS_H
