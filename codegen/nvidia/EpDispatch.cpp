@@ -1,253 +1,39 @@
-//===- ExpertParallel.cpp - token exchanges between GPUs over NVLink ------===//
+//===- EpDispatch.cpp - sending tokens to the ranks of their experts ------===//
 //
-// The moe.ep_* halves on sm_90a, for ranks whose GPUs share a host. Each
-// rank owns one device allocation, its state (runtime/EpLayout.h), whose
-// address every peer mapped at init (CUDA IPC). Kernels store tokens and
-// expert outputs straight into the peer's state over NVLink, then raise a
-// flag there: every block fences at system scope and counts itself done; the
-// last one writes the counts and, after another fence, the forward's
-// sequence number. The receiver spins on that number (with a time limit,
-// past which it records which rank it waited for and goes on with nothing
-// from it), so no kernel waits on the host and a forward can be captured in
-// a graph.
+// moe.ep_dispatch_send and moe.ep_dispatch_recv on sm_90a, for ranks whose
+// GPUs share a host. Each rank owns one device allocation, its state
+// (runtime/EpLayout.h), whose address every peer mapped at init (CUDA IPC).
+// The send stores each token's record straight into the states of the
+// ranks that hold its experts over NVLink, then raises a flag there: every
+// block fences at system scope and counts itself done; the last one writes
+// the counts and, after another fence, the forward's sequence number. The
+// receiver spins on that number (with a time limit, past which it records
+// which rank it waited for and goes on with nothing from it), so no kernel
+// waits on the host and a forward can be captured in a graph.
 //
-//  dispatch  plan (one block: each token's record index per rank, each
-//            choice's return row, by block-wide scans, so both are in token
-//            order), send (a block per token), wait (one block: counts, the
-//            rank's experts' rows), unpack (records fanned out into rows).
-//  combine   send (every output row to its token's rank), wait.
+//  plan    one block: each token's record index per rank, each choice's
+//          return row, by block-wide scans, so both are in token order.
+//  send    a block per token.
+//  wait    one block: counts, the rank's experts' rows.
+//  unpack  records fanned out into rows.
 //
 //===----------------------------------------------------------------------===//
 
 #include "codegen/common/Numerics.h"
+#include "codegen/nvidia/EpExchange.h"
 #include "codegen/nvidia/KernelBuilder.h"
-#include "runtime/EpLayout.h"
 
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::nvidia;
-using ::moe::rt::EpDeviceLayout;
-using ::moe::rt::EpLayout;
-
-namespace {
-constexpr int64_t kPlanThreads = 1024;
-constexpr int64_t kCopyThreads = 512;
-// Blocks of the grid-stride kernels; the combine send counts them done.
-constexpr int64_t kStrideBlocks = 264;
-
-/// Byte addressing of raw pointers (the state, the peers' states) inside a
-/// kernel, and the few PTX instructions the protocol needs.
-struct Raw {
-  Kernel &k;
-  OpBuilder &b;
-  Emitter &e;
-  Location loc;
-  Type ptr, i8, i32, i64;
-  explicit Raw(Kernel &k)
-      : k(k), b(k.b), e(k.e), loc(k.e.loc),
-        ptr(LLVM::LLVMPointerType::get(k.b.getContext())), i8(k.b.getI8Type()),
-        i32(k.b.getI32Type()), i64(k.b.getI64Type()) {}
-
-  Value c64(int64_t v) {
-    return arith::ConstantOp::create(b, loc, b.getI64IntegerAttr(v));
-  }
-  Value c32(int64_t v) {
-    return arith::ConstantOp::create(b, loc, b.getI32IntegerAttr(v));
-  }
-  Value to64(Value v) {
-    if (v.getType().isIndex())
-      return arith::IndexCastOp::create(b, loc, i64, v);
-    if (v.getType() == i32)
-      return arith::ExtSIOp::create(b, loc, i64, v);
-    return v;
-  }
-  Value toIndex(Value v) {
-    return arith::IndexCastOp::create(b, loc, b.getIndexType(), v);
-  }
-  Value at(Value base, Value bytes) {
-    return LLVM::GEPOp::create(b, loc, ptr, i8, base, ValueRange{to64(bytes)});
-  }
-  Value at(Value base, int64_t bytes) { return at(base, c64(bytes)); }
-  Value load(Type type, Value p, unsigned align = 4) {
-    return LLVM::LoadOp::create(b, loc, type, p, align);
-  }
-  Value loadVolatile(Value p) {
-    return LLVM::LoadOp::create(b, loc, i32, p, 4, /*isVolatile=*/true);
-  }
-  void store(Value v, Value p, unsigned align = 4) {
-    LLVM::StoreOp::create(b, loc, v, p, align);
-  }
-  void storeVolatile(Value v, Value p) {
-    LLVM::StoreOp::create(b, loc, v, p, 4, /*isVolatile=*/true);
-  }
-  void ptx(StringRef text) {
-    LLVM::InlineAsmOp::create(b, loc, TypeRange{}, ValueRange{}, text,
-                              "~{memory}", /*has_side_effects=*/true,
-                              /*is_align_stack=*/false,
-                              LLVM::tailcallkind::TailCallKind::None,
-                              LLVM::AsmDialectAttr(), ArrayAttr());
-  }
-  /// Orders this thread's earlier stores (to peers too) before its later
-  /// ones, as every thread of the system sees them.
-  void fenceSystem() { ptx("fence.sc.sys;"); }
-  /// Nanoseconds of the global timer.
-  Value now() {
-    return LLVM::InlineAsmOp::create(b, loc, TypeRange{i64}, ValueRange{},
-                                     "mov.u64 $0, %globaltimer;", "=l",
-                                     /*has_side_effects=*/true,
-                                     /*is_align_stack=*/false,
-                                     LLVM::tailcallkind::TailCallKind::None,
-                                     LLVM::AsmDialectAttr(), ArrayAttr())
-        .getResult(0);
-  }
-  Value atomicAdd(Value p, Value v) {
-    return LLVM::AtomicRMWOp::create(b, loc, LLVM::AtomicBinOp::add, p, v,
-                                     LLVM::AtomicOrdering::acq_rel)
-        .getResult();
-  }
-  /// The state of rank `q` (an i64 or index value), as this process maps it.
-  Value peer(Value state, Value q) {
-    Value slot = at(state, arith::AddIOp::create(
-                               b, loc, c64(EpDeviceLayout::kPeers),
-                               arith::MulIOp::create(b, loc, to64(q), c64(8))));
-    return LLVM::IntToPtrOp::create(b, loc, ptr, load(i64, slot, 8));
-  }
-  Value add(Value x, Value y) { return arith::AddIOp::create(b, loc, x, y); }
-  Value mul(Value x, Value y) { return arith::MulIOp::create(b, loc, x, y); }
-  Value mul(Value x, int64_t y) {
-    return mul(x, x.getType() == i32 ? c32(y) : c64(y));
-  }
-  Value cmp(arith::CmpIPredicate p, Value x, Value y) {
-    return arith::CmpIOp::create(b, loc, p, x, y);
-  }
-
-  /// Spins until the i32 at `flag` equals `expected` or `limitNs` passed;
-  /// true when it ran out of time.
-  Value spinUntil(Value flag, Value expected, Value limitNs) {
-    Value start = now();
-    Type i1 = b.getI1Type();
-    auto loop = scf::WhileOp::create(
-        b, loc, TypeRange{i1},
-        ValueRange{arith::ConstantOp::create(b, loc, b.getBoolAttr(false))});
-    {
-      Block *before = b.createBlock(&loop.getBefore(), {}, {i1}, {loc});
-      b.setInsertionPointToStart(before);
-      Value arrived =
-          cmp(arith::CmpIPredicate::eq, loadVolatile(flag), expected);
-      Value late = cmp(arith::CmpIPredicate::ugt,
-                       arith::SubIOp::create(b, loc, now(), start), limitNs);
-      Value notArrived = arith::XOrIOp::create(
-          b, loc, arrived,
-          arith::ConstantOp::create(b, loc, b.getBoolAttr(true)));
-      Value again = arith::AndIOp::create(
-          b, loc, notArrived,
-          arith::XOrIOp::create(
-              b, loc, late,
-              arith::ConstantOp::create(b, loc, b.getBoolAttr(true))));
-      Value timedOut = arith::AndIOp::create(b, loc, late, notArrived);
-      scf::ConditionOp::create(b, loc, again, ValueRange{timedOut});
-    }
-    {
-      Block *after = b.createBlock(&loop.getAfter(), {}, {i1}, {loc});
-      b.setInsertionPointToStart(after);
-      scf::YieldOp::create(b, loc, after->getArguments());
-    }
-    b.setInsertionPointAfter(loop);
-    return loop.getResult(0);
-  }
-  /// The wait limit: none once a wait has run out of time (the group is
-  /// broken, and every later forward should fail fast, not wait again).
-  Value waitLimit(Value state) {
-    Value limit = load(i64, at(state, EpDeviceLayout::kTimeoutNs), 8);
-    Value broken = cmp(arith::CmpIPredicate::ne,
-                       load(i32, at(state, EpDeviceLayout::kError)), c32(0));
-    return arith::SelectOp::create(b, loc, broken, c64(0), limit);
-  }
-  /// Records that a wait for rank `q` ran out of time, unless one did
-  /// before (that one names the rank that failed first).
-  void recordTimeout(Value state, Value q) {
-    Value first = cmp(arith::CmpIPredicate::eq,
-                      load(i32, at(state, EpDeviceLayout::kError)), c32(0));
-    e.ifThen(first, [&] {
-      store(c32(1), at(state, EpDeviceLayout::kError));
-      store(arith::TruncIOp::create(b, loc, i32, to64(q)),
-            at(state, EpDeviceLayout::kErrorPeer));
-    });
-  }
-};
-
-/// What the kernels of one layer's exchanges share.
-struct Shape {
-  int64_t ranks, topK, hidden, localExperts, maxTokens;
-  EpDeviceLayout layout;
-  Shape(int64_t ranks, int64_t topK, int64_t hidden, int64_t localExperts,
-        int64_t maxTokens)
-      : ranks(ranks), topK(topK), hidden(hidden), localExperts(localExperts),
-        maxTokens(maxTokens), layout{EpLayout{hidden, topK,
-                                              ranks * localExperts, ranks,
-                                              maxTokens}} {}
-  const EpLayout &recv() const { return layout.recvLayout; }
-  int64_t stride() const { return int64_t(recv().maxRecordBytes()); }
-  int64_t header() const { return int64_t(recv().headerBytes()); }
-  /// Where source `src`'s record `index` starts in the state of its
-  /// receiver `base`.
-  Value record(Raw &r, Value base, Value src, Value index) const {
-    Value offset =
-        r.add(r.c64(int64_t(EpDeviceLayout::kRecv + recv().dispatchOffset())),
-              r.add(r.mul(r.to64(src), int64_t(recv().regionBytes())),
-                    r.mul(r.to64(index), stride())));
-    return r.at(base, offset);
-  }
-  /// Where token `t`'s record index for rank `q` is kept in `state`.
-  Value recordIndexSlot(Raw &r, Value state, Value t, int64_t q) const {
-    Value index = r.add(r.mul(r.to64(t), ranks), r.c64(q));
-    return r.at(state,
-                r.add(r.c64(int64_t(layout.recordIndex())), r.mul(index, 4)));
-  }
-  /// Whether expert `id` (i32) is one of rank `q`'s.
-  Value heldBy(Emitter &e, Value id, int64_t q) const {
-    return e.andi(
-        e.icmp(arith::CmpIPredicate::sge, id, e.i32(q * localExperts)),
-        e.icmp(arith::CmpIPredicate::slt, id, e.i32((q + 1) * localExperts)));
-  }
-  int64_t combineRows() const {
-    return int64_t(EpDeviceLayout::kRecv + recv().combineOffset());
-  }
-};
-
-LogicalResult checkShape(Operation *op, int64_t hidden, Type element,
-                         int64_t ranks) {
-  if (!element.isBF16() && !isa<Float8E4M3FNType>(element))
-    return op->emitOpError() << "moves " << element
-                             << " rows between ranks; sm_90a layers exchange "
-                                "bf16 or E4M3 rows";
-  if (hidden % 8 != 0)
-    return op->emitOpError()
-           << "moves rows of hidden size " << hidden
-           << " between GPUs in 16-byte vectors: the hidden size must be a "
-              "multiple of 8";
-  if (ranks > EpDeviceLayout::kMaxRanks)
-    return op->emitOpError() << "has " << ranks << " ranks; at most "
-                             << EpDeviceLayout::kMaxRanks << " are supported";
-  return success();
-}
-
-/// Copies a row of `hidden` bf16 between a memref row and raw bytes, 16
-/// bytes per thread and step.
-void copyRow(Raw &r, Value tid, int64_t hidden,
-             function_ref<void(Value c, VectorType type)> body) {
-  auto vec = VectorType::get({8}, r.b.getBF16Type());
-  r.e.forEach(
-      r.e.imul(tid, 8), r.e.index(hidden), [&](Value c) { body(c, vec); },
-      r.e.index(kCopyThreads * 8));
-}
+using namespace mlir::moe::nvidia::ep;
 
 /// Copies row `row` of the block scales `scales` to (toRecord) or from raw
 /// bytes at `at`, one element per thread and step.
-void copyScales(Raw &r, Value tid, Value scales, Value row, Value at,
-                bool toRecord) {
+static void copyScales(Raw &r, Value tid, Value scales, Value row, Value at,
+                       bool toRecord) {
   auto type = cast<MemRefType>(scales.getType());
   Type element = type.getElementType();
   int64_t bytes = element.getIntOrFloatBitWidth() / 8;
@@ -265,8 +51,8 @@ void copyScales(Raw &r, Value tid, Value scales, Value row, Value at,
 
 /// Copies a row of `hidden` E4M3 codes between a memref row and raw bytes,
 /// 8 bytes per thread and step.
-void copyCodes(Raw &r, Value tid, int64_t hidden,
-               function_ref<void(Value c, VectorType type)> body) {
+static void copyCodes(Raw &r, Value tid, int64_t hidden,
+                      function_ref<void(Value c, VectorType type)> body) {
   auto vec = VectorType::get({8}, r.b.getI8Type());
   r.e.forEach(
       r.e.imul(tid, 8), r.e.index(hidden), [&](Value c) { body(c, vec); },
@@ -275,8 +61,8 @@ void copyCodes(Raw &r, Value tid, int64_t hidden,
 
 /// An inclusive sum over the block's threads of `a` and `b` (one each per
 /// thread), through shared `sa` and `sb` of kPlanThreads entries.
-std::pair<Value, Value> blockScan(Kernel &k, Value sa, Value sb, Value a,
-                                  Value b) {
+static std::pair<Value, Value> blockScan(Kernel &k, Value sa, Value sb, Value a,
+                                         Value b) {
   Emitter &e = k.e;
   Value tid = k.threadId();
   e.storeRaw(a, sa, {tid});
@@ -297,7 +83,6 @@ std::pair<Value, Value> blockScan(Kernel &k, Value sa, Value sb, Value a,
   }
   return {e.loadRaw(sa, {tid}), e.loadRaw(sb, {tid})};
 }
-} // namespace
 
 LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
                                           EpDispatchSendOp op) {
@@ -309,9 +94,9 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
   if (op.getScale())
     return op.emitOpError() << "sends weighted tokens (Llama-4); sm_90a "
                                "layers exchange unweighted tokens so far";
-  if (failed(checkShape(op, hidden, hiddenType.getElementType(), ranks)))
+  if (failed(checkEpShape(op, hidden, hiddenType.getElementType(), ranks)))
     return failure();
-  Shape shape(ranks, topK, hidden, local, layer.epMaxTokens);
+  EpShape shape(ranks, topK, hidden, local, layer.epMaxTokens);
   TokenLinear tokens = layer.info(op.getHiddenStates()).rows;
   // Quantized tokens travel as their codes and scales, quantized once here
   // (the shared experts read them too).
@@ -521,7 +306,7 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
     return op.emitOpError() << "receives weighted tokens (Llama-4); sm_90a "
                                "layers exchange unweighted tokens so far";
   bool quantized = !op.getQuantized().empty();
-  if (failed(checkShape(op, hidden, dispatchedType.getElementType(), ranks)))
+  if (failed(checkEpShape(op, hidden, dispatchedType.getElementType(), ranks)))
     return failure();
   // The top-k is the send's: the sent counts come from it.
   auto send = op.getSent().getDefiningOp<EpDispatchSendOp>();
@@ -530,7 +315,7 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
                                "the same function sent";
   int64_t topK = cast<RankedTensorType>(send.getRows().getType()).getDimSize(1);
   int64_t maxTokens = layer.epMaxTokens;
-  Shape shape(ranks, topK, hidden, local, maxTokens);
+  EpShape shape(ranks, topK, hidden, local, maxTokens);
   // Every rank's tokens may choose this rank's experts.
   TokenLinear capacity = {ranks * maxTokens * topK, 0};
   layer.define(op.getTokensPerExpert(), {});
@@ -717,125 +502,5 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
         });
       },
       e.index(kStrideBlocks));
-  return k.finish(op);
-}
-
-LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
-                                         EpCombineSendOp op) {
-  auto outType = cast<RankedTensorType>(op.getExpertOut().getType());
-  int64_t ranks = cast<RankedTensorType>(op.getSent().getType()).getDimSize(0);
-  int64_t hidden = outType.getDimSize(1);
-  if (failed(checkShape(op, hidden, outType.getElementType(), ranks)))
-    return failure();
-  auto recv = op.getOrigin().getDefiningOp<EpDispatchRecvOp>();
-  auto send = recv ? recv.getSent().getDefiningOp<EpDispatchSendOp>()
-                   : EpDispatchSendOp();
-  if (!send)
-    return op.emitOpError() << "must return rows that a moe.ep_dispatch_recv "
-                               "of the same function gave";
-  int64_t topK = cast<RankedTensorType>(send.getRows().getType()).getDimSize(1);
-  Shape shape(ranks, topK, hidden, send.getLocalExperts(), layer.epMaxTokens);
-  layer.define(op.getSent(), {});
-  unsigned state = layer.epState();
-  // Each row to its token's rank, blocks striding over the rows that
-  // arrived; the last block done raises every rank's flag.
-  Kernel k = layer.kernelOn(op, "ep_combine_send",
-                            {layer.info(op.getExpertOut()).buffer,
-                             layer.info(op.getOrigin()).buffer,
-                             layer.info(recv.getExpertOffsets()).buffer,
-                             layer.info(op.getSent()).buffer, state});
-  k.launch.work = {kStrideBlocks, 0};
-  k.launch.block = kCopyThreads;
-  Emitter &e = k.e;
-  Raw r(k);
-  Value out = k.view(0, layer.info(op.getExpertOut()));
-  Value origin = k.view(1, layer.info(op.getOrigin()));
-  Value offsets = k.view(2, layer.info(recv.getExpertOffsets()));
-  Value sent = k.view(3, layer.info(op.getSent()));
-  Value st = k.func.getArgument(4);
-  Type i32 = e.b.getI32Type();
-  Value tid = k.threadId();
-  Value rows = e.toIndex(e.loadRaw(offsets, {e.index(send.getLocalExperts())}));
-  e.forEach(
-      k.blockId(gpu::Dimension::x), rows,
-      [&](Value row) {
-        Value q = e.loadRaw(origin, {row, e.index(0)});
-        Value back = e.loadRaw(origin, {row, e.index(1)});
-        // The row came from q's record: a return row or rank outside the
-        // combine area (a corrupt record) is dropped, never written.
-        Value inBounds =
-            e.andi(e.andi(e.icmp(arith::CmpIPredicate::sge, back, e.i32(0)),
-                          e.icmp(arith::CmpIPredicate::slt, back,
-                                 e.i32(shape.maxTokens * topK))),
-                   e.andi(e.icmp(arith::CmpIPredicate::sge, q, e.i32(0)),
-                          e.icmp(arith::CmpIPredicate::slt, q, e.i32(ranks))));
-        e.ifThen(inBounds, [&] {
-          Value dst =
-              r.at(r.peer(st, q), r.add(r.c64(shape.combineRows()),
-                                        r.mul(r.to64(back), 2 * hidden)));
-          copyRow(r, tid, hidden, [&](Value c, VectorType vec) {
-            Value v =
-                vector::LoadOp::create(e.b, e.loc, vec, out, {row, c}, false,
-                                       vectorAlign(8, vec.getElementType()));
-            r.store(v, r.at(dst, r.mul(r.to64(c), 2)), 16);
-          });
-        });
-      },
-      e.index(kStrideBlocks));
-  r.fenceSystem();
-  gpu::BarrierOp::create(e.b, e.loc);
-  e.ifThen(e.eq(tid, e.index(0)), [&] {
-    Value done = r.atomicAdd(r.at(st, EpDeviceLayout::kTicket2), e.i32(1));
-    e.ifThen(e.eq(done, e.i32(kStrideBlocks - 1)), [&] {
-      r.store(e.i32(0), r.at(st, EpDeviceLayout::kTicket2));
-      r.fenceSystem();
-      Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
-      Value self = r.load(i32, r.at(st, EpDeviceLayout::kRank));
-      for (int64_t q = 0; q < ranks; ++q) {
-        // The rows this rank returned to q (the wait counted them).
-        e.storeRaw(r.load(i32, r.at(st, EpDeviceLayout::kReturnRows + 4 * q)),
-                   sent, {e.index(q)});
-        r.storeVolatile(seq,
-                        r.at(r.peer(st, r.c64(q)),
-                             r.add(r.c64(int64_t(shape.layout.combineFlags())),
-                                   r.mul(r.to64(self), 16))));
-      }
-    });
-  });
-  return k.finish(op);
-}
-
-LogicalResult nvidia::buildEpCombineRecv(LayerKernels &layer,
-                                         EpCombineRecvOp op) {
-  int64_t ranks = cast<RankedTensorType>(op.getSent().getType()).getDimSize(0);
-  auto rowsType = cast<RankedTensorType>(op.getRows().getType());
-  int64_t topK = rowsType.getDimSize(1);
-  auto gatheredType = cast<RankedTensorType>(op.getGathered().getType());
-  int64_t hidden = gatheredType.getDimSize(1);
-  auto send = op.getRows().getDefiningOp<EpDispatchSendOp>();
-  if (!send)
-    return op.emitOpError() << "must gather rows laid out by a "
-                               "moe.ep_dispatch_send of the same function";
-  Shape shape(ranks, topK, hidden, send.getLocalExperts(), layer.epMaxTokens);
-  // The rows stay where the peers wrote them.
-  layer.bind(op.getGathered(), layer.epState(shape.combineRows()), {0, topK});
-  unsigned state = layer.epState();
-  Kernel k = layer.kernelOn(op, "ep_combine_wait", {state});
-  k.launch.work = {1, 0};
-  k.launch.block = 64;
-  Emitter &e = k.e;
-  Raw r(k);
-  Value st = k.func.getArgument(0);
-  Type i32 = e.b.getI32Type();
-  Value tid = k.threadId();
-  Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
-  Value limit = r.waitLimit(st);
-  e.ifThen(e.ult(tid, e.index(ranks)), [&] {
-    Value flag = r.at(st, r.add(r.c64(int64_t(shape.layout.combineFlags())),
-                                r.mul(r.to64(tid), 16)));
-    Value late = r.spinUntil(flag, seq, limit);
-    r.ptx("fence.acq_rel.sys;");
-    e.ifThen(late, [&] { r.recordTimeout(st, tid); });
-  });
   return k.finish(op);
 }
