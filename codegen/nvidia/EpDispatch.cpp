@@ -84,129 +84,113 @@ static std::pair<Value, Value> blockScan(Kernel &k, Value sa, Value sb, Value a,
   return {e.loadRaw(sa, {tid}), e.loadRaw(sb, {tid})};
 }
 
-LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
-                                          EpDispatchSendOp op) {
-  auto hiddenType = cast<RankedTensorType>(op.getHiddenStates().getType());
-  int64_t ranks = cast<RankedTensorType>(op.getSent().getType()).getDimSize(0);
-  int64_t topK = cast<RankedTensorType>(op.getRows().getType()).getDimSize(1);
-  int64_t hidden = hiddenType.getDimSize(1);
-  int64_t local = op.getLocalExperts();
-  if (op.getScale())
-    return op.emitOpError() << "sends weighted tokens (Llama-4); sm_90a "
-                               "layers exchange unweighted tokens so far";
-  if (failed(checkEpShape(op, hidden, hiddenType.getElementType(), ranks)))
-    return failure();
-  EpShape shape(ranks, topK, hidden, local, layer.epMaxTokens);
-  TokenLinear tokens = layer.info(op.getHiddenStates()).rows;
-  // Quantized tokens travel as their codes and scales, quantized once here
-  // (the shared experts read them too).
-  bool quantized = !op.getQuantized().empty();
-  if (quantized && failed(buildRowQuantize(
-                       layer, op, op.getHiddenStates(), op.getQuantized()[0],
-                       op.getQuantized()[1], op.getQuantAttr())))
-    return failure();
-  layer.define(op.getRows(), tokens);
-  layer.define(op.getSent(), {});
-  unsigned state = layer.epState();
-
-  {
-    // The plan: per rank, a scan over the tokens numbers the records and
-    // the choices that rank gets, in token order.
-    Kernel k = layer.kernelOn(op, "ep_dispatch_plan",
-                              {layer.info(op.getExpertIds()).buffer,
-                               layer.info(op.getRows()).buffer,
-                               layer.info(op.getSent()).buffer, state});
-    k.launch.work = {1, 0};
-    k.launch.block = kPlanThreads;
-    Emitter &e = k.e;
-    Raw r(k);
-    Value ids = k.view(0, layer.info(op.getExpertIds()));
-    Value rows = k.view(1, layer.info(op.getRows()));
-    Value sent = k.view(2, layer.info(op.getSent()));
-    Value st = k.func.getArgument(3);
-    Type i32 = e.b.getI32Type();
-    Value tid = k.threadId();
-    Value scanA = k.workgroupBuffer({kPlanThreads}, i32);
-    Value scanB = k.workgroupBuffer({kPlanThreads}, i32);
-    Value bases = k.workgroupBuffer({ranks + 1}, i32);
+/// The plan: per rank, a scan over the tokens numbers the records and the
+/// choices that rank gets, in token order.
+static LogicalResult buildEpDispatchPlan(LayerKernels &layer,
+                                         EpDispatchSendOp op,
+                                         const EpShape &shape, unsigned state) {
+  int64_t ranks = shape.ranks, topK = shape.topK;
+  Kernel k = layer.kernelOn(op, "ep_dispatch_plan",
+                            {layer.info(op.getExpertIds()).buffer,
+                             layer.info(op.getRows()).buffer,
+                             layer.info(op.getSent()).buffer, state});
+  k.launch.work = {1, 0};
+  k.launch.block = kPlanThreads;
+  Emitter &e = k.e;
+  Raw r(k);
+  Value ids = k.view(0, layer.info(op.getExpertIds()));
+  Value rows = k.view(1, layer.info(op.getRows()));
+  Value sent = k.view(2, layer.info(op.getSent()));
+  Value st = k.func.getArgument(3);
+  Type i32 = e.b.getI32Type();
+  Value tid = k.threadId();
+  Value scanA = k.workgroupBuffer({kPlanThreads}, i32);
+  Value scanB = k.workgroupBuffer({kPlanThreads}, i32);
+  Value bases = k.workgroupBuffer({ranks + 1}, i32);
+  e.ifThen(e.eq(tid, e.index(0)), [&] {
+    Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
+    r.store(e.iadd(seq, e.i32(1)), r.at(st, EpDeviceLayout::kSeq));
+    e.storeRaw(e.i32(0), bases, {e.index(0)});
+  });
+  Value count = e.imul(k.tokens, topK);
+  e.forEach(
+      tid, count,
+      [&](Value p) {
+        e.storeRaw(e.i32(-1), rows, {e.divUI(p, topK), e.remUI(p, topK)});
+      },
+      e.index(kPlanThreads));
+  gpu::BarrierOp::create(e.b, e.loc);
+  // Each thread takes a contiguous run of tokens.
+  Value chunk =
+      e.divUI(e.iadd(k.tokens, e.index(kPlanThreads - 1)), kPlanThreads);
+  Value first = e.minUI(e.imul(tid, chunk), k.tokens);
+  Value last = e.minUI(e.iadd(first, chunk), k.tokens);
+  auto ownerIs = [&](Value t, int64_t j, int64_t q) {
+    return shape.heldBy(e, e.loadRaw(ids, {t, e.index(j)}), q);
+  };
+  for (int64_t q = 0; q < ranks; ++q) {
+    SmallVector<Value> mine = e.reduce(
+        first, last, {e.i32(0), e.i32(0)},
+        [&](Value t, ValueRange acc) -> SmallVector<Value> {
+          Value hit =
+              arith::ConstantOp::create(e.b, e.loc, e.b.getBoolAttr(false));
+          Value choices = acc[1];
+          for (int64_t j = 0; j < topK; ++j) {
+            Value is = ownerIs(t, j, q);
+            hit = e.ori(hit, is);
+            choices =
+                e.iadd(choices, arith::ExtUIOp::create(e.b, e.loc, i32, is));
+          }
+          return {e.iadd(acc[0], arith::ExtUIOp::create(e.b, e.loc, i32, hit)),
+                  choices};
+        });
+    auto [recordsUpTo, choicesUpTo] =
+        blockScan(k, scanA, scanB, mine[0], mine[1]);
+    Value base = e.loadRaw(bases, {e.index(q)});
+    e.reduce(
+        first, last,
+        {e.isub(recordsUpTo, mine[0]), e.isub(choicesUpTo, mine[1])},
+        [&](Value t, ValueRange acc) -> SmallVector<Value> {
+          Value hit =
+              arith::ConstantOp::create(e.b, e.loc, e.b.getBoolAttr(false));
+          Value choice = acc[1];
+          for (int64_t j = 0; j < topK; ++j) {
+            Value is = ownerIs(t, j, q);
+            e.ifThen(is, [&] {
+              e.storeRaw(e.iadd(base, choice), rows, {t, e.index(j)});
+            });
+            hit = e.ori(hit, is);
+            choice =
+                e.iadd(choice, arith::ExtUIOp::create(e.b, e.loc, i32, is));
+          }
+          r.store(e.select(hit, acc[0], e.i32(-1)),
+                  shape.recordIndexSlot(r, st, t, q));
+          return {e.iadd(acc[0], arith::ExtUIOp::create(e.b, e.loc, i32, hit)),
+                  choice};
+        });
     e.ifThen(e.eq(tid, e.index(0)), [&] {
-      Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
-      r.store(e.iadd(seq, e.i32(1)), r.at(st, EpDeviceLayout::kSeq));
-      e.storeRaw(e.i32(0), bases, {e.index(0)});
+      Value records = e.loadRaw(scanA, {e.index(kPlanThreads - 1)});
+      Value choices = e.loadRaw(scanB, {e.index(kPlanThreads - 1)});
+      e.storeRaw(records, sent, {e.index(q)});
+      r.store(records, r.at(st, EpDeviceLayout::kSentCounts + 4 * q));
+      r.store(base, r.at(st, EpDeviceLayout::kChoiceBase + 4 * q));
+      e.storeRaw(e.iadd(base, choices), bases, {e.index(q + 1)});
     });
-    Value count = e.imul(k.tokens, topK);
-    e.forEach(
-        tid, count,
-        [&](Value p) {
-          e.storeRaw(e.i32(-1), rows, {e.divUI(p, topK), e.remUI(p, topK)});
-        },
-        e.index(kPlanThreads));
     gpu::BarrierOp::create(e.b, e.loc);
-    // Each thread takes a contiguous run of tokens.
-    Value chunk =
-        e.divUI(e.iadd(k.tokens, e.index(kPlanThreads - 1)), kPlanThreads);
-    Value first = e.minUI(e.imul(tid, chunk), k.tokens);
-    Value last = e.minUI(e.iadd(first, chunk), k.tokens);
-    auto ownerIs = [&](Value t, int64_t j, int64_t q) {
-      return shape.heldBy(e, e.loadRaw(ids, {t, e.index(j)}), q);
-    };
-    for (int64_t q = 0; q < ranks; ++q) {
-      SmallVector<Value> mine = e.reduce(
-          first, last, {e.i32(0), e.i32(0)},
-          [&](Value t, ValueRange acc) -> SmallVector<Value> {
-            Value hit =
-                arith::ConstantOp::create(e.b, e.loc, e.b.getBoolAttr(false));
-            Value choices = acc[1];
-            for (int64_t j = 0; j < topK; ++j) {
-              Value is = ownerIs(t, j, q);
-              hit = e.ori(hit, is);
-              choices =
-                  e.iadd(choices, arith::ExtUIOp::create(e.b, e.loc, i32, is));
-            }
-            return {
-                e.iadd(acc[0], arith::ExtUIOp::create(e.b, e.loc, i32, hit)),
-                choices};
-          });
-      auto [recordsUpTo, choicesUpTo] =
-          blockScan(k, scanA, scanB, mine[0], mine[1]);
-      Value base = e.loadRaw(bases, {e.index(q)});
-      e.reduce(first, last,
-               {e.isub(recordsUpTo, mine[0]), e.isub(choicesUpTo, mine[1])},
-               [&](Value t, ValueRange acc) -> SmallVector<Value> {
-                 Value hit = arith::ConstantOp::create(e.b, e.loc,
-                                                       e.b.getBoolAttr(false));
-                 Value choice = acc[1];
-                 for (int64_t j = 0; j < topK; ++j) {
-                   Value is = ownerIs(t, j, q);
-                   e.ifThen(is, [&] {
-                     e.storeRaw(e.iadd(base, choice), rows, {t, e.index(j)});
-                   });
-                   hit = e.ori(hit, is);
-                   choice = e.iadd(choice,
-                                   arith::ExtUIOp::create(e.b, e.loc, i32, is));
-                 }
-                 r.store(e.select(hit, acc[0], e.i32(-1)),
-                         shape.recordIndexSlot(r, st, t, q));
-                 return {e.iadd(acc[0],
-                                arith::ExtUIOp::create(e.b, e.loc, i32, hit)),
-                         choice};
-               });
-      e.ifThen(e.eq(tid, e.index(0)), [&] {
-        Value records = e.loadRaw(scanA, {e.index(kPlanThreads - 1)});
-        Value choices = e.loadRaw(scanB, {e.index(kPlanThreads - 1)});
-        e.storeRaw(records, sent, {e.index(q)});
-        r.store(records, r.at(st, EpDeviceLayout::kSentCounts + 4 * q));
-        r.store(base, r.at(st, EpDeviceLayout::kChoiceBase + 4 * q));
-        e.storeRaw(e.iadd(base, choices), bases, {e.index(q + 1)});
-      });
-      gpu::BarrierOp::create(e.b, e.loc);
-    }
-    if (failed(k.finish(op)))
-      return failure();
   }
+  return k.finish(op);
+}
 
-  // The send: a block per token writes its record into each rank that holds
-  // one of its experts; the last block to finish raises the flags.
+/// The send: a block per token writes its record into each rank that holds
+/// one of its experts; the last block to finish raises the flags.
+static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
+                                            EpDispatchSendOp op,
+                                            const EpShape &shape,
+                                            unsigned state) {
+  int64_t ranks = shape.ranks, topK = shape.topK, hidden = shape.hidden,
+          local = shape.localExperts;
+  TokenLinear tokens = layer.info(op.getHiddenStates()).rows;
+  bool quantized = !op.getQuantized().empty();
   SmallVector<unsigned> sendBuffers = {layer.info(op.getHiddenStates()).buffer,
                                        layer.info(op.getExpertIds()).buffer,
                                        layer.info(op.getRows()).buffer, state};
@@ -295,154 +279,160 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
   return k.finish(op);
 }
 
-LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
-                                          EpDispatchRecvOp op) {
-  auto dispatchedType = cast<RankedTensorType>(op.getDispatched().getType());
+LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
+                                          EpDispatchSendOp op) {
+  auto hiddenType = cast<RankedTensorType>(op.getHiddenStates().getType());
   int64_t ranks = cast<RankedTensorType>(op.getSent().getType()).getDimSize(0);
-  int64_t local =
-      cast<RankedTensorType>(op.getTokensPerExpert().getType()).getDimSize(0);
-  int64_t hidden = dispatchedType.getDimSize(1);
-  if (op.getScaled())
-    return op.emitOpError() << "receives weighted tokens (Llama-4); sm_90a "
+  int64_t topK = cast<RankedTensorType>(op.getRows().getType()).getDimSize(1);
+  int64_t hidden = hiddenType.getDimSize(1);
+  int64_t local = op.getLocalExperts();
+  if (op.getScale())
+    return op.emitOpError() << "sends weighted tokens (Llama-4); sm_90a "
                                "layers exchange unweighted tokens so far";
-  bool quantized = !op.getQuantized().empty();
-  if (failed(checkEpShape(op, hidden, dispatchedType.getElementType(), ranks)))
+  if (failed(checkEpShape(op, hidden, hiddenType.getElementType(), ranks)))
     return failure();
-  // The top-k is the send's: the sent counts come from it.
-  auto send = op.getSent().getDefiningOp<EpDispatchSendOp>();
-  if (!send)
-    return op.emitOpError() << "must receive what a moe.ep_dispatch_send of "
-                               "the same function sent";
-  int64_t topK = cast<RankedTensorType>(send.getRows().getType()).getDimSize(1);
-  int64_t maxTokens = layer.epMaxTokens;
-  EpShape shape(ranks, topK, hidden, local, maxTokens);
-  // Every rank's tokens may choose this rank's experts.
-  TokenLinear capacity = {ranks * maxTokens * topK, 0};
-  layer.define(op.getTokensPerExpert(), {});
-  layer.define(op.getExpertOffsets(), {});
-  layer.define(op.getDispatched(), capacity);
-  layer.define(op.getOrigin(), capacity);
-  if (quantized)
-    layer.define(op.getQuantized()[0], capacity);
+  EpShape shape(ranks, topK, hidden, local, layer.epMaxTokens);
+  TokenLinear tokens = layer.info(op.getHiddenStates()).rows;
+  // Quantized tokens travel as their codes and scales, quantized once here
+  // (the shared experts read them too).
+  bool quantized = !op.getQuantized().empty();
+  if (quantized && failed(buildRowQuantize(
+                       layer, op, op.getHiddenStates(), op.getQuantized()[0],
+                       op.getQuantized()[1], op.getQuantAttr())))
+    return failure();
+  layer.define(op.getRows(), tokens);
+  layer.define(op.getSent(), {});
   unsigned state = layer.epState();
+  if (failed(buildEpDispatchPlan(layer, op, shape, state)))
+    return failure();
+  return buildEpDispatchRecords(layer, op, shape, state);
+}
+
+/// The wait: every rank's count, then a row for each arrived choice of
+/// this rank's experts.
+static LogicalResult buildEpDispatchWait(LayerKernels &layer,
+                                         EpDispatchRecvOp op,
+                                         const EpShape &shape, unsigned state) {
+  int64_t ranks = shape.ranks, topK = shape.topK, local = shape.localExperts,
+          maxTokens = shape.maxTokens;
   int64_t slotRows = int64_t(shape.layout.slotRow());
+  Kernel k = layer.kernelOn(op, "ep_dispatch_wait",
+                            {layer.info(op.getTokensPerExpert()).buffer,
+                             layer.info(op.getExpertOffsets()).buffer, state});
+  k.launch.work = {1, 0};
+  k.launch.block = kPlanThreads;
+  Emitter &e = k.e;
+  Raw r(k);
+  Value counts = k.view(0, layer.info(op.getTokensPerExpert()));
+  Value offsets = k.view(1, layer.info(op.getExpertOffsets()));
+  Value st = k.func.getArgument(2);
+  Type i32 = e.b.getI32Type();
+  Value tid = k.threadId();
+  Value arrived = k.workgroupBuffer({ranks}, i32);
+  Value count = k.workgroupBuffer({local}, i32);
+  Value cursor = k.workgroupBuffer({local}, i32);
+  Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
+  Value limit = r.waitLimit(st);
+  e.ifThen(e.ult(tid, e.index(ranks)), [&] {
+    Value slot =
+        r.at(st, r.add(r.c64(EpDeviceLayout::kRecv), r.mul(r.to64(tid), 16)));
+    Value late = r.spinUntil(r.at(slot, 12), seq, limit);
+    r.ptx("fence.acq_rel.sys;");
+    Value n = e.select(late, e.i32(0), r.load(i32, slot));
+    n = e.select(e.icmp(arith::CmpIPredicate::ugt, n, e.i32(maxTokens)),
+                 e.i32(0), n);
+    e.ifThen(late, [&] { r.recordTimeout(st, tid); });
+    e.storeRaw(n, arrived, {tid});
+    r.store(n, r.at(st, r.add(r.c64(EpDeviceLayout::kRecvCounts),
+                              r.mul(r.to64(tid), 4))));
+  });
+  e.forEach(
+      tid, e.index(local), [&](Value x) { e.storeRaw(e.i32(0), count, {x}); },
+      e.index(kPlanThreads));
+  gpu::BarrierOp::create(e.b, e.loc);
+  auto eachChoice = [&](function_ref<void(Value, Value, int64_t)> body) {
+    for (int64_t q = 0; q < ranks; ++q) {
+      Value n = e.toIndex(e.loadRaw(arrived, {e.index(q)}));
+      e.forEach(
+          tid, e.imul(n, topK),
+          [&](Value p) {
+            Value i = e.divUI(p, topK), j = e.remUI(p, topK);
+            Value record = shape.record(r, st, r.c64(q), i);
+            Value id =
+                r.load(i32, r.at(record, r.add(r.c64(4), r.mul(r.to64(j), 4))));
+            Value valid =
+                e.andi(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
+                       e.icmp(arith::CmpIPredicate::slt, id, e.i32(local)));
+            Value slot = r.add(
+                r.mul(r.add(r.c64(q * maxTokens), r.to64(i)), topK), r.to64(j));
+            body(e.select(valid, id, e.i32(-1)), slot, q);
+          },
+          e.index(kPlanThreads));
+    }
+  };
+  auto increment = [&](Value buffer, Value id) {
+    return memref::AtomicRMWOp::create(e.b, e.loc, arith::AtomicRMWKind::addi,
+                                       e.i32(1), buffer,
+                                       ValueRange{e.toIndex(id)})
+        .getResult();
+  };
+  // Rows returned to each source, for a proxy that forwards them.
+  Value returned = k.workgroupBuffer({ranks}, i32);
+  e.forEach(
+      tid, e.index(ranks),
+      [&](Value x) { e.storeRaw(e.i32(0), returned, {x}); },
+      e.index(kPlanThreads));
+  gpu::BarrierOp::create(e.b, e.loc);
+  eachChoice([&](Value id, Value, int64_t q) {
+    e.ifThen(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)), [&] {
+      increment(count, id);
+      increment(returned, e.i32(q));
+    });
+  });
+  gpu::BarrierOp::create(e.b, e.loc);
+  e.forEach(
+      tid, e.index(ranks),
+      [&](Value x) {
+        r.store(e.loadRaw(returned, {x}),
+                r.at(st, r.add(r.c64(EpDeviceLayout::kReturnRows),
+                               r.mul(r.to64(x), 4))));
+      },
+      e.index(kPlanThreads));
+  e.ifThen(e.eq(tid, e.index(0)), [&] {
+    common::layOutExperts(
+        e, local, 1, offsets, [&](Value x) { return e.loadRaw(count, {x}); },
+        [&](Value x, Value offset, Value c) {
+          e.storeRaw(c, counts, {x});
+          e.storeRaw(offset, cursor, {x});
+        });
+  });
+  gpu::BarrierOp::create(e.b, e.loc);
+  eachChoice([&](Value id, Value slot, int64_t) {
+    auto row =
+        scf::IfOp::create(e.b, e.loc, TypeRange{i32},
+                          e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
+                          /*withElse=*/true);
+    {
+      OpBuilder::InsertionGuard guard(e.b);
+      e.b.setInsertionPointToStart(&row.getThenRegion().front());
+      scf::YieldOp::create(e.b, e.loc, increment(cursor, id));
+      e.b.setInsertionPointToStart(&row.getElseRegion().front());
+      scf::YieldOp::create(e.b, e.loc, e.i32(-1));
+    }
+    r.store(row.getResult(0), r.at(st, r.add(r.c64(slotRows), r.mul(slot, 4))));
+  });
+  return k.finish(op);
+}
 
-  {
-    // Wait for every rank's count, then give each arrived choice of this
-    // rank's experts a row.
-    Kernel k =
-        layer.kernelOn(op, "ep_dispatch_wait",
-                       {layer.info(op.getTokensPerExpert()).buffer,
-                        layer.info(op.getExpertOffsets()).buffer, state});
-    k.launch.work = {1, 0};
-    k.launch.block = kPlanThreads;
-    Emitter &e = k.e;
-    Raw r(k);
-    Value counts = k.view(0, layer.info(op.getTokensPerExpert()));
-    Value offsets = k.view(1, layer.info(op.getExpertOffsets()));
-    Value st = k.func.getArgument(2);
-    Type i32 = e.b.getI32Type();
-    Value tid = k.threadId();
-    Value arrived = k.workgroupBuffer({ranks}, i32);
-    Value count = k.workgroupBuffer({local}, i32);
-    Value cursor = k.workgroupBuffer({local}, i32);
-    Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
-    Value limit = r.waitLimit(st);
-    e.ifThen(e.ult(tid, e.index(ranks)), [&] {
-      Value slot =
-          r.at(st, r.add(r.c64(EpDeviceLayout::kRecv), r.mul(r.to64(tid), 16)));
-      Value late = r.spinUntil(r.at(slot, 12), seq, limit);
-      r.ptx("fence.acq_rel.sys;");
-      Value n = e.select(late, e.i32(0), r.load(i32, slot));
-      n = e.select(e.icmp(arith::CmpIPredicate::ugt, n, e.i32(maxTokens)),
-                   e.i32(0), n);
-      e.ifThen(late, [&] { r.recordTimeout(st, tid); });
-      e.storeRaw(n, arrived, {tid});
-      r.store(n, r.at(st, r.add(r.c64(EpDeviceLayout::kRecvCounts),
-                                r.mul(r.to64(tid), 4))));
-    });
-    e.forEach(
-        tid, e.index(local), [&](Value x) { e.storeRaw(e.i32(0), count, {x}); },
-        e.index(kPlanThreads));
-    gpu::BarrierOp::create(e.b, e.loc);
-    auto eachChoice = [&](function_ref<void(Value, Value, int64_t)> body) {
-      for (int64_t q = 0; q < ranks; ++q) {
-        Value n = e.toIndex(e.loadRaw(arrived, {e.index(q)}));
-        e.forEach(
-            tid, e.imul(n, topK),
-            [&](Value p) {
-              Value i = e.divUI(p, topK), j = e.remUI(p, topK);
-              Value record = shape.record(r, st, r.c64(q), i);
-              Value id = r.load(
-                  i32, r.at(record, r.add(r.c64(4), r.mul(r.to64(j), 4))));
-              Value valid =
-                  e.andi(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
-                         e.icmp(arith::CmpIPredicate::slt, id, e.i32(local)));
-              Value slot =
-                  r.add(r.mul(r.add(r.c64(q * maxTokens), r.to64(i)), topK),
-                        r.to64(j));
-              body(e.select(valid, id, e.i32(-1)), slot, q);
-            },
-            e.index(kPlanThreads));
-      }
-    };
-    auto increment = [&](Value buffer, Value id) {
-      return memref::AtomicRMWOp::create(e.b, e.loc, arith::AtomicRMWKind::addi,
-                                         e.i32(1), buffer,
-                                         ValueRange{e.toIndex(id)})
-          .getResult();
-    };
-    // Rows returned to each source, for a proxy that forwards them.
-    Value returned = k.workgroupBuffer({ranks}, i32);
-    e.forEach(
-        tid, e.index(ranks),
-        [&](Value x) { e.storeRaw(e.i32(0), returned, {x}); },
-        e.index(kPlanThreads));
-    gpu::BarrierOp::create(e.b, e.loc);
-    eachChoice([&](Value id, Value, int64_t q) {
-      e.ifThen(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)), [&] {
-        increment(count, id);
-        increment(returned, e.i32(q));
-      });
-    });
-    gpu::BarrierOp::create(e.b, e.loc);
-    e.forEach(
-        tid, e.index(ranks),
-        [&](Value x) {
-          r.store(e.loadRaw(returned, {x}),
-                  r.at(st, r.add(r.c64(EpDeviceLayout::kReturnRows),
-                                 r.mul(r.to64(x), 4))));
-        },
-        e.index(kPlanThreads));
-    e.ifThen(e.eq(tid, e.index(0)), [&] {
-      common::layOutExperts(
-          e, local, 1, offsets, [&](Value x) { return e.loadRaw(count, {x}); },
-          [&](Value x, Value offset, Value c) {
-            e.storeRaw(c, counts, {x});
-            e.storeRaw(offset, cursor, {x});
-          });
-    });
-    gpu::BarrierOp::create(e.b, e.loc);
-    eachChoice([&](Value id, Value slot, int64_t) {
-      auto row =
-          scf::IfOp::create(e.b, e.loc, TypeRange{i32},
-                            e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
-                            /*withElse=*/true);
-      {
-        OpBuilder::InsertionGuard guard(e.b);
-        e.b.setInsertionPointToStart(&row.getThenRegion().front());
-        scf::YieldOp::create(e.b, e.loc, increment(cursor, id));
-        e.b.setInsertionPointToStart(&row.getElseRegion().front());
-        scf::YieldOp::create(e.b, e.loc, e.i32(-1));
-      }
-      r.store(row.getResult(0),
-              r.at(st, r.add(r.c64(slotRows), r.mul(slot, 4))));
-    });
-    if (failed(k.finish(op)))
-      return failure();
-  }
-
-  // Unpack: each arrived record's row to each of its rows here.
+/// Unpack: each arrived record's row to each of its rows here.
+static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
+                                           EpDispatchRecvOp op,
+                                           const EpShape &shape,
+                                           unsigned state) {
+  int64_t ranks = shape.ranks, topK = shape.topK, hidden = shape.hidden,
+          maxTokens = shape.maxTokens;
+  int64_t slotRows = int64_t(shape.layout.slotRow());
+  bool quantized = !op.getQuantized().empty();
   SmallVector<unsigned> unpackBuffers = {layer.info(op.getDispatched()).buffer,
                                          layer.info(op.getOrigin()).buffer,
                                          state};
@@ -503,4 +493,39 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
       },
       e.index(kStrideBlocks));
   return k.finish(op);
+}
+
+LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
+                                          EpDispatchRecvOp op) {
+  auto dispatchedType = cast<RankedTensorType>(op.getDispatched().getType());
+  int64_t ranks = cast<RankedTensorType>(op.getSent().getType()).getDimSize(0);
+  int64_t local =
+      cast<RankedTensorType>(op.getTokensPerExpert().getType()).getDimSize(0);
+  int64_t hidden = dispatchedType.getDimSize(1);
+  if (op.getScaled())
+    return op.emitOpError() << "receives weighted tokens (Llama-4); sm_90a "
+                               "layers exchange unweighted tokens so far";
+  bool quantized = !op.getQuantized().empty();
+  if (failed(checkEpShape(op, hidden, dispatchedType.getElementType(), ranks)))
+    return failure();
+  // The top-k is the send's: the sent counts come from it.
+  auto send = op.getSent().getDefiningOp<EpDispatchSendOp>();
+  if (!send)
+    return op.emitOpError() << "must receive what a moe.ep_dispatch_send of "
+                               "the same function sent";
+  int64_t topK = cast<RankedTensorType>(send.getRows().getType()).getDimSize(1);
+  int64_t maxTokens = layer.epMaxTokens;
+  EpShape shape(ranks, topK, hidden, local, maxTokens);
+  // Every rank's tokens may choose this rank's experts.
+  TokenLinear capacity = {ranks * maxTokens * topK, 0};
+  layer.define(op.getTokensPerExpert(), {});
+  layer.define(op.getExpertOffsets(), {});
+  layer.define(op.getDispatched(), capacity);
+  layer.define(op.getOrigin(), capacity);
+  if (quantized)
+    layer.define(op.getQuantized()[0], capacity);
+  unsigned state = layer.epState();
+  if (failed(buildEpDispatchWait(layer, op, shape, state)))
+    return failure();
+  return buildEpDispatchUnpack(layer, op, shape, state);
 }
