@@ -147,6 +147,26 @@ struct AttentionConfig {
 /// checks (static shapes, head sizes, row groups, tiles and schedule).
 AttentionConfig configureAttention(TiledAttentionOp op);
 
+/// A dispatch's kernels: the plan (one block of `planThreads`) and the
+/// scatter (a block of `scatterThreads` per token, `width`-element
+/// vectors).
+struct DispatchConfig {
+  /// One block plans every choice; experts beyond the thread count take
+  /// turns.
+  int64_t planThreads = 1024, scatterThreads = 128;
+  int64_t experts = 0, topK = 0, hidden = 0, align = 1;
+  TokenLinear tokens;
+  /// Rows for every choice, plus each expert's alignment padding.
+  TokenLinear dispatchedRows;
+  int64_t width = 1;
+  /// Quantization block of the dispatched rows, 0 when they stay bf16,
+  /// and the lanes that share one.
+  int64_t quantBlock = 0, lanes = 0;
+};
+
+/// The configuration of `op`'s kernels for `tokens` tokens.
+DispatchConfig configureDispatch(DispatchOp op, TokenLinear tokens);
+
 } // namespace mlir::moe::nvidia
 
 #endif // MOE_CODEGEN_NVIDIA_KERNELCONFIGS_H
