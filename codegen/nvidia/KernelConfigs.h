@@ -167,6 +167,30 @@ struct DispatchConfig {
 /// The configuration of `op`'s kernels for `tokens` tokens.
 DispatchConfig configureDispatch(DispatchOp op, TokenLinear tokens);
 
+/// A route's kernels: one kernel of blocks of kTokens tokens, or for a
+/// bucket of at most kSplitTokens tokens a logits kernel that spreads the
+/// experts over blocks and a kernel that chooses, `selectWarps` tokens a
+/// block.
+struct RouteConfig {
+  static constexpr int64_t kWarps = 8, kTokens = 4, kSplitTokens = 64;
+  int64_t experts = 0, hidden = 0, topK = 0;
+  TokenLinear tokens;
+  bool split = false;
+  /// Experts a warp takes per pass: two where the passes come out even
+  /// (four would keep 128 f32 accumulators per thread and one block per
+  /// SM).
+  int64_t unroll = 1;
+  /// Blocks along y of the split logits kernel, whose warps take one
+  /// expert a pass, over twice the blocks.
+  int64_t logitBlocks = 0;
+  /// Warps (a token each) whose selection scratch shares a block.
+  int64_t selectWarps = 0;
+};
+
+/// The configuration of `op`'s kernels for `tokens` tokens, built for
+/// calls of at most `maxTokens` tokens (0: any).
+RouteConfig configureRoute(RouteOp op, TokenLinear tokens, int64_t maxTokens);
+
 } // namespace mlir::moe::nvidia
 
 #endif // MOE_CODEGEN_NVIDIA_KERNELCONFIGS_H
