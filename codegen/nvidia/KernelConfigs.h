@@ -191,6 +191,18 @@ struct RouteConfig {
 /// calls of at most `maxTokens` tokens (0: any).
 RouteConfig configureRoute(RouteOp op, TokenLinear tokens, int64_t maxTokens);
 
+/// A combine's kernel: a block of `threads` per token and per
+/// `threads` x `width` columns of its row (`columnBlocks` of them on y).
+struct CombineConfig {
+  int64_t threads = 128;
+  int64_t hidden = 0, topK = 0;
+  TokenLinear tokens;
+  int64_t width = 1, columnBlocks = 0;
+};
+
+/// The configuration of `op`'s kernel for `tokens` tokens.
+CombineConfig configureCombine(CombineOp op, TokenLinear tokens);
+
 } // namespace mlir::moe::nvidia
 
 #endif // MOE_CODEGEN_NVIDIA_KERNELCONFIGS_H
