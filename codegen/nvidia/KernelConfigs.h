@@ -203,6 +203,39 @@ struct CombineConfig {
 /// The configuration of `op`'s kernel for `tokens` tokens.
 CombineConfig configureCombine(CombineOp op, TokenLinear tokens);
 
+/// A quantize or dequantize kernel of one thread per scale block: `data`
+/// (the codes' side) is [prefix x] rows x cols, in blocks of rowsPerBlock
+/// rows x blockSize columns.
+struct ScaleBlockConfig {
+  int64_t threads = 128;
+  int64_t rank = 2, prefix = 1, rowsPerBlock = 1;
+  int64_t blockSize = 0, cols = 0, colBlocks = 0;
+  /// Token rows (dynamic, a scale row each), else the static row blocks.
+  bool dynamicRows = false;
+  int64_t rowBlocks = 0;
+  int64_t blocksPerRowBlock() const { return prefix * colBlocks; }
+};
+
+/// The configuration of a kernel over `data` (rank 2 or 3) and its
+/// `scales` in `scheme`.
+ScaleBlockConfig configureScaleBlocks(Value data, Value scales,
+                                      QuantAttr scheme);
+
+/// A row quantize kernel: a block of `threads` per bf16 row of `cols`,
+/// each thread `width` elements of a block of blockSize that `lanes`
+/// neighbours share.
+struct RowQuantizeConfig {
+  int64_t threads = 128, width = 8;
+  int64_t cols = 0, blockSize = 0, lanes = 0;
+  /// Columns every thread walks: whole chunks of threads x width.
+  int64_t chunkedCols() const {
+    return llvm::divideCeil(cols, threads * width) * threads * width;
+  }
+};
+
+/// The configuration of quantizing the rank-2 bf16 `input` in `scheme`.
+RowQuantizeConfig configureRowQuantize(Value input, QuantAttr scheme);
+
 } // namespace mlir::moe::nvidia
 
 #endif // MOE_CODEGEN_NVIDIA_KERNELCONFIGS_H
