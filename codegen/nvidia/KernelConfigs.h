@@ -1,9 +1,9 @@
-//===- KernelConfigs.h - the shapes of the tensor-core kernels --*- C++ -*-===//
+//===- KernelConfigs.h - what each kernel family decides --------*- C++ -*-===//
 //
 // What a kernel family decides before it emits anything: tile shapes, ring
-// stages, warpgroups, shared-memory layout and split counts, as plain data
-// computed from the op and its shapes. The builders emit from these, and
-// tests can check them without building a kernel.
+// stages, warpgroups, shared-memory layout, split counts, blocks and vector
+// widths, as plain data computed from the op and its shapes. The builders
+// emit from these, and tests can check them without building a kernel.
 //
 //===----------------------------------------------------------------------===//
 
