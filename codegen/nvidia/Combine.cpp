@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "codegen/nvidia/KernelBuilder.h"
+#include "codegen/nvidia/KernelConfigs.h"
 
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 
@@ -14,22 +15,60 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::nvidia;
 
+CombineConfig nvidia::configureCombine(CombineOp op, TokenLinear tokens) {
+  CombineConfig c;
+  c.hidden = cast<RankedTensorType>(op.getExpertOut().getType()).getDimSize(1);
+  c.topK = cast<RankedTensorType>(op.getRows().getType()).getDimSize(1);
+  c.tokens = tokens;
+  c.width = vectorWidth(c.hidden);
+  // A decode call's few rows are spread over as many SMs as they fill.
+  c.columnBlocks = llvm::divideCeil(c.hidden, c.threads * c.width);
+  return c;
+}
+
+/// Token `t`'s weighted sum of its chosen rows at columns [c, c + width),
+/// in f32 and in the choices' order, as the reference sums them.
+static Value sumChoices(Emitter &e, const CombineConfig &cfg, Value expertOut,
+                        Value rows, Value weights, Value t, Value c) {
+  OpBuilder &b = e.b;
+  auto f32Vec = VectorType::get({cfg.width}, b.getF32Type());
+  Value zero = arith::ConstantOp::create(
+      b, e.loc, DenseElementsAttr::get(f32Vec, b.getF32FloatAttr(0.0)));
+  return e.reduce(
+      e.index(0), e.index(cfg.topK), {zero},
+      [&](Value j, ValueRange acc) -> SmallVector<Value> {
+        Value row = e.loadRaw(rows, {t, j});
+        Value valid = e.icmp(arith::CmpIPredicate::sge, row, e.i32(0));
+        auto sel = scf::IfOp::create(b, e.loc, TypeRange{f32Vec}, valid,
+                                     /*withElse=*/true);
+        OpBuilder::InsertionGuard guard(b);
+        b.setInsertionPointToStart(&sel.getThenRegion().front());
+        Value term =
+            loadF32Vector(e, expertOut, {e.toIndex(row), c}, cfg.width);
+        if (weights)
+          term = e.mul(term, vector::BroadcastOp::create(
+                                 b, e.loc, f32Vec, e.loadRaw(weights, {t, j}))
+                                 .getResult());
+        scf::YieldOp::create(b, e.loc, e.add(acc[0], term));
+        b.setInsertionPointToStart(&sel.getElseRegion().front());
+        scf::YieldOp::create(b, e.loc, acc[0]);
+        return {sel.getResult(0)};
+      })[0];
+}
+
 LogicalResult nvidia::buildCombine(LayerKernels &layer, CombineOp op) {
-  int64_t h = cast<RankedTensorType>(op.getExpertOut().getType()).getDimSize(1);
-  int64_t topK = cast<RankedTensorType>(op.getRows().getType()).getDimSize(1);
   TokenLinear tokens = layer.info(op.getRows()).rows;
+  CombineConfig cfg = configureCombine(op, tokens);
+  int64_t width = cfg.width, step = cfg.threads * width;
   layer.define(op.getOut(), tokens);
   SmallVector<Value> buffers = {op.getExpertOut(), op.getRows(), op.getOut()};
   for (Value v : {op.getWeights(), op.getShared(), op.getGate()})
     if (v)
       buffers.push_back(v);
   Kernel k = layer.kernel(op, "combine", buffers);
-  int64_t width = vectorWidth(h);
-  // A block per token and 128 vectors of its row: a decode call's few rows
-  // are spread over as many SMs as they fill.
   k.launch.work = tokens;
-  k.launch.block = 128;
-  k.launch.gridY = llvm::divideCeil(h, 128 * width);
+  k.launch.block = cfg.threads;
+  k.launch.gridY = cfg.columnBlocks;
   Emitter &e = k.e;
   OpBuilder &b = e.b;
   unsigned next = 3;
@@ -46,42 +85,21 @@ LogicalResult nvidia::buildCombine(LayerKernels &layer, CombineOp op) {
   k.onlyIf(e.ult(t, k.linear(tokens)));
   auto f32Vec = VectorType::get({width}, b.getF32Type());
   Type outElement = cast<MemRefType>(out.getType()).getElementType();
-  auto loadVec = [&](Value buffer, ValueRange index) {
-    return loadF32Vector(e, buffer, index, width);
-  };
-  auto splat = [&](Value s) {
-    return vector::BroadcastOp::create(b, e.loc, f32Vec, s).getResult();
-  };
   Value gateScale = gate ? e.sigmoid(e.load(gate, {t, e.index(0)})) : Value();
-  Value chunk = e.imul(k.blockId(gpu::Dimension::y), 128 * width);
+  Value chunk = e.imul(k.blockId(gpu::Dimension::y), step);
   e.forEach(
       e.iadd(chunk, e.imul(tid, width)),
-      e.minUI(e.iadd(chunk, e.index(128 * width)), e.index(h)),
+      e.minUI(e.iadd(chunk, e.index(step)), e.index(cfg.hidden)),
       [&](Value c) {
-        Value zero = arith::ConstantOp::create(
-            b, e.loc, DenseElementsAttr::get(f32Vec, b.getF32FloatAttr(0.0)));
         // The same order as the reference: choices first, then the shared
         // expert.
-        Value sum = e.reduce(
-            e.index(0), e.index(topK), {zero},
-            [&](Value j, ValueRange acc) -> SmallVector<Value> {
-              Value row = e.loadRaw(rows, {t, j});
-              Value valid = e.icmp(arith::CmpIPredicate::sge, row, e.i32(0));
-              auto sel = scf::IfOp::create(b, e.loc, TypeRange{f32Vec}, valid,
-                                           /*withElse=*/true);
-              OpBuilder::InsertionGuard guard(b);
-              b.setInsertionPointToStart(&sel.getThenRegion().front());
-              Value term = loadVec(expertOut, {e.toIndex(row), c});
-              if (weights)
-                term = e.mul(term, splat(e.loadRaw(weights, {t, j})));
-              scf::YieldOp::create(b, e.loc, e.add(acc[0], term));
-              b.setInsertionPointToStart(&sel.getElseRegion().front());
-              scf::YieldOp::create(b, e.loc, acc[0]);
-              return {sel.getResult(0)};
-            })[0];
+        Value sum = sumChoices(e, cfg, expertOut, rows, weights, t, c);
         if (shared) {
-          Value s = loadVec(shared, {t, c});
-          sum = e.add(sum, gate ? e.mul(s, splat(gateScale)) : s);
+          Value s = loadF32Vector(e, shared, {t, c}, width);
+          sum = e.add(sum, gate ? e.mul(s, vector::BroadcastOp::create(
+                                               b, e.loc, f32Vec, gateScale)
+                                               .getResult())
+                                : s);
         }
         Value result =
             outElement.isF32()
@@ -92,6 +110,6 @@ LogicalResult nvidia::buildCombine(LayerKernels &layer, CombineOp op) {
         vector::StoreOp::create(b, e.loc, result, out, {t, c}, false,
                                 vectorAlign(width, outElement));
       },
-      e.index(128 * width));
+      e.index(step));
   return k.finish(op);
 }

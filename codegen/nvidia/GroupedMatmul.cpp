@@ -23,6 +23,7 @@
 #include "codegen/common/Numerics.h"
 #include "codegen/nvidia/Hopper.h"
 #include "codegen/nvidia/KernelBuilder.h"
+#include "codegen/nvidia/KernelConfigs.h"
 
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
@@ -31,56 +32,95 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::nvidia;
 
-namespace {
 // Split-K aims for at most this many busy blocks (one per SM), with at most
 // kMaxSplits splits.
-constexpr int64_t kSplitTarget = 132, kMaxSplits = 8, kMinSplitTiles = 32;
-// A tile is 128 rows x 256 columns (B rows), 128 bytes of K per stage; each
-// of its two warpgroups computes 64 rows.
-constexpr int64_t kTileM = 128, kTileN = 256, kSliceBytes = 128;
-constexpr int64_t kWarpGroups = 2, kGroupRows = kTileM / kWarpGroups;
-constexpr int64_t kFragment = kGroupRows * kTileN / 128; // f32 per thread
-constexpr int64_t kStages = 4; // A ring of 48 KiB stages.
-// Registers per thread after setmaxnreg: 128 x 24 + 256 x 240 <= 64 Ki.
-constexpr int64_t kProducerRegisters = 24, kConsumerRegisters = 240;
-constexpr int64_t kStageBytes = (kTileM + kTileN) * kSliceBytes;
-constexpr int64_t kHalfBytes = kTileN / 2 * kSliceBytes; // 128 B rows
+static constexpr int64_t kSplitTarget = 132, kMaxSplits = 8,
+                         kMinSplitTiles = 32;
+static constexpr int64_t kSliceBytes = MatmulEncoding::kSliceBytes;
 
-/// The operands' encoding and the wgmma that multiplies them.
-struct Encoding {
-  explicit Encoding(QuantAttr scheme) : scheme(scheme) {
-    if (!scheme)
-      return;
-    elementBytes = 1;
-    // An FP8 partial needs registers beside the accumulator: two m64n128
-    // fragments (gate and up, or the two column halves) of 64 f32 each.
-    instN = 128;
-    scaleK = scheme.getBlockSize();
-    type = NVVM::WGMMATypes::e4m3;
+MatmulEncoding::MatmulEncoding(QuantAttr scheme, int64_t tileN)
+    : scheme(scheme), tileN(tileN), instN(tileN) {
+  if (!scheme)
+    return;
+  elementBytes = 1;
+  // An FP8 partial needs registers beside the accumulator: two m64n128
+  // fragments (gate and up, or the two column halves) of 64 f32 each.
+  instN = 128;
+  scaleK = scheme.getBlockSize();
+  type = NVVM::WGMMATypes::e4m3;
+}
+
+MatmulConfig nvidia::configureMatmul(GroupedMatmulOp op, TokenLinear rows,
+                                     int64_t maxTokens) {
+  MatmulConfig c;
+  auto rhsType = cast<RankedTensorType>(op.getRhs().getType());
+  c.enc = MatmulEncoding(op.getScheme(), c.tileN);
+  c.grouped = static_cast<bool>(op.getTokensPerExpert());
+  c.experts = c.grouped ? rhsType.getDimSize(0) : 1;
+  c.n = rhsType.getDimSize(rhsType.getRank() - 2);
+  c.kDim = rhsType.getDimSize(rhsType.getRank() - 1);
+  // Weight scales: one per 128 x 128 block (FP8 block-128) or per row and
+  // K block (MXFP8, or block-128 weights quantized in 1 x 128 blocks).
+  if (c.enc.fp8())
+    c.rhsScaleRows = common::scaleRowsPerBlock(
+        rhsType.getShape(),
+        cast<RankedTensorType>(op.getRhsScale().getType()).getShape(),
+        c.enc.scheme);
+  c.columnScales = c.enc.fp8() && c.rhsScaleRows == 1;
+  c.gated = static_cast<bool>(op.getActivationAttr());
+  c.outN = c.gated ? c.n / 2 : c.n;
+  c.outTile = c.gated ? c.tileN / 2 : c.tileN;
+  if (QuantAttr outQuant = op.getOutQuantAttr())
+    c.outBlock = outQuant.getBlockSize();
+  // A gated tile's up half starts at n / 2: when that is not a multiple of
+  // 128 the half spans two square weight blocks.
+  if (c.gated && (c.n / 2) % 128 != 0)
+    c.scaleSplit[1] = 128 - (c.n / 2) % 128;
+
+  // A bucket of few tokens has few tiles, each streaming all of K from one
+  // SM: its tiles split K among several blocks (their f32 partials summed
+  // in split order by the tile's last block, which runs the epilogue), so
+  // the weight reads spread over the GPU. Its grid is cut to the tiles its
+  // rows can have: a tile holds at least one row.
+  c.kTiles = llvm::divideCeil(c.kDim, c.enc.tileK());
+  c.colTiles = llvm::divideCeil(c.outN, c.outTile);
+  c.tilesPerSplit = c.kTiles;
+  if (maxTokens <= 0)
+    return c;
+  int64_t rowCount =
+      std::max<int64_t>(rows.fixed + rows.perToken * maxTokens, 1);
+  c.rowTiles = llvm::divideCeil(rowCount, c.tileM);
+  // The tiles likely busy: one per expert that has rows, and one per
+  // 128 rows.
+  int64_t busy = c.rowTiles * c.colTiles;
+  if (c.grouped) {
+    busy = (std::min(c.experts, rowCount) + c.rowTiles) * c.colTiles;
+    c.rowTiles = std::min(c.rowTiles + c.experts, rowCount);
   }
-  bool fp8() const { return static_cast<bool>(scheme); }
-  int64_t tileK() const { return kSliceBytes / elementBytes; }
-  int64_t instK() const { return 32 / elementBytes; }
-  int64_t halves() const { return kTileN / instN; }
-  int64_t fragment() const { return instN / 2; }
-  /// Scale blocks along K in one stage.
-  int64_t subBlocks() const { return fp8() ? tileK() / scaleK : 1; }
+  // One wave: a block holds an SM (its ring takes the shared memory),
+  // and a second wave costs more than its share of K saves. A split
+  // streams at least kMinSplitTiles slices: on H100 a split block's fixed
+  // cost (ring fill, partials, the last block's sum) outweighed what
+  // shorter splits saved (bench/RESULTS.md).
+  c.splits = std::clamp<int64_t>(
+      std::min(kSplitTarget / busy, c.kTiles / kMinSplitTiles), 1, kMaxSplits);
+  c.tilesPerSplit = llvm::divideCeil(c.kTiles, c.splits);
+  c.splits = llvm::divideCeil(c.kTiles, c.tilesPerSplit);
+  return c;
+}
 
-  QuantAttr scheme;
-  int64_t elementBytes = 2, instN = kTileN, scaleK = 0;
-  NVVM::WGMMATypes type = NVVM::WGMMATypes::bf16;
-};
-
+namespace {
 /// The pieces of the wgmma main loop: an accumulator is an LLVM struct of
 /// f32, one m64nN fragment per warpgroup.
 struct Wgmma {
   Kernel &k;
   OpBuilder &b;
   Location loc;
-  const Encoding &enc;
+  const MatmulEncoding &enc;
   Type fragment;
 
-  Wgmma(Kernel &k, const Encoding &enc) : k(k), b(k.b), loc(k.e.loc), enc(enc) {
+  Wgmma(Kernel &k, const MatmulEncoding &enc)
+      : k(k), b(k.b), loc(k.e.loc), enc(enc) {
     SmallVector<Type> fields(enc.fragment(), b.getF32Type());
     fragment = LLVM::LLVMStructType::getLiteral(b.getContext(), fields);
   }
@@ -113,13 +153,13 @@ static std::string describeK(GroupedMatmulOp op) {
 }
 
 /// The expert and rows [start, end) of row tile `target` (i32) when each
-/// expert's rows are cut into tiles of kTileM: (-1, 0, 0) past the last.
+/// expert's rows are cut into tiles of `tileM` rows: (-1, 0, 0) past the last.
 /// Every warp finds it on its own, its lanes each summing the tiles of a
 /// run of experts and meeting through shuffles, so a block waits for one
 /// round of loads rather than one per expert.
 static SmallVector<Value> findTile(Emitter &e, Value tid, Value counts,
                                    Value offsets, int64_t experts,
-                                   Value target) {
+                                   int64_t tileM, Value target) {
   OpBuilder &b = e.b;
   Location loc = e.loc;
   Value lane = e.toI32(e.remUI(tid, 32));
@@ -133,7 +173,7 @@ static SmallVector<Value> findTile(Emitter &e, Value tid, Value counts,
     return e.select(inside, e.loadRaw(counts, {clamped}), e.i32(0));
   };
   auto tilesOf = [&](Value c) {
-    return arith::CeilDivUIOp::create(b, loc, c, e.i32(kTileM)).getResult();
+    return arith::CeilDivUIOp::create(b, loc, c, e.i32(tileM)).getResult();
   };
   // This lane's tiles; the loads are independent, so they overlap.
   Value mine = e.reduce(
@@ -170,7 +210,7 @@ static SmallVector<Value> findTile(Emitter &e, Value tid, Value counts,
                          e.icmp(arith::CmpIPredicate::slt, x, e.i32(experts)),
                          x, e.i32(experts - 1)))});
         Value start =
-            e.iadd(offset, arith::MulIOp::create(b, loc, into, e.i32(kTileM)));
+            e.iadd(offset, arith::MulIOp::create(b, loc, into, e.i32(tileM)));
         return {e.select(here, x, acc[0]), e.select(here, start, acc[1]),
                 e.select(here, e.iadd(offset, c), acc[2]), e.iadd(seen, tiles)};
       },
@@ -186,197 +226,159 @@ static SmallVector<Value> findTile(Emitter &e, Value tid, Value counts,
   return result;
 }
 
-LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
-                                         GroupedMatmulOp op) {
-  auto rhsType = cast<RankedTensorType>(op.getRhs().getType());
-  Encoding enc(op.getScheme());
-  bool grouped = static_cast<bool>(op.getTokensPerExpert());
-  int64_t experts = grouped ? rhsType.getDimSize(0) : 1;
-  int64_t n = rhsType.getDimSize(rhsType.getRank() - 2);
-  int64_t kDim = rhsType.getDimSize(rhsType.getRank() - 1);
-  // TMA reads rows whose length in bytes is a multiple of 16.
-  if ((kDim * enc.elementBytes) % 16 != 0)
-    return op.emitOpError()
-           << "has K = " << kDim << " (" << describeK(op)
-           << "): sm_90a loads the operands with TMA, whose rows must be a "
-              "multiple of 16 bytes, so K must be a multiple of "
-           << 16 / enc.elementBytes;
-  // Weight scales: one per 128 x 128 block (FP8 block-128) or per row and
-  // K block (MXFP8, or block-128 weights quantized in 1 x 128 blocks).
-  int64_t rhsScaleRows = 1;
-  if (enc.fp8())
-    rhsScaleRows = common::scaleRowsPerBlock(
-        rhsType.getShape(),
-        cast<RankedTensorType>(op.getRhsScale().getType()).getShape(),
-        enc.scheme);
-  bool columnScales = enc.fp8() && rhsScaleRows == 1;
-  ActivationAttr activation = op.getActivationAttr();
-  int64_t outN = activation ? n / 2 : n;
-  // With an activation a tile computes 128 gate and the matching 128 up
-  // columns, and gives 128 outputs.
-  int64_t outTile = activation ? kTileN / 2 : kTileN;
-  // A copy: define() may grow the map it lives in.
-  FailureOr<TensorInfo> source = layer.tmaSource(op, op.getLhs());
-  if (failed(source))
-    return failure();
-  TensorInfo lhs = *source;
-  layer.define(op.getOut(), lhs.rows);
-  QuantAttr outQuant = op.getOutQuantAttr();
-  if (outQuant)
-    layer.define(op.getOutScale(), lhs.rows);
+namespace {
+/// Emits a grouped matmul kernel of a given configuration, stage by stage:
+/// the block's tile, the shared-memory ring, the producer, the consumers'
+/// main loop, the split-K sum and the epilogue. The values several stages
+/// use are members, set in emission order.
+class MatmulEmitter {
+public:
+  MatmulEmitter(LayerKernels &layer, GroupedMatmulOp op,
+                const MatmulConfig &config, const TensorInfo &lhs, Kernel &k)
+      : layer(layer), op(op), c(config), enc(config.enc), lhs(lhs), k(k),
+        e(k.e), b(k.b), ctx(b.getContext()),
+        workgroup(
+            gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup)) {}
 
-  unsigned mapA = layer.plan.addTensorMap(lhs.buffer, enc.elementBytes,
-                                          lhs.rows, kDim, kTileM, enc.tileK());
-  unsigned mapB =
-      layer.plan.addTensorMap(layer.info(op.getRhs()).buffer, enc.elementBytes,
-                              {experts * n, 0}, kDim, kTileN / 2, enc.tileK());
+  /// Emits the kernel body; its parameters are `buffers` (tensors of the
+  /// op), then the split-K partials and counters, then the two tensor maps.
+  LogicalResult emit(ArrayRef<Value> buffers, ArrayRef<unsigned> indices,
+                     const TensorInfo &partials);
 
-  // A bucket of few tokens has few tiles, each streaming all of K from one
-  // SM: its tiles split K among several blocks (their f32 partials summed
-  // in split order by the tile's last block, which runs the epilogue), so
-  // the weight reads spread over the GPU. Its grid is cut to the tiles its
-  // rows can have: a tile holds at least one row.
-  int64_t kTiles = llvm::divideCeil(kDim, enc.tileK());
-  int64_t colTiles = llvm::divideCeil(outN, outTile);
-  int64_t splits = 1, tilesPerSplit = kTiles, rowTiles = 0;
-  if (layer.maxTokens > 0) {
-    int64_t rows = std::max<int64_t>(
-        lhs.rows.fixed + lhs.rows.perToken * layer.maxTokens, 1);
-    rowTiles = llvm::divideCeil(rows, kTileM);
-    // The tiles likely busy: one per expert that has rows, and one per
-    // 128 rows.
-    int64_t busy = rowTiles * colTiles;
-    if (grouped) {
-      busy = (std::min(experts, rows) + rowTiles) * colTiles;
-      rowTiles = std::min(rowTiles + experts, rows);
-    }
-    // One wave: a block holds an SM (its ring takes the shared memory),
-    // and a second wave costs more than its share of K saves. A split
-    // streams at least kMinSplitTiles slices: on H100 a split block's fixed
-    // cost (ring fill, partials, the last block's sum) outweighed what
-    // shorter splits saved (bench/RESULTS.md).
-    splits = std::clamp<int64_t>(
-        std::min(kSplitTarget / busy, kTiles / kMinSplitTiles), 1, kMaxSplits);
-    tilesPerSplit = llvm::divideCeil(kTiles, splits);
-    splits = llvm::divideCeil(kTiles, tilesPerSplit);
-  }
-  // Split partials [splits, rows, n] f32 and one counter per tile.
-  TensorInfo partials{};
-  if (splits > 1)
-    partials = TensorInfo{layer.plan.addWorkspace(lhs.rows * (splits * n * 4)),
-                          MemRefType::get({ShapedType::kDynamic, n},
-                                          Float32Type::get(op.getContext())),
-                          lhs.rows * splits};
-  unsigned counters =
-      splits > 1 ? layer.plan.addCounters(rowTiles * colTiles) : 0;
+private:
+  void emitViews(ArrayRef<Value> buffers, ArrayRef<unsigned> indices,
+                 const TensorInfo &partials);
+  void emitTileOrder();
+  scf::IfOp emitTileRows();
+  void emitSharedMemory();
+  void emitThreadLayout();
+  void emitProducer();
+  SmallVector<Value> emitMainLoop();
+  void emitScaledStage(SmallVector<Value> &accs, ValueRange scales, Value slot);
+  void emitSplitSum(SmallVector<Value> &finals, Value counters);
+  void emitStore(ArrayRef<Value> finals);
+  void emitQuantizedStore(ArrayRef<Value> finals);
 
-  SmallVector<Value> buffers = {op.getOut()};
-  if (grouped)
-    buffers.append({op.getTokensPerExpert(), op.getExpertOffsets()});
-  if (op.getBias())
-    buffers.push_back(op.getBias());
-  if (enc.fp8())
-    buffers.append({op.getLhsScale(), op.getRhsScale()});
-  if (outQuant)
-    buffers.push_back(op.getOutScale());
-  SmallVector<unsigned> bufferIndices;
-  for (Value v : buffers)
-    bufferIndices.push_back(layer.info(v).buffer);
-  if (splits > 1)
-    bufferIndices.append({partials.buffer, counters});
-  Kernel k = layer.kernelOn(op, grouped ? "grouped_matmul" : "matmul",
-                            bufferIndices, {mapA, mapB});
-  Launch &launch = k.launch;
-  // Row tiles on x (no 65535 limit), column tiles on y. Grouped: at most
-  // ceil(rows / 128) + experts row tiles are non-empty.
-  launch.work = lhs.rows;
-  launch.perBlock = kTileM;
-  launch.extraBlocks = grouped ? experts : 0;
-  if (rowTiles > 0)
-    launch.work = {rowTiles, 0}, launch.perBlock = 1, launch.extraBlocks = 0;
-  launch.gridY = colTiles * splits;
-  // Two consumer warpgroups and a producer warpgroup; the block size is
-  // fixed (.reqntid), so ptxas plans registers for 384 threads.
-  launch.block = (kWarpGroups + 1) * 128;
-  k.func.setKnownBlockSizeAttr(
-      k.b.getDenseI32ArrayAttr({int32_t(launch.block), 1, 1}));
-  // Per-column weight scales of two stages, decoded to f32, follow the ring.
-  int64_t columnScaleBytes =
-      columnScales ? kStages * enc.subBlocks() * kTileN * 4 : 0;
-  launch.sharedBytes = kStages * kStageBytes + columnScaleBytes + 1024;
-  Emitter &e = k.e;
-  OpBuilder &b = e.b;
-  MLIRContext *ctx = b.getContext();
+  MemRefType tileType(int64_t rows);
+  nvgpu::TensorMapDescriptorType mapType(int64_t rows);
+  Value tile(Value slot, int64_t offset, int64_t rows);
+  Value address(Value slot, int64_t offset);
+  Value fragmentColumn(int64_t i);
+  Value kBlockOf(Value kt, int64_t s);
+  void issue(Value kt, Value slot);
+  SmallVector<Value> loadScales(Value kt);
+  void storeColumnScales(Value kt, Value slot, Value p);
+  Value multiply(Value acc, int64_t h, int64_t first, int64_t last,
+                 bool accumulate);
+  Value weightRow(int64_t h, int64_t i);
+  SmallVector<Value> partialAt(Value s, Value row, Value wr);
+  Value column(ArrayRef<Value> finals, int64_t i);
+  Value addBias(Value v, Value col);
+  Value output(ArrayRef<Value> finals, int64_t i, Value col);
+
+  LayerKernels &layer;
+  GroupedMatmulOp op;
+  const MatmulConfig &c;
+  const MatmulEncoding &enc;
+  const TensorInfo &lhs;
+  Kernel &k;
+  Emitter &e;
+  OpBuilder &b;
+  MLIRContext *ctx;
+  gpu::AddressSpaceAttr workgroup;
+  std::optional<Wgmma> w;
+
+  // The kernel's parameters.
+  Value out, counts, offsets, bias, lhsScale, rhsScale, outScale;
+  Value descA, descB, partialView;
+  // The block's tile: its place in the grid, K range, expert and rows.
+  Value tid, mTiles, splitIdx, colY, kBegin, kCount, mTile, nTile;
+  Value expert, rowStart, rowEnd;
+  // Shared memory: the ring, its mbarriers and the column scales.
+  Value smem, base, pad, columnScaleTile, barriers, empty;
+  // Indices of the tile, and of this thread's fragment.
+  Value rowStartIdx, rowEndIdx, expertIdx, colTile, halfRows[2], bRow0, bRow1;
+  Value group, warp, lane, rowBase, colBase, scaleRows[2];
+  // Consumer state: this warpgroup's offset in an A tile, a stage's
+  // operands, and how many scale values the loop carries.
+  Value groupOffset, aBase, bBase;
+  int64_t scaleValues = 0;
+};
+} // namespace
+
+void MatmulEmitter::emitViews(ArrayRef<Value> buffers,
+                              ArrayRef<unsigned> indices,
+                              const TensorInfo &partials) {
   auto view = [&](Value tensor) {
     return k.view(llvm::find(buffers, tensor) - buffers.begin(),
                   layer.info(tensor));
   };
-  Value out = view(op.getOut());
-  Value counts = grouped ? view(op.getTokensPerExpert()) : Value();
-  Value offsets = grouped ? view(op.getExpertOffsets()) : Value();
-  Value bias = op.getBias() ? view(op.getBias()) : Value();
-  Value lhsScale = enc.fp8() ? view(op.getLhsScale()) : Value();
-  Value rhsScale = enc.fp8() ? view(op.getRhsScale()) : Value();
-  Value outScale = outQuant ? view(op.getOutScale()) : Value();
+  out = view(op.getOut());
+  counts = c.grouped ? view(op.getTokensPerExpert()) : Value();
+  offsets = c.grouped ? view(op.getExpertOffsets()) : Value();
+  bias = op.getBias() ? view(op.getBias()) : Value();
+  lhsScale = enc.fp8() ? view(op.getLhsScale()) : Value();
+  rhsScale = enc.fp8() ? view(op.getRhsScale()) : Value();
+  outScale = c.outBlock ? view(op.getOutScale()) : Value();
+  unsigned firstMap = indices.size();
+  descA = k.tensorMap(firstMap, mapType(c.tileM));
+  descB = k.tensorMap(firstMap + 1, mapType(c.tileN / 2));
+  partialView = c.splits > 1 ? k.view(indices.size() - 2, partials) : Value();
+}
 
-  auto workgroup =
-      gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup);
+MemRefType MatmulEmitter::tileType(int64_t rows) {
   Type element = enc.fp8() ? Type(b.getI8Type()) : Type(b.getBF16Type());
-  auto tileType = [&](int64_t rows) {
-    return MemRefType::get({rows, enc.tileK()}, element,
-                           MemRefLayoutAttrInterface(), workgroup);
-  };
-  auto mapType = [&](int64_t rows) {
-    return nvgpu::TensorMapDescriptorType::get(
-        ctx, tileType(rows), nvgpu::TensorMapSwizzleKind::SWIZZLE_128B,
-        nvgpu::TensorMapL2PromoKind::L2PROMO_128B,
-        nvgpu::TensorMapOOBKind::OOB_ZERO,
-        nvgpu::TensorMapInterleaveKind::INTERLEAVE_NONE);
-  };
-  unsigned firstMap = bufferIndices.size();
-  Value descA = k.tensorMap(firstMap, mapType(kTileM));
-  Value descB = k.tensorMap(firstMap + 1, mapType(kTileN / 2));
-  Value partialView =
-      splits > 1 ? k.view(bufferIndices.size() - 2, partials) : Value();
+  return MemRefType::get({rows, enc.tileK()}, element,
+                         MemRefLayoutAttrInterface(), workgroup);
+}
 
-  Value tid = k.threadId();
+nvgpu::TensorMapDescriptorType MatmulEmitter::mapType(int64_t rows) {
+  return nvgpu::TensorMapDescriptorType::get(
+      ctx, tileType(rows), nvgpu::TensorMapSwizzleKind::SWIZZLE_128B,
+      nvgpu::TensorMapL2PromoKind::L2PROMO_128B,
+      nvgpu::TensorMapOOBKind::OOB_ZERO,
+      nvgpu::TensorMapInterleaveKind::INTERLEAVE_NONE);
+}
+
+void MatmulEmitter::emitTileOrder() {
+  tid = k.threadId();
   // Blocks start in x-fastest order; consecutive blocks take groups of
   // kGroupM row tiles across the column tiles, so a group's activations and
   // weight tiles stay in L2 while it runs.
   constexpr int64_t kGroupM = 8;
-  Value mTiles = gpu::GridDimOp::create(b, e.loc, gpu::Dimension::x);
+  int64_t splits = c.splits;
+  mTiles = gpu::GridDimOp::create(b, e.loc, gpu::Dimension::x);
   // y is column tile x split (splits consecutive).
   Value nTiles =
       e.divUI(gpu::GridDimOp::create(b, e.loc, gpu::Dimension::y), splits);
-  Value splitIdx = e.remUI(k.blockId(gpu::Dimension::y), splits);
-  Value colY = e.divUI(k.blockId(gpu::Dimension::y), splits);
+  splitIdx = e.remUI(k.blockId(gpu::Dimension::y), splits);
+  colY = e.divUI(k.blockId(gpu::Dimension::y), splits);
   Value linearId = e.iadd(arith::MulIOp::create(b, e.loc, colY, mTiles),
                           k.blockId(gpu::Dimension::x));
   // This split's K slices [kBegin, kBegin + kCount).
-  Value kBegin = e.imul(splitIdx, tilesPerSplit);
-  Value kCount =
-      e.minUI(e.index(tilesPerSplit), e.isub(e.index(kTiles), kBegin));
+  kBegin = e.imul(splitIdx, c.tilesPerSplit);
+  kCount = e.minUI(e.index(c.tilesPerSplit), e.isub(e.index(c.kTiles), kBegin));
   Value perGroup = e.imul(nTiles, kGroupM);
   Value firstM =
       e.imul(arith::DivUIOp::create(b, e.loc, linearId, perGroup), kGroupM);
   Value groupRows = e.minUI(e.index(kGroupM),
                             arith::SubIOp::create(b, e.loc, mTiles, firstM));
   Value inGroup = arith::RemUIOp::create(b, e.loc, linearId, perGroup);
-  Value mTile =
-      e.iadd(firstM, arith::RemUIOp::create(b, e.loc, inGroup, groupRows));
-  Value nTile = arith::DivUIOp::create(b, e.loc, inGroup, groupRows);
+  mTile = e.iadd(firstM, arith::RemUIOp::create(b, e.loc, inGroup, groupRows));
+  nTile = arith::DivUIOp::create(b, e.loc, inGroup, groupRows);
+}
 
+scf::IfOp MatmulEmitter::emitTileRows() {
   // This block's expert and rows [rowStart, rowEnd).
-  Value expert, rowStart, rowEnd;
-  if (grouped) {
-    auto found =
-        findTile(e, k.threadId(), counts, offsets, experts, e.toI32(mTile));
+  if (c.grouped) {
+    auto found = findTile(e, k.threadId(), counts, offsets, c.experts, c.tileM,
+                          e.toI32(mTile));
     expert = found[0];
     rowStart = found[1];
     rowEnd = found[2];
   } else {
     // A tile past the call's rows (a grid sized for a bucket) has none.
-    rowStart = e.toI32(e.imul(mTile, kTileM));
+    rowStart = e.toI32(e.imul(mTile, c.tileM));
     rowEnd = e.toI32(k.linear(lhs.rows));
     expert = e.select(e.icmp(arith::CmpIPredicate::slt, rowStart, rowEnd),
                       e.i32(0), e.i32(-1));
@@ -385,186 +387,178 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
       b, e.loc, e.icmp(arith::CmpIPredicate::sge, expert, e.i32(0)),
       /*withElse=*/false);
   b.setInsertionPointToStart(&active.getThenRegion().front());
+  return active;
+}
 
-  // Shared memory: kStages x (A 128 rows, B 256 rows) of 128 bytes,
+void MatmulEmitter::emitSharedMemory() {
+  // Shared memory: stages x (A 128 rows, B 256 rows) of 128 bytes,
   // 1024-byte aligned for the 128-byte swizzle.
   auto bytesType = MemRefType::get({ShapedType::kDynamic}, b.getI8Type(),
                                    MemRefLayoutAttrInterface(), workgroup);
-  Value smem = gpu::DynamicSharedMemoryOp::create(b, e.loc, bytesType);
-  Value base = memref::ExtractAlignedPointerAsIndexOp::create(b, e.loc, smem);
-  Value pad = e.remUI(e.isub(e.index(1024), e.remUI(base, 1024)), 1024);
-  auto tile = [&](Value slot, int64_t offset, int64_t rows) {
-    Value shift =
-        e.iadd(e.iadd(pad, e.imul(slot, kStageBytes)), e.index(offset));
-    return memref::ViewOp::create(b, e.loc, tileType(rows), smem, shift,
-                                  ValueRange{})
-        .getResult();
-  };
-  auto address = [&](Value slot, int64_t offset) {
-    Value a = e.iadd(e.iadd(base, pad),
-                     e.iadd(e.imul(slot, kStageBytes), e.index(offset)));
-    return arith::IndexCastOp::create(b, e.loc, b.getI64Type(), a).getResult();
-  };
-  // [2 stages][sub-blocks][256 columns] f32, after the ring.
-  // [kStages][sub-blocks][256 columns] f32, after the ring: each stage's
+  smem = gpu::DynamicSharedMemoryOp::create(b, e.loc, bytesType);
+  base = memref::ExtractAlignedPointerAsIndexOp::create(b, e.loc, smem);
+  pad = e.remUI(e.isub(e.index(1024), e.remUI(base, 1024)), 1024);
+  // [stages][sub-blocks][256 columns] f32, after the ring: each stage's
   // per-column weight scales, written by the producer warpgroup.
-  Value columnScaleTile;
-  if (columnScales)
+  if (c.columnScales)
     columnScaleTile = memref::ViewOp::create(
         b, e.loc,
-        MemRefType::get({kStages, enc.subBlocks(), kTileN}, b.getF32Type(),
+        MemRefType::get({c.stages, enc.subBlocks(), c.tileN}, b.getF32Type(),
                         MemRefLayoutAttrInterface(), workgroup),
-        smem, e.iadd(pad, e.index(kStages * kStageBytes)), ValueRange{});
+        smem, e.iadd(pad, e.index(c.stages * c.stageBytes())), ValueRange{});
 
   // `barriers[s]` completes when slot s is loaded (TMA bytes), `empty[s]`
   // when every consumer thread is done reading it.
-  auto barrierType = nvgpu::MBarrierGroupType::get(ctx, workgroup, kStages);
-  Value barriers = nvgpu::MBarrierCreateOp::create(b, e.loc, barrierType);
-  Value empty = nvgpu::MBarrierCreateOp::create(b, e.loc, barrierType);
-  constexpr int64_t kConsumers = kWarpGroups * 128;
+  auto barrierType = nvgpu::MBarrierGroupType::get(ctx, workgroup, c.stages);
+  barriers = nvgpu::MBarrierCreateOp::create(b, e.loc, barrierType);
+  empty = nvgpu::MBarrierCreateOp::create(b, e.loc, barrierType);
   Value leader = e.eq(tid, e.index(0));
   // With per-column scales every producer thread also arrives on a slot's
   // barrier once it has stored its columns' scales there.
-  int64_t fullArrivals = columnScales ? 1 + 128 : 1;
-  for (int64_t s = 0; s < kStages; ++s) {
+  int64_t fullArrivals = c.columnScales ? 1 + 128 : 1;
+  for (int64_t s = 0; s < c.stages; ++s) {
     nvgpu::MBarrierInitOp::create(b, e.loc, barriers, e.index(fullArrivals),
                                   e.index(s), leader);
-    nvgpu::MBarrierInitOp::create(b, e.loc, empty, e.index(kConsumers),
+    nvgpu::MBarrierInitOp::create(b, e.loc, empty, e.index(c.consumers()),
                                   e.index(s), leader);
   }
   e.ifThen(leader, [&] {
     // The barriers' initialization must be visible to the TMA unit.
     NVVM::FenceMbarrierInitOp::create(b, e.loc);
   });
+}
 
-  Value rowStartIdx = e.toIndex(rowStart);
-  Value rowEndIdx = e.toIndex(rowEnd);
-  Value expertIdx = e.toIndex(expert);
-  Value colTile = e.imul(nTile, outTile);
+Value MatmulEmitter::tile(Value slot, int64_t offset, int64_t rows) {
+  Value shift =
+      e.iadd(e.iadd(pad, e.imul(slot, c.stageBytes())), e.index(offset));
+  return memref::ViewOp::create(b, e.loc, tileType(rows), smem, shift,
+                                ValueRange{})
+      .getResult();
+}
+
+Value MatmulEmitter::address(Value slot, int64_t offset) {
+  Value a = e.iadd(e.iadd(base, pad),
+                   e.iadd(e.imul(slot, c.stageBytes()), e.index(offset)));
+  return arith::IndexCastOp::create(b, e.loc, b.getI64Type(), a).getResult();
+}
+
+void MatmulEmitter::emitThreadLayout() {
+  rowStartIdx = e.toIndex(rowStart);
+  rowEndIdx = e.toIndex(rowEnd);
+  expertIdx = e.toIndex(expert);
+  colTile = e.imul(nTile, c.outTile);
   // The first weight row (within the expert) of each 128-column half.
-  Value halfRow0 = colTile;
-  Value halfRow1 = activation ? e.iadd(colTile, e.index(n / 2))
-                              : e.iadd(colTile, e.index(kTileN / 2));
-  Value bRow0 = e.iadd(e.imul(expertIdx, n), halfRow0);
-  Value bRow1 = e.iadd(e.imul(expertIdx, n), halfRow1);
-  // Thread 0 loads K slice `kt` into ring slot `slot`.
-  auto issue = [&](Value kt, Value slot) {
-    Value col = e.imul(kt, enc.tileK());
-    nvgpu::MBarrierArriveExpectTxOp::create(
-        b, e.loc, barriers, e.index(kStageBytes), slot, Value());
-    nvgpu::TmaAsyncLoadOp::create(b, e.loc, tile(slot, 0, kTileM), barriers,
-                                  descA, ValueRange{col, rowStartIdx}, slot,
-                                  Value(), Value());
-    nvgpu::TmaAsyncLoadOp::create(
-        b, e.loc, tile(slot, kTileM * kSliceBytes, kTileN / 2), barriers, descB,
-        ValueRange{col, bRow0}, slot, Value(), Value());
-    nvgpu::TmaAsyncLoadOp::create(
-        b, e.loc, tile(slot, kTileM * kSliceBytes + kHalfBytes, kTileN / 2),
-        barriers, descB, ValueRange{col, bRow1}, slot, Value(), Value());
-  };
+  halfRows[0] = colTile;
+  halfRows[1] = c.gated ? e.iadd(colTile, e.index(c.n / 2))
+                        : e.iadd(colTile, e.index(c.tileN / 2));
+  bRow0 = e.iadd(e.imul(expertIdx, c.n), halfRows[0]);
+  bRow1 = e.iadd(e.imul(expertIdx, c.n), halfRows[1]);
 
   // Fragment element i of a thread in warp w (of its warpgroup), lane l is
   // row 16w + l/4 + 8((i/2)%2) and column 8(i/4) + 2(l%4) + i%2 of its
   // m64nN result.
-  Value group = e.divUI(tid, 128);
-  Value warp = e.remUI(e.divUI(tid, 32), 4), lane = e.remUI(tid, 32);
-  Value rowBase = e.iadd(
-      e.iadd(e.iadd(rowStartIdx, e.imul(group, kGroupRows)), e.imul(warp, 16)),
-      e.divUI(lane, 4));
-  Value colBase = e.imul(e.remUI(lane, 4), 2);
-  auto fragmentColumn = [&](int64_t i) {
-    return e.iadd(colBase, e.index((i / 4) * 8 + i % 2));
-  };
+  group = e.divUI(tid, 128);
+  warp = e.remUI(e.divUI(tid, 32), 4), lane = e.remUI(tid, 32);
+  rowBase = e.iadd(e.iadd(e.iadd(rowStartIdx, e.imul(group, c.groupRows())),
+                          e.imul(warp, 16)),
+                   e.divUI(lane, 4));
+  colBase = e.imul(e.remUI(lane, 4), 2);
 
-  // FP8 scales. A stage's scales are loaded one stage ahead into registers
-  // (the loop carries them) so their latency hides behind the wgmma.
-  int64_t kBlocks = enc.fp8() ? llvm::divideCeil(kDim, enc.scaleK) : 0;
-  int64_t sub = enc.subBlocks();
-  // This thread's two rows, clamped into the block's rows for the loads.
+  // FP8 scales: this thread's two rows, clamped into the block's rows for
+  // the loads.
   Value lastRow = e.isub(rowEndIdx, e.index(1));
-  Value scaleRows[2] = {e.minUI(rowBase, lastRow),
-                        e.minUI(e.iadd(rowBase, e.index(8)), lastRow)};
-  // Square weight blocks: the block row of each half's first column; a half
-  // whose first row is not a multiple of 128 (the up half when n/2 is not)
-  // spans two blocks, and its columns from `split` on use the second.
-  int64_t weightBlockRows = llvm::divideCeil(n, int64_t(128));
-  int64_t split[2] = {128, 128};
-  if (activation && (n / 2) % 128 != 0)
-    split[1] = 128 - (n / 2) % 128;
-  Value halfRows[2] = {halfRow0, halfRow1};
-  auto kBlockOf = [&](Value kt, int64_t s) {
-    return e.minUI(e.iadd(e.imul(kt, sub), e.index(s)), e.index(kBlocks - 1));
-  };
-  // The scales of stage `kt`: per sub-block, both rows' scales, then for
-  // square weight blocks each half's one or two block scales.
-  auto loadScales = [&](Value kt) {
-    SmallVector<Value> values;
-    for (int64_t s = 0; s < sub; ++s) {
-      Value kb = kBlockOf(kt, s);
-      // A sub-block past K (MXFP8, K not a multiple of 128) adds nothing.
-      Value past =
-          e.icmp(arith::CmpIPredicate::uge, e.iadd(e.imul(kt, sub), e.index(s)),
-                 e.index(kBlocks));
-      for (Value row : scaleRows) {
-        Value scale = common::loadScale(e, lhsScale, {row, kb});
-        if (kBlocks % sub != 0)
-          scale = e.select(past, e.f32(0.0), scale);
-        values.push_back(scale);
-      }
-      if (columnScales)
-        continue;
-      for (int64_t h = 0; h < 2; ++h) {
-        Value blockRow = e.divUI(halfRows[h], 128);
-        for (int64_t part = 0; part < (split[h] < 128 ? 2 : 1); ++part) {
-          Value r = e.minUI(e.iadd(blockRow, e.index(part)),
-                            e.index(weightBlockRows - 1));
-          SmallVector<Value> index;
-          if (grouped)
-            index.push_back(expertIdx);
-          index.append({r, kb});
-          values.push_back(common::loadScale(e, rhsScale, index));
-        }
-      }
-    }
-    return values;
-  };
-  // Per-column weight scales: producer thread p stores tile columns p and
-  // p + 128 of a stage (weight rows clamped into the expert).
-  auto storeColumnScales = [&](Value kt, Value slot, Value p) {
-    for (int64_t h = 0; h < 2; ++h) {
-      Value row =
-          e.minUI(e.iadd(h == 0 ? halfRow0 : halfRow1, p), e.index(n - 1));
-      for (int64_t s = 0; s < sub; ++s) {
-        SmallVector<Value> index;
-        if (grouped)
-          index.push_back(expertIdx);
-        index.append({row, kBlockOf(kt, s)});
-        memref::StoreOp::create(
-            b, e.loc, common::loadScale(e, rhsScale, index), columnScaleTile,
-            ValueRange{slot, e.index(s), e.iadd(p, e.index(h * 128))});
-      }
-    }
-  };
-  Value consumer = e.ult(tid, e.index(kConsumers));
-  gpu::BarrierOp::create(b, e.loc);
+  scaleRows[0] = e.minUI(rowBase, lastRow);
+  scaleRows[1] = e.minUI(e.iadd(rowBase, e.index(8)), lastRow);
+}
 
-  // Warp specialization: the producer warpgroup gives up registers and one
-  // of its threads keeps the ring full, waiting only for a slot to be
-  // released; the consumers take the registers and never wait on each
-  // other, so one's promotion or epilogue overlaps the other's wgmma.
-  auto arrive = [&](Value group, Value slot) {
-    mbarrierArrive(b, e.loc, group, slot);
-  };
-  auto roles = scf::IfOp::create(b, e.loc, consumer, /*withElse=*/true);
-  b.setInsertionPointToStart(&roles.getElseRegion().front());
-  NVVM::SetMaxRegisterOp::create(b, e.loc, kProducerRegisters,
+Value MatmulEmitter::fragmentColumn(int64_t i) {
+  return e.iadd(colBase, e.index((i / 4) * 8 + i % 2));
+}
+
+void MatmulEmitter::issue(Value kt, Value slot) {
+  // Thread 0 loads K slice `kt` into ring slot `slot`.
+  Value col = e.imul(kt, enc.tileK());
+  nvgpu::MBarrierArriveExpectTxOp::create(
+      b, e.loc, barriers, e.index(c.stageBytes()), slot, Value());
+  nvgpu::TmaAsyncLoadOp::create(b, e.loc, tile(slot, 0, c.tileM), barriers,
+                                descA, ValueRange{col, rowStartIdx}, slot,
+                                Value(), Value());
+  int64_t bOffset = c.tileM * kSliceBytes;
+  nvgpu::TmaAsyncLoadOp::create(b, e.loc, tile(slot, bOffset, c.tileN / 2),
+                                barriers, descB, ValueRange{col, bRow0}, slot,
+                                Value(), Value());
+  nvgpu::TmaAsyncLoadOp::create(
+      b, e.loc, tile(slot, bOffset + c.halfBytes(), c.tileN / 2), barriers,
+      descB, ValueRange{col, bRow1}, slot, Value(), Value());
+}
+
+Value MatmulEmitter::kBlockOf(Value kt, int64_t s) {
+  return e.minUI(e.iadd(e.imul(kt, enc.subBlocks()), e.index(s)),
+                 e.index(c.kBlocks() - 1));
+}
+
+SmallVector<Value> MatmulEmitter::loadScales(Value kt) {
+  // The scales of stage `kt`, loaded one stage ahead into registers (the
+  // loop carries them) so their latency hides behind the wgmma: per
+  // sub-block, both rows' scales, then for square weight blocks each
+  // half's one or two block scales.
+  int64_t sub = enc.subBlocks(), kBlocks = c.kBlocks();
+  SmallVector<Value> values;
+  for (int64_t s = 0; s < sub; ++s) {
+    Value kb = kBlockOf(kt, s);
+    // A sub-block past K (MXFP8, K not a multiple of 128) adds nothing.
+    Value past = e.icmp(arith::CmpIPredicate::uge,
+                        e.iadd(e.imul(kt, sub), e.index(s)), e.index(kBlocks));
+    for (Value row : scaleRows) {
+      Value scale = common::loadScale(e, lhsScale, {row, kb});
+      if (kBlocks % sub != 0)
+        scale = e.select(past, e.f32(0.0), scale);
+      values.push_back(scale);
+    }
+    if (c.columnScales)
+      continue;
+    for (int64_t h = 0; h < 2; ++h) {
+      Value blockRow = e.divUI(halfRows[h], 128);
+      for (int64_t part = 0; part < (c.scaleSplit[h] < 128 ? 2 : 1); ++part) {
+        Value r = e.minUI(e.iadd(blockRow, e.index(part)),
+                          e.index(c.weightBlockRows() - 1));
+        SmallVector<Value> index;
+        if (c.grouped)
+          index.push_back(expertIdx);
+        index.append({r, kb});
+        values.push_back(common::loadScale(e, rhsScale, index));
+      }
+    }
+  }
+  return values;
+}
+
+void MatmulEmitter::storeColumnScales(Value kt, Value slot, Value p) {
+  // Producer thread p stores tile columns p and p + 128 of a stage (weight
+  // rows clamped into the expert).
+  for (int64_t h = 0; h < 2; ++h) {
+    Value row = e.minUI(e.iadd(halfRows[h], p), e.index(c.n - 1));
+    for (int64_t s = 0; s < enc.subBlocks(); ++s) {
+      SmallVector<Value> index;
+      if (c.grouped)
+        index.push_back(expertIdx);
+      index.append({row, kBlockOf(kt, s)});
+      memref::StoreOp::create(
+          b, e.loc, common::loadScale(e, rhsScale, index), columnScaleTile,
+          ValueRange{slot, e.index(s), e.iadd(p, e.index(h * 128))});
+    }
+  }
+}
+
+void MatmulEmitter::emitProducer() {
+  NVVM::SetMaxRegisterOp::create(b, e.loc, c.producerRegisters,
                                  NVVM::SetMaxRegisterAction::decrease);
-  Value producerLead = e.eq(tid, e.index(kConsumers));
+  Value producerLead = e.eq(tid, e.index(c.consumers()));
   // The producer threads taking part: the lead alone, or all of them when
   // they also stage column scales.
   Value producing =
-      columnScales ? arith::ConstantIntOp::create(b, e.loc, 1, 1).getResult()
-                   : producerLead;
+      c.columnScales ? arith::ConstantIntOp::create(b, e.loc, 1, 1).getResult()
+                     : producerLead;
   e.ifThen(producing, [&] {
     e.ifThen(producerLead, [&] {
       nvgpu::TmaPrefetchOp::create(b, e.loc, descA, Value());
@@ -572,40 +566,52 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
     });
     e.forEach(e.index(0), kCount, [&](Value j) {
       Value kt = e.iadd(kBegin, j);
-      Value slot = e.remUI(j, kStages);
+      Value slot = e.remUI(j, c.stages);
       // From the second round on, wait for the slot's previous use.
-      e.ifThen(e.icmp(arith::CmpIPredicate::uge, j, e.index(kStages)), [&] {
+      e.ifThen(e.icmp(arith::CmpIPredicate::uge, j, e.index(c.stages)), [&] {
         Value parity = arith::TruncIOp::create(
             b, e.loc, b.getI1Type(),
-            e.toI32(e.remUI(e.iadd(e.divUI(j, kStages), e.index(1)), 2)));
+            e.toI32(e.remUI(e.iadd(e.divUI(j, c.stages), e.index(1)), 2)));
         nvgpu::MBarrierTryWaitParityOp::create(b, e.loc, empty, parity,
                                                e.index(10000000), slot);
       });
       e.ifThen(producerLead, [&] { issue(kt, slot); });
-      if (columnScales) {
-        storeColumnScales(kt, slot, e.isub(tid, e.index(kConsumers)));
-        arrive(barriers, slot);
+      if (c.columnScales) {
+        storeColumnScales(kt, slot, e.isub(tid, e.index(c.consumers())));
+        mbarrierArrive(b, e.loc, barriers, slot);
       }
     });
   });
-  b.setInsertionPointToStart(&roles.getThenRegion().front());
-  NVVM::SetMaxRegisterOp::create(b, e.loc, kConsumerRegisters,
-                                 NVVM::SetMaxRegisterAction::increase);
-  // Every consumer thread releases slot `slot`.
-  auto release = [&](Value slot) { arrive(empty, slot); };
+}
 
-  Wgmma w(k, enc);
-  Value zero = w.zero();
+Value MatmulEmitter::multiply(Value acc, int64_t h, int64_t first, int64_t last,
+                              bool accumulate) {
+  // wgmma over instructions [first, last) of the slice into `acc` for
+  // columns of half `h` (all 256 for bf16).
+  for (int64_t kk = first; kk < last; ++kk) {
+    Value bDesc = w->descriptor(LLVM::AddOp::create(
+        b, e.loc, bBase, k.constI64(h * c.halfBytes() + kk * 32)));
+    Value aDesc = w->descriptor(
+        LLVM::AddOp::create(b, e.loc, aBase, k.constI64(kk * 32)));
+    acc = w->mma(acc, aDesc, bDesc, accumulate || kk != first);
+  }
+  return acc;
+}
+
+SmallVector<Value> MatmulEmitter::emitMainLoop() {
+  NVVM::SetMaxRegisterOp::create(b, e.loc, c.consumerRegisters,
+                                 NVVM::SetMaxRegisterAction::increase);
+  w.emplace(k, enc);
+  Value zero = w->zero();
   SmallVector<Value> init(enc.halves(), zero);
-  int64_t scaleValues = 0;
   if (enc.fp8()) {
     SmallVector<Value> first = loadScales(kBegin);
     scaleValues = first.size();
     init.append(first);
   }
   // This thread's warpgroup computes rows [64 g, 64 g + 64) of the tile.
-  Value groupOffset = arith::IndexCastOp::create(
-      b, e.loc, b.getI64Type(), e.imul(group, kGroupRows * kSliceBytes));
+  groupOffset = arith::IndexCastOp::create(
+      b, e.loc, b.getI64Type(), e.imul(group, c.groupRows() * kSliceBytes));
   auto loop =
       scf::ForOp::create(b, e.loc, e.index(0), kCount, e.index(1), init);
   {
@@ -613,7 +619,7 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
     b.setInsertionPointToStart(loop.getBody());
     Value j = loop.getInductionVar();
     Value kt = e.iadd(kBegin, j);
-    Value slot = e.remUI(j, kStages);
+    Value slot = e.remUI(j, c.stages);
     ValueRange carried = loop.getRegionIterArgs();
     SmallVector<Value> accs(carried.take_front(enc.halves()));
     ValueRange scales = carried.drop_front(enc.halves());
@@ -623,87 +629,25 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
     if (enc.fp8())
       nextScales = loadScales(next);
     Value parity = arith::TruncIOp::create(
-        b, e.loc, b.getI1Type(), e.toI32(e.remUI(e.divUI(j, kStages), 2)));
+        b, e.loc, b.getI1Type(), e.toI32(e.remUI(e.divUI(j, c.stages), 2)));
     nvgpu::MBarrierTryWaitParityOp::create(b, e.loc, barriers, parity,
                                            e.index(10000000), slot);
-    Value aBase = LLVM::AddOp::create(b, e.loc, address(slot, 0), groupOffset);
-    Value bBase = address(slot, kTileM * kSliceBytes);
-    // wgmma over instructions [first, last) of the slice into `acc` for
-    // columns of half `h` (all 256 for bf16).
-    auto multiply = [&](Value acc, int64_t h, int64_t first, int64_t last,
-                        bool accumulate) {
-      for (int64_t kk = first; kk < last; ++kk) {
-        Value bDesc = w.descriptor(LLVM::AddOp::create(
-            b, e.loc, bBase, k.constI64(h * kHalfBytes + kk * 32)));
-        Value aDesc = w.descriptor(
-            LLVM::AddOp::create(b, e.loc, aBase, k.constI64(kk * 32)));
-        acc = w.mma(acc, aDesc, bDesc, accumulate || kk != first);
-      }
-      return acc;
-    };
-    int64_t perSlice = enc.tileK() / enc.instK();
+    aBase = LLVM::AddOp::create(b, e.loc, address(slot, 0), groupOffset);
+    bBase = address(slot, c.tileM * kSliceBytes);
     if (!enc.fp8()) {
       NVVM::WgmmaFenceAlignedOp::create(b, e.loc);
-      accs[0] = multiply(accs[0], 0, 0, perSlice, /*accumulate=*/true);
+      accs[0] = multiply(accs[0], 0, 0, enc.tileK() / enc.instK(),
+                         /*accumulate=*/true);
       NVVM::WgmmaGroupSyncAlignedOp::create(b, e.loc);
       // The previous slice's wgmma are done: its slot can be refilled.
       NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 1);
-      e.ifThen(e.icmp(arith::CmpIPredicate::uge, j, e.index(1)),
-               [&] { release(e.remUI(e.isub(j, e.index(1)), kStages)); });
+      e.ifThen(e.icmp(arith::CmpIPredicate::uge, j, e.index(1)), [&] {
+        mbarrierArrive(b, e.loc, empty,
+                       e.remUI(e.isub(j, e.index(1)), c.stages));
+      });
     } else {
-      Value stage = slot;
-      int64_t perBlock = perSlice / sub;
-      // Each scale block into a fresh partial, then scaled into the
-      // accumulator: acc += partial * (row scale * column scale).
-      for (int64_t s = 0; s < sub; ++s) {
-        ValueRange blockScales =
-            scales.slice(s * (scaleValues / sub), scaleValues / sub);
-        for (int64_t h = 0; h < enc.halves(); ++h) {
-          NVVM::WgmmaFenceAlignedOp::create(b, e.loc);
-          // The first wgmma ignores its input: no registers for it.
-          Value partial =
-              multiply(LLVM::PoisonOp::create(b, e.loc, w.fragment), h,
-                       s * perBlock, (s + 1) * perBlock, /*accumulate=*/false);
-          NVVM::WgmmaGroupSyncAlignedOp::create(b, e.loc);
-          NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 0);
-          partial = w.fence(partial);
-          Value acc = accs[h];
-          // Square blocks: this half's first (and second) block scale.
-          int64_t first = 2;
-          for (int64_t g = 0; g < h; ++g)
-            first += split[g] < 128 ? 2 : 1;
-          for (int64_t i = 0; i < enc.fragment(); ++i) {
-            Value rowScale = blockScales[(i / 2) % 2];
-            Value columnScale;
-            if (columnScales) {
-              Value c = e.iadd(fragmentColumn(i), e.index(h * 128));
-              columnScale = memref::LoadOp::create(
-                  b, e.loc, columnScaleTile, ValueRange{stage, e.index(s), c});
-            } else if (split[h] == 128) {
-              columnScale = blockScales[first];
-            } else {
-              Value inFirst = e.ult(fragmentColumn(i), e.index(split[h]));
-              columnScale =
-                  e.select(inFirst, blockScales[first], blockScales[first + 1]);
-            }
-            Value p = LLVM::ExtractValueOp::create(b, e.loc, partial,
-                                                   ArrayRef<int64_t>{i});
-            Value a = LLVM::ExtractValueOp::create(b, e.loc, acc,
-                                                   ArrayRef<int64_t>{i});
-            // MXFP8 promotes four times per 128 of K, which bounds it: one
-            // multiply-add there (one rounding), the CPU's two steps else.
-            Value scale = e.mul(rowScale, columnScale);
-            Value sum =
-                columnScales
-                    ? math::FmaOp::create(b, e.loc, p, scale, a).getResult()
-                    : e.add(a, e.mul(p, scale));
-            acc = LLVM::InsertValueOp::create(b, e.loc, acc, sum,
-                                              ArrayRef<int64_t>{i});
-          }
-          accs[h] = w.fence(acc);
-        }
-      }
-      release(slot);
+      emitScaledStage(accs, scales, slot);
+      mbarrierArrive(b, e.loc, empty, slot);
     }
     SmallVector<Value> yielded(accs);
     yielded.append(nextScales);
@@ -715,188 +659,356 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   SmallVector<Value> finals;
   for (int64_t h = 0; h < enc.halves(); ++h)
     finals.push_back(loop.getResult(h));
+  return finals;
+}
+
+void MatmulEmitter::emitScaledStage(SmallVector<Value> &accs, ValueRange scales,
+                                    Value stage) {
+  int64_t sub = enc.subBlocks();
+  int64_t perBlock = enc.tileK() / enc.instK() / sub;
+  // Each scale block into a fresh partial, then scaled into the
+  // accumulator: acc += partial * (row scale * column scale).
+  for (int64_t s = 0; s < sub; ++s) {
+    ValueRange blockScales =
+        scales.slice(s * (scaleValues / sub), scaleValues / sub);
+    for (int64_t h = 0; h < enc.halves(); ++h) {
+      NVVM::WgmmaFenceAlignedOp::create(b, e.loc);
+      // The first wgmma ignores its input: no registers for it.
+      Value partial =
+          multiply(LLVM::PoisonOp::create(b, e.loc, w->fragment), h,
+                   s * perBlock, (s + 1) * perBlock, /*accumulate=*/false);
+      NVVM::WgmmaGroupSyncAlignedOp::create(b, e.loc);
+      NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 0);
+      partial = w->fence(partial);
+      Value acc = accs[h];
+      // Square blocks: this half's first (and second) block scale.
+      int64_t first = 2;
+      for (int64_t g = 0; g < h; ++g)
+        first += c.scaleSplit[g] < 128 ? 2 : 1;
+      for (int64_t i = 0; i < enc.fragment(); ++i) {
+        Value rowScale = blockScales[(i / 2) % 2];
+        Value columnScale;
+        if (c.columnScales) {
+          Value col = e.iadd(fragmentColumn(i), e.index(h * 128));
+          columnScale = memref::LoadOp::create(
+              b, e.loc, columnScaleTile, ValueRange{stage, e.index(s), col});
+        } else if (c.scaleSplit[h] == 128) {
+          columnScale = blockScales[first];
+        } else {
+          Value inFirst = e.ult(fragmentColumn(i), e.index(c.scaleSplit[h]));
+          columnScale =
+              e.select(inFirst, blockScales[first], blockScales[first + 1]);
+        }
+        Value p = LLVM::ExtractValueOp::create(b, e.loc, partial,
+                                               ArrayRef<int64_t>{i});
+        Value a =
+            LLVM::ExtractValueOp::create(b, e.loc, acc, ArrayRef<int64_t>{i});
+        // MXFP8 promotes four times per 128 of K, which bounds it: one
+        // multiply-add there (one rounding), the CPU's two steps else.
+        Value scale = e.mul(rowScale, columnScale);
+        Value sum = c.columnScales
+                        ? math::FmaOp::create(b, e.loc, p, scale, a).getResult()
+                        : e.add(a, e.mul(p, scale));
+        acc = LLVM::InsertValueOp::create(b, e.loc, acc, sum,
+                                          ArrayRef<int64_t>{i});
+      }
+      accs[h] = w->fence(acc);
+    }
+  }
+}
+
+Value MatmulEmitter::weightRow(int64_t h, int64_t i) {
   // The weight row (output column before the activation) of fragment
   // element i of half h.
-  auto weightRow = [&](int64_t h, int64_t i) {
-    int64_t c = h * enc.instN + (i / 4) * 8 + i % 2;
-    Value inHalf = e.iadd(colBase, e.index(c % 128));
-    return e.iadd(c < 128 ? halfRow0 : halfRow1, inHalf);
-  };
-  if (splits > 1) {
-    // Every split stores its partial; the tile's last block to count
-    // itself in adds them in split order, the same sum whichever is last.
-    auto partialAt = [&](Value s, Value row, Value wr) {
-      return SmallVector<Value>{e.iadd(e.imul(s, k.linear(lhs.rows)), row), wr};
-    };
-    for (int64_t h = 0; h < enc.halves(); ++h)
-      for (int64_t i = 0; i < enc.fragment(); ++i) {
-        Value row = e.iadd(rowBase, e.index(((i / 2) % 2) * 8));
-        Value wr = weightRow(h, i);
-        e.ifThen(e.andi(e.ult(row, rowEndIdx), e.ult(wr, e.index(n))), [&] {
-          memref::StoreOp::create(
-              b, e.loc,
-              LLVM::ExtractValueOp::create(b, e.loc, finals[h],
-                                           ArrayRef<int64_t>{i}),
-              partialView, partialAt(splitIdx, row, wr));
-        });
-      }
-    Value ticket = k.workgroupBuffer({1}, b.getI32Type());
-    auto consumerBarrier = [&] {
-      inlinePtx(b, e.loc, {}, {}, "bar.sync 1, 256;", "");
-    };
-    auto fence = [&] { inlinePtx(b, e.loc, {}, {}, "fence.acq_rel.gpu;", ""); };
-    fence();
-    consumerBarrier();
-    e.ifThen(e.eq(tid, e.index(0)), [&] {
-      // The tile's counter starts the forward at the token count (the host
-      // writes both); the last split sees it at T + splits - 1.
-      Value tileIdx =
-          e.iadd(e.imul(colY, mTiles), k.blockId(gpu::Dimension::x));
-      Value counter = LLVM::GEPOp::create(
-          b, e.loc, LLVM::LLVMPointerType::get(ctx), b.getI32Type(),
-          k.func.getArgument(bufferIndices.size() - 1),
-          ValueRange{
-              arith::IndexCastOp::create(b, e.loc, b.getI64Type(), tileIdx)});
-      Value before =
-          LLVM::AtomicRMWOp::create(b, e.loc, LLVM::AtomicBinOp::add, counter,
-                                    e.i32(1), LLVM::AtomicOrdering::acq_rel);
-      memref::StoreOp::create(
-          b, e.loc, arith::SubIOp::create(b, e.loc, before, e.toI32(k.tokens)),
-          ticket, ValueRange{e.index(0)});
-    });
-    consumerBarrier();
-    Value last =
-        e.eq(memref::LoadOp::create(b, e.loc, ticket, ValueRange{e.index(0)}),
-             e.i32(splits - 1));
-    auto lastOnly = scf::IfOp::create(b, e.loc, last, /*withElse=*/false);
-    b.setInsertionPointToStart(&lastOnly.getThenRegion().front());
-    fence();
-    // Only a thread's rows that hold data are summed (a decode tile has a
-    // row or two of its 128).
-    for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
-      Value row = e.iadd(rowBase, e.index(rowHalf * 8));
-      auto summed = scf::IfOp::create(b, e.loc, TypeRange(ValueRange(finals)),
-                                      e.ult(row, rowEndIdx), true);
-      {
-        OpBuilder::InsertionGuard guard(b);
-        b.setInsertionPointToStart(&summed.getElseRegion().front());
-        scf::YieldOp::create(b, e.loc, finals);
-        b.setInsertionPointToStart(&summed.getThenRegion().front());
-        SmallVector<Value> sums(finals);
-        for (int64_t h = 0; h < enc.halves(); ++h)
-          for (int64_t i = 0; i < enc.fragment(); ++i) {
-            if ((i / 2) % 2 != rowHalf)
-              continue;
-            Value wr = e.minUI(weightRow(h, i), e.index(n - 1));
-            Value mine = LLVM::ExtractValueOp::create(b, e.loc, finals[h],
-                                                      ArrayRef<int64_t>{i});
-            Value total;
-            for (int64_t s = 0; s < splits; ++s) {
-              Value theirs = memref::LoadOp::create(
-                  b, e.loc, partialView, partialAt(e.index(s), row, wr));
-              Value term = e.select(e.eq(splitIdx, e.index(s)), mine, theirs);
-              total = s == 0 ? term : e.add(total, term);
-            }
-            sums[h] = LLVM::InsertValueOp::create(b, e.loc, sums[h], total,
-                                                  ArrayRef<int64_t>{i});
-          }
-        scf::YieldOp::create(b, e.loc, sums);
-      }
-      finals.assign(summed.getResults().begin(), summed.getResults().end());
-    }
-  }
-  // Epilogue from registers: element i of the m64n256 tile is element
-  // i % fragment of half i / fragment.
-  auto column = [&](int64_t i) {
-    return LLVM::ExtractValueOp::create(b, e.loc, finals[i / enc.fragment()],
-                                        ArrayRef<int64_t>{i % enc.fragment()})
-        .getResult();
-  };
-  auto addBias = [&](Value v, Value col) {
-    if (!bias)
-      return v;
-    // Out-of-range columns are masked at the store; clamp the read.
-    Value safe = e.minUI(col, e.index(n - 1));
-    return e.add(v, grouped ? e.load(bias, {expertIdx, safe})
-                            : e.load(bias, {safe}));
-  };
-  // With an activation, gate column c is element i and its up column
-  // c + kTileN / 2 is element i + kFragment / 2.
-  int64_t perThread = activation ? kFragment / 2 : kFragment;
-  // Output column c of the tile and its value (bias and activation applied).
-  auto output = [&](int64_t i, Value c) {
-    Value v = addBias(column(i), c);
-    if (activation) {
-      Value up = addBias(column(i + kFragment / 2), e.iadd(c, e.index(n / 2)));
-      v = common::activate(e, activation, v, up);
-    }
-    return v;
-  };
-  if (!outQuant) {
-    for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
-      Value row = e.iadd(rowBase, e.index(rowHalf * 8));
-      e.ifThen(e.ult(row, rowEndIdx), [&] {
-        for (int64_t i = 0; i < perThread; ++i) {
-          if ((i / 2) % 2 != rowHalf)
-            continue;
-          Value c = e.iadd(colTile, fragmentColumn(i));
-          Value v = output(i, c);
-          e.ifThen(e.ult(c, e.index(outN)), [&] { e.store(v, out, {row, c}); });
-        }
+  int64_t col = h * enc.instN + (i / 4) * 8 + i % 2;
+  Value inHalf = e.iadd(colBase, e.index(col % 128));
+  return e.iadd(col < 128 ? halfRows[0] : halfRows[1], inHalf);
+}
+
+SmallVector<Value> MatmulEmitter::partialAt(Value s, Value row, Value wr) {
+  return SmallVector<Value>{e.iadd(e.imul(s, k.linear(lhs.rows)), row), wr};
+}
+
+void MatmulEmitter::emitSplitSum(SmallVector<Value> &finals, Value counters) {
+  // Every split stores its partial; the tile's last block to count
+  // itself in adds them in split order, the same sum whichever is last.
+  for (int64_t h = 0; h < enc.halves(); ++h)
+    for (int64_t i = 0; i < enc.fragment(); ++i) {
+      Value row = e.iadd(rowBase, e.index(((i / 2) % 2) * 8));
+      Value wr = weightRow(h, i);
+      e.ifThen(e.andi(e.ult(row, rowEndIdx), e.ult(wr, e.index(c.n))), [&] {
+        memref::StoreOp::create(b, e.loc,
+                                LLVM::ExtractValueOp::create(
+                                    b, e.loc, finals[h], ArrayRef<int64_t>{i}),
+                                partialView, partialAt(splitIdx, row, wr));
       });
     }
-    b.setInsertionPointAfter(active);
-    return k.finish(op);
+  Value ticket = k.workgroupBuffer({1}, b.getI32Type());
+  auto consumerBarrier = [&] {
+    inlinePtx(b, e.loc, {}, {}, "bar.sync 1, 256;", "");
+  };
+  auto fence = [&] { inlinePtx(b, e.loc, {}, {}, "fence.acq_rel.gpu;", ""); };
+  fence();
+  consumerBarrier();
+  e.ifThen(e.eq(tid, e.index(0)), [&] {
+    // The tile's counter starts the forward at the token count (the host
+    // writes both); the last split sees it at T + splits - 1.
+    Value tileIdx = e.iadd(e.imul(colY, mTiles), k.blockId(gpu::Dimension::x));
+    Value counter = LLVM::GEPOp::create(
+        b, e.loc, LLVM::LLVMPointerType::get(ctx), b.getI32Type(), counters,
+        ValueRange{
+            arith::IndexCastOp::create(b, e.loc, b.getI64Type(), tileIdx)});
+    Value before =
+        LLVM::AtomicRMWOp::create(b, e.loc, LLVM::AtomicBinOp::add, counter,
+                                  e.i32(1), LLVM::AtomicOrdering::acq_rel);
+    memref::StoreOp::create(
+        b, e.loc, arith::SubIOp::create(b, e.loc, before, e.toI32(k.tokens)),
+        ticket, ValueRange{e.index(0)});
+  });
+  consumerBarrier();
+  Value last =
+      e.eq(memref::LoadOp::create(b, e.loc, ticket, ValueRange{e.index(0)}),
+           e.i32(c.splits - 1));
+  auto lastOnly = scf::IfOp::create(b, e.loc, last, /*withElse=*/false);
+  b.setInsertionPointToStart(&lastOnly.getThenRegion().front());
+  fence();
+  // Only a thread's rows that hold data are summed (a decode tile has a
+  // row or two of its 128).
+  for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
+    Value row = e.iadd(rowBase, e.index(rowHalf * 8));
+    auto summed = scf::IfOp::create(b, e.loc, TypeRange(ValueRange(finals)),
+                                    e.ult(row, rowEndIdx), true);
+    {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(&summed.getElseRegion().front());
+      scf::YieldOp::create(b, e.loc, finals);
+      b.setInsertionPointToStart(&summed.getThenRegion().front());
+      SmallVector<Value> sums(finals);
+      for (int64_t h = 0; h < enc.halves(); ++h)
+        for (int64_t i = 0; i < enc.fragment(); ++i) {
+          if ((i / 2) % 2 != rowHalf)
+            continue;
+          Value wr = e.minUI(weightRow(h, i), e.index(c.n - 1));
+          Value mine = LLVM::ExtractValueOp::create(b, e.loc, finals[h],
+                                                    ArrayRef<int64_t>{i});
+          Value total;
+          for (int64_t s = 0; s < c.splits; ++s) {
+            Value theirs = memref::LoadOp::create(
+                b, e.loc, partialView, partialAt(e.index(s), row, wr));
+            Value term = e.select(e.eq(splitIdx, e.index(s)), mine, theirs);
+            total = s == 0 ? term : e.add(total, term);
+          }
+          sums[h] = LLVM::InsertValueOp::create(b, e.loc, sums[h], total,
+                                                ArrayRef<int64_t>{i});
+        }
+      scf::YieldOp::create(b, e.loc, sums);
+    }
+    finals.assign(summed.getResults().begin(), summed.getResults().end());
   }
+}
 
-  // Quantized on the way out: a row's block of `bs` columns is held by the
-  // four lanes that share the row, elements i with i/4 in the block's range
-  // of 8-column groups. Each value is rounded to bf16 first, as the unfused
-  // matmul stores it; the lanes combine their statistics by shuffles, which
-  // every lane runs (rows past the segment are computed, not stored).
-  int64_t bs = outQuant.getBlockSize();
-  assert(outTile % bs == 0 && "the tile holds whole quantization blocks");
+Value MatmulEmitter::column(ArrayRef<Value> finals, int64_t i) {
+  // Element i of the m64n256 tile is element i % fragment of half
+  // i / fragment.
+  return LLVM::ExtractValueOp::create(b, e.loc, finals[i / enc.fragment()],
+                                      ArrayRef<int64_t>{i % enc.fragment()})
+      .getResult();
+}
+
+Value MatmulEmitter::addBias(Value v, Value col) {
+  if (!bias)
+    return v;
+  // Out-of-range columns are masked at the store; clamp the read.
+  Value safe = e.minUI(col, e.index(c.n - 1));
+  return e.add(v, c.grouped ? e.load(bias, {expertIdx, safe})
+                            : e.load(bias, {safe}));
+}
+
+Value MatmulEmitter::output(ArrayRef<Value> finals, int64_t i, Value col) {
+  // Output column `col` of the tile and its value (bias and activation
+  // applied). With an activation, gate column c is element i and its up
+  // column c + tileN / 2 is element i + fragment / 2.
+  Value v = addBias(column(finals, i), col);
+  if (c.gated) {
+    Value up = addBias(column(finals, i + c.fragment() / 2),
+                       e.iadd(col, e.index(c.n / 2)));
+    v = common::activate(e, op.getActivationAttr(), v, up);
+  }
+  return v;
+}
+
+void MatmulEmitter::emitStore(ArrayRef<Value> finals) {
+  int64_t perThread = c.gated ? c.fragment() / 2 : c.fragment();
+  for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
+    Value row = e.iadd(rowBase, e.index(rowHalf * 8));
+    e.ifThen(e.ult(row, rowEndIdx), [&] {
+      for (int64_t i = 0; i < perThread; ++i) {
+        if ((i / 2) % 2 != rowHalf)
+          continue;
+        Value col = e.iadd(colTile, fragmentColumn(i));
+        Value v = output(finals, i, col);
+        e.ifThen(e.ult(col, e.index(c.outN)), [&] {
+          e.store(v, out, {row, col});
+        });
+      }
+    });
+  }
+}
+
+void MatmulEmitter::emitQuantizedStore(ArrayRef<Value> finals) {
+  // A row's block of `bs` columns is held by the four lanes that share the
+  // row, elements i with i/4 in the block's range of 8-column groups. Each
+  // value is rounded to bf16 first, as the unfused matmul stores it; the
+  // lanes combine their statistics by shuffles, which every lane runs
+  // (rows past the segment are computed, not stored).
+  QuantAttr outQuant = op.getOutQuantAttr();
+  int64_t bs = c.outBlock;
+  int64_t perThread = c.gated ? c.fragment() / 2 : c.fragment();
+  assert(c.outTile % bs == 0 && "the tile holds whole quantization blocks");
   Type bf16 = b.getBF16Type();
   for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
     Value row = e.iadd(rowBase, e.index(rowHalf * 8));
     Value rowValid = e.ult(row, rowEndIdx);
-    for (int64_t block = 0; block < outTile / bs; ++block) {
+    for (int64_t block = 0; block < c.outTile / bs; ++block) {
       SmallVector<std::pair<Value, Value>> values; // (column, value)
       Value amax = e.f32(0.0), special = e.f32(0.0);
       for (int64_t i = 0; i < perThread; ++i) {
         if ((i / 2) % 2 != rowHalf || (i / 4) * 8 / bs != block)
           continue;
-        Value c = e.iadd(colTile, fragmentColumn(i));
+        Value col = e.iadd(colTile, fragmentColumn(i));
         Value v = arith::ExtFOp::create(
             b, e.loc, b.getF32Type(),
-            arith::TruncFOp::create(b, e.loc, bf16, output(i, c)).getResult());
+            arith::TruncFOp::create(b, e.loc, bf16, output(finals, i, col))
+                .getResult());
         // Columns past N are no part of any block.
-        v = e.select(e.ult(c, e.index(outN)), v, e.f32(0.0));
+        v = e.select(e.ult(col, e.index(c.outN)), v, e.f32(0.0));
         Value isSpecial;
         Value magnitude = common::blockStats(e, v, isSpecial);
         amax = arith::MaxNumFOp::create(b, e.loc, amax, magnitude);
         special = arith::MaximumFOp::create(b, e.loc, special, isSpecial);
-        values.push_back({c, v});
+        values.push_back({col, v});
       }
       reduceBlockStats(e, amax, special, 4);
       common::BlockScale scale = common::blockScale(e, outQuant, amax, special);
       Value first = e.iadd(colTile, e.index(block * bs));
       e.ifThen(rowValid, [&] {
-        for (auto [c, v] : values) {
+        for (auto [col, v] : values) {
           Value code = scale.encode(e, v);
-          e.ifThen(e.ult(c, e.index(outN)), [&] {
-            e.storeRaw(code, out, {row, c});
+          e.ifThen(e.ult(col, e.index(c.outN)), [&] {
+            e.storeRaw(code, out, {row, col});
           });
         }
         e.ifThen(
             e.andi(e.eq(e.remUI(lane, 4), e.index(0)),
-                   e.ult(first, e.index(outN))),
+                   e.ult(first, e.index(c.outN))),
             [&] {
               e.storeRaw(scale.stored, outScale, {row, e.divUI(first, bs)});
             });
       });
     }
   }
+}
+
+LogicalResult MatmulEmitter::emit(ArrayRef<Value> buffers,
+                                  ArrayRef<unsigned> indices,
+                                  const TensorInfo &partials) {
+  emitViews(buffers, indices, partials);
+  emitTileOrder();
+  scf::IfOp active = emitTileRows();
+  emitSharedMemory();
+  emitThreadLayout();
+  Value consumer = e.ult(tid, e.index(c.consumers()));
+  gpu::BarrierOp::create(b, e.loc);
+
+  // Warp specialization: the producer warpgroup gives up registers and one
+  // of its threads keeps the ring full, waiting only for a slot to be
+  // released; the consumers take the registers and never wait on each
+  // other, so one's promotion or epilogue overlaps the other's wgmma.
+  auto roles = scf::IfOp::create(b, e.loc, consumer, /*withElse=*/true);
+  b.setInsertionPointToStart(&roles.getElseRegion().front());
+  emitProducer();
+  b.setInsertionPointToStart(&roles.getThenRegion().front());
+  SmallVector<Value> finals = emitMainLoop();
+  if (c.splits > 1)
+    emitSplitSum(finals, k.func.getArgument(indices.size() - 1));
+  if (c.outBlock)
+    emitQuantizedStore(finals);
+  else
+    emitStore(finals);
   b.setInsertionPointAfter(active);
   return k.finish(op);
+}
+
+LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
+                                         GroupedMatmulOp op) {
+  auto rhsType = cast<RankedTensorType>(op.getRhs().getType());
+  int64_t kDim = rhsType.getDimSize(rhsType.getRank() - 1);
+  int64_t elementBytes = op.getScheme() ? 1 : 2;
+  // TMA reads rows whose length in bytes is a multiple of 16.
+  if ((kDim * elementBytes) % 16 != 0)
+    return op.emitOpError()
+           << "has K = " << kDim << " (" << describeK(op)
+           << "): sm_90a loads the operands with TMA, whose rows must be a "
+              "multiple of 16 bytes, so K must be a multiple of "
+           << 16 / elementBytes;
+  // A copy: define() may grow the map it lives in.
+  FailureOr<TensorInfo> source = layer.tmaSource(op, op.getLhs());
+  if (failed(source))
+    return failure();
+  TensorInfo lhs = *source;
+  MatmulConfig c = configureMatmul(op, lhs.rows, layer.maxTokens);
+  const MatmulEncoding &enc = c.enc;
+  layer.define(op.getOut(), lhs.rows);
+  if (c.outBlock)
+    layer.define(op.getOutScale(), lhs.rows);
+
+  unsigned mapA = layer.plan.addTensorMap(lhs.buffer, enc.elementBytes,
+                                          lhs.rows, kDim, c.tileM, enc.tileK());
+  unsigned mapB = layer.plan.addTensorMap(
+      layer.info(op.getRhs()).buffer, enc.elementBytes, {c.experts * c.n, 0},
+      kDim, c.tileN / 2, enc.tileK());
+  // Split partials [splits, rows, n] f32 and one counter per tile.
+  TensorInfo partials{};
+  if (c.splits > 1)
+    partials =
+        TensorInfo{layer.plan.addWorkspace(lhs.rows * (c.splits * c.n * 4)),
+                   MemRefType::get({ShapedType::kDynamic, c.n},
+                                   Float32Type::get(op.getContext())),
+                   lhs.rows * c.splits};
+  unsigned counters =
+      c.splits > 1 ? layer.plan.addCounters(c.rowTiles * c.colTiles) : 0;
+
+  SmallVector<Value> buffers = {op.getOut()};
+  if (c.grouped)
+    buffers.append({op.getTokensPerExpert(), op.getExpertOffsets()});
+  if (op.getBias())
+    buffers.push_back(op.getBias());
+  if (enc.fp8())
+    buffers.append({op.getLhsScale(), op.getRhsScale()});
+  if (c.outBlock)
+    buffers.push_back(op.getOutScale());
+  SmallVector<unsigned> bufferIndices;
+  for (Value v : buffers)
+    bufferIndices.push_back(layer.info(v).buffer);
+  if (c.splits > 1)
+    bufferIndices.append({partials.buffer, counters});
+  Kernel k = layer.kernelOn(op, c.grouped ? "grouped_matmul" : "matmul",
+                            bufferIndices, {mapA, mapB});
+  Launch &launch = k.launch;
+  // Row tiles on x (no 65535 limit), column tiles on y. Grouped: at most
+  // ceil(rows / 128) + experts row tiles are non-empty.
+  launch.work = lhs.rows;
+  launch.perBlock = c.tileM;
+  launch.extraBlocks = c.grouped ? c.experts : 0;
+  if (c.rowTiles > 0)
+    launch.work = {c.rowTiles, 0}, launch.perBlock = 1, launch.extraBlocks = 0;
+  launch.gridY = c.colTiles * c.splits;
+  // The consumer warpgroups and a producer warpgroup; the block size is
+  // fixed (.reqntid), so ptxas plans registers for 384 threads.
+  launch.block = (c.warpGroups + 1) * 128;
+  k.func.setKnownBlockSizeAttr(
+      k.b.getDenseI32ArrayAttr({int32_t(launch.block), 1, 1}));
+  launch.sharedBytes = c.sharedBytes();
+  return MatmulEmitter(layer, op, c, lhs, k)
+      .emit(buffers, bufferIndices, partials);
 }

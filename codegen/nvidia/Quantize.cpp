@@ -10,12 +10,40 @@
 
 #include "codegen/common/Numerics.h"
 #include "codegen/nvidia/KernelBuilder.h"
+#include "codegen/nvidia/KernelConfigs.h"
 
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::nvidia;
+
+ScaleBlockConfig nvidia::configureScaleBlocks(Value data, Value scales,
+                                              QuantAttr scheme) {
+  ScaleBlockConfig c;
+  auto dataType = cast<RankedTensorType>(data.getType());
+  c.rank = dataType.getRank();
+  c.rowsPerBlock = common::scaleRowsPerBlock(
+      dataType.getShape(), cast<RankedTensorType>(scales.getType()).getShape(),
+      scheme);
+  c.dynamicRows = dataType.isDynamicDim(0);
+  c.blockSize = scheme.getBlockSize();
+  c.cols = dataType.getDimSize(c.rank - 1);
+  c.colBlocks = llvm::divideCeil(c.cols, c.blockSize);
+  c.prefix = c.rank == 3 ? dataType.getDimSize(0) : 1;
+  if (!c.dynamicRows)
+    c.rowBlocks =
+        llvm::divideCeil(dataType.getDimSize(c.rank - 2), c.rowsPerBlock);
+  return c;
+}
+
+RowQuantizeConfig nvidia::configureRowQuantize(Value input, QuantAttr scheme) {
+  RowQuantizeConfig c;
+  c.cols = cast<RankedTensorType>(input.getType()).getDimSize(1);
+  c.blockSize = scheme.getBlockSize();
+  c.lanes = c.blockSize / c.width;
+  return c;
+}
 
 /// A kernel of one thread per scale block: quantizes `input` into `output`
 /// and `scales`, or dequantizes `input` with `scales` into `output`.
@@ -24,19 +52,15 @@ static LogicalResult buildBlocks(LayerKernels &layer, Operation *op,
                                  QuantAttr scheme, bool quantize) {
   // `input` is the bf16 side for quantize, the codes for dequantize.
   Value data = quantize ? output : input;
-  auto dataType = cast<RankedTensorType>(data.getType());
-  int64_t rank = dataType.getRank();
+  int64_t rank = cast<RankedTensorType>(data.getType()).getRank();
   if (rank != 2 && rank != 3)
     return op->emitOpError() << "of rank " << rank
                              << " has no sm_90a kernel (ranks 2 and 3 have)";
-  int64_t rowsPerBlock = common::scaleRowsPerBlock(
-      dataType.getShape(), cast<RankedTensorType>(scales.getType()).getShape(),
-      scheme);
-  bool dynamic = dataType.isDynamicDim(0);
+  ScaleBlockConfig cfg = configureScaleBlocks(data, scales, scheme);
+  int64_t rowsPerBlock = cfg.rowsPerBlock, kBlocks = cfg.colBlocks;
   // The verifiers give token rows (dynamic) one scale row each.
-  assert((!dynamic || rowsPerBlock == 1) && "token rows in 128-row blocks");
-  int64_t kBlock = scheme.getBlockSize(), kDim = dataType.getDimSize(rank - 1);
-  int64_t kBlocks = llvm::divideCeil(kDim, kBlock);
+  assert((!cfg.dynamicRows || rowsPerBlock == 1) &&
+         "token rows in 128-row blocks");
   TokenLinear rows = layer.info(input).rows;
   layer.define(output, rows);
   if (quantize)
@@ -45,16 +69,11 @@ static LogicalResult buildBlocks(LayerKernels &layer, Operation *op,
                           quantize ? SmallVector<Value>{input, output, scales}
                                    : SmallVector<Value>{input, scales, output});
   // One thread per block: prefix x rowBlocks x kBlocks of them.
-  int64_t prefix = rank == 3 ? dataType.getDimSize(0) : 1;
   TokenLinear blockRows =
-      dynamic ? rows
-              : TokenLinear{int64_t(llvm::divideCeil(
-                                dataType.getDimSize(rank - 2), rowsPerBlock)),
-                            0};
-  int64_t perRowBlock = prefix * kBlocks;
-  k.launch.work = blockRows * perRowBlock;
-  k.launch.perBlock = 128;
-  k.launch.block = 128;
+      cfg.dynamicRows ? rows : TokenLinear{cfg.rowBlocks, 0};
+  k.launch.work = blockRows * cfg.blocksPerRowBlock();
+  k.launch.perBlock = cfg.threads;
+  k.launch.block = cfg.threads;
   Emitter &e = k.e;
   Value in = k.view(0, layer.info(input));
   Value second = k.view(1, layer.info(quantize ? output : scales));
@@ -62,9 +81,10 @@ static LogicalResult buildBlocks(LayerKernels &layer, Operation *op,
   Value rowCount = e.dim(in, rank - 2);
   Value rowBlocks =
       arith::CeilDivUIOp::create(e.b, e.loc, rowCount, e.index(rowsPerBlock));
-  Value id = e.iadd(e.imul(k.blockId(gpu::Dimension::x), 128), k.threadId());
+  Value id =
+      e.iadd(e.imul(k.blockId(gpu::Dimension::x), cfg.threads), k.threadId());
   Value total = arith::MulIOp::create(e.b, e.loc, e.imul(rowBlocks, kBlocks),
-                                      e.index(prefix));
+                                      e.index(cfg.prefix));
   e.ifThen(e.ult(id, total), [&] {
     Value kb = e.remUI(id, kBlocks);
     Value rest = e.divUI(id, kBlocks);
@@ -75,8 +95,9 @@ static LogicalResult buildBlocks(LayerKernels &layer, Operation *op,
           arith::DivUIOp::create(e.b, e.loc, rest, rowBlocks));
     Value firstRow = e.imul(rb, rowsPerBlock);
     Value lastRow = e.minUI(e.iadd(firstRow, e.index(rowsPerBlock)), rowCount);
-    Value firstCol = e.imul(kb, kBlock);
-    Value lastCol = e.minUI(e.iadd(firstCol, e.index(kBlock)), e.index(kDim));
+    Value firstCol = e.imul(kb, cfg.blockSize);
+    Value lastCol =
+        e.minUI(e.iadd(firstCol, e.index(cfg.blockSize)), e.index(cfg.cols));
     if (quantize)
       common::quantizeBlock(e, scheme, in, second, third, prefixIndex, rb, kb,
                             firstRow, lastRow, firstCol, lastCol);
@@ -94,29 +115,27 @@ static LogicalResult buildBlocks(LayerKernels &layer, Operation *op,
 LogicalResult nvidia::buildRowQuantize(LayerKernels &layer, Operation *op,
                                        Value inputTensor, Value dataTensor,
                                        Value scalesTensor, QuantAttr scheme) {
-  int64_t k = cast<RankedTensorType>(inputTensor.getType()).getDimSize(1);
-  constexpr int64_t width = 8, threads = 128;
+  RowQuantizeConfig cfg = configureRowQuantize(inputTensor, scheme);
+  int64_t k = cfg.cols, width = cfg.width, bs = cfg.blockSize;
   TokenLinear rows = layer.info(inputTensor).rows;
   layer.define(dataTensor, rows);
   layer.define(scalesTensor, rows);
   Kernel kernel =
       layer.kernel(op, "quantize", {inputTensor, dataTensor, scalesTensor});
   kernel.launch.work = rows;
-  kernel.launch.block = threads;
+  kernel.launch.block = cfg.threads;
   Emitter &e = kernel.e;
   Value input = kernel.view(0, layer.info(inputTensor));
   Value data = kernel.view(1, layer.info(dataTensor));
   Value scales = kernel.view(2, layer.info(scalesTensor));
   Value r = kernel.blockId(gpu::Dimension::x), tid = kernel.threadId();
   kernel.onlyIf(e.ult(r, kernel.linear(rows)));
-  int64_t bs = scheme.getBlockSize();
   Type bf16 = e.b.getBF16Type(), i8 = e.b.getI8Type();
   auto vecType = VectorType::get({width}, bf16);
   // Every thread runs every chunk (zeros past K), so shuffles see whole
   // warps.
   e.forEach(
-      e.index(0),
-      e.index(llvm::divideCeil(k, threads * width) * threads * width),
+      e.index(0), e.index(cfg.chunkedCols()),
       [&](Value chunk) {
         Value c = e.iadd(chunk, e.imul(tid, width));
         Value valid = e.ult(c, e.index(k));
@@ -126,16 +145,16 @@ LogicalResult nvidia::buildRowQuantize(LayerKernels &layer, Operation *op,
         Value zeros = arith::ConstantOp::create(
             e.b, e.loc, DenseElementsAttr::get(vecType, e.b.getZeroAttr(bf16)));
         auto [codes, stored] = quantizeVector(
-            e, scheme, e.select(valid, loaded, zeros), bs / width);
+            e, scheme, e.select(valid, loaded, zeros), cfg.lanes);
         e.ifThen(valid, [&] {
           vector::StoreOp::create(e.b, e.loc, codes, data, {r, c}, false,
                                   vectorAlign(width, i8));
-          e.ifThen(e.eq(e.remUI(tid, bs / width), e.index(0)), [&] {
+          e.ifThen(e.eq(e.remUI(tid, cfg.lanes), e.index(0)), [&] {
             e.storeRaw(stored, scales, {r, e.divUI(c, bs)});
           });
         });
       },
-      e.index(threads * width));
+      e.index(cfg.threads * width));
   return kernel.finish(op);
 }
 

@@ -16,6 +16,7 @@
 
 #include "codegen/common/Numerics.h"
 #include "codegen/nvidia/KernelBuilder.h"
+#include "codegen/nvidia/KernelConfigs.h"
 
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
@@ -25,9 +26,8 @@ using namespace mlir::moe;
 using namespace mlir::moe::nvidia;
 
 namespace {
-constexpr int64_t kRouteWarps = 8, kRouteTokens = 4;
-/// Buckets up to this many tokens route in two kernels.
-constexpr int64_t kSplitRouteTokens = 64;
+constexpr int64_t kRouteWarps = RouteConfig::kWarps,
+                  kRouteTokens = RouteConfig::kTokens;
 
 /// The index of the largest `key` among the `eligible` in [lb, ub), ties
 /// and NaN keys to the lowest index, -1 if none: Emitter::argmax's contract,
@@ -101,12 +101,9 @@ struct Router {
   RouteOp op;
   int64_t experts, h, topK, unroll;
 
-  Router(Kernel &k, RouteOp op, int64_t experts, int64_t h, int64_t topK)
-      : k(k), e(k.e), op(op), experts(experts), h(h), topK(topK) {
-    // Two experts a pass: four would keep 128 f32 accumulators per thread
-    // and one block per SM.
-    unroll = experts % (kRouteWarps * 2) == 0 ? 2 : 1;
-  }
+  Router(Kernel &k, RouteOp op, const RouteConfig &cfg, int64_t unroll)
+      : k(k), e(k.e), op(op), experts(cfg.experts), h(cfg.hidden),
+        topK(cfg.topK), unroll(unroll) {}
 
   /// The logits of experts [first, first + unroll) for the tokens of
   /// `rows` (loads clamped into the call's tokens), reduced over the lanes
@@ -280,145 +277,152 @@ common::RouteScratch rowsOf(Emitter &e, const common::RouteScratch &all,
 }
 } // namespace
 
-LogicalResult nvidia::buildRoute(LayerKernels &layer, RouteOp op) {
-  RouterAttr router = op.getRouter();
+RouteConfig nvidia::configureRoute(RouteOp op, TokenLinear tokens,
+                                   int64_t maxTokens) {
+  RouteConfig c;
   auto weightType = cast<RankedTensorType>(op.getRouterWeight().getType());
-  int64_t experts = weightType.getDimSize(0), h = weightType.getDimSize(1);
-  int64_t topK =
-      cast<RankedTensorType>(op.getExpertIds().getType()).getDimSize(1);
-  TokenLinear tokens = layer.info(op.getHiddenStates()).rows;
-  layer.define(op.getExpertIds(), tokens);
-  layer.define(op.getWeights(), tokens);
+  c.experts = weightType.getDimSize(0), c.hidden = weightType.getDimSize(1);
+  c.topK = cast<RankedTensorType>(op.getExpertIds().getType()).getDimSize(1);
+  c.tokens = tokens;
+  c.split = maxTokens > 0 && maxTokens <= RouteConfig::kSplitTokens;
+  c.unroll = c.experts % (kRouteWarps * 2) == 0 ? 2 : 1;
+  c.logitBlocks = llvm::divideCeil(c.experts, kRouteWarps);
+  int64_t scratchBytes = c.experts * 9 + op.getRouter().getNGroup() * 5 + 64;
+  c.selectWarps =
+      std::clamp<int64_t>(kStaticSharedLimit / scratchBytes, 1, kRouteWarps);
+  return c;
+}
+
+/// Many tokens: one kernel, kRouteTokens tokens a block sharing each load
+/// of the router weights.
+static LogicalResult buildFusedRoute(LayerKernels &layer, RouteOp op,
+                                     const RouteConfig &cfg) {
+  RouterAttr router = op.getRouter();
   Value bias = op.getBias();
-  bool split = layer.maxTokens > 0 && layer.maxTokens <= kSplitRouteTokens;
+  int64_t experts = cfg.experts;
+  SmallVector<Value> buffers = {op.getHiddenStates(), op.getRouterWeight()};
+  if (bias)
+    buffers.push_back(bias);
+  buffers.append({op.getExpertIds(), op.getWeights()});
+  Kernel k = layer.kernel(op, "route", buffers);
+  k.launch.work = cfg.tokens;
+  k.launch.perBlock = kRouteTokens;
+  k.launch.block = kRouteWarps * 32;
+  Emitter &e = k.e;
+  SmallVector<Value> views;
+  for (auto [i, v] : llvm::enumerate(buffers))
+    views.push_back(k.view(i, layer.info(v)));
+  Value hidden = views[0], weight = views[1];
+  Value biasView = bias ? views[2] : Value();
+  Value ids = views[views.size() - 2], weights = views.back();
+  Router route(k, op, cfg, cfg.unroll);
+  common::RouteScratch all = scratchFor(k, router, kRouteTokens, experts);
+  Router::TokenBlock block = route.tokenBlock(cfg.tokens);
+  Value count = block.count, firstToken = block.firstToken;
+  Value warp = block.warp, lane = block.lane;
+  SmallVector<Value> &rows = block.rows;
+  // Each warp takes `unroll` experts at a time, every kRouteWarps-th
+  // group.
+  e.forEach(
+      e.imul(warp, route.unroll), e.index(experts),
+      [&](Value first) {
+        route.logits(hidden, weight, rows, first, lane,
+                     [&](int64_t p, Value x, Value logit) {
+                       auto [s, choice] = common::expertScore(
+                           e, router.getKind(), logit,
+                           biasView ? e.load(biasView, {x}) : Value());
+                       e.storeRaw(s, all.score, {e.index(p), x});
+                       e.storeRaw(choice, all.choice, {e.index(p), x});
+                     });
+      },
+      e.index(kRouteWarps * route.unroll));
+  gpu::BarrierOp::create(e.b, e.loc);
+  // Warp p chooses token p's experts.
+  Value t = e.iadd(firstToken, warp);
+  e.ifThen(e.andi(e.ult(warp, e.index(kRouteTokens)), e.ult(t, count)),
+           [&] { route.choose(rowsOf(e, all, warp), ids, weights, t, lane); });
+  return k.finish(op);
+}
 
-  if (!split) {
-    SmallVector<Value> buffers = {op.getHiddenStates(), op.getRouterWeight()};
-    if (bias)
-      buffers.push_back(bias);
-    buffers.append({op.getExpertIds(), op.getWeights()});
-    Kernel k = layer.kernel(op, "route", buffers);
-    // kRouteTokens tokens per block share each load of the router weights.
-    k.launch.work = tokens;
-    k.launch.perBlock = kRouteTokens;
-    k.launch.block = kRouteWarps * 32;
-    Emitter &e = k.e;
-    SmallVector<Value> views;
-    for (auto [i, v] : llvm::enumerate(buffers))
-      views.push_back(k.view(i, layer.info(v)));
-    Value hidden = views[0], weight = views[1];
-    Value biasView = bias ? views[2] : Value();
-    Value ids = views[views.size() - 2], weights = views.back();
-    Router route(k, op, experts, h, topK);
-    common::RouteScratch all = scratchFor(k, router, kRouteTokens, experts);
-    Router::TokenBlock block = route.tokenBlock(tokens);
-    Value count = block.count, firstToken = block.firstToken;
-    Value warp = block.warp, lane = block.lane;
-    SmallVector<Value> &rows = block.rows;
-    // Each warp takes `unroll` experts at a time, every kRouteWarps-th
-    // group.
-    e.forEach(
-        e.imul(warp, route.unroll), e.index(experts),
-        [&](Value first) {
-          route.logits(hidden, weight, rows, first, lane,
-                       [&](int64_t p, Value x, Value logit) {
-                         auto [s, choice] = common::expertScore(
-                             e, router.getKind(), logit,
-                             biasView ? e.load(biasView, {x}) : Value());
-                         e.storeRaw(s, all.score, {e.index(p), x});
-                         e.storeRaw(choice, all.choice, {e.index(p), x});
-                       });
-        },
-        e.index(kRouteWarps * route.unroll));
-    gpu::BarrierOp::create(e.b, e.loc);
-    // Warp p chooses token p's experts.
-    Value t = e.iadd(firstToken, warp);
-    e.ifThen(e.andi(e.ult(warp, e.index(kRouteTokens)), e.ult(t, count)), [&] {
-      route.choose(rowsOf(e, all, warp), ids, weights, t, lane);
-    });
-    return k.finish(op);
-  }
-
-  // Few tokens: the logits kernel takes kRouteWarps * unroll experts a
-  // block, on y, and stores every token's scores; the choosing kernel
-  // takes a token a warp.
-  auto f32 = Float32Type::get(op.getContext());
-  MemRefType scoreType = MemRefType::get({ShapedType::kDynamic, experts}, f32);
-  TensorInfo scores{layer.plan.addWorkspace(tokens * (experts * 4)), scoreType,
-                    tokens};
-  TensorInfo choices{layer.plan.addWorkspace(tokens * (experts * 4)), scoreType,
-                     tokens};
+/// Few tokens: the logits kernel takes kRouteWarps experts a block, on y,
+/// and stores every token's scores and choice keys.
+static LogicalResult buildRouteLogits(LayerKernels &layer, RouteOp op,
+                                      const RouteConfig &cfg,
+                                      const TensorInfo &scores,
+                                      const TensorInfo &choices) {
+  RouterAttr router = op.getRouter();
+  Value bias = op.getBias();
   SmallVector<unsigned> logitBuffers = {
       layer.info(op.getHiddenStates()).buffer,
       layer.info(op.getRouterWeight()).buffer};
   if (bias)
     logitBuffers.push_back(layer.info(bias).buffer);
   logitBuffers.append({scores.buffer, choices.buffer});
-  {
-    Kernel k = layer.kernelOn(op, "route_logits", logitBuffers);
-    k.launch.work = tokens;
-    k.launch.perBlock = kRouteTokens;
-    k.launch.block = kRouteWarps * 32;
-    Emitter &e = k.e;
-    Router route(k, op, experts, h, topK);
-    // An expert a warp: the router spreads over twice the blocks (each
-    // logit is summed the same way).
-    route.unroll = 1;
-    k.launch.gridY = llvm::divideCeil(experts, kRouteWarps * route.unroll);
-    Value hidden = k.view(0, layer.info(op.getHiddenStates()));
-    Value weight = k.view(1, layer.info(op.getRouterWeight()));
-    Value biasView = bias ? k.view(2, layer.info(bias)) : Value();
-    unsigned next = bias ? 3 : 2;
-    Value scoreView = k.view(next, scores);
-    Value choiceView = k.view(next + 1, choices);
-    Router::TokenBlock block = route.tokenBlock(tokens);
-    Value count = block.count, firstToken = block.firstToken;
-    Value warp = block.warp, lane = block.lane;
-    SmallVector<Value> &rows = block.rows;
-    Value first =
-        e.iadd(e.imul(k.blockId(gpu::Dimension::y), kRouteWarps * route.unroll),
-               e.imul(warp, route.unroll));
-    e.ifThen(e.ult(first, e.index(experts)), [&] {
-      route.logits(hidden, weight, rows, first, lane,
-                   [&](int64_t p, Value x, Value logit) {
-                     Value t = e.iadd(firstToken, e.index(p));
-                     e.ifThen(e.ult(t, count), [&] {
-                       auto [s, choice] = common::expertScore(
-                           e, router.getKind(), logit,
-                           biasView ? e.load(biasView, {x}) : Value());
-                       e.storeRaw(s, scoreView, {t, x});
-                       e.storeRaw(choice, choiceView, {t, x});
-                     });
+  Kernel k = layer.kernelOn(op, "route_logits", logitBuffers);
+  k.launch.work = cfg.tokens;
+  k.launch.perBlock = kRouteTokens;
+  k.launch.block = kRouteWarps * 32;
+  Emitter &e = k.e;
+  // An expert a warp: the router spreads over twice the blocks (each
+  // logit is summed the same way).
+  Router route(k, op, cfg, /*unroll=*/1);
+  k.launch.gridY = cfg.logitBlocks;
+  Value hidden = k.view(0, layer.info(op.getHiddenStates()));
+  Value weight = k.view(1, layer.info(op.getRouterWeight()));
+  Value biasView = bias ? k.view(2, layer.info(bias)) : Value();
+  unsigned next = bias ? 3 : 2;
+  Value scoreView = k.view(next, scores);
+  Value choiceView = k.view(next + 1, choices);
+  Router::TokenBlock block = route.tokenBlock(cfg.tokens);
+  Value count = block.count, firstToken = block.firstToken;
+  Value warp = block.warp, lane = block.lane;
+  SmallVector<Value> &rows = block.rows;
+  Value first =
+      e.iadd(e.imul(k.blockId(gpu::Dimension::y), kRouteWarps * route.unroll),
+             e.imul(warp, route.unroll));
+  e.ifThen(e.ult(first, e.index(cfg.experts)), [&] {
+    route.logits(hidden, weight, rows, first, lane,
+                 [&](int64_t p, Value x, Value logit) {
+                   Value t = e.iadd(firstToken, e.index(p));
+                   e.ifThen(e.ult(t, count), [&] {
+                     auto [s, choice] = common::expertScore(
+                         e, router.getKind(), logit,
+                         biasView ? e.load(biasView, {x}) : Value());
+                     e.storeRaw(s, scoreView, {t, x});
+                     e.storeRaw(choice, choiceView, {t, x});
                    });
-    });
-    if (failed(k.finish(op)))
-      return failure();
-  }
+                 });
+  });
+  return k.finish(op);
+}
+
+/// Few tokens, then: the choosing kernel takes a token a warp.
+static LogicalResult buildRouteSelect(LayerKernels &layer, RouteOp op,
+                                      const RouteConfig &cfg,
+                                      const TensorInfo &scores,
+                                      const TensorInfo &choices) {
   Kernel k = layer.kernelOn(op, "route_select",
                             {scores.buffer, choices.buffer,
                              layer.info(op.getExpertIds()).buffer,
                              layer.info(op.getWeights()).buffer});
-  // As many warps (a token each) as their scratch lets share a block.
-  int64_t scratchBytes = experts * 9 + router.getNGroup() * 5 + 64;
-  int64_t warps =
-      std::clamp<int64_t>(kStaticSharedLimit / scratchBytes, 1, kRouteWarps);
-  k.launch.work = tokens;
+  int64_t warps = cfg.selectWarps;
+  k.launch.work = cfg.tokens;
   k.launch.perBlock = warps;
   k.launch.block = warps * 32;
   Emitter &e = k.e;
-  Router route(k, op, experts, h, topK);
+  Router route(k, op, cfg, cfg.unroll);
   Value scoreView = k.view(0, scores), choiceView = k.view(1, choices);
   Value ids = k.view(2, layer.info(op.getExpertIds()));
   Value weights = k.view(3, layer.info(op.getWeights()));
-  common::RouteScratch all = scratchFor(k, router, warps, experts);
+  common::RouteScratch all = scratchFor(k, op.getRouter(), warps, cfg.experts);
   Value tid = k.threadId();
   Value warp = e.divUI(tid, 32), lane = e.remUI(tid, 32);
   Value t = e.iadd(e.imul(k.blockId(gpu::Dimension::x), warps), warp);
   // Warp-uniform: a whole warp has a token or none.
-  e.ifThen(e.ult(t, k.linear(tokens)), [&] {
+  e.ifThen(e.ult(t, k.linear(cfg.tokens)), [&] {
     common::RouteScratch mine = rowsOf(e, all, warp);
     e.forEach(
-        lane, e.index(experts),
+        lane, e.index(cfg.experts),
         [&](Value x) {
           e.storeRaw(e.loadRaw(scoreView, {t, x}), mine.score, {x});
           e.storeRaw(e.loadRaw(choiceView, {t, x}), mine.choice, {x});
@@ -428,4 +432,25 @@ LogicalResult nvidia::buildRoute(LayerKernels &layer, RouteOp op) {
     route.choose(mine, ids, weights, t, lane);
   });
   return k.finish(op);
+}
+
+LogicalResult nvidia::buildRoute(LayerKernels &layer, RouteOp op) {
+  TokenLinear tokens = layer.info(op.getHiddenStates()).rows;
+  RouteConfig cfg = configureRoute(op, tokens, layer.maxTokens);
+  layer.define(op.getExpertIds(), tokens);
+  layer.define(op.getWeights(), tokens);
+  if (!cfg.split)
+    return buildFusedRoute(layer, op, cfg);
+
+  // Few tokens: scores and choice keys go through the workspace.
+  auto f32 = Float32Type::get(op.getContext());
+  MemRefType scoreType =
+      MemRefType::get({ShapedType::kDynamic, cfg.experts}, f32);
+  TensorInfo scores{layer.plan.addWorkspace(tokens * (cfg.experts * 4)),
+                    scoreType, tokens};
+  TensorInfo choices{layer.plan.addWorkspace(tokens * (cfg.experts * 4)),
+                     scoreType, tokens};
+  if (failed(buildRouteLogits(layer, op, cfg, scores, choices)))
+    return failure();
+  return buildRouteSelect(layer, op, cfg, scores, choices);
 }
