@@ -119,7 +119,7 @@ struct ExpertParallelPass
   void runOnOperation() override {
     SmallVector<DispatchOp> dispatches;
     getOperation()->walk([&](DispatchOp dispatch) {
-      if (dispatch.getEpSize() > 1)
+      if (dispatch.isExpertParallel())
         dispatches.push_back(dispatch);
     });
     for (DispatchOp dispatch : dispatches)
