@@ -60,7 +60,7 @@ struct GpuGroup {
   std::thread thread;
   std::atomic<bool> stop{false};
   std::string proxyError;
-  // The layer's generated proxy routine (moe_<layer>_ep_proxy_turn).
+  // The layer's generated proxy routine (internal moe_ep_proxy_turn).
   int32_t (*turn)(moe_transport_t *, uint8_t *, uint8_t *, int32_t, uint64_t *,
                   int32_t) = nullptr;
 };
