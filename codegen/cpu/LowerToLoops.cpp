@@ -12,6 +12,7 @@
 #include "codegen/common/Emitter.h"
 #include "codegen/common/FP8.h"
 #include "codegen/common/Numerics.h"
+#include "codegen/common/RuntimeImports.h"
 
 #include "dialects/moe/MoeOps.h"
 
@@ -125,24 +126,23 @@ private:
   LogicalResult lowerEpCombineSend(EpCombineSendOp op);
   LogicalResult lowerEpCombineRecv(EpCombineRecvOp op);
 
-  /// Calls the runtime function `name` (declared on first use), taking and
-  /// returning i64 values.
-  Value callRuntime(StringRef name, ValueRange args, bool returnsValue) {
+  /// Calls the runtime's `fn` (codegen/common/RuntimeImports.def: i64
+  /// values, pointers among them), declared on first use; returns its
+  /// result, if any.
+  Value callRuntime(RuntimeImport fn, ValueRange args) {
     auto module =
         e.b.getInsertionBlock()->getParentOp()->getParentOfType<ModuleOp>();
-    Type i64 = e.b.getI64Type();
-    SmallVector<Type> argTypes(args.size(), i64), results;
-    if (returnsValue)
-      results.push_back(i64);
+    StringRef name = getRuntimeSignature(fn).name;
     auto callee = module.lookupSymbol<func::FuncOp>(name);
     if (!callee) {
       OpBuilder top = OpBuilder::atBlockBegin(module.getBody());
-      callee = func::FuncOp::create(top, e.loc, name,
-                                    top.getFunctionType(argTypes, results));
+      callee = func::FuncOp::create(
+          top, e.loc, name,
+          getRuntimeFunctionType(top.getContext(), fn, top.getI64Type()));
       callee.setPrivate();
     }
     auto call = func::CallOp::create(e.b, e.loc, callee, args);
-    return returnsValue ? call.getResult(0) : Value();
+    return call.getNumResults() ? call.getResult(0) : Value();
   }
   Value i64(int64_t v) {
     return arith::ConstantOp::create(e.b, e.loc, e.b.getI64IntegerAttr(v));
@@ -724,19 +724,18 @@ LogicalResult FunctionLowering::lowerEpDispatchSend(EpDispatchSendOp op) {
     scales = buffer(op.getQuantized()[1]);
   }
   Value weights = op.getScale() ? buffer(op.getScale()) : Value();
-  callRuntime("moe_ep_dispatch_send",
+  callRuntime(RuntimeImport::moe_ep_dispatch_send,
               {address(data), i64(rowBytes(data)), address(scales),
                i64(scales ? rowBytes(scales) : 0),
                address(buffer(op.getExpertIds())), address(weights),
-               indexToI64(tokens), address(sent), address(rows)},
-              false);
+               indexToI64(tokens), address(sent), address(rows)});
   return success();
 }
 
 LogicalResult FunctionLowering::lowerEpDispatchRecv(EpDispatchRecvOp op) {
-  Value count =
-      arith::IndexCastOp::create(e.b, e.loc, e.b.getIndexType(),
-                                 callRuntime("moe_ep_dispatch_wait", {}, true));
+  Value count = arith::IndexCastOp::create(
+      e.b, e.loc, e.b.getIndexType(),
+      callRuntime(RuntimeImport::moe_ep_dispatch_wait, {}));
   Value counts = resultBuffer(op.getTokensPerExpert(), {});
   Value offsets = resultBuffer(op.getExpertOffsets(), {});
   Value origin = resultBuffer(op.getOrigin(), {count});
@@ -752,10 +751,9 @@ LogicalResult FunctionLowering::lowerEpDispatchRecv(EpDispatchRecvOp op) {
   if (scaled)
     weights = e.alloc(MemRefType::get({ShapedType::kDynamic}, e.b.getF32Type()),
                       {count});
-  callRuntime("moe_ep_dispatch_unpack",
+  callRuntime(RuntimeImport::moe_ep_dispatch_unpack,
               {address(data), address(scales), address(weights),
-               address(counts), address(offsets), address(origin)},
-              false);
+               address(counts), address(offsets), address(origin)});
   if (!scaled)
     return success();
   // Each row times its choice's weight, rounded to bf16, as moe.dispatch
@@ -776,11 +774,10 @@ LogicalResult FunctionLowering::lowerEpDispatchRecv(EpDispatchRecvOp op) {
 LogicalResult FunctionLowering::lowerEpCombineSend(EpCombineSendOp op) {
   Value out = buffer(op.getExpertOut());
   Value sent = resultBuffer(op.getSent(), {});
-  callRuntime("moe_ep_combine_send",
+  callRuntime(RuntimeImport::moe_ep_combine_send,
               {address(out), i64(rowBytes(out)),
                address(buffer(op.getOrigin())), indexToI64(e.dim(out, 0)),
-               address(sent)},
-              false);
+               address(sent)});
   return success();
 }
 
@@ -789,8 +786,8 @@ LogicalResult FunctionLowering::lowerEpCombineRecv(EpCombineRecvOp op) {
   int64_t topK = cast<MemRefType>(rows.getType()).getDimSize(1);
   Value count = e.imul(e.dim(rows, 0), topK);
   Value gathered = resultBuffer(op.getGathered(), {count});
-  callRuntime("moe_ep_combine_recv", {address(gathered), indexToI64(count)},
-              false);
+  callRuntime(RuntimeImport::moe_ep_combine_recv,
+              {address(gathered), indexToI64(count)});
   return success();
 }
 
