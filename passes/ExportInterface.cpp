@@ -22,31 +22,20 @@ namespace mlir::moe {
 using namespace mlir;
 using namespace mlir::moe;
 
-/// Whether the C entry point can pass `type`: a ranked tensor of a dtype
-/// the description names.
-static bool isPassable(Type type) {
-  auto tensor = dyn_cast<RankedTensorType>(type);
-  if (!tensor)
-    return false;
-  Type element = tensor.getElementType();
-  return element.isBF16() || element.isF16() || element.isF32() ||
-         element.isInteger(32) ||
-         isa<Float8E4M3FNType, Float8E8M0FNUType>(element);
-}
-
-/// An argument's description; only a leading token dimension may be dynamic.
+/// An argument's description; ArgumentAttr's verifier says what the C
+/// entry point cannot pass.
 static FailureOr<ArgumentAttr> describe(Operation *where, StringRef name,
                                         Type type, bool isOutput) {
-  if (!isPassable(type))
+  auto tensor = dyn_cast<RankedTensorType>(type);
+  if (!tensor)
     return where->emitOpError() << "cannot pass " << type << " as '" << name
                                 << "' through the C entry point";
-  auto tensor = cast<RankedTensorType>(type);
-  for (int64_t d = 1; d < tensor.getRank(); ++d)
-    if (tensor.isDynamicDim(d))
-      return where->emitOpError()
-             << "'" << name << "' may have a dynamic size only in its first "
-             << "(token) dimension";
-  return ArgumentAttr::get(type.getContext(), name, tensor, isOutput);
+  auto arg =
+      ArgumentAttr::getChecked([&] { return where->emitOpError(); },
+                               type.getContext(), name, tensor, isOutput);
+  if (!arg)
+    return failure();
+  return arg;
 }
 
 /// The arguments in call order, named `names[i]`, then the one result `out`.
@@ -166,7 +155,8 @@ static LogicalResult exportInterface(func::FuncOp func, Target target) {
       !llvm::all_of(name, [](char c) { return llvm::isAlnum(c) || c == '_'; }))
     return func.emitOpError()
            << "name '" << name
-           << "' is not a C identifier, which the library's symbols need";
+           << "' is not a C identifier, which the library's symbols need "
+              "(moe-compile --name sets it)";
   SmallVector<Operation *> layers;
   for (Operation &op : func.getBody().front())
     if (isa<LayerOp, AttentionOp, TiledAttentionOp>(op))

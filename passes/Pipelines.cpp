@@ -30,7 +30,6 @@
 #include "mlir/Dialect/MemRef/Transforms/Passes.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Transforms/Passes.h"
-#include "llvm/Support/Path.h"
 
 using namespace mlir;
 using namespace mlir::moe;
@@ -124,7 +123,7 @@ void moe::buildSm90aPipeline(OpPassManager &pm, const PipelineOptions &options,
 
 LogicalResult moe::compileLayer(ModuleOp module, StringRef name, Target target,
                                 const PipelineOptions &options,
-                                StringRef output, StringRef runtimeDir) {
+                                StringRef output, StringRef runtimeArchive) {
   PassManager pm(module.getContext());
   if (target == Target::SM90a)
     buildSm90aPipeline(pm, options, name);
@@ -137,7 +136,7 @@ LogicalResult moe::compileLayer(ModuleOp module, StringRef name, Target target,
   FailureOr<InterfaceAttr> interface = host::findInterface(module, name);
   return failure(
       failed(interface) ||
-      failed(host::emitLibrary(module, *interface, output, runtimeDir)));
+      failed(host::emitLibrary(module, *interface, output, runtimeArchive)));
 }
 
 bool PipelineOptions::isOption(StringRef name, bool &takesValue) {
@@ -147,6 +146,12 @@ bool PipelineOptions::isOption(StringRef name, bool &takesValue) {
     return false;
   takesValue = it->second->getValueExpectedFlag() == llvm::cl::ValueRequired;
   return true;
+}
+
+bool PipelineOptions::setFromFlag(StringRef name, StringRef value) {
+  auto it = OptionsMap.find(name);
+  return it != OptionsMap.end() &&
+         !it->second->addOccurrence(/*pos=*/0, name, value);
 }
 
 raw_ostream &moe::operator<<(raw_ostream &os, const TokenBuckets &buckets) {

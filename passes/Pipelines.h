@@ -106,6 +106,9 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
 
   /// Whether `name` is one of the options, and whether it needs a value.
   static bool isOption(StringRef name, bool &takesValue);
+  /// Sets option `name` from a command-line `value` as cl would; false,
+  /// with cl's message, if the value is not one it takes.
+  bool setFromFlag(StringRef name, StringRef value);
 };
 
 /// Appends the CPU target's passes: a layer (L0 or L1) to the LLVM dialect,
@@ -122,11 +125,12 @@ void buildSm90aPipeline(OpPassManager &pm, const PipelineOptions &options,
 /// Compiles `module`, whose one layer function is `name`, for `target`
 /// through every stage up to `options.stopAfter`. At Stop::Library the
 /// shared library and its header are written to `output` (libNAME.so,
-/// libNAME.h), linked with the runtime archives of `runtimeDir` it needs;
-/// before it the module is left at the stop.
+/// libNAME.h), linked with the runtime archive `runtimeArchive`
+/// (libmoert.a) and the expert-parallel ones beside it where it needs
+/// them; before it the module is left at the stop.
 LogicalResult compileLayer(ModuleOp module, StringRef name, Target target,
                            const PipelineOptions &options, StringRef output,
-                           StringRef runtimeDir);
+                           StringRef runtimeArchive);
 
 /// Registers moe-cpu-pipeline and moe-sm90a-pipeline for moe-opt.
 void registerPipelines();

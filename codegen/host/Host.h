@@ -29,10 +29,11 @@ FailureOr<StringRef> kernelImage(ModuleOp module);
 
 /// Writes the shared library `output` of the lowered layer of `interface`
 /// in `module`, and its C header beside it (libNAME.so, libNAME.h): the
-/// entry points, the description JSON and the runtime archives of
-/// `runtimeDir` (libmoert.a, libmoe_ep.a, libmoe_transport.a) it needs.
+/// entry points, the description JSON and the runtime archives it needs,
+/// `runtimeArchive` (libmoert.a) and, beside it, libmoe_ep.a and
+/// libmoe_transport.a.
 LogicalResult emitLibrary(ModuleOp module, InterfaceAttr interface,
-                          StringRef output, StringRef runtimeDir);
+                          StringRef output, StringRef runtimeArchive);
 
 /// The C header declaring what the library of `interface` exports.
 std::string headerText(InterfaceAttr interface);

@@ -9,7 +9,6 @@
 #include "codegen/host/Host.h"
 #include "codegen/host/HostBuilder.h"
 
-#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/JSON.h"
@@ -335,9 +334,10 @@ struct LinkLine {
 } // namespace
 
 static FailureOr<LinkLine> linkLine(ModuleOp module, InterfaceAttr interface,
-                                    StringRef runtimeDir) {
+                                    StringRef runtimeArchive) {
+  // The expert-parallel archives sit beside the runtime's.
   auto archive = [&](StringRef file) {
-    SmallString<256> path(runtimeDir);
+    SmallString<256> path(llvm::sys::path::parent_path(runtimeArchive));
     llvm::sys::path::append(path, file);
     return path.str().str();
   };
@@ -349,7 +349,7 @@ static FailureOr<LinkLine> linkLine(ModuleOp module, InterfaceAttr interface,
     line.libraries = {"fabric", "pthread"};
   }
   if (gpu)
-    line.archives.push_back(archive("libmoert.a"));
+    line.archives.push_back(runtimeArchive.str());
   if (interface.getExpertParallel())
     line.archives.push_back(archive("libmoe_transport.a"));
   for (const std::string &file : line.archives)
@@ -360,8 +360,8 @@ static FailureOr<LinkLine> linkLine(ModuleOp module, InterfaceAttr interface,
 }
 
 LogicalResult host::emitLibrary(ModuleOp module, InterfaceAttr interface,
-                                StringRef output, StringRef runtimeDir) {
-  FailureOr<LinkLine> link = linkLine(module, interface, runtimeDir);
+                                StringRef output, StringRef runtimeArchive) {
+  FailureOr<LinkLine> link = linkLine(module, interface, runtimeArchive);
   if (failed(link))
     return failure();
   // A GPU layer's host code goes in a module of its own: the kernels'

@@ -100,12 +100,18 @@ buildPlan(func::FuncOp func, gpu::GPUModuleOp gpuModule,
 /// Adds what the plan decided to the function's interface (moe.interface,
 /// when moe-export-interface described it): the workspace, the buckets and
 /// an expert-parallel layer's capacity and device state.
-static void recordLaunch(func::FuncOp func, LaunchPlanAttr plan,
-                         ArrayRef<int64_t> buckets, int64_t epMaxTokens) {
+static LogicalResult recordLaunch(func::FuncOp func, LaunchPlanAttr plan,
+                                  ArrayRef<int64_t> buckets,
+                                  int64_t epMaxTokens) {
   auto interface =
       func->getAttrOfType<InterfaceAttr>(InterfaceAttr::getAttrName());
   if (!interface)
-    return;
+    return success();
+  if (interface.getTarget() != Target::SM90a)
+    return func.emitOpError()
+           << "has the interface of a "
+           << stringifyTarget(interface.getTarget())
+           << " library, but its kernels are built for sm_90a";
   ExpertParallelAttr ep = interface.getExpertParallel();
   if (ep) {
     ::moe::rt::EpDeviceLayout layout{
@@ -118,6 +124,7 @@ static void recordLaunch(func::FuncOp func, LaunchPlanAttr plan,
   }
   func->setAttr(InterfaceAttr::getAttrName(),
                 interface.withLaunch(plan.getWorkspaceBytes(), buckets, ep));
+  return success();
 }
 
 /// `kernel` printed with a fixed name: equal texts are equal kernels.
@@ -170,16 +177,16 @@ static LogicalResult buildLayer(func::FuncOp func, int64_t epMaxTokens) {
   }
   if (failed(verify(gpuModule)))
     return failure();
-  LaunchPlanAttr plan = plans.front()->toAttr();
-  func->setAttr(LaunchPlanAttr::getAttrName(), plan);
+  LaunchPlanAttr anyCount = plans.front()->toAttr();
+  func->setAttr(LaunchPlanAttr::getAttrName(), anyCount);
   if (plans.size() > 1) {
     SmallVector<Attribute> buckets;
     for (auto &plan : llvm::drop_begin(plans))
       buckets.push_back(plan->toAttr());
     func->setAttr(kBucketPlansAttrName, b.getArrayAttr(buckets));
   }
-  recordLaunch(func, plan, ArrayRef(sizes).drop_front(), epMaxTokens);
-  return success();
+  return recordLaunch(func, anyCount, ArrayRef(sizes).drop_front(),
+                      epMaxTokens);
 }
 
 namespace {

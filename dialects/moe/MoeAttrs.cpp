@@ -270,6 +270,21 @@ mlir::moe::parseKernelArgs(AsmParser &parser) {
   return args;
 }
 
+FailureOr<SmallVector<int64_t>> mlir::moe::parseCountList(AsmParser &parser) {
+  SmallVector<int64_t> counts;
+  if (parser.parseCommaSeparatedList(AsmParser::Delimiter::Square, [&] {
+        return parser.parseInteger(counts.emplace_back());
+      }))
+    return failure();
+  return counts;
+}
+
+void mlir::moe::printCountList(AsmPrinter &printer, ArrayRef<int64_t> counts) {
+  printer << "[";
+  llvm::interleaveComma(counts, printer);
+  printer << "]";
+}
+
 void mlir::moe::printKernelArgs(AsmPrinter &printer, ArrayRef<KernelArg> args) {
   printer << "[";
   llvm::interleaveComma(args, printer, [&](const KernelArg &arg) {
@@ -437,6 +452,12 @@ LogicalResult ArgumentAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                    bool output) {
   if (name.empty())
     return emitError() << "an argument needs a name";
+  Type element = type.getElementType();
+  if (!element.isBF16() && !element.isF16() && !element.isF32() &&
+      !element.isInteger(32) &&
+      !isa<Float8E4M3FNType, Float8E8M0FNUType>(element))
+    return emitError() << "argument '" << name << "' has element type "
+                       << element << ", which no C entry point passes";
   for (int64_t d = 1; d < type.getRank(); ++d)
     if (type.isDynamicDim(d))
       return emitError() << "argument '" << name
@@ -500,9 +521,11 @@ LogicalResult InterfaceAttr::verify(
     return emitError() << "only a GPU layer replays token buckets";
   if (workspace.fixed < 0 || workspace.perToken < 0)
     return emitError() << "workspace bytes must not be negative";
-  if (!symbols.get("forward") || !symbols.get("layer_info"))
-    return emitError() << "an interface exports at least forward and "
-                          "layer_info";
+  // The symbols follow from the rest: a library exports exactly these.
+  if (symbols != exportedSymbols(symbols.getContext(), name, target,
+                                 tokenBuckets, expertParallel))
+    return emitError() << "interface symbols must be those of its name, "
+                          "target, buckets and ranks";
   return success();
 }
 

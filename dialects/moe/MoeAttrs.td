@@ -150,6 +150,12 @@ def Moe_TokenLinearParameter
   let printer = "::mlir::moe::printTokenLinear($_printer, $_self)";
 }
 
+// Counts in brackets, `[1, 8, 64]`; absent when empty.
+def Moe_CountListParameter : OptionalArrayRefParameter<"int64_t", "counts"> {
+  let parser = "::mlir::moe::parseCountList($_parser)";
+  let printer = "::mlir::moe::printCountList($_printer, $_self)";
+}
+
 // A kernel's parameters: `[buffer 0, tensor_map 1, tokens]`.
 def Moe_KernelArgsParameter : ArrayRefParameter<"::mlir::moe::KernelArg",
                                                 "kernel parameters"> {
@@ -433,7 +439,7 @@ def Moe_InterfaceAttr : Moe_Attr<"Interface", "interface"> {
     "::mlir::ArrayAttr":$args,
     OptionalParameter<"::mlir::moe::ConfigAttr", "the layer's config">:$config,
     Moe_TokenLinearParameter:$workspace,
-    OptionalArrayRefParameter<"int64_t">:$token_buckets,
+    Moe_CountListParameter:$token_buckets,
     OptionalParameter<"::mlir::moe::ExpertParallelAttr",
                       "expert-parallel ranks">:$expert_parallel,
     "::mlir::DictionaryAttr":$symbols

@@ -50,6 +50,8 @@ inline llvm::hash_code hash_value(const KernelArg &a) {
   return llvm::hash_combine(a.kind, a.index);
 }
 FailureOr<SmallVector<KernelArg>> parseKernelArgs(AsmParser &parser);
+FailureOr<SmallVector<int64_t>> parseCountList(AsmParser &parser);
+void printCountList(AsmPrinter &printer, ArrayRef<int64_t> counts);
 void printKernelArgs(AsmPrinter &printer, ArrayRef<KernelArg> args);
 } // namespace mlir::moe
 

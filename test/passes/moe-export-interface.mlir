@@ -103,7 +103,7 @@ func.func @bad(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>)
 
 // -----
 
-// expected-error @+1 {{'func.func' op 'arg2' may have a dynamic size only in its first (token) dimension}}
+// expected-error @+1 {{'func.func' op argument 'arg2' may be dynamic only in its first (token) dimension}}
 func.func @bad(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>,
                %unused: tensor<4x?xbf16>) -> tensor<?x8xbf16> {
   %d, %c, %o, %r = moe.dispatch %x, %ids

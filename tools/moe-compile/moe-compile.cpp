@@ -168,7 +168,7 @@ static bool compileSharedLibrary(ModuleOp module, PipelineOptions &options,
   std::string archive =
       runtimeLib.empty() ? defaultRuntimeLib(argv0) : runtimeLib;
   if (failed(moe::compileLayer(module, name, target, options, outputFile,
-                               llvm::sys::path::parent_path(archive))))
+                               archive)))
     return false;
   if (emit == Emit::PTX) {
     FailureOr<StringRef> ptx = moe::host::kernelImage(module);
@@ -184,11 +184,11 @@ static bool compileSharedLibrary(ModuleOp module, PipelineOptions &options,
 }
 
 /// Moves the flags that are pipeline options (passes/Pipelines.h) out of
-/// `argv` into `pipeline` (as PassOptions parse them), and a request for
-/// help into `help`, leaving the others for cl.
-static void splitPipelineOptions(SmallVectorImpl<char *> &argv,
-                                 std::string &pipeline, bool &help) {
-  SmallVector<char *> rest = {argv[0]};
+/// `argv` into `options`, and a request for help into `help`, leaving the
+/// others for cl; false, with cl's message, on a bad value.
+static bool takePipelineOptions(SmallVectorImpl<const char *> &argv,
+                                PipelineOptions &options, bool &help) {
+  SmallVector<const char *> rest = {argv[0]};
   for (size_t i = 1; i < argv.size(); ++i) {
     StringRef arg = argv[i];
     StringRef flag = arg.ltrim('-');
@@ -204,22 +204,37 @@ static void splitPipelineOptions(SmallVectorImpl<char *> &argv,
       continue;
     }
     // `--name value` as well as `--name=value`, as cl takes them.
-    if (!flag.contains('=') && takesValue && i + 1 < argv.size())
+    if (!flag.contains('=') && takesValue) {
+      if (i + 1 == argv.size()) {
+        llvm::errs() << "moe-compile: --" << name << " needs a value\n";
+        return false;
+      }
       value = argv[++i];
-    pipeline +=
-        (name + "=" + (value.contains(' ') ? "'" + value + "'" : value) + " ")
-            .str();
+    }
+    if (!options.setFromFlag(name, value))
+      return false;
   }
   argv.assign(rest.begin(), rest.end());
+  return true;
 }
 
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
   cl::HideUnrelatedOptions(category);
-  SmallVector<char *> args(argv, argv + argc);
-  std::string pipeline;
+  // Response files first, as cl would expand them.
+  SmallVector<const char *> args(argv, argv + argc);
+  llvm::BumpPtrAllocator allocator;
+  cl::ExpansionContext expansion(allocator, cl::TokenizeGNUCommandLine);
+  if (llvm::Error error = expansion.expandResponseFiles(args)) {
+    llvm::errs() << "moe-compile: " << llvm::toString(std::move(error)) << "\n";
+    return 1;
+  }
+  PipelineOptions options;
   bool help = false;
-  splitPipelineOptions(args, pipeline, help);
+  // cl names the program in the messages of the pipeline's options too.
+  cl::ParseCommandLineOptions(1, argv);
+  if (!takePipelineOptions(args, options, help))
+    return 1;
   cl::ParseCommandLineOptions(
       args.size(), args.data(),
       "moe-compile: build one MoE layer from the moe dialect or a "
@@ -227,7 +242,6 @@ int main(int argc, char **argv) {
       "  moe-compile LAYER.mlir -o libNAME.so\n"
       "  moe-compile --from-hf-config config.json [--name NAME] -o libNAME.so\n"
       "  moe-compile ... --emit=mlir [-o OUT.mlir]\n");
-  PipelineOptions options;
   if (help) {
     // cl knows the tool's own flags; the pipeline's follow.
     cl::PrintHelpMessage(/*Hidden=*/false, /*Categorized=*/true);
@@ -236,8 +250,6 @@ int main(int argc, char **argv) {
     options.printHelp(2, options.getOptionWidth() + 4);
     return 0;
   }
-  if (failed(options.parseFromString(pipeline)))
-    return 1;
   if (options.stopAfter.hasValue()) {
     llvm::errs() << "moe-compile: --emit says where moe-compile stops; "
                     "--stop-after is moe-opt's\n";
