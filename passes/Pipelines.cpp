@@ -34,17 +34,31 @@
 using namespace mlir;
 using namespace mlir::moe;
 
-void moe::buildCpuPipeline(OpPassManager &pm, const PipelineOptions &options,
-                           StringRef layer) {
+/// The stages every target starts with: the layer as its caller sees it,
+/// then its L1 steps.
+static void addLayerStages(OpPassManager &pm, const PipelineOptions &options,
+                           Target target, StringRef layer) {
   ExportInterfaceOptions interface;
-  interface.target = Target::CPU;
+  interface.target = target;
   interface.layer = layer.str();
   pm.addPass(createExportInterface(interface));
   pm.addPass(createDecompose());
   if (options.fuseQuantization)
     pm.addPass(createFuseQuantization());
   pm.addPass(createExpertParallel());
-  pm.addPass(createSplitAttention());
+}
+
+static void addSplitAttention(OpPassManager &pm,
+                              const PipelineOptions &options) {
+  SplitAttentionOptions attention;
+  attention.pingPong = options.attentionPingPong;
+  pm.addPass(createSplitAttention(attention));
+}
+
+void moe::buildCpuPipeline(OpPassManager &pm, const PipelineOptions &options,
+                           StringRef layer) {
+  addLayerStages(pm, options, Target::CPU, layer);
+  addSplitAttention(pm, options);
   if (options.stopAfter == Stop::L1)
     return;
   pm.addPass(cpu::createLowerToLoops());
@@ -66,18 +80,9 @@ void moe::buildCpuPipeline(OpPassManager &pm, const PipelineOptions &options,
 void moe::buildSm90aPipeline(OpPassManager &pm, const PipelineOptions &options,
                              StringRef layer) {
   Stop stop = options.stopAfter;
-  ExportInterfaceOptions interface;
-  interface.target = Target::SM90a;
-  interface.layer = layer.str();
-  pm.addPass(createExportInterface(interface));
-  pm.addPass(createDecompose());
-  if (options.fuseQuantization)
-    pm.addPass(createFuseQuantization());
-  pm.addPass(createExpertParallel());
+  addLayerStages(pm, options, Target::SM90a, layer);
   pm.addPass(createLegalize());
-  SplitAttentionOptions attention;
-  attention.pingPong = options.attentionPingPong;
-  pm.addPass(createSplitAttention(attention));
+  addSplitAttention(pm, options);
   if (options.tokenBuckets.getValue().enabled) {
     BucketizeOptions buckets;
     buckets.buckets = llvm::to_vector(options.tokenBuckets.getValue().sizes);
@@ -139,10 +144,9 @@ LogicalResult moe::compileLayer(ModuleOp module, StringRef name, Target target,
       failed(host::emitLibrary(module, *interface, output, runtimeArchive)));
 }
 
-bool PipelineOptions::isOption(StringRef name, bool &takesValue) {
-  PipelineOptions options;
-  auto it = options.OptionsMap.find(name);
-  if (it == options.OptionsMap.end())
+bool PipelineOptions::isOption(StringRef name, bool &takesValue) const {
+  auto it = OptionsMap.find(name);
+  if (it == OptionsMap.end())
     return false;
   takesValue = it->second->getValueExpectedFlag() == llvm::cl::ValueRequired;
   return true;

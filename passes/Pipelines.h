@@ -105,7 +105,7 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
       llvm::cl::init(true)};
 
   /// Whether `name` is one of the options, and whether it needs a value.
-  static bool isOption(StringRef name, bool &takesValue);
+  bool isOption(StringRef name, bool &takesValue) const;
   /// Sets option `name` from a command-line `value` as cl would; false,
   /// with cl's message, if the value is not one it takes.
   bool setFromFlag(StringRef name, StringRef value);

@@ -75,12 +75,13 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
           Value dst =
               r.at(r.peer(st, q), r.add(r.c64(shape.combineRows()),
                                         r.mul(r.to64(back), 2 * hidden)));
-          copyRow(r, tid, hidden, [&](Value c, VectorType vec) {
-            Value v =
-                vector::LoadOp::create(e.b, e.loc, vec, out, {row, c}, false,
-                                       vectorAlign(8, vec.getElementType()));
-            r.store(v, r.at(dst, r.mul(r.to64(c), 2)), 16);
-          });
+          copyRow(r, tid, hidden, r.b.getBF16Type(),
+                  [&](Value c, VectorType vec) {
+                    Value v = vector::LoadOp::create(
+                        e.b, e.loc, vec, out, {row, c}, false,
+                        vectorAlign(8, vec.getElementType()));
+                    r.store(v, r.at(dst, r.mul(r.to64(c), 2)), 16);
+                  });
         });
       },
       e.index(kStrideBlocks));

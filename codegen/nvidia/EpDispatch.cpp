@@ -49,16 +49,6 @@ static void copyScales(Raw &r, Value tid, Value scales, Value row, Value at,
       r.e.index(kCopyThreads));
 }
 
-/// Copies a row of `hidden` E4M3 codes between a memref row and raw bytes,
-/// 8 bytes per thread and step.
-static void copyCodes(Raw &r, Value tid, int64_t hidden,
-                      function_ref<void(Value c, VectorType type)> body) {
-  auto vec = VectorType::get({8}, r.b.getI8Type());
-  r.e.forEach(
-      r.e.imul(tid, 8), r.e.index(hidden), [&](Value c) { body(c, vec); },
-      r.e.index(kCopyThreads * 8));
-}
-
 /// An inclusive sum over the block's threads of `a` and `b` (one each per
 /// thread), through shared `sa` and `sb` of kPlanThreads entries.
 static std::pair<Value, Value> blockScan(Kernel &k, Value sa, Value sb, Value a,
@@ -234,20 +224,22 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
         e.ifThen(e.eq(tid, e.index(0)), [&] { r.store(e.toI32(t), record); });
         Value payload = r.at(record, shape.header());
         if (quantized) {
-          copyCodes(r, tid, hidden, [&](Value c, VectorType vec) {
-            Value v = vector::LoadOp::create(e.b, e.loc, vec, codes, {t, c},
-                                             false, llvm::Align(8));
-            r.store(v, r.at(payload, c), 8);
-          });
+          copyRow(r, tid, hidden, r.b.getI8Type(),
+                  [&](Value c, VectorType vec) {
+                    Value v = vector::LoadOp::create(
+                        e.b, e.loc, vec, codes, {t, c}, false, llvm::Align(8));
+                    r.store(v, r.at(payload, c), 8);
+                  });
           copyScales(r, tid, codeScales, t, r.at(payload, hidden), true);
           return;
         }
-        copyRow(r, tid, hidden, [&](Value c, VectorType vec) {
-          Value v =
-              vector::LoadOp::create(e.b, e.loc, vec, hiddenView, {t, c}, false,
-                                     vectorAlign(8, vec.getElementType()));
-          r.store(v, r.at(payload, r.mul(r.to64(c), 2)), 16);
-        });
+        copyRow(r, tid, hidden, r.b.getBF16Type(),
+                [&](Value c, VectorType vec) {
+                  Value v = vector::LoadOp::create(
+                      e.b, e.loc, vec, hiddenView, {t, c}, false,
+                      vectorAlign(8, vec.getElementType()));
+                  r.store(v, r.at(payload, r.mul(r.to64(c), 2)), 16);
+                });
       });
     }
   });
@@ -473,20 +465,24 @@ static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
               });
               Value payload = r.at(record, shape.header());
               if (quantized) {
-                copyCodes(r, tid, hidden, [&](Value c, VectorType vec) {
-                  Value v = r.load(vec, r.at(payload, c), 8);
-                  vector::StoreOp::create(e.b, e.loc, v, dispatched, {rr, c},
-                                          false, llvm::Align(8));
-                });
+                copyRow(r, tid, hidden, r.b.getI8Type(),
+                        [&](Value c, VectorType vec) {
+                          Value v = r.load(vec, r.at(payload, c), 8);
+                          vector::StoreOp::create(e.b, e.loc, v, dispatched,
+                                                  {rr, c}, false,
+                                                  llvm::Align(8));
+                        });
                 copyScales(r, tid, rowScales, rr, r.at(payload, hidden), false);
                 return;
               }
-              copyRow(r, tid, hidden, [&](Value c, VectorType vec) {
-                Value v = r.load(vec, r.at(payload, r.mul(r.to64(c), 2)), 16);
-                vector::StoreOp::create(e.b, e.loc, v, dispatched, {rr, c},
-                                        false,
-                                        vectorAlign(8, vec.getElementType()));
-              });
+              copyRow(r, tid, hidden, r.b.getBF16Type(),
+                      [&](Value c, VectorType vec) {
+                        Value v =
+                            r.load(vec, r.at(payload, r.mul(r.to64(c), 2)), 16);
+                        vector::StoreOp::create(
+                            e.b, e.loc, v, dispatched, {rr, c}, false,
+                            vectorAlign(8, vec.getElementType()));
+                      });
             });
           }
         });

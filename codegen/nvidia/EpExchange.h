@@ -223,11 +223,11 @@ inline LogicalResult checkEpShape(Operation *op, int64_t hidden, Type element,
   return success();
 }
 
-/// Copies a row of `hidden` bf16 between a memref row and raw bytes, 16
-/// bytes per thread and step.
-inline void copyRow(Raw &r, Value tid, int64_t hidden,
+/// Copies a row of `hidden` elements of `element` (bf16, or E4M3 codes as
+/// i8) between a memref row and raw bytes, 8 elements per thread and step.
+inline void copyRow(Raw &r, Value tid, int64_t hidden, Type element,
                     function_ref<void(Value c, VectorType type)> body) {
-  auto vec = VectorType::get({8}, r.b.getBF16Type());
+  auto vec = VectorType::get({8}, element);
   r.e.forEach(
       r.e.imul(tid, 8), r.e.index(hidden), [&](Value c) { body(c, vec); },
       r.e.index(kCopyThreads * 8));

@@ -199,7 +199,7 @@ static bool takePipelineOptions(SmallVectorImpl<const char *> &argv,
       help = true;
       continue;
     }
-    if (!arg.starts_with("-") || !PipelineOptions::isOption(name, takesValue)) {
+    if (!arg.starts_with("-") || !options.isOption(name, takesValue)) {
       rest.push_back(argv[i]);
       continue;
     }
