@@ -5,11 +5,13 @@ torch._grouped_mm (bf16) and torch._scaled_grouped_mm (FP8 rowwise).
         on the build machine: writes one function holding one
         moe.grouped_matmul per shape and scheme and compiles it for sm_90a
         into DIR
-  python3 -m bench.matmul_check run DIR [ONLY]
+  python3 -m bench.matmul_check run DIR[,DIR...] [ONLY]
         on the GPU machine: for each library (those whose name holds ONLY),
         random operands (FP8 codes and scales for the quantized schemes), the
         output poisoned with NaN, one call checked against float64, then
-        timed beside the PyTorch peers; one JSON line per result
+        timed beside the PyTorch peers; one JSON line per result. Several
+        directories (say, two commits' libraries) are timed one after the
+        other on the same operands, each line naming its directory
 
 The shapes are the expert matmuls of DeepSeek-V3 (one expert-parallel
 shard's 32 experts, at decode and prefill), Mixtral-8x7B and Qwen3-30B-A3B:
@@ -32,8 +34,15 @@ SHAPES = {
     "mixtral_down": (8, 4096, 4096, 14336),
     "qwen3_30b_up": (128, 512, 1536, 2048),
     "qwen3_30b_down": (128, 512, 2048, 768),
+    # DeepGEMM's grouped shapes (contiguous layout).
+    "e4_m8192_n4096_k7168": (4, 8192, 4096, 7168),
+    "e4_m8192_n7168_k2048": (4, 8192, 7168, 2048),
+    "e8_m4096_n4096_k7168": (8, 4096, 4096, 7168),
+    "e4_m256_n4096_k7168": (4, 256, 4096, 7168),
 }
-SCHEMES = ["bf16", "fp8_block128", "mxfp8"]
+# MM_SCHEMES=bf16,fp8_block128 limits a run to some schemes.
+SCHEMES = [s for s in os.environ.get("MM_SCHEMES", "bf16,fp8_block128,mxfp8")
+           .split(",") if s]
 
 
 def function(name, scheme, e, n, k):
@@ -81,11 +90,11 @@ def prepare(out_dir):
         json.dump(SHAPES, f)
 
 
-def run(lib_dir, only=None):
+def run(lib_dirs, only=None):
     import torch
-    from moe_compiler import Layer
 
-    shapes = json.load(open(os.path.join(lib_dir, "shapes.json")))
+    dirs = lib_dirs.split(",")
+    shapes = json.load(open(os.path.join(dirs[0], "shapes.json")))
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     failed = False
@@ -98,53 +107,67 @@ def run(lib_dir, only=None):
         offsets = torch.arange(0, rows + 1, m, dtype=torch.int32, device=dev)
         a = torch.randn(rows, k, generator=gen, device=dev)
         b = torch.randn(e, n, k, generator=gen, device=dev) / k ** 0.5
-        flops = 2.0 * rows * n * k
         for scheme in SCHEMES:
             if only and only not in f"{shape}_{scheme}":
                 continue
-            lib = os.path.join(lib_dir, f"libmm_{shape}_{scheme}.so")
-            layer = Layer(lib)
-            if scheme == "bf16":
-                operands = [a.bfloat16(), b.bfloat16()]
-                deq_a, deq_b = operands[0].double(), operands[1].double()
-                scales = []
-            else:
-                # E4M3 codes with the scales as the ABI takes them (E8M0 as
-                # bytes): the activations' per row (1 x 128 or 1 x 32), the
-                # weights' as a layer's.
-                kind = "F32" if scheme == "fp8_block128" else "F8_E8M0"
-                named = {}
-                named["a"], named["a_scale"] = quantize(a, kind, 1)
-                named["b"], named["b_scale"] = quantize(b, kind)
-                deq_a = dequantized(named, "a", torch.float64)
-                deq_b = dequantized(named, "b", torch.float64)
-                operands = [named["a"], named["b"]]
-                scales = [named["a_scale"], named["b_scale"]]
-            result = torch.full((rows, n), float("nan"), dtype=torch.bfloat16,
-                                device=dev)
-            args = operands + [counts, offsets] + scales + [result]
-            layer.forward(*args)
-            torch.cuda.synchronize()
-            ref = torch.empty(rows, n, dtype=torch.float64, device=dev)
-            for x in range(e):
-                ref[x * m:(x + 1) * m] = deq_a[x * m:(x + 1) * m] @ deq_b[x].t()
-            got = result.double()
-            err = ((got - ref).norm() / ref.norm()).item()
-            # What rounding the exact product to bf16 alone costs.
-            floor = ((ref.bfloat16().double() - ref).norm() /
-                     ref.norm()).item()
-            ok = bool(torch.isfinite(got).all()) and err <= 2 * floor + 1e-3
-            failed |= not ok
-            emit(what="check", shape=shape, scheme=scheme, rel_error=err,
-                bf16_rounding=floor, ok=ok)
-            us = bench(lambda: layer.forward(*args), 10 if m >= 1024 else 20)
-            wbytes = e * n * k * (2 if scheme == "bf16" else 1)
-            emit(what="time", shape=shape, scheme=scheme, us=us,
-                tflops=flops / us / 1e6, weight_tbps=wbytes / us / 1e6)
-            del args, operands, scales, deq_a, deq_b, ref, got
+            failed |= not check_and_time(dirs, shape, scheme, a, b, counts,
+                                         offsets, (e, m, n, k))
         if not only:
-            peers(shape, a, b, offsets[1:], flops, e, n, k)
+            peers(shape, a, b, offsets[1:], 2.0 * rows * n * k, e, n, k)
     return 1 if failed else 0
+
+
+def check_and_time(dirs, shape, scheme, a, b, counts, offsets, dims):
+    """Checks and times one shape and scheme in each directory's library;
+    whether every check passed."""
+    import torch
+    from moe_compiler import Layer
+
+    e, m, n, k = dims
+    rows, dev = e * m, a.device
+    if scheme == "bf16":
+        operands = [a.bfloat16(), b.bfloat16()]
+        deq_a, deq_b = operands[0].double(), operands[1].double()
+        scales = []
+    else:
+        # E4M3 codes with the scales as the ABI takes them (E8M0 as bytes):
+        # the activations' per row (1 x 128 or 1 x 32), the weights' as a
+        # layer's.
+        kind = "F32" if scheme == "fp8_block128" else "F8_E8M0"
+        named = {}
+        named["a"], named["a_scale"] = quantize(a, kind, 1)
+        named["b"], named["b_scale"] = quantize(b, kind)
+        deq_a = dequantized(named, "a", torch.float64)
+        deq_b = dequantized(named, "b", torch.float64)
+        operands = [named["a"], named["b"]]
+        scales = [named["a_scale"], named["b_scale"]]
+    ref = torch.empty(rows, n, dtype=torch.float64, device=dev)
+    for x in range(e):
+        ref[x * m:(x + 1) * m] = deq_a[x * m:(x + 1) * m] @ deq_b[x].t()
+    # What rounding the exact product to bf16 alone costs.
+    floor = ((ref.bfloat16().double() - ref).norm() / ref.norm()).item()
+    del deq_a, deq_b
+    passed = True
+    for lib_dir in dirs:
+        layer = Layer(os.path.join(lib_dir, f"libmm_{shape}_{scheme}.so"))
+        result = torch.full((rows, n), float("nan"), dtype=torch.bfloat16,
+                            device=dev)
+        args = operands + [counts, offsets] + scales + [result]
+        layer.forward(*args)
+        torch.cuda.synchronize()
+        got = result.double()
+        err = ((got - ref).norm() / ref.norm()).item()
+        ok = bool(torch.isfinite(got).all()) and err <= 2 * floor + 1e-3
+        passed &= ok
+        del got
+        emit(what="check", lib=lib_dir, shape=shape, scheme=scheme,
+             rel_error=err, bf16_rounding=floor, ok=ok)
+        us = bench(lambda: layer.forward(*args), 10 if m >= 1024 else 20)
+        wbytes = e * n * k * (2 if scheme == "bf16" else 1)
+        emit(what="time", lib=lib_dir, shape=shape, scheme=scheme, us=us,
+             tflops=2.0 * rows * n * k / us / 1e6,
+             weight_tbps=wbytes / us / 1e6)
+    return passed
 
 
 def peers(shape, a, b, ends, flops, e, n, k):

@@ -86,7 +86,8 @@ Value LayerDecomposer::matmul(StringRef role, Value lhs, Value rhs,
   return GroupedMatmulOp::create(
              b, tensorType({rows, activation ? n / 2 : n}, b.getBF16Type()),
              /*out_scale=*/Type(), lhs, rhs, counts, offsets, lhsScale,
-             rhsScale, bias, activation, /*out_quant=*/QuantAttr())
+             rhsScale, bias, activation, /*out_quant=*/QuantAttr(),
+             /*configs=*/ArrayAttr())
       .getOut();
 }
 

@@ -130,7 +130,7 @@ struct IntoMatmulEpilogue : OpRewritePattern<QuantizeOp> {
         op.getScales().getType(), matmul.getLhs(), matmul.getRhs(),
         matmul.getTokensPerExpert(), matmul.getExpertOffsets(),
         matmul.getLhsScale(), matmul.getRhsScale(), matmul.getBias(),
-        matmul.getActivationAttr(), op.getScheme());
+        matmul.getActivationAttr(), op.getScheme(), /*configs=*/ArrayAttr());
     rewriter.replaceOp(op, {fused.getOut(), fused.getOutScale()});
     rewriter.eraseOp(matmul);
     return success();
@@ -159,7 +159,7 @@ struct DequantizeIntoMatmul : OpRewritePattern<GroupedMatmulOp> {
         op.getOutScale() ? op.getOutScale().getType() : Type(), lhs.getData(),
         rhs.getData(), op.getTokensPerExpert(), op.getExpertOffsets(),
         lhs.getScales(), rhs.getScales(), op.getBias(), op.getActivationAttr(),
-        op.getOutQuantAttr());
+        op.getOutQuantAttr(), /*configs=*/ArrayAttr());
     return success();
   }
 };

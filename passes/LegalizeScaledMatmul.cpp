@@ -50,7 +50,8 @@ struct DequantizeOperands : OpRewritePattern<GroupedMatmulOp> {
         op, op.getOut().getType(),
         op.getOutScale() ? op.getOutScale().getType() : Type(), lhs, rhs,
         op.getTokensPerExpert(), op.getExpertOffsets(), Value(), Value(),
-        op.getBias(), op.getActivationAttr(), op.getOutQuantAttr());
+        op.getBias(), op.getActivationAttr(), op.getOutQuantAttr(),
+        /*configs=*/ArrayAttr());
     return success();
   }
 };

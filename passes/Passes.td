@@ -131,6 +131,35 @@ def Bucketize : Pass<"moe-bucketize"> {
   let dependentDialects = ["::mlir::moe::MoeDialect"];
 }
 
+def ConfigureMatmuls : Pass<"moe-configure-matmuls"> {
+  let summary = "Choose each grouped matmul's kernel configuration";
+  let description = [{
+    Puts `configs` on every `moe.grouped_matmul`: one `#moe.matmul_config`
+    for calls of any token count, then one for each token bucket
+    (`moe.token_buckets`). A cost model chooses it from the shapes, the
+    scheme, the rows a call brings (the dispatch's top-k times the bucket's
+    tokens) and the GPU's multiprocessors and shared memory for a block:
+    the ring takes the stages that fit beside the epilogue's buffer; a
+    bucket whose tiles would leave most multiprocessors idle splits K; the
+    rest run persistent, one block per multiprocessor walking the tiles.
+    `matmul-config` pins fields for every matmul, as comma-separated
+    `key=value` pairs: `tile=MxNxK`, `stages`, `warpgroups`, `cluster=MxN`,
+    `multicast` (none, lhs, rhs), `raster` (m, n), `group`, `split-k`,
+    `swap-ab`, `persistent` (true, false), `epilogue` (registers, shared).
+    The kernel builder refuses a field it cannot honour, naming it.
+  }];
+  let options = [
+    Option<"matmulConfig", "matmul-config", "std::string", "",
+           "Fields to pin on every matmul's configuration, as key=value "
+           "pairs separated by commas">,
+    Option<"multiprocessors", "multiprocessors", "int64_t", "132",
+           "Multiprocessors of the GPU the cost model plans for">,
+    Option<"sharedBytes", "shared-bytes", "int64_t", "232448",
+           "Shared memory a block may have, in bytes">
+  ];
+  let dependentDialects = ["::mlir::moe::MoeDialect"];
+}
+
 def SplitAttention : Pass<"moe-split-attention"> {
   let summary = "Split attention into matrix and vector stages on tiles";
   let description = [{

@@ -88,6 +88,9 @@ void moe::buildSm90aPipeline(OpPassManager &pm, const PipelineOptions &options,
     buckets.buckets = llvm::to_vector(options.tokenBuckets.getValue().sizes);
     pm.addPass(createBucketize(buckets));
   }
+  ConfigureMatmulsOptions matmuls;
+  matmuls.matmulConfig = options.matmulConfig;
+  pm.addPass(createConfigureMatmuls(matmuls));
   if (stop == Stop::L1)
     return;
   nvidia::BuildKernelsOptions kernels;

@@ -97,6 +97,15 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
                      "(moe-bucketize); 'default' (1, 2, 4, ..., 4096) or "
                      "'none'"),
       llvm::cl::init(TokenBuckets())};
+  Option<std::string> matmulConfig{
+      *this, "matmul-config",
+      llvm::cl::desc("sm_90a: fields pinned on every grouped matmul's "
+                     "kernel configuration, as comma-separated key=value "
+                     "pairs (tile=MxNxK, stages, warpgroups, cluster=MxN, "
+                     "multicast, raster, group, split-k, swap-ab, "
+                     "persistent, epilogue; moe-configure-matmuls); the "
+                     "rest is the cost model's"),
+      llvm::cl::init("")};
   Option<bool> attentionPingPong{
       *this, "attention-ping-pong",
       llvm::cl::desc("Attention's two row groups take turns, one's matmuls "

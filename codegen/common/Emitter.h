@@ -172,6 +172,7 @@ public:
     return arith::CmpIOp::create(b, loc, p, x, y);
   }
   Value andi(Value x, Value y) { return arith::AndIOp::create(b, loc, x, y); }
+  Value xori(Value x, Value y) { return arith::XOrIOp::create(b, loc, x, y); }
   Value ori(Value x, Value y) { return arith::OrIOp::create(b, loc, x, y); }
 
   /// Sum over k in [0, K) of lhs[lhsRow, k] * rhs[rhsIndex..., k], in f32.

@@ -27,16 +27,16 @@
 
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
 
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::nvidia;
 
-// Split-K aims for at most this many busy blocks (one per SM), with at most
-// kMaxSplits splits.
-static constexpr int64_t kSplitTarget = 132, kMaxSplits = 8,
-                         kMinSplitTiles = 32;
 static constexpr int64_t kSliceBytes = MatmulEncoding::kSliceBytes;
+// Named barriers: 1 joins the consumers (split-K), 2 + g consumer
+// warpgroup g (its epilogue buffer).
+static constexpr int64_t kEpilogueBarrier = 2;
 
 MatmulEncoding::MatmulEncoding(QuantAttr scheme, int64_t tileN)
     : scheme(scheme), tileN(tileN), instN(tileN) {
@@ -50,11 +50,71 @@ MatmulEncoding::MatmulEncoding(QuantAttr scheme, int64_t tileN)
   type = NVVM::WGMMATypes::e4m3;
 }
 
-MatmulConfig nvidia::configureMatmul(GroupedMatmulOp op, TokenLinear rows,
-                                     int64_t maxTokens) {
+/// Refuses `config` fields the kernel cannot honour: an error that names
+/// the field and what the kernel takes.
+static LogicalResult checkConfig(GroupedMatmulOp op, MatmulConfigAttr config,
+                                 const MatmulConfig &c) {
+  auto refuse = [&](StringRef field, int64_t value) {
+    return op.emitOpError() << "has matmul_config " << field << " = " << value
+                            << ", which the sm_90a kernel cannot honour: ";
+  };
+  if (config.getTileM() != c.tileM)
+    return refuse("tile_m", config.getTileM()) << "it takes 128-row tiles";
+  if (config.getTileN() != c.tileN)
+    return refuse("tile_n", config.getTileN())
+           << "it takes tiles of 256 weight rows";
+  if (config.getTileK() != c.enc.tileK())
+    return refuse("tile_k", config.getTileK())
+           << "it takes 128 bytes of K a stage (" << c.enc.tileK()
+           << " elements)";
+  if (config.getWarpgroups() != c.warpGroups)
+    return refuse("warpgroups", config.getWarpgroups())
+           << "it has two consumer warpgroups";
+  if (config.getClusterM() != 1)
+    return refuse("cluster_m", config.getClusterM())
+           << "it launches no clusters";
+  if (config.getClusterN() != 1)
+    return refuse("cluster_n", config.getClusterN())
+           << "it launches no clusters";
+  if (config.getSwapAb())
+    return refuse("swap_ab", 1) << "the weights are always the N side";
+  if (c.splits > 1 && c.rowTiles == 0)
+    return refuse("split_k", c.splits)
+           << "splitting K needs a bucket's bound on the rows";
+  if (c.splits > c.kTiles ||
+      int64_t(llvm::divideCeil(c.kTiles, c.tilesPerSplit)) != c.splits)
+    return refuse("split_k", c.splits)
+           << "K's " << c.kTiles << " stages do not cut into " << c.splits
+           << " non-empty ranges";
+  if (c.sharedEpilogue && c.outBlock)
+    return refuse("epilogue", int64_t(MatmulEpilogue::Shared))
+           << "a quantizing epilogue stores from registers";
+  if (c.sharedEpilogue && c.outN % 8 != 0)
+    return refuse("epilogue", int64_t(MatmulEpilogue::Shared))
+           << "its 16-byte stores need output rows of a multiple of 8 "
+              "columns, and N is "
+           << c.outN;
+  if (c.sharedBytes() > MatmulConfig::kSharedLimit)
+    return refuse("stages", c.stages)
+           << "the ring and buffers need " << c.sharedBytes()
+           << " bytes of shared memory, more than the "
+           << MatmulConfig::kSharedLimit << " a block may have";
+  return success();
+}
+
+FailureOr<MatmulConfig> nvidia::configureMatmul(GroupedMatmulOp op,
+                                                TokenLinear rows,
+                                                int64_t maxTokens) {
+  MatmulConfigAttr config = op.getConfigFor(maxTokens);
+  if (!config)
+    return op.emitOpError() << "has no matmul_config for calls of "
+                            << (maxTokens ? std::to_string(maxTokens)
+                                          : std::string("any count of"))
+                            << " tokens (run moe-configure-matmuls)";
   MatmulConfig c;
   auto rhsType = cast<RankedTensorType>(op.getRhs().getType());
   c.enc = MatmulEncoding(op.getScheme(), c.tileN);
+  c.stages = config.getStages();
   c.grouped = static_cast<bool>(op.getTokensPerExpert());
   c.experts = c.grouped ? rhsType.getDimSize(0) : 1;
   c.n = rhsType.getDimSize(rhsType.getRank() - 2);
@@ -76,36 +136,27 @@ MatmulConfig nvidia::configureMatmul(GroupedMatmulOp op, TokenLinear rows,
   // 128 the half spans two square weight blocks.
   if (c.gated && (c.n / 2) % 128 != 0)
     c.scaleSplit[1] = 128 - (c.n / 2) % 128;
+  c.persistent = config.getPersistent();
+  c.raster = config.getRaster();
+  c.group = config.getGroup();
+  c.sharedEpilogue = config.getEpilogue() == MatmulEpilogue::Shared;
 
-  // A bucket of few tokens has few tiles, each streaming all of K from one
-  // SM: its tiles split K among several blocks (their f32 partials summed
-  // in split order by the tile's last block, which runs the epilogue), so
-  // the weight reads spread over the GPU. Its grid is cut to the tiles its
-  // rows can have: a tile holds at least one row.
+  // Split tiles sum their f32 partials in split order in the tile's last
+  // block, which runs the epilogue. A bucket's grid is cut to the tiles
+  // its rows can have: a tile holds at least one row.
   c.kTiles = llvm::divideCeil(c.kDim, c.enc.tileK());
   c.colTiles = llvm::divideCeil(c.outN, c.outTile);
-  c.tilesPerSplit = c.kTiles;
-  if (maxTokens <= 0)
-    return c;
-  int64_t rowCount =
-      std::max<int64_t>(rows.fixed + rows.perToken * maxTokens, 1);
-  c.rowTiles = llvm::divideCeil(rowCount, c.tileM);
-  // The tiles likely busy: one per expert that has rows, and one per
-  // 128 rows.
-  int64_t busy = c.rowTiles * c.colTiles;
-  if (c.grouped) {
-    busy = (std::min(c.experts, rowCount) + c.rowTiles) * c.colTiles;
-    c.rowTiles = std::min(c.rowTiles + c.experts, rowCount);
-  }
-  // One wave: a block holds an SM (its ring takes the shared memory),
-  // and a second wave costs more than its share of K saves. A split
-  // streams at least kMinSplitTiles slices: on H100 a split block's fixed
-  // cost (ring fill, partials, the last block's sum) outweighed what
-  // shorter splits saved (bench/RESULTS.md).
-  c.splits = std::clamp<int64_t>(
-      std::min(kSplitTarget / busy, c.kTiles / kMinSplitTiles), 1, kMaxSplits);
+  c.splits = config.getSplitK();
   c.tilesPerSplit = llvm::divideCeil(c.kTiles, c.splits);
-  c.splits = llvm::divideCeil(c.kTiles, c.tilesPerSplit);
+  if (maxTokens > 0) {
+    int64_t rowCount =
+        std::max<int64_t>(rows.fixed + rows.perToken * maxTokens, 1);
+    c.rowTiles = llvm::divideCeil(rowCount, c.tileM);
+    if (c.grouped)
+      c.rowTiles = std::min(c.rowTiles + c.experts, rowCount);
+  }
+  if (failed(checkConfig(op, config, c)))
+    return failure();
   return c;
 }
 
@@ -248,15 +299,18 @@ public:
 private:
   void emitViews(ArrayRef<Value> buffers, ArrayRef<unsigned> indices,
                  const TensorInfo &partials);
-  void emitTileOrder();
-  scf::IfOp emitTileRows();
+  void emitTiles(bool consumer);
+  void emitTileAt(Value u, Value split);
+  Value emitTile(Value pos, bool consumer);
   void emitSharedMemory();
   void emitThreadLayout();
   void emitProducer();
+  void emitConsumer();
   SmallVector<Value> emitMainLoop();
   void emitScaledStage(SmallVector<Value> &accs, ValueRange scales, Value slot);
   void emitSplitSum(SmallVector<Value> &finals, Value counters);
   void emitStore(ArrayRef<Value> finals);
+  void emitSharedStore(ArrayRef<Value> finals);
   void emitQuantizedStore(ArrayRef<Value> finals);
 
   MemRefType tileType(int64_t rows);
@@ -264,6 +318,8 @@ private:
   Value tile(Value slot, int64_t offset, int64_t rows);
   Value address(Value slot, int64_t offset);
   Value fragmentColumn(int64_t i);
+  Value ringSlot(Value j);
+  Value ringParity(Value j, bool released);
   Value kBlockOf(Value kt, int64_t s);
   void issue(Value kt, Value slot);
   SmallVector<Value> loadScales(Value kt);
@@ -291,9 +347,12 @@ private:
   // The kernel's parameters.
   Value out, counts, offsets, bias, lhsScale, rhsScale, outScale;
   Value descA, descB, partialView;
-  // The block's tile: its place in the grid, K range, expert and rows.
-  Value tid, mTiles, splitIdx, colY, kBegin, kCount, mTile, nTile;
-  Value expert, rowStart, rowEnd;
+  unsigned splitCounters = 0;
+  // The block's tile: its row tiles, its place among the tiles (tileU
+  // counts (row tile, column tile) pairs), K range, expert and rows; the
+  // ring position of its first stage.
+  Value tid, mTiles, splitIdx, tileU, kBegin, kCount, mTile, nTile;
+  Value expert, rowStart, rowEnd, ringBase;
   // Shared memory: the ring, its mbarriers and the column scales.
   Value smem, base, pad, columnScaleTile, barriers, empty;
   // Indices of the tile, and of this thread's fragment.
@@ -340,38 +399,69 @@ nvgpu::TensorMapDescriptorType MatmulEmitter::mapType(int64_t rows) {
       nvgpu::TensorMapInterleaveKind::INTERLEAVE_NONE);
 }
 
-void MatmulEmitter::emitTileOrder() {
-  tid = k.threadId();
-  // Blocks start in x-fastest order; consecutive blocks take groups of
-  // kGroupM row tiles across the column tiles, so a group's activations and
-  // weight tiles stay in L2 while it runs.
-  constexpr int64_t kGroupM = 8;
-  int64_t splits = c.splits;
-  mTiles = gpu::GridDimOp::create(b, e.loc, gpu::Dimension::x);
-  // y is column tile x split (splits consecutive).
-  Value nTiles =
-      e.divUI(gpu::GridDimOp::create(b, e.loc, gpu::Dimension::y), splits);
-  splitIdx = e.remUI(k.blockId(gpu::Dimension::y), splits);
-  colY = e.divUI(k.blockId(gpu::Dimension::y), splits);
-  Value linearId = e.iadd(arith::MulIOp::create(b, e.loc, colY, mTiles),
-                          k.blockId(gpu::Dimension::x));
+void MatmulEmitter::emitTiles(bool consumer) {
+  if (!c.persistent) {
+    // A block per tile: row tiles on x, column tile x split on y (splits
+    // consecutive).
+    mTiles = gpu::GridDimOp::create(b, e.loc, gpu::Dimension::x);
+    Value y = k.blockId(gpu::Dimension::y);
+    emitTileAt(e.iadd(e.imul(e.divUI(y, c.splits), mTiles),
+                      k.blockId(gpu::Dimension::x)),
+               e.remUI(y, c.splits));
+    emitTile(e.index(0), consumer);
+    return;
+  }
+  // One block per multiprocessor walks tiles t = block, block + grid, ...;
+  // the producer and the consumers walk the same tiles, so their ring
+  // positions agree. Row tiles: the bucket's, or those the rows can fill
+  // (grouped: one more per expert, for the experts' partial tiles).
+  if (c.rowTiles > 0) {
+    mTiles = e.index(c.rowTiles);
+  } else {
+    mTiles = e.divUI(e.iadd(k.linear(lhs.rows), e.index(c.tileM - 1)),
+                     c.tileM);
+    if (c.grouped)
+      mTiles = e.iadd(mTiles, e.index(c.experts));
+  }
+  Value total = e.imul(e.imul(mTiles, c.colTiles), c.splits);
+  Value step = gpu::GridDimOp::create(b, e.loc, gpu::Dimension::x);
+  auto loop =
+      scf::ForOp::create(b, e.loc, k.blockId(gpu::Dimension::x), total, step,
+                         ValueRange{e.index(0)});
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(loop.getBody());
+  Value t = loop.getInductionVar();
+  emitTileAt(e.divUI(t, c.splits), e.remUI(t, c.splits));
+  Value next = emitTile(loop.getRegionIterArgs()[0], consumer);
+  scf::YieldOp::create(b, e.loc, next);
+}
+
+void MatmulEmitter::emitTileAt(Value u, Value split) {
+  tileU = u;
+  splitIdx = split;
   // This split's K slices [kBegin, kBegin + kCount).
   kBegin = e.imul(splitIdx, c.tilesPerSplit);
   kCount = e.minUI(e.index(c.tilesPerSplit), e.isub(e.index(c.kTiles), kBegin));
-  Value perGroup = e.imul(nTiles, kGroupM);
-  Value firstM =
-      e.imul(arith::DivUIOp::create(b, e.loc, linearId, perGroup), kGroupM);
-  Value groupRows = e.minUI(e.index(kGroupM),
-                            arith::SubIOp::create(b, e.loc, mTiles, firstM));
-  Value inGroup = arith::RemUIOp::create(b, e.loc, linearId, perGroup);
-  mTile = e.iadd(firstM, arith::RemUIOp::create(b, e.loc, inGroup, groupRows));
-  nTile = arith::DivUIOp::create(b, e.loc, inGroup, groupRows);
+  // Consecutive tiles walk `group` tiles along the raster dimension, then
+  // step across: the tiles a wave of blocks runs share their operands in
+  // L2.
+  bool alongM = c.raster == MatmulRaster::M;
+  Value along = alongM ? mTiles : e.index(c.colTiles);
+  Value across = alongM ? e.index(c.colTiles) : mTiles;
+  Value perGroup = e.imul(across, c.group);
+  Value first = e.imul(e.divUI(u, perGroup), c.group);
+  Value width = e.minUI(e.index(c.group), e.isub(along, first));
+  Value inGroup = e.remUI(u, perGroup);
+  Value alongTile = e.iadd(first, e.remUI(inGroup, width));
+  Value acrossTile = e.divUI(inGroup, width);
+  mTile = alongM ? alongTile : acrossTile;
+  nTile = alongM ? acrossTile : alongTile;
 }
 
-scf::IfOp MatmulEmitter::emitTileRows() {
-  // This block's expert and rows [rowStart, rowEnd).
+Value MatmulEmitter::emitTile(Value pos, bool consumer) {
+  // This tile's expert and rows [rowStart, rowEnd).
   if (c.grouped) {
-    auto found = findTile(e, k.threadId(), counts, offsets, c.experts, c.tileM,
+    auto found = findTile(e, tid, counts, offsets, c.experts, c.tileM,
                           e.toI32(mTile));
     expert = found[0];
     rowStart = found[1];
@@ -383,11 +473,26 @@ scf::IfOp MatmulEmitter::emitTileRows() {
     expert = e.select(e.icmp(arith::CmpIPredicate::slt, rowStart, rowEnd),
                       e.i32(0), e.i32(-1));
   }
+  // A tile with rows takes kCount ring stages.
   auto active = scf::IfOp::create(
-      b, e.loc, e.icmp(arith::CmpIPredicate::sge, expert, e.i32(0)),
-      /*withElse=*/false);
+      b, e.loc, TypeRange{b.getIndexType()},
+      e.icmp(arith::CmpIPredicate::sge, expert, e.i32(0)), /*withElse=*/true);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(&active.getElseRegion().front());
+  scf::YieldOp::create(b, e.loc, pos);
   b.setInsertionPointToStart(&active.getThenRegion().front());
-  return active;
+  ringBase = pos;
+  emitThreadLayout();
+  {
+    OpBuilder::InsertionGuard inTile(b);
+    if (consumer)
+      emitConsumer();
+    else
+      emitProducer();
+  }
+  b.setInsertionPointToEnd(&active.getThenRegion().front());
+  scf::YieldOp::create(b, e.loc, e.iadd(pos, kCount));
+  return active.getResult(0);
 }
 
 void MatmulEmitter::emitSharedMemory() {
@@ -475,6 +580,20 @@ Value MatmulEmitter::fragmentColumn(int64_t i) {
   return e.iadd(colBase, e.index((i / 4) * 8 + i % 2));
 }
 
+Value MatmulEmitter::ringSlot(Value j) {
+  return e.remUI(e.iadd(ringBase, j), c.stages);
+}
+
+Value MatmulEmitter::ringParity(Value j, bool released) {
+  // The phase of stage j's slot: its round of the ring, for a "loaded"
+  // barrier; the round before, for a "released" one.
+  Value round = e.divUI(e.iadd(ringBase, j), c.stages);
+  if (released)
+    round = e.iadd(round, e.index(1));
+  return arith::TruncIOp::create(b, e.loc, b.getI1Type(),
+                                 e.toI32(e.remUI(round, 2)));
+}
+
 void MatmulEmitter::issue(Value kt, Value slot) {
   // Thread 0 loads K slice `kt` into ring slot `slot`.
   Value col = e.imul(kt, enc.tileK());
@@ -551,8 +670,6 @@ void MatmulEmitter::storeColumnScales(Value kt, Value slot, Value p) {
 }
 
 void MatmulEmitter::emitProducer() {
-  NVVM::SetMaxRegisterOp::create(b, e.loc, c.producerRegisters,
-                                 NVVM::SetMaxRegisterAction::decrease);
   Value producerLead = e.eq(tid, e.index(c.consumers()));
   // The producer threads taking part: the lead alone, or all of them when
   // they also stage column scales.
@@ -560,21 +677,17 @@ void MatmulEmitter::emitProducer() {
       c.columnScales ? arith::ConstantIntOp::create(b, e.loc, 1, 1).getResult()
                      : producerLead;
   e.ifThen(producing, [&] {
-    e.ifThen(producerLead, [&] {
-      nvgpu::TmaPrefetchOp::create(b, e.loc, descA, Value());
-      nvgpu::TmaPrefetchOp::create(b, e.loc, descB, Value());
-    });
     e.forEach(e.index(0), kCount, [&](Value j) {
       Value kt = e.iadd(kBegin, j);
-      Value slot = e.remUI(j, c.stages);
-      // From the second round on, wait for the slot's previous use.
-      e.ifThen(e.icmp(arith::CmpIPredicate::uge, j, e.index(c.stages)), [&] {
-        Value parity = arith::TruncIOp::create(
-            b, e.loc, b.getI1Type(),
-            e.toI32(e.remUI(e.iadd(e.divUI(j, c.stages), e.index(1)), 2)));
-        nvgpu::MBarrierTryWaitParityOp::create(b, e.loc, empty, parity,
-                                               e.index(10000000), slot);
-      });
+      Value slot = ringSlot(j);
+      // From the ring's second round on, wait for the slot's last use.
+      e.ifThen(e.icmp(arith::CmpIPredicate::uge, e.iadd(ringBase, j),
+                      e.index(c.stages)),
+               [&] {
+                 nvgpu::MBarrierTryWaitParityOp::create(
+                     b, e.loc, empty, ringParity(j, /*released=*/true),
+                     e.index(10000000), slot);
+               });
       e.ifThen(producerLead, [&] { issue(kt, slot); });
       if (c.columnScales) {
         storeColumnScales(kt, slot, e.isub(tid, e.index(c.consumers())));
@@ -582,6 +695,18 @@ void MatmulEmitter::emitProducer() {
       }
     });
   });
+}
+
+void MatmulEmitter::emitConsumer() {
+  SmallVector<Value> finals = emitMainLoop();
+  if (c.splits > 1)
+    emitSplitSum(finals, k.func.getArgument(splitCounters));
+  if (c.outBlock)
+    emitQuantizedStore(finals);
+  else if (c.sharedEpilogue)
+    emitSharedStore(finals);
+  else
+    emitStore(finals);
 }
 
 Value MatmulEmitter::multiply(Value acc, int64_t h, int64_t first, int64_t last,
@@ -599,9 +724,6 @@ Value MatmulEmitter::multiply(Value acc, int64_t h, int64_t first, int64_t last,
 }
 
 SmallVector<Value> MatmulEmitter::emitMainLoop() {
-  NVVM::SetMaxRegisterOp::create(b, e.loc, c.consumerRegisters,
-                                 NVVM::SetMaxRegisterAction::increase);
-  w.emplace(k, enc);
   Value zero = w->zero();
   SmallVector<Value> init(enc.halves(), zero);
   if (enc.fp8()) {
@@ -619,7 +741,7 @@ SmallVector<Value> MatmulEmitter::emitMainLoop() {
     b.setInsertionPointToStart(loop.getBody());
     Value j = loop.getInductionVar();
     Value kt = e.iadd(kBegin, j);
-    Value slot = e.remUI(j, c.stages);
+    Value slot = ringSlot(j);
     ValueRange carried = loop.getRegionIterArgs();
     SmallVector<Value> accs(carried.take_front(enc.halves()));
     ValueRange scales = carried.drop_front(enc.halves());
@@ -628,9 +750,8 @@ SmallVector<Value> MatmulEmitter::emitMainLoop() {
     SmallVector<Value> nextScales;
     if (enc.fp8())
       nextScales = loadScales(next);
-    Value parity = arith::TruncIOp::create(
-        b, e.loc, b.getI1Type(), e.toI32(e.remUI(e.divUI(j, c.stages), 2)));
-    nvgpu::MBarrierTryWaitParityOp::create(b, e.loc, barriers, parity,
+    nvgpu::MBarrierTryWaitParityOp::create(b, e.loc, barriers,
+                                           ringParity(j, /*released=*/false),
                                            e.index(10000000), slot);
     aBase = LLVM::AddOp::create(b, e.loc, address(slot, 0), groupOffset);
     bBase = address(slot, c.tileM * kSliceBytes);
@@ -642,8 +763,7 @@ SmallVector<Value> MatmulEmitter::emitMainLoop() {
       // The previous slice's wgmma are done: its slot can be refilled.
       NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 1);
       e.ifThen(e.icmp(arith::CmpIPredicate::uge, j, e.index(1)), [&] {
-        mbarrierArrive(b, e.loc, empty,
-                       e.remUI(e.isub(j, e.index(1)), c.stages));
+        mbarrierArrive(b, e.loc, empty, ringSlot(e.isub(j, e.index(1))));
       });
     } else {
       emitScaledStage(accs, scales, slot);
@@ -653,8 +773,13 @@ SmallVector<Value> MatmulEmitter::emitMainLoop() {
     yielded.append(nextScales);
     scf::YieldOp::create(b, e.loc, yielded);
   }
-  if (!enc.fp8())
+  if (!enc.fp8()) {
+    // The last slice's slot too, for the next tile's loads.
     NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 0);
+    e.ifThen(e.icmp(arith::CmpIPredicate::uge, kCount, e.index(1)), [&] {
+      mbarrierArrive(b, e.loc, empty, ringSlot(e.isub(kCount, e.index(1))));
+    });
+  }
 
   SmallVector<Value> finals;
   for (int64_t h = 0; h < enc.halves(); ++h)
@@ -753,11 +878,10 @@ void MatmulEmitter::emitSplitSum(SmallVector<Value> &finals, Value counters) {
   e.ifThen(e.eq(tid, e.index(0)), [&] {
     // The tile's counter starts the forward at the token count (the host
     // writes both); the last split sees it at T + splits - 1.
-    Value tileIdx = e.iadd(e.imul(colY, mTiles), k.blockId(gpu::Dimension::x));
     Value counter = LLVM::GEPOp::create(
         b, e.loc, LLVM::LLVMPointerType::get(ctx), b.getI32Type(), counters,
         ValueRange{
-            arith::IndexCastOp::create(b, e.loc, b.getI64Type(), tileIdx)});
+            arith::IndexCastOp::create(b, e.loc, b.getI64Type(), tileU)});
     Value before =
         LLVM::AtomicRMWOp::create(b, e.loc, LLVM::AtomicBinOp::add, counter,
                                   e.i32(1), LLVM::AtomicOrdering::acq_rel);
@@ -855,6 +979,74 @@ void MatmulEmitter::emitStore(ArrayRef<Value> finals) {
   }
 }
 
+void MatmulEmitter::emitSharedStore(ArrayRef<Value> finals) {
+  // Each consumer warpgroup stages 64 columns of its 64 rows at a time in
+  // its own buffer (16-byte pieces of a row swizzled by the row, so both
+  // the fragment's writes and the row reads are free of bank conflicts),
+  // then its threads store whole 16-byte pieces of rows.
+  constexpr int64_t kColumns = MatmulConfig::kEpilogueColumns;
+  auto bufferType =
+      MemRefType::get({c.groupRows(), kColumns}, b.getBF16Type(),
+                      MemRefLayoutAttrInterface(), workgroup);
+  Value buffer = memref::ViewOp::create(
+      b, e.loc, bufferType, smem,
+      e.iadd(e.iadd(pad, e.index(c.epilogueOffset())),
+             e.imul(group, c.epilogueBytes())),
+      ValueRange{});
+  Value barrier = e.toI32(e.iadd(group, e.index(kEpilogueBarrier)));
+  auto groupBarrier = [&] {
+    inlinePtx(b, e.loc, {}, {barrier}, "bar.sync $0, 128;", "r");
+  };
+  auto pairType = VectorType::get({2}, b.getBF16Type());
+  auto pieceType = VectorType::get({8}, b.getBF16Type());
+  // The rows this thread's fragment holds, within the warpgroup's 64; a
+  // row's swizzle is its index mod 8, lane / 4 for both.
+  Value fragmentRow = e.iadd(e.imul(warp, 16), e.divUI(lane, 4));
+  Value swizzle = e.divUI(lane, 4);
+  Value inGroup = e.remUI(tid, 128);
+  int64_t perThread = c.gated ? c.fragment() / 2 : c.fragment();
+  for (int64_t chunk = 0; chunk < c.outTile / kColumns; ++chunk) {
+    // The last chunk's (or tile's) reads are done.
+    groupBarrier();
+    for (int64_t i = chunk * 32; i < std::min(perThread, chunk * 32 + 32);
+         i += 2) {
+      Value col = e.iadd(colTile, fragmentColumn(i));
+      Value pair = vector::FromElementsOp::create(
+          b, e.loc, pairType,
+          ValueRange{arith::TruncFOp::create(b, e.loc, b.getBF16Type(),
+                                             output(finals, i, col)),
+                     arith::TruncFOp::create(
+                         b, e.loc, b.getBF16Type(),
+                         output(finals, i + 1, e.iadd(col, e.index(1))))});
+      Value row = e.iadd(fragmentRow, e.index(((i / 2) % 2) * 8));
+      Value piece = e.xori(e.index((i % 32) / 4), swizzle);
+      Value at = e.iadd(e.imul(piece, 8), e.imul(e.remUI(lane, 4), 2));
+      vector::StoreOp::create(b, e.loc, pair, buffer, ValueRange{row, at},
+                              false, vectorAlign(2, b.getBF16Type()));
+    }
+    groupBarrier();
+    // 64 rows x 8 pieces; a warp stores 4 rows of 128 bytes at a time.
+    for (int64_t j = 0; j < c.groupRows() * 8 / 128; ++j) {
+      Value idx = e.iadd(inGroup, e.index(j * 128));
+      Value row = e.divUI(idx, 8), piece = e.remUI(idx, 8);
+      Value v = vector::LoadOp::create(
+          b, e.loc, pieceType, buffer,
+          ValueRange{row, e.imul(e.xori(piece, e.remUI(row, 8)), 8)}, false,
+          vectorAlign(8, b.getBF16Type()));
+      Value outRow =
+          e.iadd(e.iadd(rowStartIdx, e.imul(group, c.groupRows())), row);
+      Value outCol =
+          e.iadd(colTile, e.iadd(e.index(chunk * kColumns), e.imul(piece, 8)));
+      e.ifThen(e.andi(e.ult(outRow, rowEndIdx), e.ult(outCol, e.index(c.outN))),
+               [&] {
+                 vector::StoreOp::create(b, e.loc, v, out,
+                                         ValueRange{outRow, outCol}, false,
+                                         vectorAlign(8, b.getBF16Type()));
+               });
+    }
+  }
+}
+
 void MatmulEmitter::emitQuantizedStore(ArrayRef<Value> finals) {
   // A row's block of `bs` columns is held by the four lanes that share the
   // row, elements i with i/4 in the block's range of 8-column groups. Each
@@ -913,29 +1105,32 @@ LogicalResult MatmulEmitter::emit(ArrayRef<Value> buffers,
                                   ArrayRef<unsigned> indices,
                                   const TensorInfo &partials) {
   emitViews(buffers, indices, partials);
-  emitTileOrder();
-  scf::IfOp active = emitTileRows();
+  splitCounters = indices.size() - 1;
+  tid = k.threadId();
   emitSharedMemory();
-  emitThreadLayout();
-  Value consumer = e.ult(tid, e.index(c.consumers()));
   gpu::BarrierOp::create(b, e.loc);
 
   // Warp specialization: the producer warpgroup gives up registers and one
   // of its threads keeps the ring full, waiting only for a slot to be
   // released; the consumers take the registers and never wait on each
   // other, so one's promotion or epilogue overlaps the other's wgmma.
-  auto roles = scf::IfOp::create(b, e.loc, consumer, /*withElse=*/true);
+  // Both walk the same tiles.
+  auto roles = scf::IfOp::create(b, e.loc, e.ult(tid, e.index(c.consumers())),
+                                 /*withElse=*/true);
   b.setInsertionPointToStart(&roles.getElseRegion().front());
-  emitProducer();
+  NVVM::SetMaxRegisterOp::create(b, e.loc, c.producerRegisters,
+                                 NVVM::SetMaxRegisterAction::decrease);
+  e.ifThen(e.eq(tid, e.index(c.consumers())), [&] {
+    nvgpu::TmaPrefetchOp::create(b, e.loc, descA, Value());
+    nvgpu::TmaPrefetchOp::create(b, e.loc, descB, Value());
+  });
+  emitTiles(/*consumer=*/false);
   b.setInsertionPointToStart(&roles.getThenRegion().front());
-  SmallVector<Value> finals = emitMainLoop();
-  if (c.splits > 1)
-    emitSplitSum(finals, k.func.getArgument(indices.size() - 1));
-  if (c.outBlock)
-    emitQuantizedStore(finals);
-  else
-    emitStore(finals);
-  b.setInsertionPointAfter(active);
+  NVVM::SetMaxRegisterOp::create(b, e.loc, c.consumerRegisters,
+                                 NVVM::SetMaxRegisterAction::increase);
+  w.emplace(k, enc);
+  emitTiles(/*consumer=*/true);
+  b.setInsertionPointAfter(roles);
   return k.finish(op);
 }
 
@@ -956,7 +1151,11 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   if (failed(source))
     return failure();
   TensorInfo lhs = *source;
-  MatmulConfig c = configureMatmul(op, lhs.rows, layer.maxTokens);
+  FailureOr<MatmulConfig> configured =
+      configureMatmul(op, lhs.rows, layer.maxTokens);
+  if (failed(configured))
+    return failure();
+  const MatmulConfig &c = *configured;
   const MatmulEncoding &enc = c.enc;
   layer.define(op.getOut(), lhs.rows);
   if (c.outBlock)
@@ -1003,6 +1202,14 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   if (c.rowTiles > 0)
     launch.work = {c.rowTiles, 0}, launch.perBlock = 1, launch.extraBlocks = 0;
   launch.gridY = c.colTiles * c.splits;
+  if (c.persistent) {
+    // One block per multiprocessor (at most one per tile), each walking
+    // the tiles: the same count of blocks along x alone.
+    launch.work = launch.work * (c.colTiles * c.splits);
+    launch.extraBlocks *= c.colTiles * c.splits;
+    launch.gridY = 1;
+    launch.persistent = true;
+  }
   // The consumer warpgroups and a producer warpgroup; the block size is
   // fixed (.reqntid), so ptxas plans registers for 384 threads.
   launch.block = (c.warpGroups + 1) * 128;

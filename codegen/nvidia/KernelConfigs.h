@@ -39,15 +39,19 @@ struct MatmulEncoding {
   NVVM::WGMMATypes type = NVVM::WGMMATypes::bf16;
 };
 
-/// A grouped (or dense) matmul kernel: a block computes tileM rows x tileN
-/// weight rows with a producer and `warpGroups` consumer warpgroups over a
-/// ring of `stages` K slices; K may be split among `splits` blocks.
+/// A grouped (or dense) matmul kernel, as its #moe.matmul_config says: a
+/// block computes tileM rows x tileN weight rows with a producer and
+/// `warpGroups` consumer warpgroups over a ring of `stages` K slices; K may
+/// be split among `splits` blocks; a persistent kernel's blocks walk the
+/// tiles in raster order.
 struct MatmulConfig {
-  static constexpr int64_t kTileM = 128, kTileN = 256, kWarpGroups = 2,
-                           kStages = 4;
+  static constexpr int64_t kTileM = 128, kTileN = 256, kWarpGroups = 2;
+  /// Shared memory a block may have on sm_90a.
+  static constexpr int64_t kSharedLimit = 232448;
+  /// Columns of a consumer warpgroup's epilogue buffer (64 rows of bf16).
+  static constexpr int64_t kEpilogueColumns = 64;
 
-  int64_t tileM = kTileM, tileN = kTileN, warpGroups = kWarpGroups,
-          stages = kStages;
+  int64_t tileM = kTileM, tileN = kTileN, warpGroups = kWarpGroups, stages = 0;
   /// Registers per thread after setmaxnreg: 128 x 24 + 256 x 240 <= 64 Ki.
   int64_t producerRegisters = 24, consumerRegisters = 240;
   MatmulEncoding enc{QuantAttr(), kTileN};
@@ -68,6 +72,14 @@ struct MatmulConfig {
   /// K slices, column tiles, K splits and the slices each takes; rowTiles
   /// is the row tiles of a bucket's grid, 0 when the grid follows the rows.
   int64_t kTiles = 0, colTiles = 0, splits = 1, tilesPerSplit = 0, rowTiles = 0;
+
+  /// Blocks walk the tiles (one block per multiprocessor); tiles are
+  /// taken `group` at a time along `raster`.
+  bool persistent = false;
+  MatmulRaster raster = MatmulRaster::M;
+  int64_t group = 8;
+  /// Results go through a shared-memory buffer per consumer warpgroup.
+  bool sharedEpilogue = false;
 
   /// Square weight blocks: the columns of each 128-column half before the
   /// half's second block row (128 when it lies in one).
@@ -91,16 +103,25 @@ struct MatmulConfig {
   int64_t columnScaleBytes() const {
     return columnScales ? stages * enc.subBlocks() * tileN * 4 : 0;
   }
-  /// The ring, the column scales and room to align to 1024 bytes.
+  /// One consumer warpgroup's epilogue buffer, after the column scales.
+  int64_t epilogueBytes() const { return groupRows() * kEpilogueColumns * 2; }
+  int64_t epilogueOffset() const {
+    return stages * stageBytes() + columnScaleBytes();
+  }
+  /// The ring, the column scales, the epilogue buffers and room to align
+  /// to 1024 bytes.
   int64_t sharedBytes() const {
-    return stages * stageBytes() + columnScaleBytes() + 1024;
+    return epilogueOffset() + (sharedEpilogue ? warpGroups * epilogueBytes() : 0) +
+           1024;
   }
 };
 
 /// The configuration of `op`'s kernel whose left operand has `rows` rows,
-/// built for calls of at most `maxTokens` tokens (0: any).
-MatmulConfig configureMatmul(GroupedMatmulOp op, TokenLinear rows,
-                             int64_t maxTokens);
+/// for calls of at most `maxTokens` tokens (0: any): its #moe.matmul_config
+/// for that plan, checked against what the kernel can do (an error names
+/// the field it cannot honour).
+FailureOr<MatmulConfig> configureMatmul(GroupedMatmulOp op, TokenLinear rows,
+                                        int64_t maxTokens);
 
 /// An attention kernel: a block takes kBlockRows query rows (positions
 /// times `pack` query heads of one key/value head) with a producer and

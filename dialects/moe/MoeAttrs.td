@@ -107,6 +107,40 @@ def Moe_BufferKind : I32EnumAttr<"BufferKind",
   let genSpecializedAttr = 0;
 }
 
+def Moe_MatmulRaster : I32EnumAttr<"MatmulRaster",
+    "the order in which a matmul's blocks take their tiles", [
+  // Within a group of `group` row tiles, down the rows first: the blocks
+  // of a wave share the column tiles' weights.
+  I32EnumAttrCase<"M", 0, "m">,
+  // Within a group of `group` column tiles, across the columns first: the
+  // blocks of a wave share the row tiles' activations.
+  I32EnumAttrCase<"N", 1, "n">
+]> {
+  let cppNamespace = "::mlir::moe";
+  let genSpecializedAttr = 0;
+}
+
+def Moe_MatmulEpilogue : I32EnumAttr<"MatmulEpilogue",
+    "how a matmul's tile reaches its output", [
+  // Each thread stores its accumulator's elements itself.
+  I32EnumAttrCase<"Registers", 0, "registers">,
+  // Through shared memory, so every store is 16 bytes of one row.
+  I32EnumAttrCase<"Shared", 1, "shared">
+]> {
+  let cppNamespace = "::mlir::moe";
+  let genSpecializedAttr = 0;
+}
+
+def Moe_MatmulMulticast : I32EnumAttr<"MatmulMulticast",
+    "which operand a cluster's blocks load once for all", [
+  I32EnumAttrCase<"None", 0, "none">,
+  I32EnumAttrCase<"Lhs", 1, "lhs">,
+  I32EnumAttrCase<"Rhs", 2, "rhs">
+]> {
+  let cppNamespace = "::mlir::moe";
+  let genSpecializedAttr = 0;
+}
+
 def Moe_Target : I32EnumAttr<"Target", "what a compiled layer runs on", [
   // The host CPU, through the reference backend.
   I32EnumAttrCase<"CPU", 0, "cpu">,
@@ -377,6 +411,48 @@ def Moe_LaunchPlanAttr : Moe_Attr<"LaunchPlan", "launch_plan"> {
 //===----------------------------------------------------------------------===//
 // Interface: what a compiled layer exports
 //===----------------------------------------------------------------------===//
+
+def Moe_MatmulConfigAttr : Moe_Attr<"MatmulConfig", "matmul_config"> {
+  let summary = "how a grouped matmul's kernel is cut and scheduled";
+  let description = [{
+    The kernel of a `moe.grouped_matmul` for calls of at most `tokens`
+    tokens (a token bucket; 0 for any count). A block computes `tile_m`
+    rows x `tile_n` weight rows, `tile_k` elements of K a stage, over a
+    ring of `stages` stages, with `warpgroups` consumer warpgroups beside
+    a producer; `cluster_m` x `cluster_n` blocks form a cluster, loading
+    the `multicast` operand once for all. Blocks take tiles in `raster`
+    order, `group` tiles at a time along it; K is cut into `split_k`
+    ranges; `swap_ab` puts the weights on the wide side of the MMA (few
+    rows). A `persistent` kernel runs one block per multiprocessor, each
+    walking the tiles, so the next tile's loads overlap the last's
+    epilogue. `epilogue` says how results reach memory.
+    `moe-configure-matmuls` chooses it; a target's kernel builder refuses
+    what it cannot honour, naming the field.
+  }];
+  let parameters = (ins
+    Moe_CountParameter<"the bucket's tokens, 0 for any", "0">:$tokens,
+    Moe_CountParameter<"rows of a tile">:$tile_m,
+    Moe_CountParameter<"weight rows of a tile">:$tile_n,
+    Moe_CountParameter<"K elements of a stage">:$tile_k,
+    Moe_CountParameter<"ring stages">:$stages,
+    Moe_CountParameter<"consumer warpgroups", "2">:$warpgroups,
+    Moe_CountParameter<"cluster blocks along M", "1">:$cluster_m,
+    Moe_CountParameter<"cluster blocks along N", "1">:$cluster_n,
+    DefaultValuedParameter<"::mlir::moe::MatmulMulticast",
+                           "::mlir::moe::MatmulMulticast::None",
+                           "multicast operand">:$multicast,
+    DefaultValuedParameter<"::mlir::moe::MatmulRaster",
+                           "::mlir::moe::MatmulRaster::M",
+                           "tile order">:$raster,
+    Moe_CountParameter<"tiles a raster group spans", "8">:$group,
+    Moe_CountParameter<"K ranges", "1">:$split_k,
+    Moe_BoolParameter:$swap_ab,
+    Moe_BoolParameter:$persistent,
+    DefaultValuedParameter<"::mlir::moe::MatmulEpilogue",
+                           "::mlir::moe::MatmulEpilogue::Registers",
+                           "epilogue">:$epilogue
+  );
+}
 
 def Moe_ArgumentAttr : Moe_Attr<"Argument", "argument"> {
   let summary = "one argument of a compiled layer's C entry point";

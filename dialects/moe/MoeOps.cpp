@@ -8,6 +8,7 @@
 #include "dialects/moe/MoeOps.h"
 
 #include "mlir/IR/TypeUtilities.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -100,6 +101,14 @@ QuantAttr GroupedMatmulOp::getScheme() {
                             ? QuantKind::MXFP8
                             : QuantKind::FP8Block128,
                         ScaleRounding::Floor);
+}
+
+MatmulConfigAttr GroupedMatmulOp::getConfigFor(int64_t tokens) {
+  if (ArrayAttr configs = getConfigsAttr())
+    for (auto config : configs.getAsRange<MatmulConfigAttr>())
+      if (config.getTokens() == tokens)
+        return config;
+  return {};
 }
 
 /// Checks that `scales` fit `data` under `quant`; FP8 block-128 weights may
@@ -669,6 +678,13 @@ LogicalResult GroupedMatmulOp::verify() {
   if (failed(checkShape(op, "result", getOut(),
                         {count(rows, "rows"), size(outN, "N")})))
     return failure();
+  if (ArrayAttr configs = getConfigsAttr()) {
+    llvm::SmallDenseSet<int64_t> seen;
+    for (auto config : configs.getAsRange<MatmulConfigAttr>())
+      if (!seen.insert(config.getTokens()).second)
+        return emitOpError() << "has two kernel configurations for calls of "
+                             << config.getTokens() << " tokens";
+  }
   return verifyQuantizedResult(op, "out", getOut(), getOutScale(),
                                getOutQuantAttr());
 }

@@ -256,6 +256,8 @@ def Moe_GroupedMatmulOp : Moe_Op<"grouped_matmul",
     or [N]) is added, then `activation`, if present, combines gate columns
     [0, N/2) with up columns [N/2, N) into N/2 columns. FP8 operands take
     `scales(lhs_scale, rhs_scale)` laid out as `moe.quantize` gives them.
+    `configs`, set by moe-configure-matmuls, holds the kernel's
+    `#moe.matmul_config` for each plan (any token count, then each bucket).
   }];
   let arguments = (ins
     Moe_MatmulInput:$lhs,
@@ -266,7 +268,9 @@ def Moe_GroupedMatmulOp : Moe_Op<"grouped_matmul",
     Optional<Moe_Scales>:$rhs_scale,
     Optional<Moe_RealTensor>:$bias,
     OptionalAttr<Moe_ActivationAttr>:$activation,
-    OptionalAttr<Moe_QuantAttr>:$out_quant
+    OptionalAttr<Moe_QuantAttr>:$out_quant,
+    OptionalAttr<TypedArrayAttrBase<Moe_MatmulConfigAttr,
+                                    "kernel configurations">>:$configs
   );
   let results = (outs Moe_MatmulOutput:$out, Optional<Moe_Scales>:$out_scale);
   let assemblyFormat = [{
@@ -280,6 +284,9 @@ def Moe_GroupedMatmulOp : Moe_Op<"grouped_matmul",
     /// The scheme of FP8 operands, read off their scales' element type
     /// (E8M0: MXFP8, f32: FP8 block-128); null for bf16 operands.
     ::mlir::moe::QuantAttr getScheme();
+    /// The configuration for calls of at most `tokens` tokens (0: any), or
+    /// null when moe-configure-matmuls has not chosen one.
+    ::mlir::moe::MatmulConfigAttr getConfigFor(int64_t tokens);
   }];
   let hasVerifier = 1;
 }

@@ -37,6 +37,19 @@ protected:
     return found;
   }
 
+  /// `op`'s kernel configuration for calls of at most `maxTokens` tokens,
+  /// as moe-configure-matmuls chooses it.
+  MatmulConfig configure(GroupedMatmulOp op, int64_t maxTokens) {
+    if (!op.getConfigsAttr()) {
+      PassManager pm(&context);
+      pm.addPass(createConfigureMatmuls());
+      EXPECT_TRUE(succeeded(pm.run(*module)));
+    }
+    FailureOr<MatmulConfig> c = configureMatmul(op, TokenLinear{0, 1}, maxTokens);
+    EXPECT_TRUE(succeeded(c));
+    return succeeded(c) ? *c : MatmulConfig();
+  }
+
   MLIRContext context;
   OwningOpRef<ModuleOp> module;
 };
@@ -46,14 +59,14 @@ TEST_F(KernelConfigTest, GroupedGateUpMatmulFillsTheRing) {
   auto op = parse<GroupedMatmulOp>(R"(
     func.func @f(%x: tensor<?x64xbf16>, %w: tensor<8x256x64xbf16>,
                  %counts: tensor<8xi32>, %offsets: tensor<9xi32>)
-        -> tensor<?x128xbf16> {
+        -> tensor<?x128xbf16> attributes {moe.token_buckets = array<i64: 4>} {
       %0 = moe.grouped_matmul %x, %w groups(%counts, %offsets)
           {activation = #moe.activation<kind = clamped_swiglu>}
           : (tensor<?x64xbf16>, tensor<8x256x64xbf16>, tensor<8xi32>,
              tensor<9xi32>) -> tensor<?x128xbf16>
       return %0 : tensor<?x128xbf16>
     })");
-  MatmulConfig c = configureMatmul(op, TokenLinear{0, 1}, /*maxTokens=*/0);
+  MatmulConfig c = configure(op, /*maxTokens=*/0);
   EXPECT_TRUE(c.grouped);
   EXPECT_TRUE(c.gated);
   EXPECT_EQ(c.experts, 8);
@@ -66,11 +79,13 @@ TEST_F(KernelConfigTest, GroupedGateUpMatmulFillsTheRing) {
   EXPECT_EQ(c.colTiles, 1);
   EXPECT_EQ(c.splits, 1);
   EXPECT_EQ(c.rowTiles, 0);
-  // Four stages of 128 + 256 rows of 128 bytes, and room to align.
-  EXPECT_EQ(c.sharedBytes(), 4 * 384 * 128 + 1024);
+  // Four stages of 128 + 256 rows of 128 bytes, each consumer
+  // warpgroup's 64 x 64 bf16 epilogue buffer, and room to align.
+  EXPECT_TRUE(c.sharedEpilogue);
+  EXPECT_EQ(c.sharedBytes(), 4 * 384 * 128 + 2 * 64 * 64 * 2 + 1024);
   // A bucket of 4 tokens: at most 4 non-empty row tiles, K too short to
   // split.
-  MatmulConfig bucket = configureMatmul(op, TokenLinear{0, 1}, 4);
+  MatmulConfig bucket = configure(op, 4);
   EXPECT_EQ(bucket.rowTiles, 4);
   EXPECT_EQ(bucket.splits, 1);
 }
@@ -78,12 +93,12 @@ TEST_F(KernelConfigTest, GroupedGateUpMatmulFillsTheRing) {
 TEST_F(KernelConfigTest, DecodeMatmulSplitsALongK) {
   auto op = parse<GroupedMatmulOp>(R"(
     func.func @f(%x: tensor<?x7168xbf16>, %w: tensor<256x7168xbf16>)
-        -> tensor<?x256xbf16> {
+        -> tensor<?x256xbf16> attributes {moe.token_buckets = array<i64: 1>} {
       %0 = moe.grouped_matmul %x, %w
           : (tensor<?x7168xbf16>, tensor<256x7168xbf16>) -> tensor<?x256xbf16>
       return %0 : tensor<?x256xbf16>
     })");
-  MatmulConfig c = configureMatmul(op, TokenLinear{0, 1}, /*maxTokens=*/1);
+  MatmulConfig c = configure(op, /*maxTokens=*/1);
   EXPECT_FALSE(c.grouped);
   EXPECT_EQ(c.kTiles, 112);
   EXPECT_EQ(c.rowTiles, 1);
@@ -91,7 +106,7 @@ TEST_F(KernelConfigTest, DecodeMatmulSplitsALongK) {
   EXPECT_EQ(c.splits, 3);
   EXPECT_EQ(c.tilesPerSplit, 38);
   // Without a bucket the whole K stays in one block.
-  EXPECT_EQ(configureMatmul(op, TokenLinear{0, 1}, 0).splits, 1);
+  EXPECT_EQ(configure(op, 0).splits, 1);
 }
 
 TEST_F(KernelConfigTest, CausalGqaAttentionPacksHeadsAndPairsTiles) {

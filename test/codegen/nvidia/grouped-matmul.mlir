@@ -1,4 +1,4 @@
-// RUN: moe-opt %s --split-input-file --moe-build-kernels | FileCheck %s
+// RUN: moe-opt %s --split-input-file --moe-configure-matmuls --moe-build-kernels | FileCheck %s
 // RUN: moe-opt %s --split-input-file --moe-sm90a-pipeline=stop-after=ptx | FileCheck %s --check-prefix=PTX
 
 // The grouped matmul: tiles of 128 rows x 256 weight rows. Each operand has a
@@ -7,7 +7,7 @@
 // column tile per 128 outputs with an activation (gate and up halves): one
 // here.
 // CHECK: tensor_maps = [#moe.tensor_map<buffer = 0, element_bytes = 2, rows = 1 * T, cols = 64, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 1, element_bytes = 2, rows = 2048, cols = 64, box_rows = 128, box_cols = 64>]
-// CHECK-SAME: launches = [#moe.launch<kernel = @moe_grouped_matmul, work = 1 * T, per_block = 128, extra_blocks = 8, block = 384, shared_bytes = 197632, args = [buffer 5, buffer 2, buffer 3, buffer 4, tensor_map 0, tensor_map 1, tokens]>]
+// CHECK-SAME: launches = [#moe.launch<kernel = @moe_grouped_matmul, work = 1 * T, per_block = 128, extra_blocks = 8, block = 384, shared_bytes = 214016, args = [buffer 5, buffer 2, buffer 3, buffer 4, tensor_map 0, tensor_map 1, tokens]>]
 // CHECK: gpu.func @moe_grouped_matmul({{.*}}) kernel attributes {known_block_size = array<i32: 384, 1, 1>, moe.tensor_map_args = array<i64: 4, 5>}
 // CHECK: nvgpu.mbarrier.create
 // CHECK: nvvm.wgmma.mma_async
@@ -37,7 +37,7 @@ func.func @gate_up(%x: tensor<?x64xbf16>, %w13: tensor<8x256x64xbf16>,
 // 128-row weight block (I = 160), so its columns take one of two scales.
 // CHECK: tensor_maps = [#moe.tensor_map<buffer = {{[0-9]+}}, element_bytes = 1, rows = 1 * T, cols = 256, box_rows = 128, box_cols = 128>
 // CHECK-SAME: #moe.tensor_map<buffer = {{[0-9]+}}, element_bytes = 1, rows = 1280, cols = 256, box_rows = 128, box_cols = 128>
-// CHECK-SAME: shared_bytes = 197632
+// CHECK-SAME: shared_bytes = 214016
 // CHECK: gpu.func @moe_grouped_matmul
 // CHECK: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 128, k = 32>, D[<f32>, <zero>], A[<e4m3>, <one>, <row>], B[<e4m3>, <one>, <col>]
 // CHECK: nvvm.wgmma.wait.group.sync.aligned 0

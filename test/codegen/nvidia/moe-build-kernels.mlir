@@ -1,4 +1,4 @@
-// RUN: moe-opt %s --moe-build-kernels --split-input-file --verify-diagnostics | FileCheck %s
+// RUN: moe-opt %s --moe-configure-matmuls --moe-build-kernels --split-input-file --verify-diagnostics | FileCheck %s
 
 // A decomposed layer: one kernel per family (dispatch takes two), named after
 // the family and the step moe-decompose named; the launch plan lists the
@@ -11,8 +11,8 @@
 // CHECK-SAME: launches = [#moe.launch<kernel = @moe_route, work = 1 * T, per_block = 4, block = 256, args = [buffer 0, buffer 1, buffer 5, buffer 6, tokens]>,
 // CHECK-SAME: #moe.launch<kernel = @moe_dispatch_plan, work = 1, block = 1024, args = [buffer 5, buffer 7, buffer 8, buffer 9, tokens]>,
 // CHECK-SAME: #moe.launch<kernel = @moe_dispatch_scatter, work = 1 * T, block = 128, args = [buffer 0, buffer 9, buffer 10, tokens]>,
-// CHECK-SAME: #moe.launch<kernel = @moe_grouped_matmul_gate_up, work = 2 * T, per_block = 128, extra_blocks = 8, block = 384, shared_bytes = 197632, args = [buffer 11, buffer 7, buffer 8, tensor_map 0, tensor_map 1, tokens]>,
-// CHECK-SAME: #moe.launch<kernel = @moe_grouped_matmul_down, work = 2 * T, per_block = 128, extra_blocks = 8, block = 384, shared_bytes = 197632, args = [buffer 12, buffer 7, buffer 8, tensor_map 2, tensor_map 3, tokens]>,
+// CHECK-SAME: #moe.launch<kernel = @moe_grouped_matmul_gate_up, work = 2 * T, per_block = 128, extra_blocks = 8, block = 384, shared_bytes = 214016, args = [buffer 11, buffer 7, buffer 8, tensor_map 0, tensor_map 1, tokens]>,
+// CHECK-SAME: #moe.launch<kernel = @moe_grouped_matmul_down, work = 2 * T, per_block = 128, extra_blocks = 8, block = 384, shared_bytes = 214016, args = [buffer 12, buffer 7, buffer 8, tensor_map 2, tensor_map 3, tokens]>,
 // CHECK-SAME: #moe.launch<kernel = @moe_combine, work = 1 * T, block = 128, args = [buffer 12, buffer 9, buffer 4, buffer 6, tokens]>]>
 // The function itself is untouched: the host code reads only its plan.
 // CHECK: moe.route

@@ -1,0 +1,311 @@
+//===- ConfigureMatmuls.cpp - each grouped matmul's kernel configuration --===//
+//
+// How a grouped matmul's kernel is cut and scheduled is data on the op
+// (#moe.matmul_config), chosen here once per plan (any token count, then
+// each bucket) from the shapes and the GPU, so a test or a user can read
+// and pin it and the kernel builder only emits what it says.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/StringExtras.h"
+
+namespace mlir::moe {
+#define GEN_PASS_DEF_CONFIGUREMATMULS
+#include "passes/Passes.h.inc"
+} // namespace mlir::moe
+
+using namespace mlir;
+using namespace mlir::moe;
+
+namespace {
+// The sm_90a kernel: 128 rows x 256 weight rows, 128 bytes of K a stage,
+// two consumer warpgroups; each consumer warpgroup stages 64 x 64 bf16 of
+// its results in shared memory for the epilogue.
+constexpr int64_t kTileM = 128, kTileN = 256, kSliceBytes = 128;
+constexpr int64_t kWarpGroups = 2, kGroup = 8;
+constexpr int64_t kEpilogueBytes = kWarpGroups * 64 * 64 * 2;
+// Split-K: at most kMaxSplits ranges, each at least kMinSplitTiles stages
+// (on H100 a split's fixed cost, ring fill, partials and the last block's
+// sum, outweighed what shorter ranges saved; bench/RESULTS.md).
+constexpr int64_t kMaxSplits = 8, kMinSplitTiles = 32;
+// A prefill-sized call, for the plan that serves any token count.
+constexpr int64_t kAnyTokens = 4096;
+
+/// The rows `value` has at a call of T tokens, as fixed + per_token * T,
+/// followed back through the ops that make rows from tokens.
+TokenLinear rowsOf(Value value) {
+  auto type = cast<RankedTensorType>(value.getType());
+  if (!type.isDynamicDim(0))
+    return {type.getDimSize(0), 0};
+  Operation *def = value.getDefiningOp();
+  if (!def)
+    return {0, 1};
+  if (auto dispatch = dyn_cast<DispatchOp>(def)) {
+    TokenLinear tokens = rowsOf(dispatch.getHiddenStates());
+    int64_t topK =
+        cast<RankedTensorType>(dispatch.getExpertIds().getType()).getDimSize(1);
+    int64_t experts = cast<RankedTensorType>(
+                          dispatch.getTokensPerExpert().getType())
+                          .getDimSize(0);
+    int64_t align = static_cast<int64_t>(dispatch.getAlign());
+    return {tokens.fixed * topK + experts * (align - 1),
+            tokens.perToken * topK};
+  }
+  // Row-wise steps (quantize, pad, a matmul) keep their input's rows.
+  for (Value operand : def->getOperands()) {
+    auto t = dyn_cast<RankedTensorType>(operand.getType());
+    if (t && t.getRank() > 0 && t.isDynamicDim(0))
+      return rowsOf(operand);
+  }
+  return {0, 1};
+}
+
+/// What the cost model reads off a grouped matmul.
+struct MatmulShape {
+  explicit MatmulShape(GroupedMatmulOp op) {
+    auto rhs = cast<RankedTensorType>(op.getRhs().getType());
+    grouped = static_cast<bool>(op.getTokensPerExpert());
+    experts = grouped ? rhs.getDimSize(0) : 1;
+    n = rhs.getDimSize(rhs.getRank() - 2);
+    k = rhs.getDimSize(rhs.getRank() - 1);
+    if (QuantAttr scheme = op.getScheme()) {
+      elementBytes = 1;
+      scaleK = scheme.getBlockSize();
+      // Per-row weight scales are staged per column in shared memory.
+      auto scales = cast<RankedTensorType>(op.getRhsScale().getType());
+      columnScales = scales.getDimSize(scales.getRank() - 2) == n;
+    }
+    gated = static_cast<bool>(op.getActivationAttr());
+    outQuant = static_cast<bool>(op.getOutQuantAttr());
+    outN = gated ? n / 2 : n;
+    rows = rowsOf(op.getLhs());
+  }
+  int64_t tileK() const { return kSliceBytes / elementBytes; }
+  int64_t kTiles() const { return llvm::divideCeil(k, tileK()); }
+  int64_t colTiles() const {
+    return llvm::divideCeil(outN, gated ? kTileN / 2 : kTileN);
+  }
+
+  bool grouped = false, gated = false, outQuant = false, columnScales = false;
+  int64_t experts = 1, n = 0, k = 0, outN = 0, elementBytes = 2, scaleK = 0;
+  TokenLinear rows;
+};
+
+/// Fields a user pinned; unset ones are the cost model's.
+struct Pins {
+  std::optional<int64_t> tileM, tileN, tileK, stages, warpGroups, clusterM,
+      clusterN, group, splitK;
+  std::optional<MatmulMulticast> multicast;
+  std::optional<MatmulRaster> raster;
+  std::optional<bool> swapAB, persistent;
+  std::optional<MatmulEpilogue> epilogue;
+};
+
+LogicalResult parseCount(StringRef key, StringRef text, int64_t &value,
+                         std::string &error) {
+  if (text.getAsInteger(10, value) || value < 0) {
+    error = ("matmul-config " + key + " must be a count, not '" + text + "'")
+                .str();
+    return failure();
+  }
+  return success();
+}
+
+/// `MxN` or `MxNxK` (at most `limit` counts).
+LogicalResult parseDims(StringRef key, StringRef text, size_t limit,
+                        SmallVectorImpl<int64_t> &dims, std::string &error) {
+  SmallVector<StringRef> parts;
+  text.split(parts, 'x');
+  if (parts.size() < 2 || parts.size() > limit) {
+    error = ("matmul-config " + key + " takes " +
+             (limit == 2 ? "MxN" : "MxN or MxNxK") + ", not '" + text + "'")
+                .str();
+    return failure();
+  }
+  for (StringRef part : parts)
+    if (failed(parseCount(key, part, dims.emplace_back(), error)))
+      return failure();
+  return success();
+}
+
+template <typename EnumT>
+LogicalResult parseEnum(StringRef key, StringRef text,
+                        std::optional<EnumT> (*symbolize)(StringRef),
+                        std::optional<EnumT> &value, std::string &error) {
+  value = symbolize(text);
+  if (!value)
+    error = ("matmul-config " + key + " has no value '" + text + "'").str();
+  return success(value.has_value());
+}
+
+LogicalResult parseBool(StringRef key, StringRef text,
+                        std::optional<bool> &value, std::string &error) {
+  if (text == "true" || text == "1")
+    value = true;
+  else if (text == "false" || text == "0")
+    value = false;
+  else
+    error = ("matmul-config " + key + " is true or false, not '" + text + "'")
+                .str();
+  return success(value.has_value());
+}
+
+LogicalResult parsePins(StringRef spec, Pins &pins, std::string &error) {
+  SmallVector<StringRef> fields;
+  spec.split(fields, ',', -1, /*KeepEmpty=*/false);
+  for (StringRef field : fields) {
+    auto [key, value] = field.trim().split('=');
+    key = key.trim(), value = value.trim();
+    SmallVector<int64_t> dims;
+    int64_t count = 0;
+    auto one = [&](std::optional<int64_t> &slot) {
+      if (failed(parseCount(key, value, count, error)))
+        return failure();
+      slot = count;
+      return success();
+    };
+    LogicalResult parsed = failure();
+    if (key == "tile") {
+      parsed = parseDims(key, value, 3, dims, error);
+      if (succeeded(parsed)) {
+        pins.tileM = dims[0], pins.tileN = dims[1];
+        if (dims.size() == 3)
+          pins.tileK = dims[2];
+      }
+    } else if (key == "cluster") {
+      parsed = parseDims(key, value, 2, dims, error);
+      if (succeeded(parsed))
+        pins.clusterM = dims[0], pins.clusterN = dims[1];
+    } else if (key == "stages") {
+      parsed = one(pins.stages);
+    } else if (key == "warpgroups") {
+      parsed = one(pins.warpGroups);
+    } else if (key == "group") {
+      parsed = one(pins.group);
+    } else if (key == "split-k") {
+      parsed = one(pins.splitK);
+    } else if (key == "multicast") {
+      parsed = parseEnum<MatmulMulticast>(key, value, symbolizeMatmulMulticast,
+                                          pins.multicast, error);
+    } else if (key == "raster") {
+      parsed = parseEnum<MatmulRaster>(key, value, symbolizeMatmulRaster,
+                                       pins.raster, error);
+    } else if (key == "epilogue") {
+      parsed = parseEnum<MatmulEpilogue>(key, value, symbolizeMatmulEpilogue,
+                                         pins.epilogue, error);
+    } else if (key == "swap-ab") {
+      parsed = parseBool(key, value, pins.swapAB, error);
+    } else if (key == "persistent") {
+      parsed = parseBool(key, value, pins.persistent, error);
+    } else {
+      error = ("matmul-config has no field '" + key +
+               "' (tile, stages, warpgroups, cluster, multicast, raster, "
+               "group, split-k, swap-ab, persistent, epilogue)")
+                  .str();
+    }
+    if (failed(parsed))
+      return failure();
+  }
+  return success();
+}
+
+struct ConfigureMatmulsPass
+    : public moe::impl::ConfigureMatmulsBase<ConfigureMatmulsPass> {
+  using ConfigureMatmulsBase::ConfigureMatmulsBase;
+
+  LogicalResult initialize(MLIRContext *context) override {
+    std::string error;
+    if (failed(parsePins(matmulConfig, pins, error)))
+      return emitError(UnknownLoc::get(context)) << error;
+    return success();
+  }
+
+  void runOnOperation() override {
+    getOperation()->walk([&](func::FuncOp func) {
+      SmallVector<int64_t> plans = {0};
+      if (auto buckets =
+              func->getAttrOfType<DenseI64ArrayAttr>(kTokenBucketsAttrName))
+        llvm::append_range(plans, buckets.asArrayRef());
+      func.walk([&](GroupedMatmulOp op) {
+        MatmulShape shape(op);
+        SmallVector<Attribute> configs;
+        for (int64_t tokens : plans)
+          configs.push_back(choose(op.getContext(), shape, tokens));
+        op.setConfigsAttr(ArrayAttr::get(op.getContext(), configs));
+      });
+    });
+  }
+
+  MatmulConfigAttr choose(MLIRContext *ctx, const MatmulShape &shape,
+                          int64_t tokens) const;
+
+  Pins pins;
+};
+} // namespace
+
+MatmulConfigAttr ConfigureMatmulsPass::choose(MLIRContext *ctx,
+                                              const MatmulShape &shape,
+                                              int64_t tokens) const {
+  int64_t tileM = pins.tileM.value_or(kTileM);
+  int64_t tileN = pins.tileN.value_or(kTileN);
+  int64_t tileK = pins.tileK.value_or(shape.tileK());
+  int64_t kTiles = llvm::divideCeil(shape.k, std::max<int64_t>(tileK, 1));
+
+  // The epilogue stages its results in shared memory, in 16-byte pieces of
+  // a row: rows must be 16-byte aligned, and a quantizing epilogue works
+  // on the registers' blocks.
+  MatmulEpilogue epilogue =
+      pins.epilogue.value_or(shape.outQuant || shape.outN % 8 != 0
+                                 ? MatmulEpilogue::Registers
+                                 : MatmulEpilogue::Shared);
+  // The ring takes what shared memory is left.
+  int64_t stageBytes = (tileM + tileN) * tileK * shape.elementBytes;
+  int64_t perStage = stageBytes;
+  if (shape.columnScales)
+    perStage += (tileK / shape.scaleK) * tileN * 4;
+  int64_t fixed = 1024 + (epilogue == MatmulEpilogue::Shared ? kEpilogueBytes
+                                                             : 0);
+  int64_t stages = pins.stages.value_or(
+      std::max<int64_t>((sharedBytes - fixed) / perStage, 2));
+
+  // A bucket of few rows has few tiles, each streaming all of K: it splits
+  // K among several blocks so the weight reads spread over the GPU.
+  int64_t rowCount = std::max<int64_t>(
+      shape.rows.fixed +
+          shape.rows.perToken * (tokens > 0 ? tokens : kAnyTokens),
+      1);
+  int64_t rowTiles = llvm::divideCeil(rowCount, tileM);
+  int64_t colTiles = shape.colTiles();
+  // The tiles likely busy: one per expert that has rows, and one per tile
+  // of rows.
+  int64_t busy = shape.grouped
+                     ? (std::min(shape.experts, rowCount) + rowTiles) * colTiles
+                     : rowTiles * colTiles;
+  int64_t splitK = 1;
+  if (tokens > 0)
+    splitK = std::clamp<int64_t>(
+        std::min(multiprocessors / busy, kTiles / kMinSplitTiles), 1,
+        kMaxSplits);
+  splitK = pins.splitK.value_or(splitK);
+  // Ranges of whole stages: a count that leaves one empty is the next
+  // smaller count that does not.
+  if (splitK > 1 && kTiles > 0) {
+    int64_t perSplit = llvm::divideCeil(kTiles, splitK);
+    splitK = llvm::divideCeil(kTiles, perSplit);
+  }
+  // Persistent when there are more tiles than multiprocessors: the next
+  // tile's loads then overlap the last one's epilogue.
+  bool persistent =
+      pins.persistent.value_or(splitK == 1 && busy > multiprocessors);
+
+  return MatmulConfigAttr::get(
+      ctx, tokens, tileM, tileN, tileK, stages,
+      pins.warpGroups.value_or(kWarpGroups), pins.clusterM.value_or(1),
+      pins.clusterN.value_or(1),
+      pins.multicast.value_or(MatmulMulticast::None),
+      pins.raster.value_or(MatmulRaster::M), pins.group.value_or(kGroup),
+      splitK, pins.swapAB.value_or(false), persistent, epilogue);
+}
