@@ -4,7 +4,7 @@ torch._grouped_mm (bf16) and torch._scaled_grouped_mm (FP8 rowwise).
   python3 -m bench.matmul_check prepare DIR
         on the build machine: writes one function holding one
         moe.grouped_matmul per shape and scheme and compiles it for sm_90a
-        into DIR
+        into DIR, with the moe-compile flags in MM_FLAGS
   python3 -m bench.matmul_check run DIR[,DIR...] [ONLY]
         on the GPU machine: for each library (those whose name holds ONLY),
         random operands (FP8 codes and scales for the quantized schemes), the
@@ -76,6 +76,8 @@ def function(name, scheme, e, n, k):
 
 def prepare(out_dir):
     compile_ = os.path.join(ROOT, "build", "bin", "moe-compile")
+    # MM_FLAGS: more moe-compile flags (say, --matmul-config=...).
+    flags = os.environ.get("MM_FLAGS", "").split()
     os.makedirs(out_dir, exist_ok=True)
     for shape, (e, m, n, k) in SHAPES.items():
         for scheme in SCHEMES:
@@ -84,7 +86,7 @@ def prepare(out_dir):
             with open(src, "w") as f:
                 f.write(function(name, scheme, e, n, k))
             subprocess.run([compile_, src, "--target=sm_90a", "-o",
-                            os.path.join(out_dir, f"lib{name}.so")],
+                            os.path.join(out_dir, f"lib{name}.so")] + flags,
                            check=True)
     with open(os.path.join(out_dir, "shapes.json"), "w") as f:
         json.dump(SHAPES, f)

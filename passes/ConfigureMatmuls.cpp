@@ -33,6 +33,9 @@ constexpr int64_t kEpilogueBytes = kWarpGroups * 64 * 64 * 2;
 constexpr int64_t kMaxSplits = 8, kMinSplitTiles = 32;
 // A prefill-sized call, for the plan that serves any token count.
 constexpr int64_t kAnyTokens = 4096;
+// Persistent kernels: up to this many K stages, or weights of at most this
+// many elements an expert.
+constexpr int64_t kPersistentKTiles = 32, kPersistentWeightElements = 32 << 20;
 
 /// The rows `value` has at a call of T tokens, as fixed + per_token * T,
 /// followed back through the ops that make rows from tokens.
@@ -297,9 +300,16 @@ MatmulConfigAttr ConfigureMatmulsPass::choose(MLIRContext *ctx,
     splitK = llvm::divideCeil(kTiles, perSplit);
   }
   // Persistent when there are more tiles than multiprocessors: the next
-  // tile's loads then overlap the last one's epilogue.
-  bool persistent =
-      pins.persistent.value_or(splitK == 1 && busy > multiprocessors);
+  // tile's loads then overlap the last one's epilogue. Not when K is long
+  // and one expert's weights are large: there blocks launched in order
+  // keep a wave's weight tiles in L2 better than blocks that each walk a
+  // fixed stride of tiles (H100: Mixtral's 4096 x 14336 and 28672 x 4096
+  // ran 5-8% slower persistent, DeepSeek-V3's 4096 x 7168 1-3% faster;
+  // bench/RESULTS.md).
+  bool longK = kTiles > kPersistentKTiles &&
+               shape.n * shape.k > kPersistentWeightElements;
+  bool persistent = pins.persistent.value_or(
+      splitK == 1 && busy > multiprocessors && !longK);
 
   return MatmulConfigAttr::get(
       ctx, tokens, tileM, tileN, tileK, stages,
