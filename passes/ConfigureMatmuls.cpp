@@ -50,9 +50,9 @@ TokenLinear rowsOf(Value value) {
     TokenLinear tokens = rowsOf(dispatch.getHiddenStates());
     int64_t topK =
         cast<RankedTensorType>(dispatch.getExpertIds().getType()).getDimSize(1);
-    int64_t experts = cast<RankedTensorType>(
-                          dispatch.getTokensPerExpert().getType())
-                          .getDimSize(0);
+    int64_t experts =
+        cast<RankedTensorType>(dispatch.getTokensPerExpert().getType())
+            .getDimSize(0);
     int64_t align = static_cast<int64_t>(dispatch.getAlign());
     return {tokens.fixed * topK + experts * (align - 1),
             tokens.perToken * topK};
@@ -110,8 +110,8 @@ struct Pins {
 LogicalResult parseCount(StringRef key, StringRef text, int64_t &value,
                          std::string &error) {
   if (text.getAsInteger(10, value) || value < 0) {
-    error = ("matmul-config " + key + " must be a count, not '" + text + "'")
-                .str();
+    error =
+        ("matmul-config " + key + " must be a count, not '" + text + "'").str();
     return failure();
   }
   return success();
@@ -260,17 +260,16 @@ MatmulConfigAttr ConfigureMatmulsPass::choose(MLIRContext *ctx,
   // The epilogue stages its results in shared memory, in 16-byte pieces of
   // a row: rows must be 16-byte aligned, and a quantizing epilogue works
   // on the registers' blocks.
-  MatmulEpilogue epilogue =
-      pins.epilogue.value_or(shape.outQuant || shape.outN % 8 != 0
-                                 ? MatmulEpilogue::Registers
-                                 : MatmulEpilogue::Shared);
+  MatmulEpilogue epilogue = pins.epilogue.value_or(
+      shape.outQuant || shape.outN % 8 != 0 ? MatmulEpilogue::Registers
+                                            : MatmulEpilogue::Shared);
   // The ring takes what shared memory is left.
   int64_t stageBytes = (tileM + tileN) * tileK * shape.elementBytes;
   int64_t perStage = stageBytes;
   if (shape.columnScales)
     perStage += (tileK / shape.scaleK) * tileN * 4;
-  int64_t fixed = 1024 + (epilogue == MatmulEpilogue::Shared ? kEpilogueBytes
-                                                             : 0);
+  int64_t fixed =
+      1024 + (epilogue == MatmulEpilogue::Shared ? kEpilogueBytes : 0);
   int64_t stages = pins.stages.value_or(
       std::max<int64_t>((sharedBytes - fixed) / perStage, 2));
 
@@ -306,16 +305,20 @@ MatmulConfigAttr ConfigureMatmulsPass::choose(MLIRContext *ctx,
   // fixed stride of tiles (H100: Mixtral's 4096 x 14336 and 28672 x 4096
   // ran 5-8% slower persistent, DeepSeek-V3's 4096 x 7168 1-3% faster;
   // bench/RESULTS.md).
+  // Nor when a tile has few rows (a bucket of few tokens an expert): each
+  // tile is then short, and a block's tiles would find their rows one
+  // after another rather than side by side (H100: Qwen3-30B-A3B MXFP8 at
+  // 128 tokens, 8 rows a tile, 11% slower persistent).
   bool longK = kTiles > kPersistentKTiles &&
                shape.n * shape.k > kPersistentWeightElements;
+  bool fewRows = rowCount * colTiles < busy * tileM / 2;
   bool persistent = pins.persistent.value_or(
-      splitK == 1 && busy > multiprocessors && !longK);
+      splitK == 1 && busy > multiprocessors && !longK && !fewRows);
 
   return MatmulConfigAttr::get(
       ctx, tokens, tileM, tileN, tileK, stages,
       pins.warpGroups.value_or(kWarpGroups), pins.clusterM.value_or(1),
-      pins.clusterN.value_or(1),
-      pins.multicast.value_or(MatmulMulticast::None),
+      pins.clusterN.value_or(1), pins.multicast.value_or(MatmulMulticast::None),
       pins.raster.value_or(MatmulRaster::M), pins.group.value_or(kGroup),
       splitK, pins.swapAB.value_or(false), persistent, epilogue);
 }

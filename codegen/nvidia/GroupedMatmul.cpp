@@ -54,7 +54,7 @@ MatmulEncoding::MatmulEncoding(QuantAttr scheme, int64_t tileN)
 /// the field and what the kernel takes.
 static LogicalResult checkConfig(GroupedMatmulOp op, MatmulConfigAttr config,
                                  const MatmulConfig &c) {
-  auto refuse = [&](StringRef field, int64_t value) {
+  auto refuse = [&](StringRef field, auto value) {
     return op.emitOpError() << "has matmul_config " << field << " = " << value
                             << ", which the sm_90a kernel cannot honour: ";
   };
@@ -77,7 +77,7 @@ static LogicalResult checkConfig(GroupedMatmulOp op, MatmulConfigAttr config,
     return refuse("cluster_n", config.getClusterN())
            << "it launches no clusters";
   if (config.getSwapAb())
-    return refuse("swap_ab", 1) << "the weights are always the N side";
+    return refuse("swap_ab", "true") << "the weights are always the N side";
   if (c.splits > 1 && c.rowTiles == 0)
     return refuse("split_k", c.splits)
            << "splitting K needs a bucket's bound on the rows";
@@ -87,10 +87,10 @@ static LogicalResult checkConfig(GroupedMatmulOp op, MatmulConfigAttr config,
            << "K's " << c.kTiles << " stages do not cut into " << c.splits
            << " non-empty ranges";
   if (c.sharedEpilogue && c.outBlock)
-    return refuse("epilogue", int64_t(MatmulEpilogue::Shared))
+    return refuse("epilogue", "shared")
            << "a quantizing epilogue stores from registers";
   if (c.sharedEpilogue && c.outN % 8 != 0)
-    return refuse("epilogue", int64_t(MatmulEpilogue::Shared))
+    return refuse("epilogue", "shared")
            << "its 16-byte stores need output rows of a multiple of 8 "
               "columns, and N is "
            << c.outN;
@@ -418,16 +418,14 @@ void MatmulEmitter::emitTiles(bool consumer) {
   if (c.rowTiles > 0) {
     mTiles = e.index(c.rowTiles);
   } else {
-    mTiles = e.divUI(e.iadd(k.linear(lhs.rows), e.index(c.tileM - 1)),
-                     c.tileM);
+    mTiles = e.divUI(e.iadd(k.linear(lhs.rows), e.index(c.tileM - 1)), c.tileM);
     if (c.grouped)
       mTiles = e.iadd(mTiles, e.index(c.experts));
   }
   Value total = e.imul(e.imul(mTiles, c.colTiles), c.splits);
   Value step = gpu::GridDimOp::create(b, e.loc, gpu::Dimension::x);
-  auto loop =
-      scf::ForOp::create(b, e.loc, k.blockId(gpu::Dimension::x), total, step,
-                         ValueRange{e.index(0)});
+  auto loop = scf::ForOp::create(b, e.loc, k.blockId(gpu::Dimension::x), total,
+                                 step, ValueRange{e.index(0)});
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(loop.getBody());
   Value t = loop.getInductionVar();
@@ -461,8 +459,8 @@ void MatmulEmitter::emitTileAt(Value u, Value split) {
 Value MatmulEmitter::emitTile(Value pos, bool consumer) {
   // This tile's expert and rows [rowStart, rowEnd).
   if (c.grouped) {
-    auto found = findTile(e, tid, counts, offsets, c.experts, c.tileM,
-                          e.toI32(mTile));
+    auto found =
+        findTile(e, tid, counts, offsets, c.experts, c.tileM, e.toI32(mTile));
     expert = found[0];
     rowStart = found[1];
     rowEnd = found[2];
@@ -985,14 +983,13 @@ void MatmulEmitter::emitSharedStore(ArrayRef<Value> finals) {
   // the fragment's writes and the row reads are free of bank conflicts),
   // then its threads store whole 16-byte pieces of rows.
   constexpr int64_t kColumns = MatmulConfig::kEpilogueColumns;
-  auto bufferType =
-      MemRefType::get({c.groupRows(), kColumns}, b.getBF16Type(),
-                      MemRefLayoutAttrInterface(), workgroup);
-  Value buffer = memref::ViewOp::create(
-      b, e.loc, bufferType, smem,
-      e.iadd(e.iadd(pad, e.index(c.epilogueOffset())),
-             e.imul(group, c.epilogueBytes())),
-      ValueRange{});
+  auto bufferType = MemRefType::get({c.groupRows(), kColumns}, b.getBF16Type(),
+                                    MemRefLayoutAttrInterface(), workgroup);
+  Value buffer =
+      memref::ViewOp::create(b, e.loc, bufferType, smem,
+                             e.iadd(e.iadd(pad, e.index(c.epilogueOffset())),
+                                    e.imul(group, c.epilogueBytes())),
+                             ValueRange{});
   Value barrier = e.toI32(e.iadd(group, e.index(kEpilogueBarrier)));
   auto groupBarrier = [&] {
     inlinePtx(b, e.loc, {}, {barrier}, "bar.sync $0, 128;", "r");

@@ -111,8 +111,8 @@ struct MatmulConfig {
   /// The ring, the column scales, the epilogue buffers and room to align
   /// to 1024 bytes.
   int64_t sharedBytes() const {
-    return epilogueOffset() + (sharedEpilogue ? warpGroups * epilogueBytes() : 0) +
-           1024;
+    return epilogueOffset() +
+           (sharedEpilogue ? warpGroups * epilogueBytes() : 0) + 1024;
   }
 };
 

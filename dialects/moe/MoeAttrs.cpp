@@ -444,17 +444,18 @@ LogicalResult StageAttr::verify(function_ref<InFlightDiagnostic()> emitError,
 }
 
 LogicalResult MatmulConfigAttr::verify(
-    function_ref<InFlightDiagnostic()> emitError, int64_t tokens,
-    int64_t tileM, int64_t tileN, int64_t tileK, int64_t stages,
-    int64_t warpgroups, int64_t clusterM, int64_t clusterN,
-    MatmulMulticast multicast, MatmulRaster raster, int64_t group,
-    int64_t splitK, bool swapAB, bool persistent, MatmulEpilogue epilogue) {
+    function_ref<InFlightDiagnostic()> emitError, int64_t tokens, int64_t tileM,
+    int64_t tileN, int64_t tileK, int64_t stages, int64_t warpgroups,
+    int64_t clusterM, int64_t clusterN, MatmulMulticast multicast,
+    MatmulRaster raster, int64_t group, int64_t splitK, bool swapAB,
+    bool persistent, MatmulEpilogue epilogue) {
   if (tokens < 0)
     return emitError() << "matmul_config tokens must not be negative";
   std::pair<StringRef, int64_t> positive[] = {
-      {"tile_m", tileM},         {"tile_n", tileN},       {"tile_k", tileK},
-      {"stages", stages},        {"warpgroups", warpgroups},
-      {"cluster_m", clusterM},   {"cluster_n", clusterN}, {"group", group},
+      {"tile_m", tileM},          {"tile_n", tileN},
+      {"tile_k", tileK},          {"stages", stages},
+      {"warpgroups", warpgroups}, {"cluster_m", clusterM},
+      {"cluster_n", clusterN},    {"group", group},
       {"split_k", splitK}};
   for (auto [name, value] : positive)
     if (value < 1)

@@ -45,7 +45,8 @@ protected:
       pm.addPass(createConfigureMatmuls());
       EXPECT_TRUE(succeeded(pm.run(*module)));
     }
-    FailureOr<MatmulConfig> c = configureMatmul(op, TokenLinear{0, 1}, maxTokens);
+    FailureOr<MatmulConfig> c =
+        configureMatmul(op, TokenLinear{0, 1}, maxTokens);
     EXPECT_TRUE(succeeded(c));
     return succeeded(c) ? *c : MatmulConfig();
   }

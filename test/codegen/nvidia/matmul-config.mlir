@@ -1,0 +1,84 @@
+// RUN: moe-opt %s --split-input-file --moe-build-kernels --verify-diagnostics
+
+// The sm_90a matmul builds what its #moe.matmul_config says, and refuses,
+// naming the field, what it cannot honour.
+
+func.func @cluster(%a: tensor<?x64xbf16>, %b: tensor<256x64xbf16>)
+    -> tensor<?x256xbf16> {
+  // expected-error @below {{has matmul_config cluster_m = 2, which the sm_90a kernel cannot honour: it launches no clusters}}
+  %0 = moe.grouped_matmul %a, %b {configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, cluster_m = 2, multicast = rhs>]}
+      : (tensor<?x64xbf16>, tensor<256x64xbf16>) -> tensor<?x256xbf16>
+  return %0 : tensor<?x256xbf16>
+}
+
+// -----
+
+func.func @tile(%a: tensor<?x64xbf16>, %b: tensor<256x64xbf16>)
+    -> tensor<?x256xbf16> {
+  // expected-error @below {{has matmul_config tile_n = 128, which the sm_90a kernel cannot honour: it takes tiles of 256 weight rows}}
+  %0 = moe.grouped_matmul %a, %b {configs = [#moe.matmul_config<tile_m = 128, tile_n = 128, tile_k = 64, stages = 4>]}
+      : (tensor<?x64xbf16>, tensor<256x64xbf16>) -> tensor<?x256xbf16>
+  return %0 : tensor<?x256xbf16>
+}
+
+// -----
+
+func.func @tile_k(%a: tensor<?x256xf8E4M3FN>, %b: tensor<256x256xf8E4M3FN>,
+                  %sa: tensor<?x2xf32>, %sb: tensor<2x2xf32>)
+    -> tensor<?x256xbf16> {
+  // expected-error @below {{has matmul_config tile_k = 64, which the sm_90a kernel cannot honour: it takes 128 bytes of K a stage (128 elements)}}
+  %0 = moe.grouped_matmul %a, %b scales(%sa, %sb) {configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4>]}
+      : (tensor<?x256xf8E4M3FN>, tensor<256x256xf8E4M3FN>, tensor<?x2xf32>,
+         tensor<2x2xf32>) -> tensor<?x256xbf16>
+  return %0 : tensor<?x256xbf16>
+}
+
+// -----
+
+func.func @stages(%a: tensor<?x64xbf16>, %b: tensor<256x64xbf16>)
+    -> tensor<?x256xbf16> {
+  // expected-error @below {{has matmul_config stages = 5, which the sm_90a kernel cannot honour: the ring and buffers need 263168 bytes of shared memory, more than the 232448 a block may have}}
+  %0 = moe.grouped_matmul %a, %b {configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 5, epilogue = shared>]}
+      : (tensor<?x64xbf16>, tensor<256x64xbf16>) -> tensor<?x256xbf16>
+  return %0 : tensor<?x256xbf16>
+}
+
+// -----
+
+func.func @split(%a: tensor<?x64xbf16>, %b: tensor<256x64xbf16>)
+    -> tensor<?x256xbf16> {
+  // expected-error @below {{has matmul_config split_k = 2, which the sm_90a kernel cannot honour: splitting K needs a bucket's bound on the rows}}
+  %0 = moe.grouped_matmul %a, %b {configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, split_k = 2>]}
+      : (tensor<?x64xbf16>, tensor<256x64xbf16>) -> tensor<?x256xbf16>
+  return %0 : tensor<?x256xbf16>
+}
+
+// -----
+
+func.func @epilogue(%a: tensor<?x64xbf16>, %b: tensor<100x64xbf16>)
+    -> tensor<?x100xbf16> {
+  // expected-error @below {{has matmul_config epilogue = shared, which the sm_90a kernel cannot honour: its 16-byte stores need output rows of a multiple of 8 columns, and N is 100}}
+  %0 = moe.grouped_matmul %a, %b {configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, epilogue = shared>]}
+      : (tensor<?x64xbf16>, tensor<100x64xbf16>) -> tensor<?x100xbf16>
+  return %0 : tensor<?x100xbf16>
+}
+
+// -----
+
+func.func @missing(%a: tensor<?x64xbf16>, %b: tensor<256x64xbf16>)
+    -> tensor<?x256xbf16> attributes {moe.token_buckets = array<i64: 4>} {
+  // expected-error @below {{has no matmul_config for calls of 4 tokens (run moe-configure-matmuls)}}
+  %0 = moe.grouped_matmul %a, %b {configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4>]}
+      : (tensor<?x64xbf16>, tensor<256x64xbf16>) -> tensor<?x256xbf16>
+  return %0 : tensor<?x256xbf16>
+}
+
+// -----
+
+func.func @twice(%a: tensor<?x64xbf16>, %b: tensor<256x64xbf16>)
+    -> tensor<?x256xbf16> {
+  // expected-error @below {{has two kernel configurations for calls of 0 tokens}}
+  %0 = moe.grouped_matmul %a, %b {configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4>, #moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 2>]}
+      : (tensor<?x64xbf16>, tensor<256x64xbf16>) -> tensor<?x256xbf16>
+  return %0 : tensor<?x256xbf16>
+}

@@ -1,0 +1,101 @@
+// RUN: moe-opt %s --split-input-file --moe-configure-matmuls | FileCheck %s
+// RUN: moe-opt %s --split-input-file --moe-configure-matmuls="matmul-config=tile=128x256x64,stages=3,raster=n,group=4,persistent=false,epilogue=registers" | FileCheck %s --check-prefix=PIN
+// RUN: not moe-opt %s --moe-configure-matmuls="matmul-config=tiles=128x256" 2>&1 | FileCheck %s --check-prefix=KEY
+// RUN: not moe-opt %s --moe-configure-matmuls="matmul-config=raster=diagonal" 2>&1 | FileCheck %s --check-prefix=ENUM
+// RUN: not moe-opt %s --moe-configure-matmuls="matmul-config=tile=128" 2>&1 | FileCheck %s --check-prefix=DIMS
+// RUN: not moe-opt %s --moe-configure-matmuls="matmul-config=stages=-1" 2>&1 | FileCheck %s --check-prefix=COUNT
+
+// KEY: matmul-config has no field 'tiles'
+// ENUM: matmul-config raster has no value 'diagonal'
+// DIMS: matmul-config tile takes MxN or MxNxK, not '128'
+// COUNT: matmul-config stages must be a count, not '-1'
+
+// DeepSeek-V3's up matmul on one expert-parallel shard (32 experts, K =
+// 7168): one configuration for any token count, then one per bucket. Any
+// count: 128 x 256 tiles of 64 bf16 a stage, four stages beside the
+// epilogue's buffers, persistent (more tiles than multiprocessors). One
+// token has a tile per column tile: K is split three ways (at least 32
+// stages each). 128 tokens fill the GPU again, but with about 4 rows a
+// tile: not persistent.
+// CHECK-LABEL: func.func @dsv3_up
+// CHECK: configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, persistent = true, epilogue = shared>,
+// CHECK-SAME: #moe.matmul_config<tokens = 1, tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, split_k = 3, epilogue = shared>,
+// CHECK-SAME: #moe.matmul_config<tokens = 128, tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, epilogue = shared>]
+// PIN-LABEL: func.func @dsv3_up
+// PIN: configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 3, raster = n, group = 4>,
+// PIN-SAME: #moe.matmul_config<tokens = 1, tile_m = 128, tile_n = 256, tile_k = 64, stages = 3, raster = n, group = 4, split_k = 3>,
+func.func @dsv3_up(%a: tensor<?x7168xbf16>, %b: tensor<32x4096x7168xbf16>,
+                   %c: tensor<32xi32>, %o: tensor<33xi32>)
+    -> tensor<?x4096xbf16> attributes {moe.token_buckets = array<i64: 1, 128>} {
+  %0 = moe.grouped_matmul %a, %b groups(%c, %o)
+      : (tensor<?x7168xbf16>, tensor<32x4096x7168xbf16>, tensor<32xi32>,
+         tensor<33xi32>) -> tensor<?x4096xbf16>
+  return %0 : tensor<?x4096xbf16>
+}
+
+// -----
+
+// Mixtral's down matmul: K = 14336 and 4096 x 14336 weights an expert, so
+// blocks launched in order (not persistent) keep a wave's weights in L2.
+// CHECK-LABEL: func.func @mixtral_down
+// CHECK: configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, epilogue = shared>]
+func.func @mixtral_down(%a: tensor<?x14336xbf16>, %b: tensor<8x4096x14336xbf16>,
+                        %c: tensor<8xi32>, %o: tensor<9xi32>)
+    -> tensor<?x4096xbf16> {
+  %0 = moe.grouped_matmul %a, %b groups(%c, %o)
+      : (tensor<?x14336xbf16>, tensor<8x4096x14336xbf16>, tensor<8xi32>,
+         tensor<9xi32>) -> tensor<?x4096xbf16>
+  return %0 : tensor<?x4096xbf16>
+}
+
+// -----
+
+// Qwen3-30B-A3B's gate/up matmul in MXFP8 after its dispatch (top-8 of
+// 128 experts): 128 codes a stage, each with 4 x 256 f32 column scales
+// staged in shared memory, which leaves room for four stages; K = 2048 is
+// 16 stages, short enough to run persistent. At 8 tokens the dispatch
+// brings 64 rows (8 x top-8), which may be 64 experts' tiles of 6 column
+// tiles: K stays whole, and tiles of a row or two are not worth walking
+// persistently.
+// CHECK-LABEL: func.func @qwen3_up
+// CHECK: configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 128, stages = 4, persistent = true, epilogue = shared>,
+// CHECK-SAME: #moe.matmul_config<tokens = 8, tile_m = 128, tile_n = 256, tile_k = 128, stages = 4, epilogue = shared>]
+func.func @qwen3_up(%x: tensor<?x2048xbf16>, %ids: tensor<?x8xi32>,
+                    %b: tensor<128x1536x2048xf8E4M3FN>,
+                    %sb: tensor<128x1536x64xf8E8M0FNU>)
+    -> tensor<?x768xbf16> attributes {moe.token_buckets = array<i64: 8>} {
+  %d, %counts, %offsets, %rows, %sa = moe.dispatch %x, %ids
+      {quant = #moe.quant<kind = mxfp8>}
+      : (tensor<?x2048xbf16>, tensor<?x8xi32>)
+      -> (tensor<?x2048xf8E4M3FN>, tensor<128xi32>, tensor<129xi32>,
+          tensor<?x8xi32>, tensor<?x64xf8E8M0FNU>)
+  %0 = moe.grouped_matmul %d, %b groups(%counts, %offsets) scales(%sa, %sb)
+      {activation = #moe.activation<kind = swiglu>}
+      : (tensor<?x2048xf8E4M3FN>, tensor<128x1536x2048xf8E4M3FN>,
+         tensor<128xi32>, tensor<129xi32>, tensor<?x64xf8E8M0FNU>,
+         tensor<128x1536x64xf8E8M0FNU>) -> tensor<?x768xbf16>
+  return %0 : tensor<?x768xbf16>
+}
+
+// -----
+
+// A gated matmul whose epilogue quantizes its output stores from
+// registers; an output of 100 columns cannot take 16-byte row pieces.
+// The registers epilogue is the default, which the config does not print.
+// CHECK-LABEL: func.func @epilogues
+// CHECK: configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4>]
+// CHECK: configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4>]
+func.func @epilogues(%a: tensor<?x128xbf16>, %b: tensor<4x512x128xbf16>,
+                     %c: tensor<4xi32>, %o: tensor<5xi32>,
+                     %b2: tensor<4x100x128xbf16>)
+    -> (tensor<?x256xf8E4M3FN>, tensor<?x2xf32>, tensor<?x100xbf16>) {
+  %0, %s = moe.grouped_matmul %a, %b groups(%c, %o)
+      {activation = #moe.activation<kind = swiglu>,
+       out_quant = #moe.quant<kind = fp8_block128>}
+      : (tensor<?x128xbf16>, tensor<4x512x128xbf16>, tensor<4xi32>,
+         tensor<5xi32>) -> (tensor<?x256xf8E4M3FN>, tensor<?x2xf32>)
+  %1 = moe.grouped_matmul %a, %b2 groups(%c, %o)
+      : (tensor<?x128xbf16>, tensor<4x100x128xbf16>, tensor<4xi32>,
+         tensor<5xi32>) -> tensor<?x100xbf16>
+  return %0, %s, %1 : tensor<?x256xf8E4M3FN>, tensor<?x2xf32>, tensor<?x100xbf16>
+}
