@@ -109,9 +109,10 @@ struct Pins {
 
 LogicalResult parseCount(StringRef key, StringRef text, int64_t &value,
                          std::string &error) {
-  if (text.getAsInteger(10, value) || value < 0) {
-    error =
-        ("matmul-config " + key + " must be a count, not '" + text + "'").str();
+  if (text.getAsInteger(10, value) || value < 1) {
+    error = ("matmul-config " + key + " must be a count of at least 1, not '" +
+             text + "'")
+                .str();
     return failure();
   }
   return success();
@@ -235,27 +236,32 @@ struct ConfigureMatmulsPass
       func.walk([&](GroupedMatmulOp op) {
         MatmulShape shape(op);
         SmallVector<Attribute> configs;
-        for (int64_t tokens : plans)
-          configs.push_back(choose(op.getContext(), shape, tokens));
+        for (int64_t tokens : plans) {
+          // Pins can contradict each other (multicast without a cluster).
+          MatmulConfigAttr config = choose(op, shape, tokens);
+          if (!config)
+            return signalPassFailure();
+          configs.push_back(config);
+        }
         op.setConfigsAttr(ArrayAttr::get(op.getContext(), configs));
       });
     });
   }
 
-  MatmulConfigAttr choose(MLIRContext *ctx, const MatmulShape &shape,
+  MatmulConfigAttr choose(GroupedMatmulOp op, const MatmulShape &shape,
                           int64_t tokens) const;
 
   Pins pins;
 };
 } // namespace
 
-MatmulConfigAttr ConfigureMatmulsPass::choose(MLIRContext *ctx,
+MatmulConfigAttr ConfigureMatmulsPass::choose(GroupedMatmulOp op,
                                               const MatmulShape &shape,
                                               int64_t tokens) const {
   int64_t tileM = pins.tileM.value_or(kTileM);
   int64_t tileN = pins.tileN.value_or(kTileN);
   int64_t tileK = pins.tileK.value_or(shape.tileK());
-  int64_t kTiles = llvm::divideCeil(shape.k, std::max<int64_t>(tileK, 1));
+  int64_t kTiles = llvm::divideCeil(shape.k, tileK);
 
   // The epilogue stages its results in shared memory, in 16-byte pieces of
   // a row: rows must be 16-byte aligned, and a quantizing epilogue works
@@ -315,10 +321,11 @@ MatmulConfigAttr ConfigureMatmulsPass::choose(MLIRContext *ctx,
   bool persistent = pins.persistent.value_or(
       splitK == 1 && busy > multiprocessors && !longK && !fewRows);
 
-  return MatmulConfigAttr::get(
-      ctx, tokens, tileM, tileN, tileK, stages,
-      pins.warpGroups.value_or(kWarpGroups), pins.clusterM.value_or(1),
-      pins.clusterN.value_or(1), pins.multicast.value_or(MatmulMulticast::None),
+  return MatmulConfigAttr::getChecked(
+      [&] { return op.emitOpError(); }, op.getContext(), tokens, tileM, tileN,
+      tileK, stages, pins.warpGroups.value_or(kWarpGroups),
+      pins.clusterM.value_or(1), pins.clusterN.value_or(1),
+      pins.multicast.value_or(MatmulMulticast::None),
       pins.raster.value_or(MatmulRaster::M), pins.group.value_or(kGroup),
       splitK, pins.swapAB.value_or(false), persistent, epilogue);
 }

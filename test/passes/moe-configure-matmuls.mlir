@@ -4,11 +4,15 @@
 // RUN: not moe-opt %s --moe-configure-matmuls="matmul-config=raster=diagonal" 2>&1 | FileCheck %s --check-prefix=ENUM
 // RUN: not moe-opt %s --moe-configure-matmuls="matmul-config=tile=128" 2>&1 | FileCheck %s --check-prefix=DIMS
 // RUN: not moe-opt %s --moe-configure-matmuls="matmul-config=stages=-1" 2>&1 | FileCheck %s --check-prefix=COUNT
+// RUN: not moe-opt %s --moe-configure-matmuls="matmul-config=tile=0x256" 2>&1 | FileCheck %s --check-prefix=ZERO
+// RUN: not moe-opt %s --split-input-file --moe-configure-matmuls="matmul-config=multicast=rhs" 2>&1 | FileCheck %s --check-prefix=MULTICAST
 
 // KEY: matmul-config has no field 'tiles'
 // ENUM: matmul-config raster has no value 'diagonal'
 // DIMS: matmul-config tile takes MxN or MxNxK, not '128'
-// COUNT: matmul-config stages must be a count, not '-1'
+// COUNT: matmul-config stages must be a count of at least 1, not '-1'
+// ZERO: matmul-config tile must be a count of at least 1, not '0'
+// MULTICAST: 'moe.grouped_matmul' op matmul_config multicast needs a cluster of more than one block
 
 // DeepSeek-V3's up matmul on one expert-parallel shard (32 experts, K =
 // 7168): one configuration for any token count, then one per bucket. Any
