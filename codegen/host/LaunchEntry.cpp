@@ -150,7 +150,8 @@ struct LaunchContext {
 } // namespace
 
 /// Launches `launch` with ceil(work / per_block) + extra_blocks blocks along
-/// x (at most one per multiprocessor for a persistent kernel).
+/// x (at most one per multiprocessor for a persistent kernel), times the
+/// blocks of a cluster.
 static void launchKernel(HostBuilder &h, const LaunchContext &c,
                          KernelLaunchAttr launch) {
   Value params = h.stackSlot(h.ptr, launch.getArgs().size());
@@ -178,9 +179,18 @@ static void launchKernel(HostBuilder &h, const LaunchContext &c,
   blocks =
       LLVM::AddOp::create(h.b, h.loc, blocks, h.c64(launch.getExtraBlocks()));
   Value gridX = LLVM::TruncOp::create(h.b, h.loc, h.i32, blocks);
-  if (launch.getPersistent())
-    gridX = LLVM::UMinOp::create(
-        h.b, h.loc, gridX, h.call(RuntimeImport::moert_multiprocessors, {}));
+  int64_t cluster = launch.getCluster();
+  if (launch.getPersistent()) {
+    // A cluster of two fits every pair of multiprocessors (Hopper's
+    // texture processor clusters hold two).
+    Value clusters = h.call(RuntimeImport::moert_multiprocessors, {});
+    if (cluster > 1)
+      clusters = LLVM::UDivOp::create(h.b, h.loc, clusters, h.c32(cluster));
+    clusters = LLVM::UMaxOp::create(h.b, h.loc, clusters, h.c32(1));
+    gridX = LLVM::UMinOp::create(h.b, h.loc, gridX, clusters);
+  }
+  if (cluster > 1)
+    gridX = LLVM::MulOp::create(h.b, h.loc, gridX, h.c32(cluster));
   h.check(h.call(RuntimeImport::moert_launch,
                  {c.cudaModule, c.image,
                   kernelName(h, c.module, launch.getKernel().getValue()), gridX,

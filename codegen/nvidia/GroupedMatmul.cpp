@@ -37,6 +37,8 @@ static constexpr int64_t kSliceBytes = MatmulEncoding::kSliceBytes;
 // Named barriers: 1 joins the consumers (split-K), 2 + g consumer
 // warpgroup g (its epilogue buffer).
 static constexpr int64_t kEpilogueBarrier = 2;
+/// Named barriers 4 + g: consumer warpgroup g's turn to issue wgmma.
+static constexpr int64_t kTurnBarrier = 4;
 
 MatmulEncoding::MatmulEncoding(QuantAttr scheme, int64_t tileN)
     : scheme(scheme), tileN(tileN), instN(tileN) {
@@ -70,12 +72,18 @@ static LogicalResult checkConfig(GroupedMatmulOp op, MatmulConfigAttr config,
   if (config.getWarpgroups() != c.warpGroups)
     return refuse("warpgroups", config.getWarpgroups())
            << "it has two consumer warpgroups";
-  if (config.getClusterM() != 1)
+  if (config.getClusterM() > 2)
     return refuse("cluster_m", config.getClusterM())
-           << "it launches no clusters";
+           << "its clusters are of one or two blocks";
   if (config.getClusterN() != 1)
     return refuse("cluster_n", config.getClusterN())
-           << "it launches no clusters";
+           << "its clusters share the weight tile, along M alone";
+  if (c.cluster > 1 && config.getMulticast() != MatmulMulticast::Rhs)
+    return refuse("multicast", stringifyMatmulMulticast(config.getMulticast()))
+           << "a cluster's blocks share the weight tile: multicast is rhs";
+  if (c.cluster > 1 && c.splits > 1)
+    return refuse("cluster_m", c.cluster)
+           << "a cluster's blocks walk whole K, not split_k ranges";
   if (config.getSwapAb())
     return refuse("swap_ab", "true") << "the weights are always the N side";
   if (c.splits > 1 && c.rowTiles == 0)
@@ -136,6 +144,7 @@ FailureOr<MatmulConfig> nvidia::configureMatmul(GroupedMatmulOp op,
   // 128 the half spans two square weight blocks.
   if (c.gated && (c.n / 2) % 128 != 0)
     c.scaleSplit[1] = 128 - (c.n / 2) % 128;
+  c.cluster = config.getClusterM();
   c.persistent = config.getPersistent();
   c.raster = config.getRaster();
   c.group = config.getGroup();
@@ -151,7 +160,7 @@ FailureOr<MatmulConfig> nvidia::configureMatmul(GroupedMatmulOp op,
   if (maxTokens > 0) {
     int64_t rowCount =
         std::max<int64_t>(rows.fixed + rows.perToken * maxTokens, 1);
-    c.rowTiles = llvm::divideCeil(rowCount, c.tileM);
+    c.rowTiles = llvm::divideCeil(rowCount, c.clusterRows());
     if (c.grouped)
       c.rowTiles = std::min(c.rowTiles + c.experts, rowCount);
   }
@@ -182,6 +191,19 @@ struct Wgmma {
     return swizzledDescriptor(b, loc, address);
   }
   Value fence(Value acc) { return fenceFragment(b, loc, acc); }
+  /// `desc` with its address field `step` x 16 bytes further.
+  Value stepped(Value desc, int64_t step) {
+    if (step == 0)
+      return desc;
+    Type i32 = b.getI32Type(), i64 = b.getI64Type();
+    Value low = LLVM::TruncOp::create(b, loc, i32, desc);
+    Value high = LLVM::LShrOp::create(b, loc, desc, k.constI64(32));
+    low = LLVM::AddOp::create(
+        b, loc, low, LLVM::ConstantOp::create(b, loc, i32, int32_t(step)));
+    return LLVM::OrOp::create(
+        b, loc, LLVM::ZExtOp::create(b, loc, i64, low),
+        LLVM::ShlOp::create(b, loc, high, k.constI64(32)));
+  }
   /// acc + A x B, or A x B alone when `accumulate` is false.
   Value mma(Value acc, Value a, Value bDesc, bool accumulate = true) {
     return wgmmaKMajor(b, loc, fragment, acc, a, bDesc, enc.instN, enc.instK(),
@@ -316,12 +338,16 @@ private:
   MemRefType tileType(int64_t rows);
   nvgpu::TensorMapDescriptorType mapType(int64_t rows);
   Value tile(Value slot, int64_t offset, int64_t rows);
+  Value tile(Value slot, Value offset, int64_t rows);
   Value address(Value slot, int64_t offset);
   Value fragmentColumn(int64_t i);
   Value ringSlot(Value j);
   Value ringParity(Value j, bool released);
   Value kBlockOf(Value kt, int64_t s);
   void issue(Value kt, Value slot);
+  void release(Value slot);
+  void takeTurn();
+  void passTurn();
   SmallVector<Value> loadScales(Value kt);
   void storeColumnScales(Value kt, Value slot, Value p);
   Value multiply(Value acc, int64_t h, int64_t first, int64_t last,
@@ -353,6 +379,9 @@ private:
   // ring position of its first stage.
   Value tid, mTiles, splitIdx, tileU, kBegin, kCount, mTile, nTile;
   Value expert, rowStart, rowEnd, ringBase;
+  // The block's place in its cluster; the named barriers of this consumer
+  // warpgroup's turn and of the other's.
+  Value rank, myTurn, otherTurn;
   // Shared memory: the ring, its mbarriers and the column scales.
   Value smem, base, pad, columnScaleTile, barriers, empty;
   // Indices of the tile, and of this thread's fragment.
@@ -403,29 +432,34 @@ void MatmulEmitter::emitTiles(bool consumer) {
   if (!c.persistent) {
     // A block per tile: row tiles on x, column tile x split on y (splits
     // consecutive).
-    mTiles = gpu::GridDimOp::create(b, e.loc, gpu::Dimension::x);
+    mTiles =
+        e.divUI(gpu::GridDimOp::create(b, e.loc, gpu::Dimension::x), c.cluster);
     Value y = k.blockId(gpu::Dimension::y);
     emitTileAt(e.iadd(e.imul(e.divUI(y, c.splits), mTiles),
-                      k.blockId(gpu::Dimension::x)),
+                      e.divUI(k.blockId(gpu::Dimension::x), c.cluster)),
                e.remUI(y, c.splits));
     emitTile(e.index(0), consumer);
     return;
   }
-  // One block per multiprocessor walks tiles t = block, block + grid, ...;
-  // the producer and the consumers walk the same tiles, so their ring
-  // positions agree. Row tiles: the bucket's, or those the rows can fill
-  // (grouped: one more per expert, for the experts' partial tiles).
+  // One cluster per multiprocessor (pair) walks tiles t = cluster,
+  // cluster + clusters, ...; the producer and the consumers walk the same
+  // tiles, so their ring positions agree, and so do a cluster's blocks.
+  // Row tiles (of a cluster's rows): the bucket's, or those the rows can
+  // fill (grouped: one more per expert, for the experts' partial tiles).
   if (c.rowTiles > 0) {
     mTiles = e.index(c.rowTiles);
   } else {
-    mTiles = e.divUI(e.iadd(k.linear(lhs.rows), e.index(c.tileM - 1)), c.tileM);
+    mTiles = e.divUI(e.iadd(k.linear(lhs.rows), e.index(c.clusterRows() - 1)),
+                     c.clusterRows());
     if (c.grouped)
       mTiles = e.iadd(mTiles, e.index(c.experts));
   }
   Value total = e.imul(e.imul(mTiles, c.colTiles), c.splits);
-  Value step = gpu::GridDimOp::create(b, e.loc, gpu::Dimension::x);
-  auto loop = scf::ForOp::create(b, e.loc, k.blockId(gpu::Dimension::x), total,
-                                 step, ValueRange{e.index(0)});
+  Value step =
+      e.divUI(gpu::GridDimOp::create(b, e.loc, gpu::Dimension::x), c.cluster);
+  auto loop = scf::ForOp::create(
+      b, e.loc, e.divUI(k.blockId(gpu::Dimension::x), c.cluster), total, step,
+      ValueRange{e.index(0)});
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(loop.getBody());
   Value t = loop.getInductionVar();
@@ -459,17 +493,24 @@ void MatmulEmitter::emitTileAt(Value u, Value split) {
 Value MatmulEmitter::emitTile(Value pos, bool consumer) {
   // This tile's expert and rows [rowStart, rowEnd).
   if (c.grouped) {
-    auto found =
-        findTile(e, tid, counts, offsets, c.experts, c.tileM, e.toI32(mTile));
+    auto found = findTile(e, tid, counts, offsets, c.experts, c.clusterRows(),
+                          e.toI32(mTile));
     expert = found[0];
     rowStart = found[1];
     rowEnd = found[2];
   } else {
     // A tile past the call's rows (a grid sized for a bucket) has none.
-    rowStart = e.toI32(e.imul(mTile, c.tileM));
+    rowStart = e.toI32(e.imul(mTile, c.clusterRows()));
     rowEnd = e.toI32(k.linear(lhs.rows));
     expert = e.select(e.icmp(arith::CmpIPredicate::slt, rowStart, rowEnd),
                       e.i32(0), e.i32(-1));
+  }
+  if (c.cluster > 1) {
+    // The block's share of the cluster's rows. One past the rows still
+    // loads its share of the weights for the others and computes, but
+    // stores nothing (rowStart = rowEnd).
+    rowStart = arith::MinSIOp::create(
+        b, e.loc, e.iadd(rowStart, e.toI32(e.imul(rank, c.tileM))), rowEnd);
   }
   // A tile with rows takes kCount ring stages.
   auto active = scf::IfOp::create(
@@ -519,10 +560,14 @@ void MatmulEmitter::emitSharedMemory() {
   // With per-column scales every producer thread also arrives on a slot's
   // barrier once it has stored its columns' scales there.
   int64_t fullArrivals = c.columnScales ? 1 + 128 : 1;
+  // A cluster's slot is free once every consumer warp of its blocks is
+  // done with it; alone, once every consumer thread is.
+  int64_t emptyArrivals =
+      c.cluster > 1 ? c.cluster * c.consumers() / 32 : c.consumers();
   for (int64_t s = 0; s < c.stages; ++s) {
     nvgpu::MBarrierInitOp::create(b, e.loc, barriers, e.index(fullArrivals),
                                   e.index(s), leader);
-    nvgpu::MBarrierInitOp::create(b, e.loc, empty, e.index(c.consumers()),
+    nvgpu::MBarrierInitOp::create(b, e.loc, empty, e.index(emptyArrivals),
                                   e.index(s), leader);
   }
   e.ifThen(leader, [&] {
@@ -532,8 +577,11 @@ void MatmulEmitter::emitSharedMemory() {
 }
 
 Value MatmulEmitter::tile(Value slot, int64_t offset, int64_t rows) {
-  Value shift =
-      e.iadd(e.iadd(pad, e.imul(slot, c.stageBytes())), e.index(offset));
+  return tile(slot, e.index(offset), rows);
+}
+
+Value MatmulEmitter::tile(Value slot, Value offset, int64_t rows) {
+  Value shift = e.iadd(e.iadd(pad, e.imul(slot, c.stageBytes())), offset);
   return memref::ViewOp::create(b, e.loc, tileType(rows), smem, shift,
                                 ValueRange{})
       .getResult();
@@ -601,12 +649,54 @@ void MatmulEmitter::issue(Value kt, Value slot) {
                                 descA, ValueRange{col, rowStartIdx}, slot,
                                 Value(), Value());
   int64_t bOffset = c.tileM * kSliceBytes;
+  if (c.cluster > 1) {
+    // Block r loads weight half r into the same slot of both blocks; each
+    // block's barrier counts both halves' bytes.
+    Value share = e.iadd(e.index(bOffset), e.imul(rank, c.halfBytes()));
+    Value mask = arith::ConstantIntOp::create(b, e.loc, b.getI16Type(),
+                                              (1 << c.cluster) - 1);
+    nvgpu::TmaAsyncLoadOp::create(
+        b, e.loc, tile(slot, share, c.tileN / 2), barriers, descB,
+        ValueRange{col, e.select(e.eq(rank, e.index(0)), bRow0, bRow1)}, slot,
+        mask, Value());
+    return;
+  }
   nvgpu::TmaAsyncLoadOp::create(b, e.loc, tile(slot, bOffset, c.tileN / 2),
                                 barriers, descB, ValueRange{col, bRow0}, slot,
                                 Value(), Value());
   nvgpu::TmaAsyncLoadOp::create(
       b, e.loc, tile(slot, bOffset + c.halfBytes(), c.tileN / 2), barriers,
       descB, ValueRange{col, bRow1}, slot, Value(), Value());
+}
+
+void MatmulEmitter::takeTurn() {
+  if (c.pingPong())
+    namedBarrierSync(b, e.loc, myTurn, c.consumers());
+}
+
+void MatmulEmitter::passTurn() {
+  if (c.pingPong())
+    namedBarrierArrive(b, e.loc, otherTurn, c.consumers());
+}
+
+void MatmulEmitter::release(Value slot) {
+  if (c.cluster == 1) {
+    mbarrierArrive(b, e.loc, empty, slot);
+    return;
+  }
+  // Both blocks' loads fill this slot in both: each warp's first lane
+  // tells both blocks it is done (the warp's wgmma have completed). The
+  // arrive orders nothing beyond the block: a release at cluster scope
+  // would stall the warp on a fence every stage.
+  e.ifThen(e.eq(lane, e.index(0)), [&] {
+    Value address =
+        nvgpu::MBarrierGetOp::create(b, e.loc, b.getI32Type(), empty, slot);
+    mbarrierArrive(b, e.loc, empty, slot);
+    inlinePtx(b, e.loc, {}, {address, e.toI32(e.xori(rank, e.index(1)))},
+              "{ .reg .b32 remote; mapa.shared::cluster.u32 remote, $0, $1; "
+              "mbarrier.arrive.shared::cluster.b64 _, [remote]; }",
+              "r,r");
+  });
 }
 
 Value MatmulEmitter::kBlockOf(Value kt, int64_t s) {
@@ -711,12 +801,17 @@ Value MatmulEmitter::multiply(Value acc, int64_t h, int64_t first, int64_t last,
                               bool accumulate) {
   // wgmma over instructions [first, last) of the slice into `acc` for
   // columns of half `h` (all 256 for bf16).
+  // A descriptor holds the address / 16 in its low word, in a field no
+  // offset within the ring carries out of: step the low words (32-bit
+  // adds) rather than the addresses.
+  Value bDesc0 = w->descriptor(LLVM::AddOp::create(
+      b, e.loc, bBase, k.constI64(h * c.halfBytes() + first * 32)));
+  Value aDesc0 = w->descriptor(
+      LLVM::AddOp::create(b, e.loc, aBase, k.constI64(first * 32)));
   for (int64_t kk = first; kk < last; ++kk) {
-    Value bDesc = w->descriptor(LLVM::AddOp::create(
-        b, e.loc, bBase, k.constI64(h * c.halfBytes() + kk * 32)));
-    Value aDesc = w->descriptor(
-        LLVM::AddOp::create(b, e.loc, aBase, k.constI64(kk * 32)));
-    acc = w->mma(acc, aDesc, bDesc, accumulate || kk != first);
+    int64_t step = (kk - first) * 32 / 16;
+    acc = w->mma(acc, w->stepped(aDesc0, step), w->stepped(bDesc0, step),
+                 accumulate || kk != first);
   }
   return acc;
 }
@@ -760,12 +855,11 @@ SmallVector<Value> MatmulEmitter::emitMainLoop() {
       NVVM::WgmmaGroupSyncAlignedOp::create(b, e.loc);
       // The previous slice's wgmma are done: its slot can be refilled.
       NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 1);
-      e.ifThen(e.icmp(arith::CmpIPredicate::uge, j, e.index(1)), [&] {
-        mbarrierArrive(b, e.loc, empty, ringSlot(e.isub(j, e.index(1))));
-      });
+      e.ifThen(e.icmp(arith::CmpIPredicate::uge, j, e.index(1)),
+               [&] { release(ringSlot(e.isub(j, e.index(1)))); });
     } else {
       emitScaledStage(accs, scales, slot);
-      mbarrierArrive(b, e.loc, empty, slot);
+      release(slot);
     }
     SmallVector<Value> yielded(accs);
     yielded.append(nextScales);
@@ -774,9 +868,8 @@ SmallVector<Value> MatmulEmitter::emitMainLoop() {
   if (!enc.fp8()) {
     // The last slice's slot too, for the next tile's loads.
     NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 0);
-    e.ifThen(e.icmp(arith::CmpIPredicate::uge, kCount, e.index(1)), [&] {
-      mbarrierArrive(b, e.loc, empty, ringSlot(e.isub(kCount, e.index(1))));
-    });
+    e.ifThen(e.icmp(arith::CmpIPredicate::uge, kCount, e.index(1)),
+             [&] { release(ringSlot(e.isub(kCount, e.index(1)))); });
   }
 
   SmallVector<Value> finals;
@@ -795,12 +888,17 @@ void MatmulEmitter::emitScaledStage(SmallVector<Value> &accs, ValueRange scales,
     ValueRange blockScales =
         scales.slice(s * (scaleValues / sub), scaleValues / sub);
     for (int64_t h = 0; h < enc.halves(); ++h) {
+      // The warpgroups take turns to issue, so the tensor cores run one's
+      // wgmma while the other promotes (issued together, they finish
+      // together and promote together, the tensor cores idle).
+      takeTurn();
       NVVM::WgmmaFenceAlignedOp::create(b, e.loc);
       // The first wgmma ignores its input: no registers for it.
       Value partial =
           multiply(LLVM::PoisonOp::create(b, e.loc, w->fragment), h,
                    s * perBlock, (s + 1) * perBlock, /*accumulate=*/false);
       NVVM::WgmmaGroupSyncAlignedOp::create(b, e.loc);
+      passTurn();
       NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 0);
       partial = w->fence(partial);
       Value acc = accs[h];
@@ -826,12 +924,11 @@ void MatmulEmitter::emitScaledStage(SmallVector<Value> &accs, ValueRange scales,
                                                ArrayRef<int64_t>{i});
         Value a =
             LLVM::ExtractValueOp::create(b, e.loc, acc, ArrayRef<int64_t>{i});
-        // MXFP8 promotes four times per 128 of K, which bounds it: one
-        // multiply-add there (one rounding), the CPU's two steps else.
+        // One multiply-add (one rounding where the CPU backend has two):
+        // the promotion's instructions bound the kernel, not the tensor
+        // cores.
         Value scale = e.mul(rowScale, columnScale);
-        Value sum = c.columnScales
-                        ? math::FmaOp::create(b, e.loc, p, scale, a).getResult()
-                        : e.add(a, e.mul(p, scale));
+        Value sum = math::FmaOp::create(b, e.loc, p, scale, a).getResult();
         acc = LLVM::InsertValueOp::create(b, e.loc, acc, sum,
                                           ArrayRef<int64_t>{i});
       }
@@ -1104,8 +1201,20 @@ LogicalResult MatmulEmitter::emit(ArrayRef<Value> buffers,
   emitViews(buffers, indices, partials);
   splitCounters = indices.size() - 1;
   tid = k.threadId();
+  if (c.cluster > 1)
+    rank = e.remUI(k.blockId(gpu::Dimension::x), c.cluster);
   emitSharedMemory();
-  gpu::BarrierOp::create(b, e.loc);
+  // A cluster's blocks arrive on each other's barriers and load into each
+  // other's ring: all must be initialized first, and none may exit while
+  // another can still reach it.
+  auto clusterBarrier = [&] {
+    NVVM::ClusterArriveOp::create(b, e.loc, UnitAttr());
+    NVVM::ClusterWaitOp::create(b, e.loc, UnitAttr());
+  };
+  if (c.cluster > 1)
+    clusterBarrier();
+  else
+    gpu::BarrierOp::create(b, e.loc);
 
   // Warp specialization: the producer warpgroup gives up registers and one
   // of its threads keeps the ring full, waiting only for a slot to be
@@ -1126,8 +1235,21 @@ LogicalResult MatmulEmitter::emit(ArrayRef<Value> buffers,
   NVVM::SetMaxRegisterOp::create(b, e.loc, c.consumerRegisters,
                                  NVVM::SetMaxRegisterAction::increase);
   w.emplace(k, enc);
+  // Warpgroup 0 takes the first turn, and at the end takes the turn
+  // warpgroup 1 passed it last, so every arrival is waited for.
+  Value first = e.eq(e.divUI(tid, 128), e.index(0));
+  myTurn = e.toI32(e.iadd(e.divUI(tid, 128), e.index(kTurnBarrier)));
+  otherTurn = e.toI32(e.isub(e.index(2 * kTurnBarrier + 1), e.divUI(tid, 128)));
+  if (c.pingPong())
+    e.ifThen(arith::XOrIOp::create(
+                 b, e.loc, first, arith::ConstantIntOp::create(b, e.loc, 1, 1)),
+             [&] { passTurn(); });
   emitTiles(/*consumer=*/true);
+  if (c.pingPong())
+    e.ifThen(first, [&] { takeTurn(); });
   b.setInsertionPointAfter(roles);
+  if (c.cluster > 1)
+    clusterBarrier();
   return k.finish(op);
 }
 
@@ -1191,10 +1313,11 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   Kernel k = layer.kernelOn(op, c.grouped ? "grouped_matmul" : "matmul",
                             bufferIndices, {mapA, mapB});
   Launch &launch = k.launch;
-  // Row tiles on x (no 65535 limit), column tiles on y. Grouped: at most
-  // ceil(rows / 128) + experts row tiles are non-empty.
+  // Row tiles (a cluster's rows each) on x (no 65535 limit), column tiles
+  // on y. Grouped: at most ceil(rows / cluster rows) + experts row tiles
+  // are non-empty.
   launch.work = lhs.rows;
-  launch.perBlock = c.tileM;
+  launch.perBlock = c.clusterRows();
   launch.extraBlocks = c.grouped ? c.experts : 0;
   if (c.rowTiles > 0)
     launch.work = {c.rowTiles, 0}, launch.perBlock = 1, launch.extraBlocks = 0;
@@ -1212,6 +1335,13 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   launch.block = (c.warpGroups + 1) * 128;
   k.func.setKnownBlockSizeAttr(
       k.b.getDenseI32ArrayAttr({int32_t(launch.block), 1, 1}));
+  if (c.cluster > 1) {
+    // The cluster shape is the kernel's own (.reqnctapercluster), so a
+    // plain launch forms the clusters.
+    launch.cluster = c.cluster;
+    k.func.setKnownClusterSizeAttr(
+        k.b.getDenseI32ArrayAttr({int32_t(c.cluster), 1, 1}));
+  }
   launch.sharedBytes = c.sharedBytes();
   return MatmulEmitter(layer, op, c, lhs, k)
       .emit(buffers, bufferIndices, partials);

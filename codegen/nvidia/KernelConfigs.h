@@ -52,6 +52,10 @@ struct MatmulConfig {
   static constexpr int64_t kEpilogueColumns = 64;
 
   int64_t tileM = kTileM, tileN = kTileN, warpGroups = kWarpGroups, stages = 0;
+  /// Blocks of a cluster along M: a cluster's blocks take consecutive row
+  /// tiles of one column tile and each loads a share of the weight tile
+  /// for all of them (TMA multicast).
+  int64_t cluster = 1;
   /// Registers per thread after setmaxnreg: 128 x 24 + 256 x 240 <= 64 Ki.
   int64_t producerRegisters = 24, consumerRegisters = 240;
   MatmulEncoding enc{QuantAttr(), kTileN};
@@ -86,6 +90,11 @@ struct MatmulConfig {
   int64_t scaleSplit[2] = {128, 128};
 
   int64_t groupRows() const { return tileM / warpGroups; }
+  /// FP8: the consumer warpgroups take turns issuing each partial's
+  /// wgmma, one promoting while the other's run.
+  bool pingPong() const { return enc.fp8() && warpGroups == 2; }
+  /// Rows a cluster covers: the unit the tile walk counts.
+  int64_t clusterRows() const { return tileM * cluster; }
   int64_t consumers() const { return warpGroups * 128; }
   /// f32 per consumer thread of the whole m64 x tileN accumulator.
   int64_t fragment() const { return groupRows() * tileN / 128; }

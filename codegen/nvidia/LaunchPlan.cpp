@@ -69,7 +69,8 @@ LaunchPlanAttr LaunchPlan::toAttr() const {
   for (const Launch &l : launches)
     launchAttrs.push_back(KernelLaunchAttr::get(
         ctx, FlatSymbolRefAttr::get(ctx, l.kernel), l.work, l.perBlock,
-        l.extraBlocks, l.gridY, l.block, l.sharedBytes, l.args, l.persistent));
+        l.extraBlocks, l.gridY, l.block, l.sharedBytes, l.args, l.persistent,
+        l.cluster));
   return LaunchPlanAttr::get(ctx, b.getArrayAttr(buffers),
                              b.getArrayAttr(tensorMaps),
                              b.getArrayAttr(launchAttrs), maxTokens, counters);

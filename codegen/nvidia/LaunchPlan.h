@@ -28,6 +28,9 @@ struct Launch {
   /// The kernel strides over its blocks' work; at most one block per
   /// multiprocessor is launched.
   bool persistent = false;
+  /// Blocks of a cluster along x: each block of the count above becomes a
+  /// cluster of this many.
+  int64_t cluster = 1;
   SmallVector<KernelArg> args;
 };
 

@@ -343,14 +343,17 @@ TensorMapAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   return success();
 }
 
-LogicalResult
-KernelLaunchAttr::verify(function_ref<InFlightDiagnostic()> emitError,
-                         FlatSymbolRefAttr kernel, TokenLinear work,
-                         int64_t perBlock, int64_t extraBlocks, int64_t gridY,
-                         int64_t block, int64_t sharedBytes,
-                         ArrayRef<KernelArg> args, bool persistent) {
+LogicalResult KernelLaunchAttr::verify(
+    function_ref<InFlightDiagnostic()> emitError, FlatSymbolRefAttr kernel,
+    TokenLinear work, int64_t perBlock, int64_t extraBlocks, int64_t gridY,
+    int64_t block, int64_t sharedBytes, ArrayRef<KernelArg> args,
+    bool persistent, int64_t cluster) {
   if (!kernel)
     return emitError() << "launch needs a kernel";
+  // Portable cluster sizes are 1 to 8 blocks.
+  if (cluster < 1 || cluster > 8)
+    return emitError() << "launch of " << kernel << " has clusters of "
+                       << cluster << " blocks; 1 to 8 run";
   if (perBlock < 1 || extraBlocks < 0 || gridY < 1 || gridY > 65535)
     return emitError() << "launch of " << kernel
                        << " has an invalid grid (per_block >= 1, "

@@ -357,7 +357,10 @@ def Moe_KernelLaunchAttr : Moe_Attr<"KernelLaunch", "launch"> {
     grow with the token count), `grid_y` along y, `block` threads and
     `shared_bytes` of dynamic shared memory. `args` lists its parameters.
     A `persistent` kernel loops over its blocks' work itself: it launches
-    at most one block per multiprocessor of the device it runs on.
+    at most one block per multiprocessor of the device it runs on. A kernel
+    of `cluster` blocks a cluster launches that many blocks for each block
+    the count above gives (fewer clusters than multiprocessors / `cluster`
+    when persistent).
   }];
   let parameters = (ins
     "::mlir::FlatSymbolRefAttr":$kernel,
@@ -368,7 +371,8 @@ def Moe_KernelLaunchAttr : Moe_Attr<"KernelLaunch", "launch"> {
     Moe_CountParameter<"threads per block">:$block,
     Moe_CountParameter<"dynamic shared memory", "0">:$shared_bytes,
     Moe_KernelArgsParameter:$args,
-    Moe_BoolParameter:$persistent
+    Moe_BoolParameter:$persistent,
+    Moe_CountParameter<"blocks of a cluster along x", "1">:$cluster
   );
 }
 

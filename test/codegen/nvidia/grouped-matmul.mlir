@@ -39,8 +39,13 @@ func.func @gate_up(%x: tensor<?x64xbf16>, %w13: tensor<8x256x64xbf16>,
 // CHECK-SAME: #moe.tensor_map<buffer = {{[0-9]+}}, element_bytes = 1, rows = 1280, cols = 256, box_rows = 128, box_cols = 128>
 // CHECK-SAME: shared_bytes = 214016
 // CHECK: gpu.func @moe_grouped_matmul
+// The two consumer warpgroups take turns to issue (named barriers 4 and 5),
+// so one promotes while the other's wgmma run.
+// CHECK: "bar.sync $0, 256;"
 // CHECK: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 128, k = 32>, D[<f32>, <zero>], A[<e4m3>, <one>, <row>], B[<e4m3>, <one>, <col>]
+// CHECK: "bar.arrive $0, 256;"
 // CHECK: nvvm.wgmma.wait.group.sync.aligned 0
+// CHECK: math.fma
 // CHECK: llvm.inline_asm has_side_effects
 // PTX: .visible .entry moe_grouped_matmul(
 // PTX-SAME: setmaxnreg.inc.sync.aligned.u32

@@ -5,8 +5,38 @@
 
 func.func @cluster(%a: tensor<?x64xbf16>, %b: tensor<256x64xbf16>)
     -> tensor<?x256xbf16> {
-  // expected-error @below {{has matmul_config cluster_m = 2, which the sm_90a kernel cannot honour: it launches no clusters}}
-  %0 = moe.grouped_matmul %a, %b {configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, cluster_m = 2, multicast = rhs>]}
+  // expected-error @below {{has matmul_config cluster_m = 4, which the sm_90a kernel cannot honour: its clusters are of one or two blocks}}
+  %0 = moe.grouped_matmul %a, %b {configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, cluster_m = 4, multicast = rhs>]}
+      : (tensor<?x64xbf16>, tensor<256x64xbf16>) -> tensor<?x256xbf16>
+  return %0 : tensor<?x256xbf16>
+}
+
+// -----
+
+func.func @cluster_n(%a: tensor<?x64xbf16>, %b: tensor<256x64xbf16>)
+    -> tensor<?x256xbf16> {
+  // expected-error @below {{has matmul_config cluster_n = 2, which the sm_90a kernel cannot honour: its clusters share the weight tile, along M alone}}
+  %0 = moe.grouped_matmul %a, %b {configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, cluster_n = 2, multicast = lhs>]}
+      : (tensor<?x64xbf16>, tensor<256x64xbf16>) -> tensor<?x256xbf16>
+  return %0 : tensor<?x256xbf16>
+}
+
+// -----
+
+func.func @multicast(%a: tensor<?x64xbf16>, %b: tensor<256x64xbf16>)
+    -> tensor<?x256xbf16> {
+  // expected-error @below {{has matmul_config multicast = lhs, which the sm_90a kernel cannot honour: a cluster's blocks share the weight tile: multicast is rhs}}
+  %0 = moe.grouped_matmul %a, %b {configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, cluster_m = 2, multicast = lhs>]}
+      : (tensor<?x64xbf16>, tensor<256x64xbf16>) -> tensor<?x256xbf16>
+  return %0 : tensor<?x256xbf16>
+}
+
+// -----
+
+func.func @cluster_split(%a: tensor<?x64xbf16>, %b: tensor<256x64xbf16>)
+    -> tensor<?x256xbf16> {
+  // expected-error @below {{has matmul_config cluster_m = 2, which the sm_90a kernel cannot honour: a cluster's blocks walk whole K, not split_k ranges}}
+  %0 = moe.grouped_matmul %a, %b {configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, cluster_m = 2, multicast = rhs, split_k = 2>]}
       : (tensor<?x64xbf16>, tensor<256x64xbf16>) -> tensor<?x256xbf16>
   return %0 : tensor<?x256xbf16>
 }
