@@ -1239,7 +1239,7 @@ LogicalResult MatmulEmitter::emit(ArrayRef<Value> buffers,
   // warpgroup 1 passed it last, so every arrival is waited for.
   Value first = e.eq(e.divUI(tid, 128), e.index(0));
   myTurn = e.toI32(e.iadd(e.divUI(tid, 128), e.index(kTurnBarrier)));
-  otherTurn = e.toI32(e.isub(e.index(2 * kTurnBarrier + 1), e.divUI(tid, 128)));
+  otherTurn = e.toI32(e.isub(e.index(kTurnBarrier + 1), e.divUI(tid, 128)));
   if (c.pingPong())
     e.ifThen(arith::XOrIOp::create(
                  b, e.loc, first, arith::ConstantIntOp::create(b, e.loc, 1, 1)),
