@@ -185,8 +185,9 @@ static void launchKernel(HostBuilder &h, const LaunchContext &c,
     // texture processor clusters hold two).
     Value clusters = h.call(RuntimeImport::moert_multiprocessors, {});
     if (cluster > 1)
-      clusters = LLVM::UDivOp::create(h.b, h.loc, clusters, h.c32(cluster));
-    clusters = LLVM::UMaxOp::create(h.b, h.loc, clusters, h.c32(1));
+      clusters = LLVM::UMaxOp::create(
+          h.b, h.loc,
+          LLVM::UDivOp::create(h.b, h.loc, clusters, h.c32(cluster)), h.c32(1));
     gridX = LLVM::UMinOp::create(h.b, h.loc, gridX, clusters);
   }
   if (cluster > 1)

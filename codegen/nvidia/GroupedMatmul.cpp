@@ -37,7 +37,8 @@ static constexpr int64_t kSliceBytes = MatmulEncoding::kSliceBytes;
 // Named barriers: 1 joins the consumers (split-K), 2 + g consumer
 // warpgroup g (its epilogue buffer).
 static constexpr int64_t kEpilogueBarrier = 2;
-/// Named barriers 4 + g: consumer warpgroup g's turn to issue wgmma.
+/// Named barriers 4 + g: consumer warpgroup g's turn to issue wgmma (the
+/// other's is 4 + g xor 1).
 static constexpr int64_t kTurnBarrier = 4;
 
 MatmulEncoding::MatmulEncoding(QuantAttr scheme, int64_t tileN)
@@ -689,13 +690,9 @@ void MatmulEmitter::release(Value slot) {
   // arrive orders nothing beyond the block: a release at cluster scope
   // would stall the warp on a fence every stage.
   e.ifThen(e.eq(lane, e.index(0)), [&] {
-    Value address =
-        nvgpu::MBarrierGetOp::create(b, e.loc, b.getI32Type(), empty, slot);
     mbarrierArrive(b, e.loc, empty, slot);
-    inlinePtx(b, e.loc, {}, {address, e.toI32(e.xori(rank, e.index(1)))},
-              "{ .reg .b32 remote; mapa.shared::cluster.u32 remote, $0, $1; "
-              "mbarrier.arrive.shared::cluster.b64 _, [remote]; }",
-              "r,r");
+    mbarrierArriveRemote(b, e.loc, empty, slot,
+                         e.toI32(e.xori(rank, e.index(1))));
   });
 }
 
@@ -1239,7 +1236,7 @@ LogicalResult MatmulEmitter::emit(ArrayRef<Value> buffers,
   // warpgroup 1 passed it last, so every arrival is waited for.
   Value first = e.eq(e.divUI(tid, 128), e.index(0));
   myTurn = e.toI32(e.iadd(e.divUI(tid, 128), e.index(kTurnBarrier)));
-  otherTurn = e.toI32(e.isub(e.index(kTurnBarrier + 1), e.divUI(tid, 128)));
+  otherTurn = arith::XOrIOp::create(b, e.loc, myTurn, e.i32(1));
   if (c.pingPong())
     e.ifThen(arith::XOrIOp::create(
                  b, e.loc, first, arith::ConstantIntOp::create(b, e.loc, 1, 1)),

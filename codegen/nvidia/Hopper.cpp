@@ -87,6 +87,17 @@ void moe::nvidia::mbarrierArrive(OpBuilder &b, Location loc, Value group,
             "r");
 }
 
+void moe::nvidia::mbarrierArriveRemote(OpBuilder &b, Location loc, Value group,
+                                       Value slot, Value block) {
+  // Block-scope release: at cluster scope every arrive waits on a fence.
+  Value address =
+      nvgpu::MBarrierGetOp::create(b, loc, b.getI32Type(), group, slot);
+  inlinePtx(b, loc, {}, {address, block},
+            "{ .reg .b32 remote; mapa.shared::cluster.u32 remote, $0, $1; "
+            "mbarrier.arrive.shared::cluster.b64 _, [remote]; }",
+            "r,r");
+}
+
 void moe::nvidia::namedBarrierSync(OpBuilder &b, Location loc, Value id,
                                    int64_t threads) {
   inlinePtx(b, loc, {}, id, "bar.sync $0, " + std::to_string(threads) + ";",

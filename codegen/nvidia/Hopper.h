@@ -43,6 +43,10 @@ Value fenceFragment(OpBuilder &b, Location loc, Value fragment);
 
 /// One arrival on mbarrier `slot` of `group`.
 void mbarrierArrive(OpBuilder &b, Location loc, Value group, Value slot);
+/// Arrives on the same mbarrier of cluster block `block` (i32), ordering
+/// nothing beyond this block.
+void mbarrierArriveRemote(OpBuilder &b, Location loc, Value group, Value slot,
+                          Value block);
 
 /// Named barrier `id` (a value, i32) for `threads`: wait, or arrive only.
 void namedBarrierSync(OpBuilder &b, Location loc, Value id, int64_t threads);
