@@ -27,6 +27,9 @@ namespace {
 constexpr int64_t kTileM = 128, kTileN = 256, kSliceBytes = 128;
 constexpr int64_t kWarpGroups = 2, kGroup = 8;
 constexpr int64_t kEpilogueBytes = kWarpGroups * 64 * 64 * 2;
+/// Slots for a stage's square weight-block scales, after its row scales
+/// (the emitter's layout).
+constexpr int64_t kBlockScaleSlots = 32;
 // Split-K: at most kMaxSplits ranges, each at least kMinSplitTiles stages
 // (on H100 a split's fixed cost, ring fill, partials and the last block's
 // sum, outweighed what shorter ranges saved; bench/RESULTS.md).
@@ -272,8 +275,14 @@ MatmulConfigAttr ConfigureMatmulsPass::choose(GroupedMatmulOp op,
   // The ring takes what shared memory is left.
   int64_t stageBytes = (tileM + tileN) * tileK * shape.elementBytes;
   int64_t perStage = stageBytes;
+  // FP8: each stage's column, row and weight-block scales as f32.
   if (shape.columnScales)
     perStage += (tileK / shape.scaleK) * tileN * 4;
+  // Row scales: E8M0 codes beside per-column weight scales (MXFP8), else
+  // f32 and the square weight blocks' scales.
+  if (shape.scaleK > 0)
+    perStage += (tileK / shape.scaleK) *
+                (shape.columnScales ? tileM : (tileM + kBlockScaleSlots) * 4);
   int64_t fixed =
       1024 + (epilogue == MatmulEpilogue::Shared ? kEpilogueBytes : 0);
   int64_t stages = pins.stages.value_or(

@@ -20,6 +20,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "codegen/common/FP8.h"
 #include "codegen/common/Numerics.h"
 #include "codegen/nvidia/Hopper.h"
 #include "codegen/nvidia/KernelBuilder.h"
@@ -349,8 +350,9 @@ private:
   void release(Value slot);
   void takeTurn();
   void passTurn();
-  SmallVector<Value> loadScales(Value kt);
+  void storeStagedScales(Value kt, Value slot, Value p);
   void storeColumnScales(Value kt, Value slot, Value p);
+  SmallVector<Value> stagedScales(Value kt, Value slot);
   Value multiply(Value acc, int64_t h, int64_t first, int64_t last,
                  bool accumulate);
   Value weightRow(int64_t h, int64_t i);
@@ -383,13 +385,14 @@ private:
   // The block's place in its cluster; the named barriers of this consumer
   // warpgroup's turn and of the other's.
   Value rank, myTurn, otherTurn;
-  // Shared memory: the ring, its mbarriers and the column scales.
-  Value smem, base, pad, columnScaleTile, barriers, empty;
+  // Shared memory: the ring, its mbarriers, the column and the staged
+  // (row and weight-block) scales.
+  Value smem, base, pad, columnScaleTile, stagedScaleTile, barriers, empty;
   // Indices of the tile, and of this thread's fragment.
   Value rowStartIdx, rowEndIdx, expertIdx, colTile, halfRows[2], bRow0, bRow1;
-  Value group, warp, lane, rowBase, colBase, scaleRows[2];
+  Value group, warp, lane, rowBase, colBase, tileRows[2];
   // Consumer state: this warpgroup's offset in an A tile, a stage's
-  // operands, and how many scale values the loop carries.
+  // operands, and how many scale values a stage has.
   Value groupOffset, aBase, bBase;
   int64_t scaleValues = 0;
 };
@@ -551,6 +554,20 @@ void MatmulEmitter::emitSharedMemory() {
         MemRefType::get({c.stages, enc.subBlocks(), c.tileN}, b.getF32Type(),
                         MemRefLayoutAttrInterface(), workgroup),
         smem, e.iadd(pad, e.index(c.stages * c.stageBytes())), ValueRange{});
+  // [stages][sub-blocks][tile rows (+ block scales)], after those: each
+  // stage's row scales (and square weight-block scales), also written by
+  // the producer warpgroup, so the consumers' loop loads no scale from
+  // global memory and computes no scale address.
+  if (enc.fp8())
+    stagedScaleTile = memref::ViewOp::create(
+        b, e.loc,
+        MemRefType::get({c.stages, enc.subBlocks(), c.stagedScales()},
+                        c.columnScales ? Type(b.getI8Type())
+                                       : Type(b.getF32Type()),
+                        MemRefLayoutAttrInterface(), workgroup),
+        smem,
+        e.iadd(pad, e.index(c.stages * c.stageBytes() + c.columnScaleBytes())),
+        ValueRange{});
 
   // `barriers[s]` completes when slot s is loaded (TMA bytes), `empty[s]`
   // when every consumer thread is done reading it.
@@ -558,9 +575,9 @@ void MatmulEmitter::emitSharedMemory() {
   barriers = nvgpu::MBarrierCreateOp::create(b, e.loc, barrierType);
   empty = nvgpu::MBarrierCreateOp::create(b, e.loc, barrierType);
   Value leader = e.eq(tid, e.index(0));
-  // With per-column scales every producer thread also arrives on a slot's
-  // barrier once it has stored its columns' scales there.
-  int64_t fullArrivals = c.columnScales ? 1 + 128 : 1;
+  // With FP8 every producer thread also arrives on a slot's barrier once
+  // it has stored its scales there.
+  int64_t fullArrivals = enc.fp8() ? 1 + 128 : 1;
   // A cluster's slot is free once every consumer warp of its blocks is
   // done with it; alone, once every consumer thread is.
   int64_t emptyArrivals =
@@ -616,11 +633,9 @@ void MatmulEmitter::emitThreadLayout() {
                    e.divUI(lane, 4));
   colBase = e.imul(e.remUI(lane, 4), 2);
 
-  // FP8 scales: this thread's two rows, clamped into the block's rows for
-  // the loads.
-  Value lastRow = e.isub(rowEndIdx, e.index(1));
-  scaleRows[0] = e.minUI(rowBase, lastRow);
-  scaleRows[1] = e.minUI(e.iadd(rowBase, e.index(8)), lastRow);
+  // FP8: this thread's two rows within the tile, for their staged scales.
+  tileRows[0] = e.isub(rowBase, rowStartIdx);
+  tileRows[1] = e.iadd(tileRows[0], e.index(8));
 }
 
 Value MatmulEmitter::fragmentColumn(int64_t i) {
@@ -701,38 +716,70 @@ Value MatmulEmitter::kBlockOf(Value kt, int64_t s) {
                  e.index(c.kBlocks() - 1));
 }
 
-SmallVector<Value> MatmulEmitter::loadScales(Value kt) {
-  // The scales of stage `kt`, loaded one stage ahead into registers (the
-  // loop carries them) so their latency hides behind the wgmma: per
-  // sub-block, both rows' scales, then for square weight blocks each
-  // half's one or two block scales.
+void MatmulEmitter::storeStagedScales(Value kt, Value slot, Value p) {
+  // Producer thread p stores the scale of tile row p (clamped into the
+  // tile's rows) for each sub-block of stage `kt`; for square weight
+  // blocks, thread i < 4 also stores the stage's i-th block scale: each
+  // half's one or two.
+  Value row = e.minUI(e.iadd(rowStartIdx, p), e.isub(rowEndIdx, e.index(1)));
+  for (int64_t s = 0; s < enc.subBlocks(); ++s) {
+    Value kb = kBlockOf(kt, s);
+    // MXFP8's codes as they are; the consumers decode them.
+    Value scale = c.columnScales ? e.loadRaw(lhsScale, {row, kb})
+                                 : common::loadScale(e, lhsScale, {row, kb});
+    memref::StoreOp::create(b, e.loc, scale, stagedScaleTile,
+                            ValueRange{slot, e.index(s), p});
+    if (c.columnScales)
+      continue;
+    int64_t slotIdx = 0;
+    for (int64_t h = 0; h < 2; ++h) {
+      Value blockRow = e.divUI(halfRows[h], 128);
+      for (int64_t part = 0; part < (c.scaleSplit[h] < 128 ? 2 : 1); ++part) {
+        int64_t at = slotIdx++;
+        e.ifThen(e.eq(p, e.index(at)), [&] {
+          Value r = e.minUI(e.iadd(blockRow, e.index(part)),
+                            e.index(c.weightBlockRows() - 1));
+          SmallVector<Value> index;
+          if (c.grouped)
+            index.push_back(expertIdx);
+          index.append({r, kb});
+          memref::StoreOp::create(
+              b, e.loc, common::loadScale(e, rhsScale, index), stagedScaleTile,
+              ValueRange{slot, e.index(s), e.index(c.tileM + at)});
+        });
+      }
+    }
+  }
+}
+
+SmallVector<Value> MatmulEmitter::stagedScales(Value kt, Value slot) {
+  // Stage `kt`'s scales as the promotion takes them: per sub-block, both
+  // rows' scales, then for square weight blocks each half's one or two.
   int64_t sub = enc.subBlocks(), kBlocks = c.kBlocks();
   SmallVector<Value> values;
   for (int64_t s = 0; s < sub; ++s) {
-    Value kb = kBlockOf(kt, s);
-    // A sub-block past K (MXFP8, K not a multiple of 128) adds nothing.
-    Value past = e.icmp(arith::CmpIPredicate::uge,
-                        e.iadd(e.imul(kt, sub), e.index(s)), e.index(kBlocks));
-    for (Value row : scaleRows) {
-      Value scale = common::loadScale(e, lhsScale, {row, kb});
+    for (Value row : tileRows) {
+      Value scale = memref::LoadOp::create(b, e.loc, stagedScaleTile,
+                                           ValueRange{slot, e.index(s), row});
+      if (c.columnScales)
+        scale = common::decodeE8M0(e, scale);
+      // A sub-block past K (MXFP8, K not a multiple of 128) adds nothing.
       if (kBlocks % sub != 0)
-        scale = e.select(past, e.f32(0.0), scale);
+        scale = e.select(e.icmp(arith::CmpIPredicate::uge,
+                                e.iadd(e.imul(kt, sub), e.index(s)),
+                                e.index(kBlocks)),
+                         e.f32(0.0), scale);
       values.push_back(scale);
     }
     if (c.columnScales)
       continue;
-    for (int64_t h = 0; h < 2; ++h) {
-      Value blockRow = e.divUI(halfRows[h], 128);
-      for (int64_t part = 0; part < (c.scaleSplit[h] < 128 ? 2 : 1); ++part) {
-        Value r = e.minUI(e.iadd(blockRow, e.index(part)),
-                          e.index(c.weightBlockRows() - 1));
-        SmallVector<Value> index;
-        if (c.grouped)
-          index.push_back(expertIdx);
-        index.append({r, kb});
-        values.push_back(common::loadScale(e, rhsScale, index));
-      }
-    }
+    int64_t blockScales = 0;
+    for (int64_t h = 0; h < 2; ++h)
+      blockScales += c.scaleSplit[h] < 128 ? 2 : 1;
+    for (int64_t i = 0; i < blockScales; ++i)
+      values.push_back(memref::LoadOp::create(
+          b, e.loc, stagedScaleTile,
+          ValueRange{slot, e.index(s), e.index(c.tileM + i)}));
   }
   return values;
 }
@@ -757,10 +804,10 @@ void MatmulEmitter::storeColumnScales(Value kt, Value slot, Value p) {
 void MatmulEmitter::emitProducer() {
   Value producerLead = e.eq(tid, e.index(c.consumers()));
   // The producer threads taking part: the lead alone, or all of them when
-  // they also stage column scales.
+  // they also stage scales (FP8).
   Value producing =
-      c.columnScales ? arith::ConstantIntOp::create(b, e.loc, 1, 1).getResult()
-                     : producerLead;
+      enc.fp8() ? arith::ConstantIntOp::create(b, e.loc, 1, 1).getResult()
+                : producerLead;
   e.ifThen(producing, [&] {
     e.forEach(e.index(0), kCount, [&](Value j) {
       Value kt = e.iadd(kBegin, j);
@@ -774,8 +821,11 @@ void MatmulEmitter::emitProducer() {
                      e.index(10000000), slot);
                });
       e.ifThen(producerLead, [&] { issue(kt, slot); });
-      if (c.columnScales) {
-        storeColumnScales(kt, slot, e.isub(tid, e.index(c.consumers())));
+      if (enc.fp8()) {
+        Value p = e.isub(tid, e.index(c.consumers()));
+        storeStagedScales(kt, slot, p);
+        if (c.columnScales)
+          storeColumnScales(kt, slot, p);
         mbarrierArrive(b, e.loc, barriers, slot);
       }
     });
@@ -816,11 +866,6 @@ Value MatmulEmitter::multiply(Value acc, int64_t h, int64_t first, int64_t last,
 SmallVector<Value> MatmulEmitter::emitMainLoop() {
   Value zero = w->zero();
   SmallVector<Value> init(enc.halves(), zero);
-  if (enc.fp8()) {
-    SmallVector<Value> first = loadScales(kBegin);
-    scaleValues = first.size();
-    init.append(first);
-  }
   // This thread's warpgroup computes rows [64 g, 64 g + 64) of the tile.
   groupOffset = arith::IndexCastOp::create(
       b, e.loc, b.getI64Type(), e.imul(group, c.groupRows() * kSliceBytes));
@@ -830,16 +875,8 @@ SmallVector<Value> MatmulEmitter::emitMainLoop() {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
     Value j = loop.getInductionVar();
-    Value kt = e.iadd(kBegin, j);
     Value slot = ringSlot(j);
-    ValueRange carried = loop.getRegionIterArgs();
-    SmallVector<Value> accs(carried.take_front(enc.halves()));
-    ValueRange scales = carried.drop_front(enc.halves());
-    // The next stage's scales, needed only after this stage's wgmma.
-    Value next = e.iadd(kt, e.index(1));
-    SmallVector<Value> nextScales;
-    if (enc.fp8())
-      nextScales = loadScales(next);
+    SmallVector<Value> accs(loop.getRegionIterArgs());
     nvgpu::MBarrierTryWaitParityOp::create(b, e.loc, barriers,
                                            ringParity(j, /*released=*/false),
                                            e.index(10000000), slot);
@@ -855,12 +892,13 @@ SmallVector<Value> MatmulEmitter::emitMainLoop() {
       e.ifThen(e.icmp(arith::CmpIPredicate::uge, j, e.index(1)),
                [&] { release(ringSlot(e.isub(j, e.index(1)))); });
     } else {
+      // The stage's scales, staged with its operands.
+      SmallVector<Value> scales = stagedScales(e.iadd(kBegin, j), slot);
+      scaleValues = scales.size();
       emitScaledStage(accs, scales, slot);
       release(slot);
     }
-    SmallVector<Value> yielded(accs);
-    yielded.append(nextScales);
-    scf::YieldOp::create(b, e.loc, yielded);
+    scf::YieldOp::create(b, e.loc, accs);
   }
   if (!enc.fp8()) {
     // The last slice's slot too, for the next tile's loads.

@@ -112,10 +112,25 @@ struct MatmulConfig {
   int64_t columnScaleBytes() const {
     return columnScales ? stages * enc.subBlocks() * tileN * 4 : 0;
   }
-  /// One consumer warpgroup's epilogue buffer, after the column scales.
+  /// Slots for a stage's square weight-block scales, after its row scales
+  /// (32 f32: the buffers after them stay 128-byte aligned).
+  static constexpr int64_t kBlockScaleSlots = 32;
+  /// FP8: each stage's row scales as the producer warpgroup stages them,
+  /// after the column scales: MXFP8's E8M0 codes (the consumers decode
+  /// them: 4 stages still fit), or f32 followed by the square weight
+  /// blocks' scales.
+  int64_t stagedScales() const {
+    return tileM + (columnScales ? 0 : kBlockScaleSlots);
+  }
+  int64_t stagedScaleBytes() const {
+    return enc.fp8() ? stages * enc.subBlocks() * stagedScales() *
+                           (columnScales ? 1 : 4)
+                     : 0;
+  }
+  /// One consumer warpgroup's epilogue buffer, after the staged scales.
   int64_t epilogueBytes() const { return groupRows() * kEpilogueColumns * 2; }
   int64_t epilogueOffset() const {
-    return stages * stageBytes() + columnScaleBytes();
+    return stages * stageBytes() + columnScaleBytes() + stagedScaleBytes();
   }
   /// The ring, the column scales, the epilogue buffers and room to align
   /// to 1024 bytes.

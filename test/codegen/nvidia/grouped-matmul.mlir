@@ -37,8 +37,11 @@ func.func @gate_up(%x: tensor<?x64xbf16>, %w13: tensor<8x256x64xbf16>,
 // 128-row weight block (I = 160), so its columns take one of two scales.
 // CHECK: tensor_maps = [#moe.tensor_map<buffer = {{[0-9]+}}, element_bytes = 1, rows = 1 * T, cols = 256, box_rows = 128, box_cols = 128>
 // CHECK-SAME: #moe.tensor_map<buffer = {{[0-9]+}}, element_bytes = 1, rows = 1280, cols = 256, box_rows = 128, box_cols = 128>
-// CHECK-SAME: shared_bytes = 214016
+// CHECK-SAME: shared_bytes = 216576
 // CHECK: gpu.func @moe_grouped_matmul
+// The consumers take a stage's row and weight-block scales from shared
+// memory, where the producer warpgroup staged them with the stage.
+// CHECK: memref.load {{.*}} : memref<4x1x160xf32, #gpu.address_space<workgroup>>
 // The two consumer warpgroups take turns to issue (named barriers 4 and 5),
 // so one promotes while the other's wgmma run.
 // CHECK: "bar.sync $0, 256;"
@@ -47,6 +50,7 @@ func.func @gate_up(%x: tensor<?x64xbf16>, %w13: tensor<8x256x64xbf16>,
 // CHECK: nvvm.wgmma.wait.group.sync.aligned 0
 // CHECK: math.fma
 // CHECK: llvm.inline_asm has_side_effects
+// CHECK: memref.store {{.*}} : memref<4x1x160xf32, #gpu.address_space<workgroup>>
 // PTX: .visible .entry moe_grouped_matmul(
 // PTX-SAME: setmaxnreg.inc.sync.aligned.u32
 // PTX-SAME: wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3
@@ -68,10 +72,10 @@ func.func @block128(%x: tensor<?x256xf8E4M3FN>, %w13: tensor<4x320x256xf8E4M3FN>
 
 // MXFP8: a scale per 32 of K and weight row, so a 128-code slice holds four
 // scale blocks, each promoted on its own; the producer warpgroup stages each
-// slot's weight-row scales in shared memory (16 KiB after the ring, before
-// the consumers' 16 KiB epilogue buffers) and arrives on the slot's barrier
-// with the TMA bytes.
-// CHECK: shared_bytes = 230400
+// slot's weight-row scales (16 KiB after the ring) and its rows' E8M0 codes
+// (2 KiB, before the consumers' 16 KiB epilogue buffers) in shared memory
+// and arrives on the slot's barrier with the TMA bytes.
+// CHECK: shared_bytes = 232448
 // CHECK: gpu.func @moe_matmul
 // CHECK-COUNT-8: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 128, k = 32>, D[<f32>, <zero>]
 // PTX: .visible .entry moe_matmul(
