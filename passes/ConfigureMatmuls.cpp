@@ -273,8 +273,10 @@ MatmulConfigAttr ConfigureMatmulsPass::choose(GroupedMatmulOp op,
       shape.outQuant || shape.outN % 8 != 0 ? MatmulEpilogue::Registers
                                             : MatmulEpilogue::Shared);
   // The ring takes what shared memory is left.
+  // A stage: its operands and two mbarriers (static shared memory, which
+  // the limit counts too).
   int64_t stageBytes = (tileM + tileN) * tileK * shape.elementBytes;
-  int64_t perStage = stageBytes;
+  int64_t perStage = stageBytes + 2 * 8;
   // FP8: each stage's column, row and weight-block scales as f32.
   if (shape.columnScales)
     perStage += (tileK / shape.scaleK) * tileN * 4;

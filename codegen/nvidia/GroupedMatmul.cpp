@@ -104,9 +104,10 @@ static LogicalResult checkConfig(GroupedMatmulOp op, MatmulConfigAttr config,
            << "its 16-byte stores need output rows of a multiple of 8 "
               "columns, and N is "
            << c.outN;
-  if (c.sharedBytes() > MatmulConfig::kSharedLimit)
+  if (c.sharedBytes() + c.barrierBytes() > MatmulConfig::kSharedLimit)
     return refuse("stages", c.stages)
-           << "the ring and buffers need " << c.sharedBytes()
+           << "the ring, its barriers and the buffers need "
+           << c.sharedBytes() + c.barrierBytes()
            << " bytes of shared memory, more than the "
            << MatmulConfig::kSharedLimit << " a block may have";
   return success();

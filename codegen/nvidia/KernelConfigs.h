@@ -138,6 +138,9 @@ struct MatmulConfig {
     return epilogueOffset() +
            (sharedEpilogue ? warpGroups * epilogueBytes() : 0) + 1024;
   }
+  /// The ring's mbarriers (a full and an empty one a stage): static shared
+  /// memory, which a block's limit counts beside the dynamic buffers.
+  int64_t barrierBytes() const { return 2 * stages * 8; }
 };
 
 /// The configuration of `op`'s kernel whose left operand has `rows` rows,

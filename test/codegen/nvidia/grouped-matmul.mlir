@@ -72,10 +72,11 @@ func.func @block128(%x: tensor<?x256xf8E4M3FN>, %w13: tensor<4x320x256xf8E4M3FN>
 
 // MXFP8: a scale per 32 of K and weight row, so a 128-code slice holds four
 // scale blocks, each promoted on its own; the producer warpgroup stages each
-// slot's weight-row scales (16 KiB after the ring) and its rows' E8M0 codes
-// (2 KiB, before the consumers' 16 KiB epilogue buffers) in shared memory
-// and arrives on the slot's barrier with the TMA bytes.
-// CHECK: shared_bytes = 232448
+// slot's weight-row scales (4 KiB a stage after the ring) and its rows'
+// E8M0 codes (512 bytes a stage, before the consumers' 16 KiB epilogue
+// buffers) in shared memory and arrives on the slot's barrier with the TMA
+// bytes: three stages fit beside the barriers.
+// CHECK: shared_bytes = 178688
 // CHECK: gpu.func @moe_matmul
 // CHECK-COUNT-8: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 128, k = 32>, D[<f32>, <zero>]
 // PTX: .visible .entry moe_matmul(
