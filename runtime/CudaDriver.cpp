@@ -45,6 +45,7 @@ CudaDevice::Driver *CudaDevice::loadDriver(std::string &error) {
     bind(driver.cuModuleLoadData, "cuModuleLoadData");
     bind(driver.cuModuleGetFunction, "cuModuleGetFunction");
     bind(driver.cuLaunchKernel, "cuLaunchKernel");
+    bind(driver.cuLaunchKernelEx, "cuLaunchKernelEx");
     bind(driver.cuMemAlloc, "cuMemAlloc_v2");
     bind(driver.cuMemFree, "cuMemFree_v2");
     bind(driver.cuMemcpyHtoD, "cuMemcpyHtoD_v2");

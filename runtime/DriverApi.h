@@ -29,6 +29,19 @@ struct CudaDevice::Driver {
   int (*cuModuleGetFunction)(void **, void *, const char *);
   int (*cuLaunchKernel)(void *, unsigned, unsigned, unsigned, unsigned,
                         unsigned, unsigned, unsigned, void *, void **, void **);
+  // cuLaunchKernelEx's CUlaunchAttribute and CUlaunchConfig.
+  struct LaunchAttribute {
+    int id;
+    char pad[4];
+    alignas(8) char value[64];
+  };
+  struct LaunchConfig {
+    unsigned grid[3], block[3], sharedBytes;
+    void *stream;
+    LaunchAttribute *attrs;
+    unsigned numAttrs;
+  };
+  int (*cuLaunchKernelEx)(const LaunchConfig *, void *, void **, void **);
   int (*cuMemAlloc)(uint64_t *, size_t);
   int (*cuMemFree)(uint64_t);
   int (*cuMemcpyHtoD)(uint64_t, const void *, size_t);

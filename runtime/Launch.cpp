@@ -19,7 +19,7 @@ using namespace moe::rt;
 
 namespace {
 // Values from cuda.h.
-constexpr int kMaxDynamicSharedBytes = 8;
+constexpr int kMaxDynamicSharedBytes = 8, kProgrammaticStreamSerialization = 6;
 constexpr int kTensorMapBFloat16 = 9, kTensorMapUInt8 = 0;
 constexpr int kSwizzle128B = 3, kL2Promotion128B = 2;
 
@@ -120,8 +120,25 @@ extern "C" int32_t moert_launch(void **module, const void *image,
   if (timed && driver->cuEventCreate(&events[0], 0) == 0 &&
       driver->cuEventCreate(&events[1], 0) == 0)
     driver->cuEventRecord(events[0], stream);
-  int result = driver->cuLaunchKernel(function, gridX, gridY, 1, blockX, 1, 1,
-                                      sharedBytes, stream, params, nullptr);
+  // Programmatic dependent launch: the grid may start while the stream's
+  // previous kernel finishes (every kernel waits for it with
+  // griddepcontrol.wait before its first memory access), hiding the launch
+  // and the block start behind that kernel's tail. MOERT_NO_PDL=1 launches
+  // plainly, for comparison.
+  static const bool plain = std::getenv("MOERT_NO_PDL") != nullptr;
+  int result;
+  if (plain) {
+    result = driver->cuLaunchKernel(function, gridX, gridY, 1, blockX, 1, 1,
+                                    sharedBytes, stream, params, nullptr);
+  } else {
+    CudaDevice::Driver::LaunchAttribute overlap = {};
+    overlap.id = kProgrammaticStreamSerialization;
+    int allowed = 1;
+    std::memcpy(overlap.value, &allowed, sizeof(allowed));
+    CudaDevice::Driver::LaunchConfig config = {
+        {gridX, gridY, 1}, {blockX, 1, 1}, sharedBytes, stream, &overlap, 1};
+    result = driver->cuLaunchKernelEx(&config, function, params, nullptr);
+  }
   if (timed && events[1]) {
     driver->cuEventRecord(events[1], stream);
     std::lock_guard<std::mutex> lock(mutex);

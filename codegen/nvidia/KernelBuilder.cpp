@@ -3,6 +3,7 @@
 #include "codegen/nvidia/KernelBuilder.h"
 #include "codegen/common/Numerics.h"
 
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 
 using namespace mlir;
@@ -30,6 +31,12 @@ Kernel::Kernel(gpu::GPUModuleOp module, StringRef name, Launch &launch,
   if (!maps.empty())
     func->setAttr(kTensorMapArgs, b.getDenseI64ArrayAttr(maps));
   b.setInsertionPointToStart(&func.getBody().front());
+  // Launched as a programmatic dependent of the stream's previous kernel
+  // (runtime/Launch.cpp): wait for it to finish before any memory access,
+  // then let the next kernel's blocks start (they wait the same way).
+  NVVM::GriddepcontrolOp::create(b, loc, NVVM::GridDepActionKind::wait);
+  NVVM::GriddepcontrolOp::create(b, loc,
+                                 NVVM::GridDepActionKind::launch_dependents);
   launch.kernel = name.str();
   launch.args.assign(args.begin(), args.end());
   launch.args.push_back({KernelArgKind::Tokens, 0});

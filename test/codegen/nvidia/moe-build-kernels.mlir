@@ -20,7 +20,14 @@
 // CHECK: gpu.module @layer_kernels
 // CHECK: gpu.func @moe_route(%{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr) workgroup({{.*}}llvm.align = 16
 // CHECK-SAME: kernel
+// Each kernel is launched as a programmatic dependent of the one before it:
+// it waits for that one before its first memory access (the token count),
+// then lets the next one start.
+// CHECK-NEXT: nvvm.griddepcontrol wait
+// CHECK-NEXT: nvvm.griddepcontrol launch_dependents
+// CHECK-NEXT: llvm.load
 // CHECK: gpu.func @moe_dispatch_plan(
+// CHECK-NEXT: nvvm.griddepcontrol wait
 // CHECK: gpu.func @moe_dispatch_scatter(
 // CHECK: gpu.func @moe_grouped_matmul_gate_up({{.*}}) kernel attributes {known_block_size = array<i32: 384, 1, 1>, moe.tensor_map_args = array<i64: 3, 4>}
 // CHECK: gpu.func @moe_grouped_matmul_down(
