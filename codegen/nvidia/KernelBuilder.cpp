@@ -32,11 +32,11 @@ Kernel::Kernel(gpu::GPUModuleOp module, StringRef name, Launch &launch,
     func->setAttr(kTensorMapArgs, b.getDenseI64ArrayAttr(maps));
   b.setInsertionPointToStart(&func.getBody().front());
   // Launched as a programmatic dependent of the stream's previous kernel
-  // (runtime/Launch.cpp): wait for it to finish before any memory access,
-  // then let the next kernel's blocks start (they wait the same way).
+  // (runtime/Launch.cpp): wait for it to finish before any memory access.
+  // No kernel signals its dependents early: they launch as its blocks
+  // exit (an early signal let a Mixtral decode's next matmul take
+  // multiprocessors while the last blocks ran: 4% slower; bench/RESULTS.md).
   NVVM::GriddepcontrolOp::create(b, loc, NVVM::GridDepActionKind::wait);
-  NVVM::GriddepcontrolOp::create(b, loc,
-                                 NVVM::GridDepActionKind::launch_dependents);
   launch.kernel = name.str();
   launch.args.assign(args.begin(), args.end());
   launch.args.push_back({KernelArgKind::Tokens, 0});

@@ -22,10 +22,10 @@
 // CHECK-SAME: kernel
 // Each kernel is launched as a programmatic dependent of the one before it:
 // it waits for that one before its first memory access (the token count),
-// then lets the next one start.
+// and signals its own dependents only by exiting.
 // CHECK-NEXT: nvvm.griddepcontrol wait
-// CHECK-NEXT: nvvm.griddepcontrol launch_dependents
 // CHECK-NEXT: llvm.load
+// CHECK-NOT: launch_dependents
 // CHECK: gpu.func @moe_dispatch_plan(
 // CHECK-NEXT: nvvm.griddepcontrol wait
 // CHECK: gpu.func @moe_dispatch_scatter(
