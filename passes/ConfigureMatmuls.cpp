@@ -272,16 +272,14 @@ MatmulConfigAttr ConfigureMatmulsPass::choose(GroupedMatmulOp op,
   MatmulEpilogue epilogue = pins.epilogue.value_or(
       shape.outQuant || shape.outN % 8 != 0 ? MatmulEpilogue::Registers
                                             : MatmulEpilogue::Shared);
-  // The ring takes what shared memory is left.
-  // A stage: its operands and two mbarriers (static shared memory, which
-  // the limit counts too).
+  // The ring takes what shared memory is left. A stage: its operands, two
+  // mbarriers (static shared memory, which the limit counts too) and for
+  // FP8 its staged scales: f32 per-column weight scales and E8M0 row codes
+  // (MXFP8), or f32 row scales and the square weight blocks' scales.
   int64_t stageBytes = (tileM + tileN) * tileK * shape.elementBytes;
   int64_t perStage = stageBytes + 2 * 8;
-  // FP8: each stage's column, row and weight-block scales as f32.
   if (shape.columnScales)
     perStage += (tileK / shape.scaleK) * tileN * 4;
-  // Row scales: E8M0 codes beside per-column weight scales (MXFP8), else
-  // f32 and the square weight blocks' scales.
   if (shape.scaleK > 0)
     perStage += (tileK / shape.scaleK) *
                 (shape.columnScales ? tileM : (tileM + kBlockScaleSlots) * 4);

@@ -120,10 +120,10 @@ extern "C" int32_t moert_launch(void **module, const void *image,
   if (timed && driver->cuEventCreate(&events[0], 0) == 0 &&
       driver->cuEventCreate(&events[1], 0) == 0)
     driver->cuEventRecord(events[0], stream);
-  // Programmatic dependent launch: the grid may start while the stream's
-  // previous kernel finishes (every kernel waits for it with
-  // griddepcontrol.wait before its first memory access), hiding the launch
-  // and the block start behind that kernel's tail. MOERT_NO_PDL=1 launches
+  // Programmatic dependent launch: the grid launches as the stream's
+  // previous kernel's blocks exit, not after it has drained (every kernel
+  // waits for it with griddepcontrol.wait before its first memory access),
+  // so the launch hides behind that kernel's tail. MOERT_NO_PDL=1 launches
   // plainly, for comparison.
   static const bool plain = std::getenv("MOERT_NO_PDL") != nullptr;
   int result;

@@ -393,9 +393,8 @@ private:
   Value rowStartIdx, rowEndIdx, expertIdx, colTile, halfRows[2], bRow0, bRow1;
   Value group, warp, lane, rowBase, colBase, tileRows[2];
   // Consumer state: this warpgroup's offset in an A tile, a stage's
-  // operands, and how many scale values a stage has.
+  // operands.
   Value groupOffset, aBase, bBase;
-  int64_t scaleValues = 0;
 };
 } // namespace
 
@@ -735,7 +734,7 @@ void MatmulEmitter::storeStagedScales(Value kt, Value slot, Value p) {
     int64_t slotIdx = 0;
     for (int64_t h = 0; h < 2; ++h) {
       Value blockRow = e.divUI(halfRows[h], 128);
-      for (int64_t part = 0; part < (c.scaleSplit[h] < 128 ? 2 : 1); ++part) {
+      for (int64_t part = 0; part < c.blockScales(h); ++part) {
         int64_t at = slotIdx++;
         e.ifThen(e.eq(p, e.index(at)), [&] {
           Value r = e.minUI(e.iadd(blockRow, e.index(part)),
@@ -774,10 +773,7 @@ SmallVector<Value> MatmulEmitter::stagedScales(Value kt, Value slot) {
     }
     if (c.columnScales)
       continue;
-    int64_t blockScales = 0;
-    for (int64_t h = 0; h < 2; ++h)
-      blockScales += c.scaleSplit[h] < 128 ? 2 : 1;
-    for (int64_t i = 0; i < blockScales; ++i)
+    for (int64_t i = 0; i < c.blockScales(0) + c.blockScales(1); ++i)
       values.push_back(memref::LoadOp::create(
           b, e.loc, stagedScaleTile,
           ValueRange{slot, e.index(s), e.index(c.tileM + i)}));
@@ -895,7 +891,6 @@ SmallVector<Value> MatmulEmitter::emitMainLoop() {
     } else {
       // The stage's scales, staged with its operands.
       SmallVector<Value> scales = stagedScales(e.iadd(kBegin, j), slot);
-      scaleValues = scales.size();
       emitScaledStage(accs, scales, slot);
       release(slot);
     }
@@ -921,8 +916,8 @@ void MatmulEmitter::emitScaledStage(SmallVector<Value> &accs, ValueRange scales,
   // Each scale block into a fresh partial, then scaled into the
   // accumulator: acc += partial * (row scale * column scale).
   for (int64_t s = 0; s < sub; ++s) {
-    ValueRange blockScales =
-        scales.slice(s * (scaleValues / sub), scaleValues / sub);
+    int64_t perSub = scales.size() / sub;
+    ValueRange blockScales = scales.slice(s * perSub, perSub);
     for (int64_t h = 0; h < enc.halves(); ++h) {
       // The warpgroups take turns to issue, so the tensor cores run one's
       // wgmma while the other promotes (issued together, they finish
@@ -939,9 +934,7 @@ void MatmulEmitter::emitScaledStage(SmallVector<Value> &accs, ValueRange scales,
       partial = w->fence(partial);
       Value acc = accs[h];
       // Square blocks: this half's first (and second) block scale.
-      int64_t first = 2;
-      for (int64_t g = 0; g < h; ++g)
-        first += c.scaleSplit[g] < 128 ? 2 : 1;
+      int64_t first = 2 + (h == 1 ? c.blockScales(0) : 0);
       for (int64_t i = 0; i < enc.fragment(); ++i) {
         Value rowScale = blockScales[(i / 2) % 2];
         Value columnScale;

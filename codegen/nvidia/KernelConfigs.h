@@ -107,6 +107,9 @@ struct MatmulConfig {
   int64_t kBlocks() const {
     return enc.fp8() ? llvm::divideCeil(kDim, enc.scaleK) : 0;
   }
+  /// Square weight blocks a stage's 128-column half `h` spans: one, or two
+  /// where the half starts inside a block.
+  int64_t blockScales(int64_t h) const { return scaleSplit[h] < 128 ? 2 : 1; }
   int64_t weightBlockRows() const { return llvm::divideCeil(n, int64_t(128)); }
   /// Per-column weight scales of each stage, decoded to f32, after the ring.
   int64_t columnScaleBytes() const {
@@ -116,9 +119,9 @@ struct MatmulConfig {
   /// (32 f32: the buffers after them stay 128-byte aligned).
   static constexpr int64_t kBlockScaleSlots = 32;
   /// FP8: each stage's row scales as the producer warpgroup stages them,
-  /// after the column scales: MXFP8's E8M0 codes (the consumers decode
-  /// them: 4 stages still fit), or f32 followed by the square weight
-  /// blocks' scales.
+  /// after the column scales: MXFP8's E8M0 codes (a byte each; the
+  /// consumers decode them), or f32 followed by the square weight blocks'
+  /// scales.
   int64_t stagedScales() const {
     return tileM + (columnScales ? 0 : kBlockScaleSlots);
   }
