@@ -39,6 +39,14 @@ constexpr int64_t kAnyTokens = 4096;
 // Persistent kernels: up to this many K stages, or weights of at most this
 // many elements an expert.
 constexpr int64_t kPersistentKTiles = 32, kPersistentWeightElements = 32 << 20;
+// Decode tiles (swap_ab) serve buckets of at most this many tokens: the
+// weights are wgmma's 64-row fragments, an expert's rows (at most a
+// token each) its N. Two blocks share a multiprocessor, each ring at most
+// kSwapSharedBytes, and a split streams at least kSwapMinSplitTiles
+// stages.
+constexpr int64_t kSwapTokens = 64, kSwapFragmentRows = 64;
+constexpr int64_t kSwapSharedBytes = 112 * 1024, kSwapMinSplitTiles = 4;
+constexpr int64_t kSwapRegisters = 160;
 
 /// The rows `value` has at a call of T tokens, as fixed + per_token * T,
 /// followed back through the ops that make rows from tokens.
@@ -86,6 +94,7 @@ struct MatmulShape {
     }
     gated = static_cast<bool>(op.getActivationAttr());
     outQuant = static_cast<bool>(op.getOutQuantAttr());
+    outBlock = outQuant ? op.getOutQuantAttr().getBlockSize() : 0;
     outN = gated ? n / 2 : n;
     rows = rowsOf(op.getLhs());
   }
@@ -97,6 +106,7 @@ struct MatmulShape {
 
   bool grouped = false, gated = false, outQuant = false, columnScales = false;
   int64_t experts = 1, n = 0, k = 0, outN = 0, elementBytes = 2, scaleK = 0;
+  int64_t outBlock = 0;
   TokenLinear rows;
 };
 
@@ -253,14 +263,75 @@ struct ConfigureMatmulsPass
 
   MatmulConfigAttr choose(GroupedMatmulOp op, const MatmulShape &shape,
                           int64_t tokens) const;
+  MatmulConfigAttr chooseDecodeTile(GroupedMatmulOp op,
+                                    const MatmulShape &shape,
+                                    int64_t tokens) const;
 
   Pins pins;
 };
 } // namespace
 
+MatmulConfigAttr ConfigureMatmulsPass::chooseDecodeTile(
+    GroupedMatmulOp op, const MatmulShape &shape, int64_t tokens) const {
+  // An expert's rows in one tile: a token chooses an expert once.
+  int64_t rowCount =
+      std::max<int64_t>(shape.rows.fixed + shape.rows.perToken * tokens, 1);
+  int64_t expertRows = shape.grouped ? std::min(tokens, rowCount) : rowCount;
+  int64_t tileM = std::clamp<int64_t>(llvm::PowerOf2Ceil(expertRows), 8, 64);
+  // 64-row fragments: two (ungated), or gate and up fragments for at
+  // least 64 outputs and a whole output quantization block.
+  int64_t outputs = shape.gated ? std::max<int64_t>(64, shape.outBlock) : 128;
+  int64_t tileN = pins.tileN.value_or(shape.gated ? 2 * outputs : outputs);
+  int64_t fragments = tileN / kSwapFragmentRows;
+  // Accumulators, FP8 partials and a stage's scales within 160 registers
+  // a thread (the kernel's rule).
+  int64_t sub = shape.scaleK ? shape.tileK() / shape.scaleK : 0;
+  auto registers = [&](int64_t m) {
+    return fragments * m / 2 * (shape.scaleK ? 2 : 1) +
+           sub * (m / 4 + 2 * fragments);
+  };
+  while (tileM > 8 && registers(tileM) > kSwapRegisters)
+    tileM /= 2;
+  tileM = pins.tileM.value_or(tileM);
+  int64_t tileK = pins.tileK.value_or(shape.tileK());
+  int64_t kTiles = llvm::divideCeil(shape.k, tileK);
+  int64_t perStage = (tileM + tileN) * kSliceBytes + 2 * 8;
+  int64_t stages = pins.stages.value_or(std::clamp<int64_t>(
+      (std::min<int64_t>(kSwapSharedBytes, sharedBytes) - 1024) / perStage, 2,
+      std::max<int64_t>(kTiles, 2)));
+  // Split K until the busy tiles (one per expert with rows, or per tile of
+  // rows) fill the multiprocessors.
+  int64_t colTiles =
+      llvm::divideCeil(shape.outN, shape.gated ? tileN / 2 : tileN);
+  int64_t busy = (shape.grouped ? std::min(shape.experts, rowCount)
+                                : llvm::divideCeil(rowCount, tileM)) *
+                 colTiles;
+  int64_t splitK = std::clamp<int64_t>(
+      llvm::divideCeil(multiprocessors, busy), 1,
+      std::clamp<int64_t>(kTiles / kSwapMinSplitTiles, 1, kMaxSplits));
+  splitK = pins.splitK.value_or(splitK);
+  if (splitK > 1 && kTiles > 0)
+    splitK = llvm::divideCeil(kTiles, llvm::divideCeil(kTiles, splitK));
+  return MatmulConfigAttr::getChecked(
+      [&] { return op.emitOpError(); }, op.getContext(), tokens, tileM, tileN,
+      tileK, stages, pins.warpGroups.value_or(1), pins.clusterM.value_or(1),
+      pins.clusterN.value_or(1), pins.multicast.value_or(MatmulMulticast::None),
+      pins.raster.value_or(MatmulRaster::M), pins.group.value_or(kGroup),
+      splitK, /*swapAB=*/true, pins.persistent.value_or(false),
+      pins.epilogue.value_or(MatmulEpilogue::Registers));
+}
+
 MatmulConfigAttr ConfigureMatmulsPass::choose(GroupedMatmulOp op,
                                               const MatmulShape &shape,
                                               int64_t tokens) const {
+  // A bucket of few tokens takes the decode tile, unless a pin is the wide
+  // tile's (its shape, warpgroups, clusters, shared epilogue, persistent).
+  bool wide = pins.tileM || pins.tileN || pins.warpGroups || pins.clusterM ||
+              pins.clusterN || pins.multicast ||
+              pins.epilogue == MatmulEpilogue::Shared ||
+              pins.persistent.value_or(false);
+  if (pins.swapAB.value_or(!wide && tokens > 0 && tokens <= kSwapTokens))
+    return chooseDecodeTile(op, shape, tokens);
   int64_t tileM = pins.tileM.value_or(kTileM);
   int64_t tileN = pins.tileN.value_or(kTileN);
   int64_t tileK = pins.tileK.value_or(shape.tileK());

@@ -142,6 +142,11 @@ def ConfigureMatmuls : Pass<"moe-configure-matmuls"> {
     the ring takes the stages that fit beside the epilogue's buffer; a
     bucket whose tiles would leave most multiprocessors idle splits K; the
     rest run persistent, one block per multiprocessor walking the tiles.
+    A bucket of at most 64 tokens takes the decode tile (`swap_ab`): the
+    weights are the MMA's wide side in 64-row fragments and an expert's
+    rows (8 to 64, at most a token each) its narrow side, stages small
+    enough for two blocks a multiprocessor, K split until the busy tiles
+    fill the GPU; pinning a field of the wide tile keeps the wide tile.
     `matmul-config` pins fields for every matmul, as comma-separated
     `key=value` pairs: `tile=MxNxK`, `stages`, `warpgroups`, `cluster=MxN`,
     `multicast` (none, lhs, rhs), `raster` (m, n), `group`, `split-k`,

@@ -16,7 +16,8 @@
 // matching 128 up columns) and stores bf16 from registers, or quantizes each
 // row's blocks first (out_quant). A grouped matmul
 // finds its block's expert and rows from the device's counts, so its grid is
-// an upper bound and spare blocks exit.
+// an upper bound and spare blocks exit. A bucket of few tokens takes the
+// decode tile instead (DecodeMatmul.cpp).
 //
 //===----------------------------------------------------------------------===//
 
@@ -25,6 +26,7 @@
 #include "codegen/nvidia/Hopper.h"
 #include "codegen/nvidia/KernelBuilder.h"
 #include "codegen/nvidia/KernelConfigs.h"
+#include "codegen/nvidia/Matmul.h"
 
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
@@ -54,6 +56,71 @@ MatmulEncoding::MatmulEncoding(QuantAttr scheme, int64_t tileN)
   type = NVVM::WGMMATypes::e4m3;
 }
 
+/// Refuses the fields of a decode tile's `config` (swap_ab) that the
+/// kernel cannot honour.
+static LogicalResult checkSwapConfig(GroupedMatmulOp op,
+                                     MatmulConfigAttr config,
+                                     const MatmulConfig &c) {
+  auto refuse = [&](StringRef field, auto value) {
+    return op.emitOpError() << "has matmul_config " << field << " = " << value
+                            << ", which the sm_90a decode tile (swap_ab) "
+                               "cannot honour: ";
+  };
+  if (c.tileM < 8 || c.tileM > 64 || c.tileM % 8 != 0)
+    return refuse("tile_m", c.tileM)
+           << "its rows are wgmma's N: 8 to 64, a multiple of 8";
+  int64_t unit = c.gated ? 2 * MatmulConfig::kSwapFragmentRows
+                         : MatmulConfig::kSwapFragmentRows;
+  if (c.tileN < unit || c.tileN > 256 || c.tileN % unit != 0)
+    return refuse("tile_n", c.tileN)
+           << "it takes 64-row weight fragments, at most 4"
+           << (c.gated ? ", as many gate as up" : "");
+  if (c.outBlock && c.outTile % c.outBlock != 0)
+    return refuse("tile_n", c.tileN)
+           << "a quantizing epilogue needs whole blocks of " << c.outBlock
+           << " outputs in a tile, and it has " << c.outTile;
+  // Accumulators, FP8 partials and a stage's scales.
+  int64_t registers =
+      c.swapFragments() * c.tileM / 2 * (c.enc.fp8() ? 2 : 1) +
+      (c.enc.fp8() ? c.enc.subBlocks() * (c.tileM / 4 + 2 * c.swapFragments())
+                   : 0);
+  if (registers > 160)
+    return refuse("tile_m", c.tileM)
+           << "its accumulators"
+           << (c.enc.fp8() ? ", FP8 partials and a stage's scales" : "")
+           << " would take " << registers
+           << " registers a thread, more than 160";
+  if (config.getTileK() != c.enc.tileK())
+    return refuse("tile_k", config.getTileK())
+           << "it takes 128 bytes of K a stage (" << c.enc.tileK()
+           << " elements)";
+  if (config.getWarpgroups() != 1)
+    return refuse("warpgroups", config.getWarpgroups())
+           << "it has one consumer warpgroup";
+  if (config.getClusterM() != 1 || config.getClusterN() != 1)
+    return refuse("cluster_m", config.getClusterM())
+           << "its blocks do not form clusters";
+  if (c.persistent)
+    return refuse("persistent", "true") << "it runs a block per tile";
+  if (c.sharedEpilogue)
+    return refuse("epilogue", "shared") << "it stores from registers";
+  if (c.rowTiles == 0)
+    return refuse("swap_ab", "true")
+           << "a decode tile needs a bucket's bound on the rows";
+  if (c.splits > c.kTiles ||
+      int64_t(llvm::divideCeil(c.kTiles, c.tilesPerSplit)) != c.splits)
+    return refuse("split_k", c.splits)
+           << "K's " << c.kTiles << " stages do not cut into " << c.splits
+           << " non-empty ranges";
+  if (c.sharedBytes() + c.barrierBytes() > MatmulConfig::kSharedLimit)
+    return refuse("stages", c.stages)
+           << "the ring and its barriers need "
+           << c.sharedBytes() + c.barrierBytes()
+           << " bytes of shared memory, more than the "
+           << MatmulConfig::kSharedLimit << " a block may have";
+  return success();
+}
+
 /// Refuses `config` fields the kernel cannot honour: an error that names
 /// the field and what the kernel takes.
 static LogicalResult checkConfig(GroupedMatmulOp op, MatmulConfigAttr config,
@@ -62,6 +129,8 @@ static LogicalResult checkConfig(GroupedMatmulOp op, MatmulConfigAttr config,
     return op.emitOpError() << "has matmul_config " << field << " = " << value
                             << ", which the sm_90a kernel cannot honour: ";
   };
+  if (c.swapAb)
+    return checkSwapConfig(op, config, c);
   if (config.getTileM() != c.tileM)
     return refuse("tile_m", config.getTileM()) << "it takes 128-row tiles";
   if (config.getTileN() != c.tileN)
@@ -86,8 +155,6 @@ static LogicalResult checkConfig(GroupedMatmulOp op, MatmulConfigAttr config,
   if (c.cluster > 1 && c.splits > 1)
     return refuse("cluster_m", c.cluster)
            << "a cluster's blocks walk whole K, not split_k ranges";
-  if (config.getSwapAb())
-    return refuse("swap_ab", "true") << "the weights are always the N side";
   if (c.splits > 1 && c.rowTiles == 0)
     return refuse("split_k", c.splits)
            << "splitting K needs a bucket's bound on the rows";
@@ -124,7 +191,16 @@ FailureOr<MatmulConfig> nvidia::configureMatmul(GroupedMatmulOp op,
                             << " tokens (run moe-configure-matmuls)";
   MatmulConfig c;
   auto rhsType = cast<RankedTensorType>(op.getRhs().getType());
+  if (config.getSwapAb()) {
+    // A decode tile: tile_m rows as wgmma's N, tile_n weight rows.
+    c.swapAb = true;
+    c.tileM = config.getTileM();
+    c.tileN = config.getTileN();
+    c.warpGroups = 1;
+  }
   c.enc = MatmulEncoding(op.getScheme(), c.tileN);
+  if (c.swapAb)
+    c.enc.instN = c.tileM;
   c.stages = config.getStages();
   c.grouped = static_cast<bool>(op.getTokensPerExpert());
   c.experts = c.grouped ? rhsType.getDimSize(0) : 1;
@@ -228,14 +304,12 @@ static std::string describeK(GroupedMatmulOp op) {
   return "the length of the rows it multiplies";
 }
 
-/// The expert and rows [start, end) of row tile `target` (i32) when each
-/// expert's rows are cut into tiles of `tileM` rows: (-1, 0, 0) past the last.
-/// Every warp finds it on its own, its lanes each summing the tiles of a
-/// run of experts and meeting through shuffles, so a block waits for one
-/// round of loads rather than one per expert.
-static SmallVector<Value> findTile(Emitter &e, Value tid, Value counts,
-                                   Value offsets, int64_t experts,
-                                   int64_t tileM, Value target) {
+// Every warp finds its tile on its own, its lanes each summing the tiles of
+// a run of experts and meeting through shuffles, so a block waits for one
+// round of loads rather than one per expert.
+SmallVector<Value> nvidia::findTile(Emitter &e, Value tid, Value counts,
+                                    Value offsets, int64_t experts,
+                                    int64_t tileM, Value target) {
   OpBuilder &b = e.b;
   Location loc = e.loc;
   Value lane = e.toI32(e.remUI(tid, 32));
@@ -425,8 +499,17 @@ MemRefType MatmulEmitter::tileType(int64_t rows) {
 }
 
 nvgpu::TensorMapDescriptorType MatmulEmitter::mapType(int64_t rows) {
+  return matmulMapType(ctx, tileType(rows).getElementType(), rows, enc.tileK());
+}
+
+nvgpu::TensorMapDescriptorType nvidia::matmulMapType(MLIRContext *ctx,
+                                                     Type element, int64_t rows,
+                                                     int64_t tileK) {
+  auto tile = MemRefType::get(
+      {rows, tileK}, element, MemRefLayoutAttrInterface(),
+      gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup));
   return nvgpu::TensorMapDescriptorType::get(
-      ctx, tileType(rows), nvgpu::TensorMapSwizzleKind::SWIZZLE_128B,
+      ctx, tile, nvgpu::TensorMapSwizzleKind::SWIZZLE_128B,
       nvgpu::TensorMapL2PromoKind::L2PROMO_128B,
       nvgpu::TensorMapOOBKind::OOB_ZERO,
       nvgpu::TensorMapInterleaveKind::INTERLEAVE_NONE);
@@ -1313,7 +1396,7 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
                                           lhs.rows, kDim, c.tileM, enc.tileK());
   unsigned mapB = layer.plan.addTensorMap(
       layer.info(op.getRhs()).buffer, enc.elementBytes, {c.experts * c.n, 0},
-      kDim, c.tileN / 2, enc.tileK());
+      kDim, c.weightBoxRows(), enc.tileK());
   // Split partials [splits, rows, n] f32 and one counter per tile.
   TensorInfo partials{};
   if (c.splits > 1)
@@ -1342,6 +1425,18 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   Kernel k = layer.kernelOn(op, c.grouped ? "grouped_matmul" : "matmul",
                             bufferIndices, {mapA, mapB});
   Launch &launch = k.launch;
+  if (c.swapAb) {
+    // A decode tile's bucket bounds its row tiles: those on x, column
+    // tiles x splits on y; a consumer warpgroup and a producer warp.
+    launch.work = {c.rowTiles, 0};
+    launch.gridY = c.colTiles * c.splits;
+    launch.block = 128 + 32;
+    k.func.setKnownBlockSizeAttr(
+        k.b.getDenseI32ArrayAttr({int32_t(launch.block), 1, 1}));
+    launch.sharedBytes = c.sharedBytes();
+    return emitDecodeMatmul(layer, op, c, lhs, k, buffers, bufferIndices,
+                            partials);
+  }
   // Row tiles (a cluster's rows each) on x (no 65535 limit), column tiles
   // on y. Grouped: at most ceil(rows / cluster rows) + experts row tiles
   // are non-empty.

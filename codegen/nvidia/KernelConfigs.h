@@ -84,6 +84,18 @@ struct MatmulConfig {
   int64_t group = 8;
   /// Results go through a shared-memory buffer per consumer warpgroup.
   bool sharedEpilogue = false;
+  /// Decode tiles (swap_ab): the weights are wgmma's M side and the rows
+  /// its N. A block computes tileN weight rows (m64 fragments; gated: the
+  /// gate rows of tileN / 2 outputs, then their up rows) x tileM rows of
+  /// one expert with one consumer warpgroup and a producer warp, its
+  /// stages small enough that two blocks share a multiprocessor.
+  bool swapAb = false;
+  static constexpr int64_t kSwapFragmentRows = 64;
+  int64_t swapFragments() const { return tileN / kSwapFragmentRows; }
+  /// Weight rows of one TMA box: a fragment's when swapped, else a half's.
+  int64_t weightBoxRows() const {
+    return swapAb ? kSwapFragmentRows : tileN / 2;
+  }
 
   /// Square weight blocks: the columns of each 128-column half before the
   /// half's second block row (128 when it lies in one).
@@ -113,7 +125,7 @@ struct MatmulConfig {
   int64_t weightBlockRows() const { return llvm::divideCeil(n, int64_t(128)); }
   /// Per-column weight scales of each stage, decoded to f32, after the ring.
   int64_t columnScaleBytes() const {
-    return columnScales ? stages * enc.subBlocks() * tileN * 4 : 0;
+    return columnScales && !swapAb ? stages * enc.subBlocks() * tileN * 4 : 0;
   }
   /// Slots for a stage's square weight-block scales, after its row scales
   /// (32 f32: the buffers after them stay 128-byte aligned).
@@ -126,9 +138,9 @@ struct MatmulConfig {
     return tileM + (columnScales ? 0 : kBlockScaleSlots);
   }
   int64_t stagedScaleBytes() const {
-    return enc.fp8() ? stages * enc.subBlocks() * stagedScales() *
-                           (columnScales ? 1 : 4)
-                     : 0;
+    return enc.fp8() && !swapAb ? stages * enc.subBlocks() * stagedScales() *
+                                      (columnScales ? 1 : 4)
+                                : 0;
   }
   /// One consumer warpgroup's epilogue buffer, after the staged scales.
   int64_t epilogueBytes() const { return groupRows() * kEpilogueColumns * 2; }

@@ -18,12 +18,14 @@
 // 7168): one configuration for any token count, then one per bucket. Any
 // count: 128 x 256 tiles of 64 bf16 a stage, four stages beside the
 // epilogue's buffers, persistent (more tiles than multiprocessors). One
-// token has a tile per column tile: K is split three ways (at least 32
-// stages each). 128 tokens fill the GPU again, but with about 4 rows a
-// tile: not persistent.
+// token takes the decode tile: 8 rows as wgmma's N, 128 weight rows, six
+// 17 KiB stages (two blocks a multiprocessor), and its 32 column tiles
+// split K five ways to fill 132 multiprocessors. 128 tokens fill the GPU
+// again, but with about 4 rows a tile: not persistent. Pinning the tile
+// keeps the wide one for every bucket.
 // CHECK-LABEL: func.func @dsv3_up
 // CHECK: configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, persistent = true, epilogue = shared>,
-// CHECK-SAME: #moe.matmul_config<tokens = 1, tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, split_k = 3, epilogue = shared>,
+// CHECK-SAME: #moe.matmul_config<tokens = 1, tile_m = 8, tile_n = 128, tile_k = 64, stages = 6, warpgroups = 1, split_k = 5, swap_ab = true>,
 // CHECK-SAME: #moe.matmul_config<tokens = 128, tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, epilogue = shared>]
 // PIN-LABEL: func.func @dsv3_up
 // PIN: configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 3, raster = n, group = 4>,
@@ -59,12 +61,12 @@ func.func @mixtral_down(%a: tensor<?x14336xbf16>, %b: tensor<8x4096x14336xbf16>,
 // and 4 x 128 E8M0 row scales staged in shared memory, which leaves room
 // for three stages; K = 2048 is 16 stages, short enough to run
 // persistent. At 8 tokens the dispatch
-// brings 64 rows (8 x top-8), which may be 64 experts' tiles of 6 column
-// tiles: K stays whole, and tiles of a row or two are not worth walking
-// persistently.
+// brings 64 rows (8 x top-8) to at most 64 experts, at most 8 rows each:
+// decode tiles of 8 rows and 64 gate with their 64 up rows, 12 column
+// tiles an expert, which fill the GPU with K whole.
 // CHECK-LABEL: func.func @qwen3_up
 // CHECK: configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 128, stages = 3, persistent = true, epilogue = shared>,
-// CHECK-SAME: #moe.matmul_config<tokens = 8, tile_m = 128, tile_n = 256, tile_k = 128, stages = 3, epilogue = shared>]
+// CHECK-SAME: #moe.matmul_config<tokens = 8, tile_m = 8, tile_n = 128, tile_k = 128, stages = 6, warpgroups = 1, swap_ab = true>]
 func.func @qwen3_up(%x: tensor<?x2048xbf16>, %ids: tensor<?x8xi32>,
                     %b: tensor<128x1536x2048xf8E4M3FN>,
                     %sb: tensor<128x1536x64xf8E8M0FNU>)
@@ -103,4 +105,32 @@ func.func @epilogues(%a: tensor<?x128xbf16>, %b: tensor<4x512x128xbf16>,
       : (tensor<?x128xbf16>, tensor<4x100x128xbf16>, tensor<4xi32>,
          tensor<5xi32>) -> tensor<?x100xbf16>
   return %0, %s, %1 : tensor<?x256xf8E4M3FN>, tensor<?x2xf32>, tensor<?x100xbf16>
+}
+
+// -----
+
+// Decode tiles of an FP8 block-128 gate/up that quantizes its output in
+// blocks of 128: a tile holds a whole block, 128 gate and 128 up rows (four
+// fragments). At one token (a row, one expert) its 6 column tiles split K
+// four ways, each split 4 of K's 16 stages. At 64 tokens an expert may get
+// 64 rows, but four fragments'
+// accumulators, FP8 partials and scales fit 160 registers only at 32 rows
+// (144): two tiles take an expert's 64. Above 64 tokens the wide tile.
+// CHECK-LABEL: func.func @fp8_decode
+// CHECK: #moe.matmul_config<tokens = 1, tile_m = 8, tile_n = 256, tile_k = 128, stages = 3, warpgroups = 1, split_k = 4, swap_ab = true>,
+// CHECK-SAME: #moe.matmul_config<tokens = 64, tile_m = 32, tile_n = 256, tile_k = 128, stages = 3, warpgroups = 1, swap_ab = true>,
+// CHECK-SAME: #moe.matmul_config<tokens = 128, tile_m = 128, tile_n = 256,
+func.func @fp8_decode(%x: tensor<?x2048xf8E4M3FN>, %sx: tensor<?x16xf32>,
+                      %b: tensor<128x1536x2048xf8E4M3FN>,
+                      %sb: tensor<128x12x16xf32>, %c: tensor<128xi32>,
+                      %o: tensor<129xi32>)
+    -> (tensor<?x768xf8E4M3FN>, tensor<?x6xf32>)
+    attributes {moe.token_buckets = array<i64: 1, 64, 128>} {
+  %0, %s = moe.grouped_matmul %x, %b groups(%c, %o) scales(%sx, %sb)
+      {activation = #moe.activation<kind = swiglu>,
+       out_quant = #moe.quant<kind = fp8_block128>}
+      : (tensor<?x2048xf8E4M3FN>, tensor<128x1536x2048xf8E4M3FN>,
+         tensor<128xi32>, tensor<129xi32>, tensor<?x16xf32>,
+         tensor<128x12x16xf32>) -> (tensor<?x768xf8E4M3FN>, tensor<?x6xf32>)
+  return %0, %s : tensor<?x768xf8E4M3FN>, tensor<?x6xf32>
 }

@@ -91,7 +91,7 @@ TEST_F(KernelConfigTest, GroupedGateUpMatmulFillsTheRing) {
   EXPECT_EQ(bucket.splits, 1);
 }
 
-TEST_F(KernelConfigTest, DecodeMatmulSplitsALongK) {
+TEST_F(KernelConfigTest, DecodeTileSplitsALongK) {
   auto op = parse<GroupedMatmulOp>(R"(
     func.func @f(%x: tensor<?x7168xbf16>, %w: tensor<256x7168xbf16>)
         -> tensor<?x256xbf16> attributes {moe.token_buckets = array<i64: 1>} {
@@ -103,9 +103,15 @@ TEST_F(KernelConfigTest, DecodeMatmulSplitsALongK) {
   EXPECT_FALSE(c.grouped);
   EXPECT_EQ(c.kTiles, 112);
   EXPECT_EQ(c.rowTiles, 1);
-  // One busy tile: K splits as far as 32 slices a split allow.
-  EXPECT_EQ(c.splits, 3);
-  EXPECT_EQ(c.tilesPerSplit, 38);
+  // A row: the decode tile, two column tiles of 128 weight rows, whose K
+  // splits eight ways (the most splits) to spread the weights.
+  EXPECT_TRUE(c.swapAb);
+  EXPECT_EQ(c.tileM, 8);
+  EXPECT_EQ(c.tileN, 128);
+  EXPECT_EQ(c.warpGroups, 1);
+  EXPECT_EQ(c.colTiles, 2);
+  EXPECT_EQ(c.splits, 8);
+  EXPECT_EQ(c.tilesPerSplit, 14);
   // Without a bucket the whole K stays in one block.
   EXPECT_EQ(configure(op, 0).splits, 1);
 }

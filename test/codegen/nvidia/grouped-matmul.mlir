@@ -89,3 +89,51 @@ func.func @mxfp8(%a: tensor<?x128xf8E4M3FN>, %b: tensor<96x128xf8E4M3FN>,
          tensor<96x4xf8E8M0FNU>) -> tensor<?x96xbf16>
   return %0 : tensor<?x96xbf16>
 }
+
+// -----
+
+// A bucket of few tokens takes the decode tile (swap_ab): the weights are
+// wgmma's M side in 64-row boxes, an expert's rows its N (8 here, the
+// rows' TMA box); a consumer warpgroup and a producer warp, a block per
+// (row tile, column tile of 64 gate and 64 up rows).
+// CHECK-LABEL: func.func @decode_gate_up
+// CHECK-SAME: #moe.tensor_map<buffer = 6, element_bytes = 2, rows = 1 * T, cols = 64, box_rows = 8, box_cols = 64>, #moe.tensor_map<buffer = 1, element_bytes = 2, rows = 2048, cols = 64, box_rows = 64, box_cols = 64>]
+// CHECK-SAME: #moe.launch<kernel = @moe_grouped_matmul_1, work = 1, grid_y = 2, block = 160, shared_bytes = 35840,
+// CHECK: gpu.func @moe_grouped_matmul_1({{.*}}) kernel attributes {known_block_size = array<i32: 160, 1, 1>
+// PTX: .visible .entry moe_grouped_matmul_1(
+// PTX-SAME: wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16
+func.func @decode_gate_up(%x: tensor<?x64xbf16>, %w13: tensor<8x256x64xbf16>,
+                          %counts: tensor<8xi32>, %offsets: tensor<9xi32>,
+                          %bias: tensor<8x256xf32>) -> tensor<?x128xbf16>
+    attributes {moe.token_buckets = array<i64: 1>} {
+  %0 = moe.grouped_matmul %x, %w13 groups(%counts, %offsets) bias %bias
+      {activation = #moe.activation<kind = clamped_swiglu>}
+      : (tensor<?x64xbf16>, tensor<8x256x64xbf16>, tensor<8xi32>, tensor<9xi32>,
+         tensor<8x256xf32>) -> tensor<?x128xbf16>
+  return %0 : tensor<?x128xbf16>
+}
+
+// -----
+
+// An FP8 decode tile that quantizes its output in blocks of 128: four
+// fragments (128 gate and 128 up rows) a tile, each scale block's partial
+// m64n8k32, and the block statistics meet across warps (named barrier 2).
+// CHECK-LABEL: func.func @decode_fp8
+// CHECK-SAME: #moe.launch<kernel = @moe_grouped_matmul_1, work = 1, grid_y = 2, block = 160, shared_bytes = 68608,
+// PTX: .visible .entry moe_grouped_matmul_1(
+// PTX-SAME: wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3
+// PTX-SAME: bar.sync 2, 128
+func.func @decode_fp8(%x: tensor<?x256xf8E4M3FN>, %sx: tensor<?x2xf32>,
+                      %b: tensor<4x512x256xf8E4M3FN>,
+                      %sb: tensor<4x4x2xf32>, %c: tensor<4xi32>,
+                      %o: tensor<5xi32>)
+    -> (tensor<?x256xf8E4M3FN>, tensor<?x2xf32>)
+    attributes {moe.token_buckets = array<i64: 1>} {
+  %0, %s = moe.grouped_matmul %x, %b groups(%c, %o) scales(%sx, %sb)
+      {activation = #moe.activation<kind = swiglu>,
+       out_quant = #moe.quant<kind = fp8_block128>}
+      : (tensor<?x256xf8E4M3FN>, tensor<4x512x256xf8E4M3FN>,
+         tensor<4xi32>, tensor<5xi32>, tensor<?x2xf32>,
+         tensor<4x4x2xf32>) -> (tensor<?x256xf8E4M3FN>, tensor<?x2xf32>)
+  return %0, %s : tensor<?x256xf8E4M3FN>, tensor<?x2xf32>
+}

@@ -112,3 +112,45 @@ func.func @twice(%a: tensor<?x64xbf16>, %b: tensor<256x64xbf16>)
       : (tensor<?x64xbf16>, tensor<256x64xbf16>) -> tensor<?x256xbf16>
   return %0 : tensor<?x256xbf16>
 }
+
+// -----
+
+func.func @decode_rows(%a: tensor<?x64xbf16>, %b: tensor<256x64xbf16>)
+    -> tensor<?x256xbf16> attributes {moe.token_buckets = array<i64: 1>} {
+  // expected-error @below {{has matmul_config tile_m = 12, which the sm_90a decode tile (swap_ab) cannot honour: its rows are wgmma's N: 8 to 64, a multiple of 8}}
+  %0 = moe.grouped_matmul %a, %b {configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4>, #moe.matmul_config<tokens = 1, tile_m = 12, tile_n = 128, tile_k = 64, stages = 6, warpgroups = 1, swap_ab = true>]}
+      : (tensor<?x64xbf16>, tensor<256x64xbf16>) -> tensor<?x256xbf16>
+  return %0 : tensor<?x256xbf16>
+}
+
+// -----
+
+func.func @decode_fragments(%a: tensor<?x64xbf16>, %b: tensor<256x64xbf16>)
+    -> tensor<?x128xbf16> attributes {moe.token_buckets = array<i64: 1>} {
+  // expected-error @below {{has matmul_config tile_n = 64, which the sm_90a decode tile (swap_ab) cannot honour: it takes 64-row weight fragments, at most 4, as many gate as up}}
+  %0 = moe.grouped_matmul %a, %b {activation = #moe.activation<kind = swiglu>, configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4>, #moe.matmul_config<tokens = 1, tile_m = 8, tile_n = 64, tile_k = 64, stages = 6, warpgroups = 1, swap_ab = true>]}
+      : (tensor<?x64xbf16>, tensor<256x64xbf16>) -> tensor<?x128xbf16>
+  return %0 : tensor<?x128xbf16>
+}
+
+// -----
+
+func.func @decode_registers(%x: tensor<?x256xf8E4M3FN>, %sx: tensor<?x2xf32>,
+                            %b: tensor<256x256xf8E4M3FN>, %sb: tensor<2x2xf32>)
+    -> tensor<?x256xbf16> attributes {moe.token_buckets = array<i64: 64>} {
+  // expected-error @below {{has matmul_config tile_m = 64, which the sm_90a decode tile (swap_ab) cannot honour: its accumulators, FP8 partials and a stage's scales would take 280 registers a thread, more than 160}}
+  %0 = moe.grouped_matmul %x, %b scales(%sx, %sb) {configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 128, stages = 4>, #moe.matmul_config<tokens = 64, tile_m = 64, tile_n = 256, tile_k = 128, stages = 3, warpgroups = 1, swap_ab = true>]}
+      : (tensor<?x256xf8E4M3FN>, tensor<256x256xf8E4M3FN>, tensor<?x2xf32>,
+         tensor<2x2xf32>) -> tensor<?x256xbf16>
+  return %0 : tensor<?x256xbf16>
+}
+
+// -----
+
+func.func @decode_any(%a: tensor<?x64xbf16>, %b: tensor<256x64xbf16>)
+    -> tensor<?x256xbf16> {
+  // expected-error @below {{has matmul_config swap_ab = true, which the sm_90a decode tile (swap_ab) cannot honour: a decode tile needs a bucket's bound on the rows}}
+  %0 = moe.grouped_matmul %a, %b {configs = [#moe.matmul_config<tile_m = 8, tile_n = 128, tile_k = 64, stages = 6, warpgroups = 1, swap_ab = true>]}
+      : (tensor<?x64xbf16>, tensor<256x64xbf16>) -> tensor<?x256xbf16>
+  return %0 : tensor<?x256xbf16>
+}

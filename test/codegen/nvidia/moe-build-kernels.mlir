@@ -170,15 +170,17 @@ func.func @two_blocks(%x: tensor<?x64xbf16>, %w: tensor<64x64xbf16>) -> tensor<?
 // any count. A bucket of few tokens routes in two kernels (logits spread
 // over blocks, then a warp per token choosing); a bucket's graph encodes
 // TMA descriptors for its size, so the caller's rows that a matmul reads
-// with TMA are first copied into the workspace. A bucket's kernel equal to
-// one built before is launched from there, not built again.
+// with TMA are first copied into the workspace; its matmuls take the
+// decode tile (operands swapped: a consumer warpgroup and a producer warp).
+// A bucket's kernel equal to one built before is launched from there, not
+// built again.
 // CHECK-LABEL: func.func @bucketed
 // CHECK-SAME: moe.bucket_plans = [#moe.launch_plan<
 // CHECK-SAME: #moe.launch<kernel = @moe_route_logits, work = 1 * T, per_block = 4, block = 256
 // CHECK-SAME: #moe.launch<kernel = @moe_route_select,
 // CHECK-SAME: kernel = @moe_dispatch_plan,
 // CHECK-SAME: kernel = @moe_copy_rows_shared,
-// CHECK-SAME: kernel = @moe_matmul_shared,
+// CHECK-SAME: #moe.launch<kernel = @moe_matmul_shared_1, work = 1, block = 160,
 // CHECK-SAME: max_tokens = 1>, #moe.launch_plan<
 // CHECK-SAME: #moe.launch<kernel = @moe_route, work = 1 * T, per_block = 4
 // CHECK-SAME: kernel = @moe_copy_rows_shared,
@@ -193,6 +195,7 @@ func.func @two_blocks(%x: tensor<?x64xbf16>, %w: tensor<64x64xbf16>) -> tensor<?
 // CHECK-COUNT-1: gpu.func @moe_route_logits(
 // CHECK-COUNT-1: gpu.func @moe_route_select(
 // CHECK-COUNT-1: gpu.func @moe_copy_rows_shared(
+// CHECK-COUNT-1: gpu.func @moe_matmul_shared_1(
 // CHECK-NOT: gpu.func
 func.func @bucketed(%hidden: tensor<?x64xbf16>, %router: tensor<8x64xbf16>,
                     %w13: tensor<8x64x64xbf16>, %w2: tensor<8x64x32xbf16>,
