@@ -300,17 +300,19 @@ MatmulConfigAttr ConfigureMatmulsPass::chooseDecodeTile(
       (std::min<int64_t>(kSwapSharedBytes, sharedBytes) - 1024) / perStage, 2,
       std::max<int64_t>(kTiles, 2)));
   // Split K until the busy tiles (one per expert with rows, or per tile of
-  // rows) fill the multiprocessors, where they leave more than half idle:
-  // a split costs its ring's fill, the partials and the last block's sum
-  // (H100, Qwen3-30B-A3B at one token, 96 and 128 busy tiles: 53.3 us a
-  // forward unsplit, 56.7 with K halved; bench/RESULTS.md).
+  // rows) fill the multiprocessors, where they leave more than three
+  // quarters idle: a split costs its ring's fill, the partials and the
+  // last block's sum, and a block streams 55 GB/s or more (H100, one
+  // token: Qwen3-30B-A3B's 96 and 128 busy tiles 53.3 us a forward
+  // unsplit, 56.7 split; its FP8 48 and 128 tiles 35.1 unsplit, 38.0
+  // split; Mixtral's 64-tile down equal; bench/RESULTS.md).
   int64_t colTiles =
       llvm::divideCeil(shape.outN, shape.gated ? tileN / 2 : tileN);
   int64_t busy = (shape.grouped ? std::min(shape.experts, rowCount)
                                 : llvm::divideCeil(rowCount, tileM)) *
                  colTiles;
   int64_t splitK = std::clamp<int64_t>(
-      2 * busy > multiprocessors ? 1 : llvm::divideCeil(multiprocessors, busy),
+      4 * busy > multiprocessors ? 1 : llvm::divideCeil(multiprocessors, busy),
       1, std::clamp<int64_t>(kTiles / kSwapMinSplitTiles, 1, kMaxSplits));
   splitK = pins.splitK.value_or(splitK);
   if (splitK > 1 && kTiles > 0)

@@ -97,8 +97,11 @@ static LogicalResult checkSwapConfig(GroupedMatmulOp op,
   if (config.getWarpgroups() != 1)
     return refuse("warpgroups", config.getWarpgroups())
            << "it has one consumer warpgroup";
-  if (config.getClusterM() != 1 || config.getClusterN() != 1)
+  if (config.getClusterM() != 1)
     return refuse("cluster_m", config.getClusterM())
+           << "its blocks do not form clusters";
+  if (config.getClusterN() != 1)
+    return refuse("cluster_n", config.getClusterN())
            << "its blocks do not form clusters";
   if (c.persistent)
     return refuse("persistent", "true") << "it runs a block per tile";
@@ -112,10 +115,19 @@ static LogicalResult checkSwapConfig(GroupedMatmulOp op,
     return refuse("split_k", c.splits)
            << "K's " << c.kTiles << " stages do not cut into " << c.splits
            << " non-empty ranges";
-  if (c.sharedBytes() + c.barrierBytes() > MatmulConfig::kSharedLimit)
+  if (c.stages < 2)
     return refuse("stages", c.stages)
-           << "the ring and its barriers need "
-           << c.sharedBytes() + c.barrierBytes()
+           << "a stage's slot is released while the next is multiplied: "
+              "the ring needs two";
+  // The ring, its barriers and the epilogue's block statistics and split
+  // ticket (static).
+  int64_t outFragments = c.gated ? c.swapFragments() / 2 : c.swapFragments();
+  int64_t statics = c.barrierBytes() + 16 +
+                    (c.outBlock ? 2 * outFragments * 4 * c.tileM * 4 : 0);
+  if (c.sharedBytes() + statics > MatmulConfig::kSharedLimit)
+    return refuse("stages", c.stages)
+           << "the ring, its barriers and the epilogue's statistics need "
+           << c.sharedBytes() + statics
            << " bytes of shared memory, more than the "
            << MatmulConfig::kSharedLimit << " a block may have";
   return success();
@@ -171,6 +183,10 @@ static LogicalResult checkConfig(GroupedMatmulOp op, MatmulConfigAttr config,
            << "its 16-byte stores need output rows of a multiple of 8 "
               "columns, and N is "
            << c.outN;
+  if (c.stages < 2)
+    return refuse("stages", c.stages)
+           << "a stage's slot is released while the next is multiplied: "
+              "the ring needs two";
   if (c.sharedBytes() + c.barrierBytes() > MatmulConfig::kSharedLimit)
     return refuse("stages", c.stages)
            << "the ring, its barriers and the buffers need "

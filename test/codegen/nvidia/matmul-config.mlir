@@ -154,3 +154,13 @@ func.func @decode_any(%a: tensor<?x64xbf16>, %b: tensor<256x64xbf16>)
       : (tensor<?x64xbf16>, tensor<256x64xbf16>) -> tensor<?x256xbf16>
   return %0 : tensor<?x256xbf16>
 }
+
+// -----
+
+func.func @one_stage(%a: tensor<?x64xbf16>, %b: tensor<256x64xbf16>)
+    -> tensor<?x256xbf16> {
+  // expected-error @below {{has matmul_config stages = 1, which the sm_90a kernel cannot honour: a stage's slot is released while the next is multiplied: the ring needs two}}
+  %0 = moe.grouped_matmul %a, %b {configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 1>]}
+      : (tensor<?x64xbf16>, tensor<256x64xbf16>) -> tensor<?x256xbf16>
+  return %0 : tensor<?x256xbf16>
+}
