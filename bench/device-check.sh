@@ -137,7 +137,7 @@ for lib in "$dir"/gpu_*.so; do
   # its E4M3 code by a step (1/16), which is what quantized layers show.
   [[ $name == *fp8* || $name == *mxfp8* ]] && bound=2e-2
   # Bucket edges, counts inside buckets, and one above the largest bucket.
-  check "$lib" --cpu "$dir/cpu_$name.so" --tokens 0 1 3 33 128 200 4096 5000 --bound "$bound" --label "$name"
+  check "$lib" --cpu "$dir/cpu_$name.so" --tokens 0 1 3 33 64 128 200 4096 5000 --bound "$bound" --label "$name"
 done
 check "$dir/fixed_static_tokens.so" --cpu "$dir/cpu_static_tokens.so" --tokens 3 --label static_tokens
 for lib in "$dir"/big_*.so; do

@@ -131,6 +131,26 @@ def Bucketize : Pass<"moe-bucketize"> {
   let dependentDialects = ["::mlir::moe::MoeDialect"];
 }
 
+def FuseLayer : Pass<"moe-fuse-layer"> {
+  let summary = "Run a small bucket's layer as one persistent kernel";
+  let description = [{
+    Marks the token buckets of at most `max-tokens` tokens with
+    `moe.fused_buckets`: moe-build-kernels then stitches such a bucket's
+    kernels into one kernel of a block per multiprocessor (a cooperative
+    launch, so every block is resident), which runs each step over that
+    step's own grid and waits at a grid barrier (a counter in the workspace
+    header) before the next. The steps' numerics do not change. A bucket
+    keeps its chain of kernels, with a remark saying why, where a grouped
+    matmul's tiles form clusters or walk a persistent schedule, and where
+    the layer holds attention. Run after moe-configure-matmuls.
+  }];
+  let options = [
+    Option<"maxTokens", "max-tokens", "int64_t", /*default=*/"64",
+           "The largest bucket run as one kernel (0: none)">
+  ];
+  let dependentDialects = ["::mlir::moe::MoeDialect"];
+}
+
 def ConfigureMatmuls : Pass<"moe-configure-matmuls"> {
   let summary = "Choose each grouped matmul's kernel configuration";
   let description = [{

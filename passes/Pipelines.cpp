@@ -91,6 +91,9 @@ void moe::buildSm90aPipeline(OpPassManager &pm, const PipelineOptions &options,
   ConfigureMatmulsOptions matmuls;
   matmuls.matmulConfig = options.matmulConfig;
   pm.addPass(createConfigureMatmuls(matmuls));
+  FuseLayerOptions fuse;
+  fuse.maxTokens = options.fuseLayer;
+  pm.addPass(createFuseLayer(fuse));
   if (stop == Stop::L1)
     return;
   nvidia::BuildKernelsOptions kernels;

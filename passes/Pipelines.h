@@ -106,6 +106,12 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
                      "persistent, epilogue; moe-configure-matmuls); the "
                      "rest is the cost model's"),
       llvm::cl::init("")};
+  Option<int64_t> fuseLayer{
+      *this, "fuse-layer",
+      llvm::cl::desc("sm_90a: the largest token bucket whose layer runs as "
+                     "one persistent kernel instead of a chain "
+                     "(moe-fuse-layer; 0: none)"),
+      llvm::cl::init(64)};
   Option<bool> attentionPingPong{
       *this, "attention-ping-pong",
       llvm::cl::desc("Attention's two row groups take turns, one's matmuls "

@@ -20,6 +20,7 @@ using namespace moe::rt;
 namespace {
 // Values from cuda.h.
 constexpr int kMaxDynamicSharedBytes = 8, kProgrammaticStreamSerialization = 6;
+constexpr int kCooperative = 2;
 constexpr int kTensorMapBFloat16 = 9, kTensorMapUInt8 = 0;
 constexpr int kSwizzle128B = 3, kL2Promotion128B = 2;
 
@@ -81,8 +82,8 @@ CudaDevice::Driver *driverWithContext(void *&context, std::string &error) {
 extern "C" int32_t moert_launch(void **module, const void *image,
                                 const char *kernel, uint32_t gridX,
                                 uint32_t gridY, uint32_t blockX,
-                                uint32_t sharedBytes, void *stream,
-                                void **params) {
+                                uint32_t sharedBytes, uint32_t flags,
+                                void *stream, void **params) {
   std::string error;
   void *context = nullptr;
   CudaDevice::Driver *driver = driverWithContext(context, error);
@@ -127,12 +128,15 @@ extern "C" int32_t moert_launch(void **module, const void *image,
   // plainly, for comparison.
   static const bool plain = std::getenv("MOERT_NO_PDL") != nullptr;
   int result;
-  if (plain) {
+  if (plain && !(flags & 1)) {
     result = driver->cuLaunchKernel(function, gridX, gridY, 1, blockX, 1, 1,
                                     sharedBytes, stream, params, nullptr);
   } else {
+    // A cooperative grid (its blocks wait for each other at grid barriers)
+    // is launched whole, or refused if its blocks cannot all be resident:
+    // never left spinning for blocks that wait for a free multiprocessor.
     CudaDevice::Driver::LaunchAttribute overlap = {};
-    overlap.id = kProgrammaticStreamSerialization;
+    overlap.id = (flags & 1) ? kCooperative : kProgrammaticStreamSerialization;
     int allowed = 1;
     std::memcpy(overlap.value, &allowed, sizeof(allowed));
     CudaDevice::Driver::LaunchConfig config = {

@@ -24,9 +24,12 @@ extern "C" {
  * told): a persistent kernel's grid. */
 int32_t moert_multiprocessors(void);
 
+/* `flags` bit 0: a cooperative launch (every block resident at once, or
+ * the launch fails), for a kernel whose blocks wait for each other. */
 int32_t moert_launch(void **module, const void *image, const char *kernel,
                      uint32_t grid_x, uint32_t grid_y, uint32_t block_x,
-                     uint32_t shared_bytes, void *stream, void **params);
+                     uint32_t shared_bytes, uint32_t flags, void *stream,
+                     void **params);
 
 /* Encodes the TMA descriptor (128 bytes, 64-byte aligned) of a tensor at
  * `base` of `rank` (2 to 5) dimensions, innermost first: `dims` sizes,

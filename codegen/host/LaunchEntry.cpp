@@ -196,7 +196,8 @@ static void launchKernel(HostBuilder &h, const LaunchContext &c,
                  {c.cudaModule, c.image,
                   kernelName(h, c.module, launch.getKernel().getValue()), gridX,
                   h.c32(launch.getGridY()), h.c32(launch.getBlock()),
-                  h.c32(launch.getSharedBytes()), c.stream, params}));
+                  h.c32(launch.getSharedBytes()),
+                  h.c32(launch.getCooperative() ? 1 : 0), c.stream, params}));
 }
 
 /// int32_t enqueue(void *const *args, int64_t tokens, void *stream,

@@ -63,6 +63,8 @@ buildPlan(func::FuncOp func, gpu::GPUModuleOp gpuModule,
   plan->maxTokens = maxTokens;
   LayerKernels layer(gpuModule, *plan, names, maxTokens);
   layer.epMaxTokens = epMaxTokens;
+  if (auto fused = func->getAttrOfType<DenseI64ArrayAttr>(kFusedBucketsAttrName))
+    layer.fused = maxTokens > 0 && llvm::is_contained(fused.asArrayRef(), maxTokens);
   Block &body = func.getBody().front();
   FunctionType type = func.getFunctionType();
   // Buffer i is argument i: the inputs, then the outputs.
@@ -94,6 +96,9 @@ buildPlan(func::FuncOp func, gpu::GPUModuleOp gpuModule,
   for (Operation &op : body.without_terminator())
     if (failed(buildKernel(layer, &op)))
       return failure();
+  if (layer.fused &&
+      failed(fuseLaunches(gpuModule, *plan, names, func.getOperation())))
+    return failure();
   return plan;
 }
 

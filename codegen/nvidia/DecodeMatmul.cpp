@@ -397,7 +397,7 @@ void DecodeEmitter::emitScaledStage(SmallVector<Value> &accs, Value kt,
 }
 
 void DecodeEmitter::consumerBarrier(int64_t id) {
-  inlinePtx(b, e.loc, {}, {}, "bar.sync " + std::to_string(id) + ", 128;", "");
+  namedBarrierSync(b, e.loc, e.i32(id), 128);
 }
 
 void DecodeEmitter::emitSplitSum(SmallVector<Value> &finals) {

@@ -276,6 +276,9 @@ static LogicalResult buildDispatchScatter(LayerKernels &layer, DispatchOp op,
 LogicalResult nvidia::buildDispatch(LayerKernels &layer, DispatchOp op) {
   TokenLinear tokens = layer.info(op.getHiddenStates()).rows;
   DispatchConfig cfg = configureDispatch(op, tokens);
+  // A fused step's threads share a block with a matmul's registers.
+  if (layer.fused)
+    cfg.planThreads = LayerKernels::kFusedStepThreads;
   layer.define(op.getTokensPerExpert(), {});
   layer.define(op.getExpertOffsets(), {});
   layer.define(op.getRows(), tokens);

@@ -132,6 +132,10 @@ public:
   /// The bucket being built: the most tokens a call brings, 0 for any. A
   /// family may specialize its kernels to it.
   const int64_t maxTokens;
+  /// The kernels become steps of one fused kernel (moe-fuse-layer): none
+  /// may take more than kFusedStepThreads threads.
+  bool fused = false;
+  static constexpr int64_t kFusedStepThreads = 256;
 
 private:
   std::string uniqueName(std::string name);
@@ -174,6 +178,14 @@ std::pair<Value, Value> quantizeVector(Emitter &e, QuantAttr scheme,
 /// row into `data` and `scales`, a block of threads per row (Quantize.cpp).
 LogicalResult buildRowQuantize(LayerKernels &layer, Operation *op, Value input,
                                Value data, Value scales, QuantAttr scheme);
+
+/// Stitches the launches of `plan`, whose kernels were just built into
+/// `module`, into one cooperative kernel of a block per multiprocessor
+/// (FusedLayer.cpp), named uniquely among `names`. Returns false, with a
+/// remark on `anchor` saying why, and leaves the plan as it was where one
+/// of the kernels cannot be a step of it.
+FailureOr<bool> fuseLaunches(gpu::GPUModuleOp module, LaunchPlan &plan,
+                             llvm::StringSet<> &names, Operation *anchor);
 
 // The kernel families, one file each.
 LogicalResult buildRoute(LayerKernels &layer, RouteOp op);

@@ -70,7 +70,7 @@ LaunchPlanAttr LaunchPlan::toAttr() const {
     launchAttrs.push_back(KernelLaunchAttr::get(
         ctx, FlatSymbolRefAttr::get(ctx, l.kernel), l.work, l.perBlock,
         l.extraBlocks, l.gridY, l.block, l.sharedBytes, l.args, l.persistent,
-        l.cluster));
+        l.cluster, l.cooperative));
   return LaunchPlanAttr::get(ctx, b.getArrayAttr(buffers),
                              b.getArrayAttr(tensorMaps),
                              b.getArrayAttr(launchAttrs), maxTokens, counters);

@@ -31,6 +31,9 @@ struct Launch {
   /// Blocks of a cluster along x: each block of the count above becomes a
   /// cluster of this many.
   int64_t cluster = 1;
+  /// The blocks wait for each other: all must be resident (a cooperative
+  /// launch).
+  bool cooperative = false;
   SmallVector<KernelArg> args;
 };
 
@@ -54,6 +57,8 @@ public:
                         int64_t rowStride, int64_t cols, int64_t boxRows,
                         int64_t boxCols, ArrayRef<int64_t> outer);
   Launch &addLaunch();
+  /// The launches so far, in order.
+  std::deque<Launch> &getLaunches() { return launches; }
   /// Whether buffer `buffer` is one of the caller's arguments.
   bool isArgument(unsigned buffer) const {
     return cast<PlanBufferAttr>(buffers[buffer]).getKind() ==

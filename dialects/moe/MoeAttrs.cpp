@@ -347,9 +347,14 @@ LogicalResult KernelLaunchAttr::verify(
     function_ref<InFlightDiagnostic()> emitError, FlatSymbolRefAttr kernel,
     TokenLinear work, int64_t perBlock, int64_t extraBlocks, int64_t gridY,
     int64_t block, int64_t sharedBytes, ArrayRef<KernelArg> args,
-    bool persistent, int64_t cluster) {
+    bool persistent, int64_t cluster, bool cooperative) {
   if (!kernel)
     return emitError() << "launch needs a kernel";
+  // A cooperative grid must fit the device at once: one block per
+  // multiprocessor.
+  if (cooperative && (!persistent || cluster != 1))
+    return emitError() << "cooperative launch of " << kernel
+                       << " must be persistent and without clusters";
   // Portable cluster sizes are 1 to 8 blocks.
   if (cluster < 1 || cluster > 8)
     return emitError() << "launch of " << kernel << " has clusters of "

@@ -360,7 +360,8 @@ def Moe_KernelLaunchAttr : Moe_Attr<"KernelLaunch", "launch"> {
     at most one block per multiprocessor of the device it runs on. A kernel
     of `cluster` blocks a cluster launches that many blocks for each block
     the count above gives (fewer clusters than multiprocessors / `cluster`
-    when persistent).
+    when persistent). A `cooperative` kernel's blocks wait for each other
+    (grid barriers): it is launched whole or not at all.
   }];
   let parameters = (ins
     "::mlir::FlatSymbolRefAttr":$kernel,
@@ -372,7 +373,8 @@ def Moe_KernelLaunchAttr : Moe_Attr<"KernelLaunch", "launch"> {
     Moe_CountParameter<"dynamic shared memory", "0">:$shared_bytes,
     Moe_KernelArgsParameter:$args,
     Moe_BoolParameter:$persistent,
-    Moe_CountParameter<"blocks of a cluster along x", "1">:$cluster
+    Moe_CountParameter<"blocks of a cluster along x", "1">:$cluster,
+    Moe_BoolParameter:$cooperative
   );
 }
 

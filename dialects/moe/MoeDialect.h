@@ -65,6 +65,9 @@ constexpr const char kTokenBucketsAttrName[] = "moe.token_buckets";
 /// On a layer function: one #moe.launch_plan per token bucket, beside the
 /// moe.launch_plan for any count (moe-build-kernels).
 constexpr const char kBucketPlansAttrName[] = "moe.bucket_plans";
+/// On a layer function: the token buckets whose plan is one persistent
+/// kernel (moe-fuse-layer).
+constexpr const char kFusedBucketsAttrName[] = "moe.fused_buckets";
 
 /// The scales `quant` gives data of `dataShape`: one per block along the last
 /// dimension, or, with `squareBlocks` under FP8 block-128 (weights), one
