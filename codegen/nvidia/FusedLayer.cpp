@@ -5,14 +5,18 @@
 // single cooperative kernel of one block per multiprocessor:
 //
 //  - a step runs its kernel's blocks (the grid the plan would launch at the
-//    bucket's size) as virtual blocks, block i taking i, i + G, ...;
+//    bucket's size, y fastest) as virtual blocks: sub-block s of block i
+//    takes s G + i, (s + S) G + i, ... of S sub-blocks, so a step of fewer
+//    virtual blocks than multiprocessors has one on each;
 //  - a step of few threads runs as several sub-blocks side by side (a
 //    decode tile's 160 threads twice in 320), each with its own shared
 //    memory, its own named barriers and its warpgroups aligned, so that a
 //    multiprocessor streams two tiles' weights as two blocks would;
 //  - steps meet at a grid barrier: a counter in the workspace header, which
 //    the host sets to the token count before each call, so the k-th
-//    barrier is passed at T + k * G arrivals and nothing is reset.
+//    barrier is passed at T + k * G arrivals and nothing is reset; two
+//    steps of one virtual block each (both on block 0) meet at block 0's
+//    own barrier.
 //
 // The steps' code is their kernels' own, so the numerics are the chain's.
 //
@@ -53,6 +57,7 @@ struct Step {
   int64_t staticBytes = 0;
   /// The fused kernel's arguments for the kernel's.
   SmallVector<unsigned> args;
+  int64_t blocks() const { return gridX * gridY; }
   int64_t warpgroupThreads() const { return threads / 128 * 128; }
   int64_t restThreads() const { return threads % 128; }
 };
@@ -131,6 +136,7 @@ private:
   void cloneBody(Step &step, int64_t subBlock, Value localTid, Value bx,
                  Value by);
   void gridBarrier(int64_t k);
+  void blockBarrier();
 
   gpu::GPUModuleOp module;
   LaunchPlan &plan;
@@ -183,14 +189,20 @@ void FusedEmitter::emit(StringRef name) {
   tokens32 = LLVM::LoadOp::create(b, loc, b.getI32Type(),
                                   fused.getArgument(args.size()), 4);
   counter = fused.getArgument(counterArg);
-  int64_t sharedBytes = 0;
+  int64_t sharedBytes = 0, gridBarriers = 0;
   for (auto [k, step] : llvm::enumerate(steps)) {
     for (int64_t s = 0; s < step.subBlocks; ++s)
       emitStep(step, s);
     sharedBytes =
         std::max(sharedBytes, step.subBlocks * step.launch->sharedBytes);
-    if (k + 1 < steps.size())
-      gridBarrier(k + 1);
+    if (k + 1 == steps.size())
+      continue;
+    // Two steps of one virtual block each both run on block 0: its own
+    // barrier orders them, and the others need not wait.
+    if (step.blocks() == 1 && steps[k + 1].blocks() == 1)
+      blockBarrier();
+    else
+      gridBarrier(++gridBarriers);
   }
   gpu::ReturnOp::create(b, loc);
 
@@ -233,13 +245,17 @@ void FusedEmitter::emitStep(Step &step, int64_t s) {
                                   /*withElseRegion=*/false);
   b.setInsertionPointToStart(&member.getThenRegion().front());
   int64_t total = step.gridX * step.gridY;
-  Value first = e.iadd(e.imul(blockId, step.subBlocks), e.index(s));
+  // Sub-block 0 of every block first: a step of fewer virtual blocks than
+  // blocks takes as many multiprocessors as it has virtual blocks.
+  Value first = e.iadd(e.imul(gridDim, e.index(s)), blockId);
   Value stride = e.imul(gridDim, step.subBlocks);
   auto loop = scf::ForOp::create(b, loc, first, e.index(total), stride);
   b.setInsertionPointToStart(loop.getBody());
+  // y runs fastest: a decode tile's busy row tiles (x below the experts'
+  // tile count) are then the first virtual blocks, spread evenly.
   Value v = loop.getInductionVar();
-  cloneBody(step, s, localTid, e.remUI(v, step.gridX),
-            e.divUI(v, step.gridX));
+  cloneBody(step, s, localTid, e.divUI(v, step.gridY),
+            e.remUI(v, step.gridY));
   // The next virtual block may set up the shared memory this one used.
   if (step.subBlocks == 1 && step.threads == threads)
     gpu::BarrierOp::create(b, loc);
@@ -327,16 +343,23 @@ void FusedEmitter::cloneBody(Step &step, int64_t s, Value localTid, Value bx,
     op->erase();
 }
 
+void FusedEmitter::blockBarrier() {
+  // Stores before TMA reads of them in the next step (the async proxy).
+  inlinePtx(b, loc, {}, {}, "fence.proxy.async;", "");
+  gpu::BarrierOp::create(b, loc);
+}
+
 void FusedEmitter::gridBarrier(int64_t k) {
-  // Every thread's stores are ordered before TMA reads of them in the next
-  // step (the async proxy), and before the block's arrival.
+  // The block's stores are ordered before its arrival by the block barrier
+  // and the arrival's release (cumulative); the wait's acquire orders the
+  // others' stores before the next step, and the proxy fences before TMA
+  // reads of them.
   inlinePtx(b, loc, {}, {}, "fence.proxy.async;", "");
   gpu::BarrierOp::create(b, loc);
   e.ifThen(e.eq(tid, e.index(0)), [&] {
-    inlinePtx(b, loc, {}, {}, "fence.acq_rel.gpu;", "");
     Type i32 = b.getI32Type();
-    LLVM::AtomicRMWOp::create(b, loc, LLVM::AtomicBinOp::add, counter,
-                              e.i32(1), LLVM::AtomicOrdering::monotonic);
+    inlinePtx(b, loc, {}, {counter, e.i32(1)},
+              "red.release.gpu.global.add.u32 [$0], $1;", "l,r");
     // Passed once every block has arrived k times: the counter started
     // the call at the token count.
     Value target = e.iadd(
@@ -352,7 +375,6 @@ void FusedEmitter::gridBarrier(int64_t k) {
     b.createBlock(&wait.getAfter());
     scf::YieldOp::create(b, loc);
     b.setInsertionPointAfter(wait);
-    inlinePtx(b, loc, {}, {}, "fence.acq_rel.gpu;", "");
   });
   gpu::BarrierOp::create(b, loc);
   inlinePtx(b, loc, {}, {}, "fence.proxy.async;", "");
