@@ -93,9 +93,13 @@ buildPlan(func::FuncOp func, gpu::GPUModuleOp gpuModule,
              << "must return distinct values computed by moe ops";
     layer.bindOutput(value, type.getNumInputs() + i);
   }
-  for (Operation &op : body.without_terminator())
+  for (Operation &op : body.without_terminator()) {
     if (failed(buildKernel(layer, &op)))
       return failure();
+    if (auto route = dyn_cast<RouteOp>(op);
+        route && layer.fused && failed(buildExpertPrefetch(layer, route)))
+      return failure();
+  }
   if (layer.fused &&
       failed(fuseLaunches(gpuModule, *plan, names, func.getOperation())))
     return failure();

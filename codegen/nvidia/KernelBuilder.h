@@ -179,6 +179,12 @@ std::pair<Value, Value> quantizeVector(Emitter &e, QuantAttr scheme,
 LogicalResult buildRowQuantize(LayerKernels &layer, Operation *op, Value input,
                                Value data, Value scales, QuantAttr scheme);
 
+/// In a fused bucket (moe-fuse-layer), after `route`: a kernel whose
+/// blocks prefetch into L2 the first bytes of each row of the weights of
+/// the experts the tokens chose, as much as L2 keeps while the dispatch
+/// runs, so that the matmuls' weight streams start early (FusedLayer.cpp).
+LogicalResult buildExpertPrefetch(LayerKernels &layer, RouteOp route);
+
 /// Stitches the launches of `plan`, whose kernels were just built into
 /// `module`, into one cooperative kernel of a block per multiprocessor
 /// (FusedLayer.cpp), named uniquely among `names`. Returns false, with a

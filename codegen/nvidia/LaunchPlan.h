@@ -34,6 +34,9 @@ struct Launch {
   /// The blocks wait for each other: all must be resident (a cooperative
   /// launch).
   bool cooperative = false;
+  /// The kernel only prefetches into L2 (writes nothing): in a fused
+  /// kernel the next step need not wait for it.
+  bool prefetchOnly = false;
   SmallVector<KernelArg> args;
 };
 
