@@ -43,6 +43,8 @@ constexpr int64_t kBlockSharedBytes = 227 * 1024 - 1024;
 /// [1 + 4s, 5 + 4s) for sub-block s (barrier 0 is the whole block's), so at
 /// most three sub-blocks fit the sixteen.
 constexpr int64_t kBarriersPerSubBlock = 4, kMaxSubBlocks = 3;
+/// The most tokens a bucket may have for its small steps to run in pairs.
+constexpr int64_t kMaxPairedTokens = 16;
 int64_t barrierBase(int64_t subBlock) {
   return 1 + subBlock * kBarriersPerSubBlock;
 }
@@ -524,15 +526,19 @@ FailureOr<bool> nvidia::fuseLaunches(gpu::GPUModuleOp module, LaunchPlan &plan,
   if (steps.empty())
     return false;
   // A step of a warpgroup and a warp or less runs twice side by side, so a
-  // multiprocessor keeps two decode tiles' loads in flight.
+  // multiprocessor keeps two decode tiles' loads in flight; but not where
+  // a tile's accumulators are wide: 320 threads get at most 168 registers,
+  // and Qwen3-30B-A3B's decode tiles at 32 and 64 tokens spilled under
+  // that (at 1 block a multiprocessor they take 236-248).
+  bool pairs = maxTokens <= kMaxPairedTokens;
   int64_t threads = 0;
   SmallVector<bool> renumbered;
   for (Step &step : steps) {
     renumbered.push_back(subBlockReason(step.func).empty());
-    threads = std::max(threads, step.threads * (step.threads <= 192 &&
-                                                        renumbered.back()
-                                                    ? 2
-                                                    : 1));
+    threads = std::max(
+        threads,
+        step.threads * (pairs && step.threads <= 192 && renumbered.back() ? 2
+                                                                          : 1));
   }
   for (auto [step, canRenumber] : llvm::zip(steps, renumbered)) {
     if (!canRenumber && step.threads != threads)
