@@ -30,10 +30,15 @@ if [[ $mode == prepare ]]; then
   git -C "$root" rev-parse --short HEAD > "$dir/COMMIT" 2>/dev/null || echo unknown > "$dir/COMMIT"
   # Small layers of every model type, and the quantization schemes: the CPU
   # backend is their reference.
+  # Each also as the fused layer (--fuse-layer=64), checked against the same
+  # CPU library.
   small() {  # name config [moe-compile options]
     local name=$1 config=$2; shift 2
     "$compile" --from-hf-config "$config" --name "$name" "$@" --target=sm_90a -o "$dir/gpu_$name.so" &&
-      "$compile" --from-hf-config "$config" --name "$name" "$@" -o "$dir/cpu_$name.so"
+      "$compile" --from-hf-config "$config" --name "$name" "$@" -o "$dir/cpu_$name.so" &&
+      "$compile" --from-hf-config "$config" --name "$name" "$@" --target=sm_90a --fuse-layer=64 \
+        -o "$dir/gpu_${name}_fused.so" &&
+      ln -sf "cpu_$name.so" "$dir/cpu_${name}_fused.so"
   }
   for c in "$root"/test/tools/Inputs/tiny/*.json; do
     small "$(basename "$c" .json)" "$c"
@@ -54,7 +59,7 @@ if [[ $mode == prepare ]]; then
   for c in "$root"/test/tools/Inputs/odd/*.json; do
     name=odd_$(basename "$c" .json)
     if ! small "$name" "$c" 2> "$dir/refused_$name.txt"; then
-      rm -f "$dir/gpu_$name.so" "$dir/cpu_$name.so"
+      rm -f "$dir/gpu_$name.so" "$dir/cpu_$name.so" "$dir/gpu_${name}_fused.so" "$dir/cpu_${name}_fused.so"
       echo "refused $name: $(grep -m1 error "$dir/refused_$name.txt")" >&2
     else
       rm "$dir/refused_$name.txt"

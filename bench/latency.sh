@@ -3,8 +3,8 @@
 # the chain of kernels it replaces, in one run.
 #
 #   bench/latency.sh prepare   on the build machine: compiles each layer for
-#                              sm_90a twice into build/latency/, as the
-#                              pipeline builds it (fused_*) and with
+#                              sm_90a twice into build/latency/, with
+#                              --fuse-layer=64 (fused_*) and with
 #                              --fuse-layer=0 (chain_*)
 #   bench/latency.sh run [TOKENS...]
 #                              on the GPU machine (needs PyTorch): times both
@@ -36,7 +36,8 @@ if [[ $mode == prepare ]]; then
   git -C "$root" rev-parse --short HEAD > "$dir/COMMIT" 2>/dev/null || echo unknown > "$dir/COMMIT"
   for name in $names; do
     # shellcheck disable=SC2086
-    "$root/build/bin/moe-compile" ${layers[$name]} --name "$name" --target=sm_90a -o "$dir/fused_$name.so"
+    "$root/build/bin/moe-compile" ${layers[$name]} --name "$name" --target=sm_90a --fuse-layer=64 \
+      -o "$dir/fused_$name.so"
     # shellcheck disable=SC2086
     "$root/build/bin/moe-compile" ${layers[$name]} --name "$name" --target=sm_90a --fuse-layer=0 \
       -o "$dir/chain_$name.so"

@@ -52,8 +52,8 @@ struct FuseLayerPass : public moe::impl::FuseLayerBase<FuseLayerPass> {
       return signalPassFailure();
     }
     getOperation()->walk([&](func::FuncOp func) {
-      auto buckets = func->getAttrOfType<DenseI64ArrayAttr>(
-          kTokenBucketsAttrName);
+      auto buckets =
+          func->getAttrOfType<DenseI64ArrayAttr>(kTokenBucketsAttrName);
       if (!buckets || maxTokens == 0)
         return;
       // Attention's kernels stay a chain: theirs is a split schedule of
@@ -75,8 +75,8 @@ struct FuseLayerPass : public moe::impl::FuseLayerBase<FuseLayerPass> {
         }
         std::string reason = chainReason(func, size);
         if (!reason.empty()) {
-          func.emitRemark() << "bucket " << size
-                            << " keeps its chain of kernels: " << reason;
+          func.emitRemark()
+              << "bucket " << size << " keeps its chain of kernels: " << reason;
           continue;
         }
         fused.push_back(size);

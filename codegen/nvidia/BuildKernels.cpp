@@ -63,8 +63,10 @@ buildPlan(func::FuncOp func, gpu::GPUModuleOp gpuModule,
   plan->maxTokens = maxTokens;
   LayerKernels layer(gpuModule, *plan, names, maxTokens);
   layer.epMaxTokens = epMaxTokens;
-  if (auto fused = func->getAttrOfType<DenseI64ArrayAttr>(kFusedBucketsAttrName))
-    layer.fused = maxTokens > 0 && llvm::is_contained(fused.asArrayRef(), maxTokens);
+  if (auto fused =
+          func->getAttrOfType<DenseI64ArrayAttr>(kFusedBucketsAttrName))
+    layer.fused =
+        maxTokens > 0 && llvm::is_contained(fused.asArrayRef(), maxTokens);
   Block &body = func.getBody().front();
   FunctionType type = func.getFunctionType();
   // Buffer i is argument i: the inputs, then the outputs.

@@ -69,7 +69,8 @@ struct Step {
 /// namedBarrierArrive emitted: its id operand.
 Value namedBarrierId(LLVM::InlineAsmOp op) {
   StringRef text = op.getAsmString();
-  if ((text.starts_with("bar.sync $0,") || text.starts_with("bar.arrive $0,")) &&
+  if ((text.starts_with("bar.sync $0,") ||
+       text.starts_with("bar.arrive $0,")) &&
       op.getOperands().size() == 1)
     return op.getOperands()[0];
   return {};
@@ -168,16 +169,14 @@ void FusedEmitter::emit(StringRef name) {
     for (const KernelArg &arg : step.launch->args)
       if (arg.kind != KernelArgKind::Tokens)
         step.args.push_back(argIndex(arg));
-  unsigned counterArg =
-      argIndex({KernelArgKind::Buffer, plan.addCounters(1)});
+  unsigned counterArg = argIndex({KernelArgKind::Buffer, plan.addCounters(1)});
   MLIRContext *ctx = module.getContext();
   Type ptr = LLVM::LLVMPointerType::get(ctx);
   b.setInsertionPointToEnd(module.getBody());
   SmallVector<Type> types(args.size() + 1, ptr);
   fused = gpu::GPUFuncOp::create(b, loc, name, b.getFunctionType(types, {}));
   fused->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
-  fused.setKnownBlockSizeAttr(
-      b.getDenseI32ArrayAttr({int32_t(threads), 1, 1}));
+  fused.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr({int32_t(threads), 1, 1}));
   SmallVector<int64_t> maps;
   for (auto [i, arg] : llvm::enumerate(args))
     if (arg.kind == KernelArgKind::TensorMap)
@@ -242,8 +241,7 @@ void FusedEmitter::emitStep(Step &step, int64_t s) {
       e.andi(e.icmp(arith::CmpIPredicate::uge, tid, e.index(restBase)),
              e.ult(tid, e.index(restBase + r)));
   Value localTid = e.select(inWarpgroups, e.isub(tid, e.index(s * w)),
-                            e.iadd(e.isub(tid, e.index(restBase)),
-                                   e.index(w)));
+                            e.iadd(e.isub(tid, e.index(restBase)), e.index(w)));
   OpBuilder::InsertionGuard guard(b);
   auto member = scf::IfOp::create(b, loc, e.ori(inWarpgroups, inRest),
                                   /*withElseRegion=*/false);
@@ -258,8 +256,7 @@ void FusedEmitter::emitStep(Step &step, int64_t s) {
   // y runs fastest: a decode tile's busy row tiles (x below the experts'
   // tile count) are then the first virtual blocks, spread evenly.
   Value v = loop.getInductionVar();
-  cloneBody(step, s, localTid, e.divUI(v, step.gridY),
-            e.remUI(v, step.gridY));
+  cloneBody(step, s, localTid, e.divUI(v, step.gridY), e.remUI(v, step.gridY));
   // The next virtual block may set up the shared memory this one used.
   if (step.subBlocks == 1 && step.threads == threads)
     gpu::BarrierOp::create(b, loc);
@@ -300,9 +297,10 @@ void FusedEmitter::cloneBody(Step &step, int64_t s, Value localTid, Value bx,
       op->getResult(0).replaceAllUsesWith(localTid);
     } else if (auto id = dyn_cast<gpu::BlockIdOp>(op)) {
       gpu::Dimension d = id.getDimension();
-      op->getResult(0).replaceAllUsesWith(d == gpu::Dimension::x   ? bx
-                                          : d == gpu::Dimension::y ? by
-                                                                   : re.index(0));
+      op->getResult(0).replaceAllUsesWith(d == gpu::Dimension::x ? bx
+                                          : d == gpu::Dimension::y
+                                              ? by
+                                              : re.index(0));
     } else if (auto dim = dyn_cast<gpu::GridDimOp>(op)) {
       gpu::Dimension d = dim.getDimension();
       op->getResult(0).replaceAllUsesWith(
@@ -320,8 +318,8 @@ void FusedEmitter::cloneBody(Step &step, int64_t s, Value localTid, Value bx,
       Value id = namedBarrierId(asmOp);
       if (!id || wholeBlock)
         return;
-      asmOp->setOperand(0, LLVM::AddOp::create(rb, op->getLoc(), id,
-                                               re.i32(idBase)));
+      asmOp->setOperand(
+          0, LLVM::AddOp::create(rb, op->getLoc(), id, re.i32(idBase)));
       return;
     } else if (isa<NVVM::GriddepcontrolOp>(op)) {
       // The fused kernel has no predecessor in the stream to wait for.
@@ -331,9 +329,9 @@ void FusedEmitter::cloneBody(Step &step, int64_t s, Value localTid, Value bx,
       // Sub-block s's dynamic shared memory follows the others'.
       rb.setInsertionPointAfter(op);
       int64_t bytes = step.launch->sharedBytes;
-      auto view = memref::ViewOp::create(
-          rb, op->getLoc(), smem.getType(), smem,
-          re.index(s * bytes), ValueRange{re.index(bytes)});
+      auto view = memref::ViewOp::create(rb, op->getLoc(), smem.getType(), smem,
+                                         re.index(s * bytes),
+                                         ValueRange{re.index(bytes)});
       smem.getResult().replaceAllUsesExcept(view, view.getOperation());
       return;
     } else {
@@ -367,14 +365,14 @@ void FusedEmitter::gridBarrier(int64_t k) {
     // Passed once every block has arrived k times: the counter started
     // the call at the token count.
     Value target = e.iadd(
-        tokens32, e.imul(e.i32(k), arith::IndexCastUIOp::create(
-                                       b, loc, i32, gridDim)));
+        tokens32,
+        e.imul(e.i32(k), arith::IndexCastUIOp::create(b, loc, i32, gridDim)));
     auto wait = scf::WhileOp::create(b, loc, TypeRange{}, ValueRange{});
     b.createBlock(&wait.getBefore());
     Value seen = inlinePtx(b, loc, {i32}, {counter},
                            "ld.acquire.gpu.global.u32 $0, [$1];", "=r,l");
-    Value early = e.icmp(arith::CmpIPredicate::slt, e.isub(seen, target),
-                         e.i32(0));
+    Value early =
+        e.icmp(arith::CmpIPredicate::slt, e.isub(seen, target), e.i32(0));
     scf::ConditionOp::create(b, loc, early, ValueRange{});
     b.createBlock(&wait.getAfter());
     scf::YieldOp::create(b, loc);
@@ -401,8 +399,7 @@ struct PrefetchedWeight {
 };
 } // namespace
 
-LogicalResult nvidia::buildExpertPrefetch(LayerKernels &layer,
-                                          RouteOp route) {
+LogicalResult nvidia::buildExpertPrefetch(LayerKernels &layer, RouteOp route) {
   auto func = route->getParentOfType<func::FuncOp>();
   auto idsType = cast<RankedTensorType>(route.getExpertIds().getType());
   int64_t topK = idsType.getDimSize(1);
@@ -445,9 +442,9 @@ LogicalResult nvidia::buildExpertPrefetch(LayerKernels &layer,
   OpBuilder &b = k.b;
   Value idsView = k.view(0, ids);
   Value choicesNow = e.imul(k.tokens, e.index(topK));
-  Value first = e.iadd(e.imul(k.blockId(gpu::Dimension::x),
-                              e.index(kPrefetchThreads)),
-                       k.threadId());
+  Value first =
+      e.iadd(e.imul(k.blockId(gpu::Dimension::x), e.index(kPrefetchThreads)),
+             k.threadId());
   Value stride = e.index(kPrefetchBlocks * kPrefetchThreads);
   Type i8 = b.getI8Type(), i64 = b.getI64Type();
   for (auto [i, w] : llvm::enumerate(weights)) {
@@ -457,18 +454,17 @@ LogicalResult nvidia::buildExpertPrefetch(LayerKernels &layer,
         first, e.imul(choicesNow, e.index(w.rows)),
         [&](Value item) {
           Value c = e.remUI(item, choicesNow), r = e.divUI(item, choicesNow);
-          Value x = e.loadRaw(idsView, {e.divUI(c, e.index(topK)),
-                                        e.remUI(c, e.index(topK))});
-          Value held = e.andi(
-              e.icmp(arith::CmpIPredicate::sge, x, e.i32(0)),
-              e.icmp(arith::CmpIPredicate::slt, x, e.i32(w.experts)));
+          Value x = e.loadRaw(
+              idsView, {e.divUI(c, e.index(topK)), e.remUI(c, e.index(topK))});
+          Value held =
+              e.andi(e.icmp(arith::CmpIPredicate::sge, x, e.i32(0)),
+                     e.icmp(arith::CmpIPredicate::slt, x, e.i32(w.experts)));
           e.ifThen(held, [&] {
             Value row = e.iadd(e.imul(e.toIndex(x), e.index(w.rows)), r);
             Value offset = arith::IndexCastOp::create(
                 b, e.loc, i64, e.imul(row, e.index(w.rowBytes)));
-            Value address =
-                LLVM::GEPOp::create(b, e.loc, base.getType(), i8, base,
-                                    ValueRange{offset});
+            Value address = LLVM::GEPOp::create(b, e.loc, base.getType(), i8,
+                                                base, ValueRange{offset});
             inlinePtx(b, e.loc, {}, {address, e.i32(w.bytes)},
                       "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r");
           });
@@ -504,8 +500,8 @@ FailureOr<bool> nvidia::fuseLaunches(gpu::GPUModuleOp module, LaunchPlan &plan,
     auto func = module.lookupSymbol<gpu::GPUFuncOp>(launch.kernel);
     std::string reason = stepReason(launch, func);
     if (!reason.empty())
-      return keepChain(launch.kernel + " cannot be a step of one kernel: " +
-                       reason);
+      return keepChain(launch.kernel +
+                       " cannot be a step of one kernel: " + reason);
     Step step;
     step.launch = &launch;
     step.func = func;
@@ -537,8 +533,8 @@ FailureOr<bool> nvidia::fuseLaunches(gpu::GPUModuleOp module, LaunchPlan &plan,
     renumbered.push_back(subBlockReason(step.func).empty());
     threads = std::max(
         threads,
-        step.threads * (pairs && step.threads <= 192 && renumbered.back() ? 2
-                                                                          : 1));
+        step.threads *
+            (pairs && step.threads <= 192 && renumbered.back() ? 2 : 1));
   }
   for (auto [step, canRenumber] : llvm::zip(steps, renumbered)) {
     if (!canRenumber && step.threads != threads)
@@ -566,10 +562,10 @@ FailureOr<bool> nvidia::fuseLaunches(gpu::GPUModuleOp module, LaunchPlan &plan,
     Step *widest = nullptr;
     for (Step &step : steps)
       if (step.subBlocks > 1 &&
-          (!widest || step.subBlocks * (step.launch->sharedBytes +
-                                        step.staticBytes) >
-                          widest->subBlocks * (widest->launch->sharedBytes +
-                                               widest->staticBytes)))
+          (!widest ||
+           step.subBlocks * (step.launch->sharedBytes + step.staticBytes) >
+               widest->subBlocks *
+                   (widest->launch->sharedBytes + widest->staticBytes)))
         widest = &step;
     if (!widest)
       return keepChain("its kernels' shared memory does not fit one block");
