@@ -42,6 +42,13 @@ Status Communicator::allToAllV(const uint64_t *sendOffsets,
   // stops early: later calls must fail too rather than miscount.
   auto abandon = [&](Status status) {
     fail(status);
+    // The caller's own arguments are the error to report, even where the
+    // exchange that flags them to the peers failed too.
+    if (local.failed())
+      return Status::error(local.code(),
+                           local.message() + " (the exchange that tells the "
+                                             "other ranks failed too: " +
+                               status.message() + ")");
     return status;
   };
   // Peers in a rotated order so that not every rank targets rank 0 first.

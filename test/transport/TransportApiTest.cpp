@@ -248,6 +248,26 @@ TEST_P(TransportApiTest, RejectsBadCommandsBeforeTheRing) {
   moe_transport_close(transport);
 }
 
+TEST_P(TransportApiTest, AllToAllReportsItsArgumentErrorBeforeATimeout) {
+  // A null array found before the exchange is the error reported, even when
+  // the exchange that flags it (no time given for it here) runs out of time.
+  for (int nullArray = 0; nullArray < 4; ++nullArray) {
+    moe_transport_config_t settings = config(4096);
+    moe_transport_t *transport = openSelf(settings);
+    ASSERT_NE(transport, nullptr);
+    uint64_t values[4] = {0, 8, 0, 0};
+    uint64_t *arrays[4] = {&values[0], &values[1], &values[2], &values[3]};
+    arrays[nullArray] = nullptr;
+    EXPECT_EQ(moe_transport_alltoallv(transport, arrays[0], arrays[1],
+                                      arrays[2], arrays[3], 0),
+              MOE_TRANSPORT_ERR_INVALID_ARGUMENT)
+        << "array " << nullArray << ": " << moe_transport_last_error();
+    EXPECT_TRUE(contains(moe_transport_last_error(), "must not be null"))
+        << moe_transport_last_error();
+    moe_transport_close(transport);
+  }
+}
+
 TEST_P(TransportApiTest, WaitTimesOutNamingThePeer) {
   moe_transport_config_t settings = config(4096);
   moe_transport_t *transport = openSelf(settings);

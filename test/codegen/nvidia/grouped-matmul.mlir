@@ -117,12 +117,13 @@ func.func @decode_gate_up(%x: tensor<?x64xbf16>, %w13: tensor<8x256x64xbf16>,
 
 // An FP8 decode tile that quantizes its output in blocks of 128: four
 // fragments (128 gate and 128 up rows) a tile, each scale block's partial
-// m64n8k32, and the block statistics meet across warps (named barrier 2).
+// m64n8k32, and the block statistics meet across warps (a named barrier,
+// its id an operand so a fused kernel can renumber it).
 // CHECK-LABEL: func.func @decode_fp8
 // CHECK-SAME: #moe.launch<kernel = @moe_grouped_matmul_1, work = 1, grid_y = 2, block = 160, shared_bytes = 68608,
 // PTX: .visible .entry moe_grouped_matmul_1(
 // PTX-SAME: wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3
-// PTX-SAME: bar.sync 2, 128
+// PTX-SAME: bar.sync %r{{[0-9]+}}, 128
 func.func @decode_fp8(%x: tensor<?x256xf8E4M3FN>, %sx: tensor<?x2xf32>,
                       %b: tensor<4x512x256xf8E4M3FN>,
                       %sb: tensor<4x4x2xf32>, %c: tensor<4xi32>,
