@@ -45,10 +45,10 @@ Status Communicator::allToAllV(const uint64_t *sendOffsets,
     // The caller's own arguments are the error to report, even where the
     // exchange that flags them to the peers failed too.
     if (local.failed())
-      return Status::error(local.code(),
-                           local.message() + " (the exchange that tells the "
+      return Status::error(local.code(), local.message() +
+                                             " (the exchange that tells the "
                                              "other ranks failed too: " +
-                               status.message() + ")");
+                                             status.message() + ")");
     return status;
   };
   // Peers in a rotated order so that not every rank targets rank 0 first.
