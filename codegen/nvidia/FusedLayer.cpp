@@ -43,8 +43,9 @@ constexpr int64_t kBlockSharedBytes = 227 * 1024 - 1024;
 /// [1 + 4s, 5 + 4s) for sub-block s (barrier 0 is the whole block's), so at
 /// most three sub-blocks fit the sixteen.
 constexpr int64_t kBarriersPerSubBlock = 4, kMaxSubBlocks = 3;
-/// The most tokens a bucket may have for its small steps to run in pairs.
-constexpr int64_t kMaxPairedTokens = 16;
+/// The most tokens, and accumulators a matmul step's thread keeps, for the
+/// small steps to run in pairs.
+constexpr int64_t kMaxPairedTokens = 16, kMaxPairedAccumulators = 64;
 int64_t barrierBase(int64_t subBlock) {
   return 1 + subBlock * kBarriersPerSubBlock;
 }
@@ -522,11 +523,14 @@ FailureOr<bool> nvidia::fuseLaunches(gpu::GPUModuleOp module, LaunchPlan &plan,
   if (steps.empty())
     return false;
   // A step of a warpgroup and a warp or less runs twice side by side, so a
-  // multiprocessor keeps two decode tiles' loads in flight; but not where
-  // a tile's accumulators are wide: 320 threads get at most 168 registers,
-  // and Qwen3-30B-A3B's decode tiles at 32 and 64 tokens spilled under
-  // that (at 1 block a multiprocessor they take 236-248).
-  bool pairs = maxTokens <= kMaxPairedTokens;
+  // multiprocessor keeps two decode tiles' loads in flight; but only in
+  // small buckets whose tiles keep few accumulators: 320 threads get at
+  // most 168 registers, and Qwen3-30B-A3B's FP8 tiles at 32 and 64 tokens
+  // (128 accumulators) spilled under that, as did MXFP8's.
+  bool pairs = maxTokens <= kMaxPairedTokens &&
+               llvm::all_of(steps, [](const Step &step) {
+                 return step.launch->accumulators <= kMaxPairedAccumulators;
+               });
   int64_t threads = 0;
   SmallVector<bool> renumbered;
   for (Step &step : steps) {

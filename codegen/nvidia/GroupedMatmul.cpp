@@ -1450,6 +1450,10 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
     k.func.setKnownBlockSizeAttr(
         k.b.getDenseI32ArrayAttr({int32_t(launch.block), 1, 1}));
     launch.sharedBytes = c.sharedBytes();
+    // A fragment's tileM / 2 a thread; FP8 keeps each scale block's
+    // partials beside the totals.
+    launch.accumulators =
+        c.swapFragments() * c.tileM / 2 * (op.getScheme() ? 2 : 1);
     return emitDecodeMatmul(layer, op, c, lhs, k, buffers, bufferIndices,
                             partials);
   }
@@ -1483,6 +1487,9 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
         k.b.getDenseI32ArrayAttr({int32_t(c.cluster), 1, 1}));
   }
   launch.sharedBytes = c.sharedBytes();
+  // A consumer warpgroup's rows of the tile over its 128 threads.
+  launch.accumulators =
+      c.tileM * c.tileN / (128 * c.warpGroups) * (op.getScheme() ? 2 : 1);
   return MatmulEmitter(layer, op, c, lhs, k)
       .emit(buffers, bufferIndices, partials);
 }
