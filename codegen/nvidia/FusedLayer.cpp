@@ -142,6 +142,11 @@ private:
                  Value by);
   void gridBarrier(int64_t k);
   void blockBarrier();
+  /// Whether `step` takes every thread of the block as one sub-block (its
+  /// barriers stay the block's own).
+  bool wholeBlock(const Step &step) const {
+    return step.subBlocks == 1 && step.threads == threads;
+  }
 
   gpu::GPUModuleOp module;
   LaunchPlan &plan;
@@ -171,20 +176,8 @@ void FusedEmitter::emit(StringRef name) {
       if (arg.kind != KernelArgKind::Tokens)
         step.args.push_back(argIndex(arg));
   unsigned counterArg = argIndex({KernelArgKind::Buffer, plan.addCounters(1)});
-  MLIRContext *ctx = module.getContext();
-  Type ptr = LLVM::LLVMPointerType::get(ctx);
-  b.setInsertionPointToEnd(module.getBody());
-  SmallVector<Type> types(args.size() + 1, ptr);
-  fused = gpu::GPUFuncOp::create(b, loc, name, b.getFunctionType(types, {}));
-  fused->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
+  fused = createKernelFunc(b, module, name, args, loc);
   fused.setKnownBlockSizeAttr(b.getDenseI32ArrayAttr({int32_t(threads), 1, 1}));
-  SmallVector<int64_t> maps;
-  for (auto [i, arg] : llvm::enumerate(args))
-    if (arg.kind == KernelArgKind::TensorMap)
-      maps.push_back(i);
-  if (!maps.empty())
-    fused->setAttr(kTensorMapArgs, b.getDenseI64ArrayAttr(maps));
-
   b.setInsertionPointToStart(&fused.getBody().front());
   tid = gpu::ThreadIdOp::create(b, loc, gpu::Dimension::x);
   blockId = gpu::BlockIdOp::create(b, loc, gpu::Dimension::x);
@@ -247,19 +240,18 @@ void FusedEmitter::emitStep(Step &step, int64_t s) {
   auto member = scf::IfOp::create(b, loc, e.ori(inWarpgroups, inRest),
                                   /*withElseRegion=*/false);
   b.setInsertionPointToStart(&member.getThenRegion().front());
-  int64_t total = step.gridX * step.gridY;
   // Sub-block 0 of every block first: a step of fewer virtual blocks than
   // blocks takes as many multiprocessors as it has virtual blocks.
   Value first = e.iadd(e.imul(gridDim, e.index(s)), blockId);
   Value stride = e.imul(gridDim, step.subBlocks);
-  auto loop = scf::ForOp::create(b, loc, first, e.index(total), stride);
+  auto loop = scf::ForOp::create(b, loc, first, e.index(step.blocks()), stride);
   b.setInsertionPointToStart(loop.getBody());
   // y runs fastest: a decode tile's busy row tiles (x below the experts'
   // tile count) are then the first virtual blocks, spread evenly.
   Value v = loop.getInductionVar();
   cloneBody(step, s, localTid, e.divUI(v, step.gridY), e.remUI(v, step.gridY));
   // The next virtual block may set up the shared memory this one used.
-  if (step.subBlocks == 1 && step.threads == threads)
+  if (wholeBlock(step))
     gpu::BarrierOp::create(b, loc);
   else
     namedBarrierSync(b, loc, e.i32(barrierBase(s)), step.threads);
@@ -287,7 +279,7 @@ void FusedEmitter::cloneBody(Step &step, int64_t s, Value localTid, Value bx,
     cloned.push_back(b.clone(op, map));
   // A step of fewer threads than the block renumbers its barriers, which
   // its threads alone take.
-  bool wholeBlock = step.subBlocks == 1 && step.threads == threads;
+  bool whole = wholeBlock(step);
   int64_t idBase = barrierBase(s);
   OpBuilder rb(b.getContext());
   SmallVector<Operation *> dead;
@@ -312,12 +304,12 @@ void FusedEmitter::cloneBody(Step &step, int64_t s, Value localTid, Value bx,
       op->getResult(0).replaceAllUsesWith(
           re.index(dim.getDimension() == gpu::Dimension::x ? step.threads : 1));
     } else if (isa<gpu::BarrierOp>(op)) {
-      if (wholeBlock)
+      if (whole)
         return;
       namedBarrierSync(rb, op->getLoc(), re.i32(idBase), step.threads);
     } else if (auto asmOp = dyn_cast<LLVM::InlineAsmOp>(op)) {
       Value id = namedBarrierId(asmOp);
-      if (!id || wholeBlock)
+      if (!id || whole)
         return;
       asmOp->setOperand(
           0, LLVM::AddOp::create(rb, op->getLoc(), id, re.i32(idBase)));
@@ -357,8 +349,7 @@ void FusedEmitter::gridBarrier(int64_t k) {
   // and the arrival's release (cumulative); the wait's acquire orders the
   // others' stores before the next step, and the proxy fences before TMA
   // reads of them.
-  inlinePtx(b, loc, {}, {}, "fence.proxy.async;", "");
-  gpu::BarrierOp::create(b, loc);
+  blockBarrier();
   e.ifThen(e.eq(tid, e.index(0)), [&] {
     Type i32 = b.getI32Type();
     inlinePtx(b, loc, {}, {counter, e.i32(1)},
@@ -475,9 +466,8 @@ LogicalResult nvidia::buildExpertPrefetch(LayerKernels &layer, RouteOp route) {
   return k.finish(route);
 }
 
-FailureOr<bool> nvidia::fuseLaunches(gpu::GPUModuleOp module, LaunchPlan &plan,
-                                     llvm::StringSet<> &names,
-                                     Operation *anchor) {
+void nvidia::fuseLaunches(gpu::GPUModuleOp module, LaunchPlan &plan,
+                          llvm::StringSet<> &names, Operation *anchor) {
   int64_t maxTokens = plan.maxTokens;
   SmallVector<Step> steps;
   auto keepChain = [&](const Twine &why) {
@@ -495,7 +485,6 @@ FailureOr<bool> nvidia::fuseLaunches(gpu::GPUModuleOp module, LaunchPlan &plan,
         func.erase();
       it = launches.erase(it);
     }
-    return false;
   };
   for (Launch &launch : plan.getLaunches()) {
     auto func = module.lookupSymbol<gpu::GPUFuncOp>(launch.kernel);
@@ -506,10 +495,7 @@ FailureOr<bool> nvidia::fuseLaunches(gpu::GPUModuleOp module, LaunchPlan &plan,
     Step step;
     step.launch = &launch;
     step.func = func;
-    TokenLinear work = launch.work;
-    step.gridX = llvm::divideCeil(work.fixed + work.perToken * maxTokens,
-                                  launch.perBlock) +
-                 launch.extraBlocks;
+    step.gridX = launch.gridX(maxTokens);
     step.gridY = launch.gridY;
     step.threads = launch.block;
     for (BlockArgument buffer : func.getWorkgroupAttributions()) {
@@ -517,11 +503,11 @@ FailureOr<bool> nvidia::fuseLaunches(gpu::GPUModuleOp module, LaunchPlan &plan,
       step.staticBytes += llvm::alignTo(
           type.getNumElements() * type.getElementTypeBitWidth() / 8, 16);
     }
-    if (step.gridX * step.gridY > 0)
+    if (step.blocks() > 0)
       steps.push_back(step);
   }
   if (steps.empty())
-    return false;
+    return;
   // A step of a warpgroup and a warp or less runs twice side by side, so a
   // multiprocessor keeps two decode tiles' loads in flight; but only in
   // small buckets whose tiles keep few accumulators: 320 threads get at
@@ -532,21 +518,19 @@ FailureOr<bool> nvidia::fuseLaunches(gpu::GPUModuleOp module, LaunchPlan &plan,
                  return step.launch->accumulators <= kMaxPairedAccumulators;
                });
   int64_t threads = 0;
-  SmallVector<bool> renumbered;
+  SmallVector<std::string> fixedBarriers;
   for (Step &step : steps) {
-    renumbered.push_back(subBlockReason(step.func).empty());
-    threads = std::max(
-        threads,
-        step.threads *
-            (pairs && step.threads <= 192 && renumbered.back() ? 2 : 1));
+    fixedBarriers.push_back(subBlockReason(step.func));
+    bool twice = pairs && step.threads <= 192 && fixedBarriers.back().empty();
+    threads = std::max(threads, step.threads * (twice ? 2 : 1));
   }
-  for (auto [step, canRenumber] : llvm::zip(steps, renumbered)) {
-    if (!canRenumber && step.threads != threads)
+  for (auto [step, why] : llvm::zip(steps, fixedBarriers)) {
+    if (!why.empty() && step.threads != threads)
       return keepChain(step.launch->kernel +
-                       " cannot be a step of one kernel: " +
-                       subBlockReason(step.func) + " for fewer threads");
+                       " cannot be a step of one kernel: " + why +
+                       " for fewer threads");
     step.subBlocks =
-        canRenumber ? std::min(threads / step.threads, kMaxSubBlocks) : 1;
+        why.empty() ? std::min(threads / step.threads, kMaxSubBlocks) : 1;
   }
   // Fewer sub-blocks until the shared memory fits.
   auto staticBytes = [&] {
@@ -575,9 +559,6 @@ FailureOr<bool> nvidia::fuseLaunches(gpu::GPUModuleOp module, LaunchPlan &plan,
       return keepChain("its kernels' shared memory does not fit one block");
     --widest->subBlocks;
   }
-  std::string name = "moe_fused_layer";
-  for (int i = 1; !names.insert(name).second; ++i)
-    name = "moe_fused_layer_" + std::to_string(i);
-  FusedEmitter(module, plan, steps, threads, anchor->getLoc()).emit(name);
-  return true;
+  FusedEmitter(module, plan, steps, threads, anchor->getLoc())
+      .emit(uniqueKernelName(names, "moe_fused_layer"));
 }

@@ -10,16 +10,18 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::nvidia;
 
-Kernel::Kernel(gpu::GPUModuleOp module, StringRef name, Launch &launch,
-               ArrayRef<KernelArg> args, Location loc)
-    : b(module.getContext()), e(b, loc), launch(launch) {
-  MLIRContext *ctx = module.getContext();
+gpu::GPUFuncOp nvidia::createKernelFunc(OpBuilder &b, gpu::GPUModuleOp module,
+                                        StringRef name,
+                                        ArrayRef<KernelArg> args,
+                                        Location loc) {
+  OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToEnd(module.getBody());
-  Type ptr = LLVM::LLVMPointerType::get(ctx);
+  Type ptr = LLVM::LLVMPointerType::get(module.getContext());
   // The last parameter is the address of the call's token count (i32, in
   // device memory), so a graph replays for any count its grids cover.
   SmallVector<Type> types(args.size() + 1, ptr);
-  func = gpu::GPUFuncOp::create(b, loc, name, b.getFunctionType(types, {}));
+  auto func =
+      gpu::GPUFuncOp::create(b, loc, name, b.getFunctionType(types, {}));
   func->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
   // TMA descriptors are passed by value (__grid_constant__): the launch
   // copies them, so the host needs no copy to device memory and the kernel
@@ -30,6 +32,20 @@ Kernel::Kernel(gpu::GPUModuleOp module, StringRef name, Launch &launch,
       maps.push_back(i);
   if (!maps.empty())
     func->setAttr(kTensorMapArgs, b.getDenseI64ArrayAttr(maps));
+  return func;
+}
+
+std::string nvidia::uniqueKernelName(llvm::StringSet<> &names, StringRef name) {
+  std::string candidate = name.str();
+  for (int i = 1; !names.insert(candidate).second; ++i)
+    candidate = (name + "_" + std::to_string(i)).str();
+  return candidate;
+}
+
+Kernel::Kernel(gpu::GPUModuleOp module, StringRef name, Launch &launch,
+               ArrayRef<KernelArg> args, Location loc)
+    : b(module.getContext()), e(b, loc), launch(launch) {
+  func = createKernelFunc(b, module, name, args, loc);
   b.setInsertionPointToStart(&func.getBody().front());
   // Launched as a programmatic dependent of the stream's previous kernel
   // (runtime/Launch.cpp): wait for it to finish before any memory access.
@@ -199,10 +215,7 @@ FailureOr<TensorInfo> LayerKernels::tmaSource(Operation *op, Value tensor) {
 }
 
 std::string LayerKernels::uniqueName(std::string name) {
-  std::string candidate = name;
-  for (int i = 1; !names.insert(candidate).second; ++i)
-    candidate = name + "_" + std::to_string(i);
-  return candidate;
+  return uniqueKernelName(names, name);
 }
 
 Kernel LayerKernels::kernel(Operation *op, StringRef family,

@@ -41,6 +41,14 @@ struct TensorInfo {
   TokenLinear rows; // The leading dimension, when it is dynamic.
 };
 
+/// An empty kernel `name` at the end of `module` taking `args` (addresses,
+/// TMA descriptors marked by value) and, last, the token count's address.
+gpu::GPUFuncOp createKernelFunc(OpBuilder &b, gpu::GPUModuleOp module,
+                                StringRef name, ArrayRef<KernelArg> args,
+                                Location loc);
+/// `name`, or `name`_1, _2, ...: the first not yet in `names`, added.
+std::string uniqueKernelName(llvm::StringSet<> &names, StringRef name);
+
 /// A gpu.func under construction and its launch.
 class Kernel {
 public:
@@ -187,11 +195,11 @@ LogicalResult buildExpertPrefetch(LayerKernels &layer, RouteOp route);
 
 /// Stitches the launches of `plan`, whose kernels were just built into
 /// `module`, into one cooperative kernel of a block per multiprocessor
-/// (FusedLayer.cpp), named uniquely among `names`. Returns false, with a
-/// remark on `anchor` saying why, and leaves the plan as it was where one
-/// of the kernels cannot be a step of it.
-FailureOr<bool> fuseLaunches(gpu::GPUModuleOp module, LaunchPlan &plan,
-                             llvm::StringSet<> &names, Operation *anchor);
+/// (FusedLayer.cpp), named uniquely among `names`. Where one of the kernels
+/// cannot be a step of it, leaves the chain (less any prefetch step) with a
+/// remark on `anchor` saying why.
+void fuseLaunches(gpu::GPUModuleOp module, LaunchPlan &plan,
+                  llvm::StringSet<> &names, Operation *anchor);
 
 // The kernel families, one file each.
 LogicalResult buildRoute(LayerKernels &layer, RouteOp op);

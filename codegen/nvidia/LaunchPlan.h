@@ -24,6 +24,11 @@ struct Launch {
   /// Blocks along x: ceil(work / perBlock) + extraBlocks.
   TokenLinear work;
   int64_t perBlock = 1, extraBlocks = 0;
+  /// Blocks along x for `tokens` tokens.
+  int64_t gridX(int64_t tokens) const {
+    return llvm::divideCeil(work.fixed + work.perToken * tokens, perBlock) +
+           extraBlocks;
+  }
   int64_t gridY = 1, block = 128, sharedBytes = 0;
   /// The kernel strides over its blocks' work; at most one block per
   /// multiprocessor is launched.
