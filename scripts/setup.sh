@@ -23,3 +23,12 @@ if ! "$py" -c 'import numpy, ml_dtypes, safetensors' 2>/dev/null; then
   echo "setup: installing numpy ml_dtypes safetensors"
   "$py" -m pip install -q numpy ml_dtypes safetensors
 fi
+
+# PyTorch and transformers for the package's torch parts (moe_compiler.MoE,
+# moe_compiler.patch), tested on the CPU; about 5 GB, a minute or two to
+# install. MOE_NO_TORCH=1 leaves them out (those tests then skip).
+if [ "${MOE_NO_TORCH:-0}" != 1 ] &&
+   ! "$py" -c 'import torch, transformers' 2>/dev/null; then
+  echo "setup: installing torch==2.11.0 transformers==5.17.0"
+  "$py" -m pip install -q torch==2.11.0 transformers==5.17.0
+fi

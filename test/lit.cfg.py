@@ -40,6 +40,15 @@ try:
     config.available_features.add("cuda-driver")
 except OSError:
     pass
+# PyTorch and transformers, where installed (scripts/setup.sh; MOE_NO_TORCH=1
+# leaves them out): the package's torch parts are tested on the CPU.
+import subprocess
+if subprocess.run([config.python_executable, "-c", "import torch, transformers"],
+                  capture_output=True).returncode == 0:
+    config.available_features.add("torch")
+else:
+    lit_config.note("no torch and transformers for " + config.python_executable +
+                    ": the PyTorch tests skip")
 llvm_config.use_default_substitutions()
 llvm_config.add_tool_substitutions(
     ["moe-opt", "moe-compile", "moe-exec", "moe-pack", "moe-quantize", "moe-reference", "moe-quantize-reference"], [config.moe_tools_dir, config.llvm_tools_dir])

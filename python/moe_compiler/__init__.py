@@ -3,12 +3,16 @@ and to the MoE layers of HuggingFace checkpoints."""
 from .checkpoint import CheckpointError, load_layer
 from .layer import Layer, LayerError
 
-__all__ = ["Layer", "LayerError", "load_layer", "CheckpointError", "MoE"]
+__all__ = ["Layer", "LayerError", "load_layer", "CheckpointError", "MoE",
+           "patch"]
 
 
 def __getattr__(name):
-    # The torch module needs PyTorch; loading checkpoints does not.
+    # The torch parts need PyTorch; loading checkpoints does not.
     if name == "MoE":
         from .module import MoE
         return MoE
+    if name == "patch":
+        from .patching import patch
+        return patch
     raise AttributeError(name)

@@ -11,6 +11,9 @@ bytes). A CPU layer takes contiguous CPU tensors.
 import ctypes
 import json
 import os
+import weakref
+
+_open = weakref.WeakValueDictionary()  # real path -> Layer
 
 
 class LayerError(RuntimeError):
@@ -38,6 +41,67 @@ class Layer:
             self.lib.moe_last_error.restype = ctypes.c_char_p
         self._workspace = {}  # (device, stream) -> uint8 tensor
         self._retired = []  # outgrown workspaces a graph may still use
+        self.ep = self.info.get("ep")  # None unless expert parallel
+        self._ep_live = False
+
+    def ep_init(self, rendezvous, max_tokens=None, timeout_ms=0, proxy=False):
+        """Joins the layer's expert-parallel group (every rank calls it);
+        `rendezvous`: an ep.Rendezvous. A GPU layer allocates its state on
+        the current CUDA device."""
+        if not self.ep:
+            raise LayerError("the layer is not expert parallel (compiled "
+                             "with ep_size 1)")
+        if self._ep_live:
+            raise LayerError("the layer's expert-parallel group is started "
+                             "already")
+        if rendezvous.world_size != self.ep["ranks"]:
+            raise LayerError(f"the layer was compiled for {self.ep['ranks']} "
+                             f"expert-parallel ranks; the group has "
+                             f"{rendezvous.world_size}")
+        if max_tokens is None:
+            max_tokens = self.ep.get("max_tokens", 4096)
+        config = rendezvous.config(max_tokens, timeout_ms, proxy)
+        init = getattr(self.lib, self.ep["init"])
+        init.restype = ctypes.c_int32
+        init.argtypes = [ctypes.c_void_p]
+        if init(ctypes.byref(config)) != 0:
+            raise LayerError(f"expert-parallel init (rank {rendezvous.rank} "
+                             f"of {rendezvous.world_size}) failed: "
+                             f"{self._last_error()}")
+        self._ep_live = True
+        self.ep_rank = rendezvous.rank
+
+    def ep_finalize(self):
+        """Leaves the group (every rank calls it); safe to call twice."""
+        if self._ep_live:
+            self._ep_live = False
+            getattr(self.lib, self.ep["finalize"])()
+
+    def ep_check(self):
+        """A GPU layer's forwards wait for peers on the device: raises if one
+        of them ran out of time. Call once their stream is done."""
+        if self._ep_live and self.ep.get("status"):
+            status = getattr(self.lib, self.ep["status"])
+            status.restype = ctypes.c_int32
+            if status() != 0:
+                raise LayerError(f"expert parallel (rank {self.ep_rank}): "
+                                 f"{self._last_error()}")
+
+    def _last_error(self):
+        fn = self.lib.moe_last_error
+        fn.restype = ctypes.c_char_p
+        return fn().decode()
+
+    @classmethod
+    def open(cls, path):
+        """The Layer of this library, shared: a library's expert-parallel
+        group and graphs are its own, one per process."""
+        key = os.path.realpath(path)
+        layer = _open.get(key)
+        if layer is None:
+            layer = cls(path)
+            _open[key] = layer
+        return layer
 
     def workspace_size(self, tokens):
         return int(self._workspace_size(tokens))
@@ -119,9 +183,18 @@ class Layer:
                                  f"{list(t.shape)}")
         return tokens
 
+    def __del__(self):
+        try:
+            self.ep_finalize()
+        except Exception:
+            pass
+
     def forward(self, *tensors, stream=None, workspace=None):
         import torch
         tokens = self.check(tensors)
+        if self.ep and not self._ep_live:
+            raise LayerError("an expert-parallel layer's forward needs its "
+                             "group: call ep_init on every rank first")
         pointers = (ctypes.c_void_p * len(tensors))(
             *[t.data_ptr() for t in tensors])
         if self.target == "cpu":
@@ -140,7 +213,7 @@ class Layer:
                 status = self._forward(pointers, tokens, stream.cuda_stream,
                                        workspace.data_ptr())
         if status != 0:
-            why = self.lib.moe_last_error().decode() \
-                if self.target != "cpu" else f"status {status}"
+            why = self._last_error() \
+                if self.target != "cpu" or self.ep else f"status {status}"
             raise LayerError(f"{self.info['forward']} failed: {why}")
         return tensors[-1]

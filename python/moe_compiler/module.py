@@ -28,7 +28,11 @@ from .checkpoint import load_layer
 from .layer import Layer, LayerError
 
 _TORCH_DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32,
-                 "F8_E4M3": torch.float8_e4m3fn, "I32": torch.int32}
+                 "F8_E4M3": torch.float8_e4m3fn, "I32": torch.int32,
+                 "F8_E8M0": torch.uint8}
+QUANTS = ("fp8-block128", "mxfp8")
+# Arguments with one row per expert: an expert-parallel rank keeps its own.
+PER_EXPERT = ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias")
 _layers = weakref.WeakValueDictionary()  # id -> Layer, for the custom op
 _ids = itertools.count()
 
@@ -46,6 +50,8 @@ def _to_torch(array):
     if name == "float8_e4m3fn":
         return torch.from_numpy(array.view(np.uint8)).view(
             torch.float8_e4m3fn)
+    if name == "float8_e8m0fnu":
+        return torch.from_numpy(array.view(np.uint8))
     return torch.from_numpy(array)
 
 
@@ -65,10 +71,21 @@ def find_compiler():
                      "PATH")
 
 
-def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None):
+def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None,
+                  quant=None, ep_size=1):
     """The path of a library for `config` (a HF config dict), compiled by
-    moe-compile or found in the cache (key: config, target, compiler)."""
+    moe-compile or found in the cache (key: config, options, compiler).
+    `quant`: None (as the config says), "fp8-block128" or "mxfp8";
+    `ep_size`: expert-parallel ranks."""
     compiler = compiler or find_compiler()
+    options = [f"--target={target}"]
+    if quant is not None:
+        if quant not in QUANTS:
+            raise LayerError(f"quant={quant!r}: one of "
+                             f"{', '.join(map(repr, QUANTS))} or None")
+        options.append(f"--quant={quant}")
+    if ep_size != 1:
+        options.append(f"--ep-size={ep_size}")
     # The compiler and the runtime it links into GPU layers make the library.
     digest = hashlib.sha256()
     runtime = os.path.join(os.path.dirname(os.path.abspath(compiler)), "..",
@@ -79,7 +96,7 @@ def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None):
                 digest.update(f.read())
     compiler_id = digest.hexdigest()
     key = hashlib.sha256(json.dumps(
-        [config, target, compiler_id], sort_keys=True).encode()).hexdigest()
+        [config, options, compiler_id], sort_keys=True).encode()).hexdigest()
     cache_dir = cache_dir or os.environ.get("MOE_COMPILER_CACHE") or \
         os.path.join(os.path.expanduser("~"), ".cache", "moe-compiler")
     folder = os.path.join(cache_dir, key[:32])
@@ -96,10 +113,10 @@ def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None):
         start = time.time()
         result = subprocess.run(
             [compiler, "--from-hf-config", config_path, "--name", "layer",
-             f"--target={target}", "-o", os.path.join(work, "liblayer.so")],
+             *options, "-o", os.path.join(work, "liblayer.so")],
             capture_output=True, text=True)
         if result.returncode != 0:
-            raise LayerError(f"moe-compile failed:\n{result.stderr.strip()}")
+            raise LayerError(f"moe-compile failed: {result.stderr.strip()}")
         _progress(f"compiled in {time.time() - start:.1f} s")
         try:
             os.rename(work, folder)  # atomic: a cache entry is whole or absent
@@ -119,6 +136,11 @@ def moe_forward(hidden_states: torch.Tensor, weights: list[torch.Tensor],
     out = torch.empty(hidden_states.shape, dtype=torch.bfloat16,
                       device=hidden_states.device)
     layer.forward(hidden_states.contiguous(), *weights, out)
+    if layer.ep and layer.target != "cpu" and \
+            not torch.cuda.is_current_stream_capturing():
+        # A peer that stalls or dies shows once the forward's waits end.
+        torch.cuda.current_stream().synchronize()
+        layer.ep_check()
     return out
 
 
@@ -127,14 +149,102 @@ def _(hidden_states, weights, layer_id):
     return hidden_states.new_empty(hidden_states.shape, dtype=torch.bfloat16)
 
 
+def _finalize_on_destroy():
+    """torch.distributed.destroy_process_group finalizes the expert-parallel
+    layers started over the group it destroys (before the group goes)."""
+    import torch.distributed as dist
+    if getattr(dist.destroy_process_group, "_moe_compiler", False):
+        return
+    original = dist.destroy_process_group
+
+    def destroy_process_group(group=None):
+        for layer, on in list(_ep_layers.items()):
+            if group is None or on is group:
+                layer.ep_finalize()
+                _ep_layers.pop(layer, None)
+        return original(group)
+    destroy_process_group._moe_compiler = True
+    dist.destroy_process_group = destroy_process_group
+
+
+_ep_layers = weakref.WeakKeyDictionary()  # Layer -> the group it runs over
+
+
+def start_expert_parallel(layer, ep_group, max_tokens=None, timeout_ms=0,
+                          proxy=False):
+    """Joins `layer` (an expert-parallel Layer) to its ranks over `ep_group`
+    (a torch.distributed group, or "env": see moe_compiler.ep)."""
+    from . import ep
+    if layer._ep_live:
+        # Another module of the same library started the group already.
+        if layer.ep["ranks"] != ep_size_of(ep_group):
+            raise LayerError("the layer's expert-parallel group is started "
+                             "already, over a group of another size")
+        return layer.ep_rank
+    meeting = ep.rendezvous(ep_group)
+    if layer.target != "cpu":
+        torch.cuda.synchronize()  # init allocates in the current context
+    layer.ep_init(meeting, max_tokens, timeout_ms, proxy)
+    if not isinstance(ep_group, str):
+        _ep_layers[layer] = ep_group
+        _finalize_on_destroy()
+    return meeting.rank
+
+
+def ep_size_of(ep_group):
+    if ep_group is None:
+        return 1
+    if isinstance(ep_group, str):
+        from . import ep
+        return ep.from_environment().world_size
+    import torch.distributed as dist
+    return dist.get_world_size(ep_group)
+
+
+def local_experts(tensors, rank, ranks):
+    """The rank's slice of the per-expert tensors (experts [rank * E / N,
+    (rank + 1) * E / N)); every other tensor whole."""
+    out = dict(tensors)
+    for name in PER_EXPERT:
+        if name in out:
+            experts = out[name].shape[0]
+            if experts % ranks:
+                raise LayerError(f"{experts} experts do not split over "
+                                 f"{ranks} expert-parallel ranks")
+            step = experts // ranks
+            out[name] = out[name][rank * step:(rank + 1) * step]
+    return out
+
+
+def quantize_once(tensors, quant, config):
+    """bf16 expert weights as the FP8 arguments a `quant` layer takes,
+    quantized here once; FP8 weights only as they are."""
+    if quant is None:
+        return tensors
+    from .quantize import QuantizeError, quantize_tensors
+    held = "fp8-block128" if "w13_scale" in tensors else None
+    if held is not None:
+        if quant != held:
+            raise LayerError(f"quant={quant!r}: the weights are FP8 with "
+                             f"128 x 128 block scales; they can be run as "
+                             f"quant='fp8-block128' or None")
+        return tensors
+    try:
+        out, _ = quantize_tensors(tensors, quant)
+    except QuantizeError as e:
+        raise LayerError(f"quant={quant!r}: {e}") from None
+    return out
+
+
 class MoE(torch.nn.Module):
     """One compiled MoE layer and its weights on a device."""
 
-    def __init__(self, library, tensors, device=None):
-        """`library`: a layer compiled by moe-compile; `tensors`: its weights
-        by argument name (numpy arrays or torch tensors)."""
+    def __init__(self, library, tensors, device=None, layer=None):
+        """`library`: a layer compiled by moe-compile (or `layer`, a Layer
+        several modules share); `tensors`: its weights by argument name
+        (numpy arrays or torch tensors)."""
         super().__init__()
-        self.layer = Layer(library)
+        self.layer = layer if layer is not None else Layer.open(library)
         gpu = self.layer.target != "cpu"
         device = torch.device(device if device is not None else
                               ("cuda" if gpu else "cpu"))
@@ -168,20 +278,33 @@ class MoE(torch.nn.Module):
 
     @classmethod
     def from_pretrained(cls, checkpoint, layer, target="sm_90a", device=None,
-                        library=None, cache_dir=None, compiler=None):
+                        library=None, cache_dir=None, compiler=None,
+                        quant=None, ep_group=None, ep_timeout_ms=0):
         """Layer `layer` of a HuggingFace checkpoint folder. `library`: a
         layer already compiled from its config.json (else compiled here, or
-        found in the cache)."""
+        found in the cache). `quant`: "fp8-block128" or "mxfp8" quantizes
+        bf16 expert weights once, here. `ep_group`: a torch.distributed
+        group (or "env") whose ranks split the experts; every rank calls
+        this, and keeps only its experts' weights."""
         start = time.time()
         _progress(f"reading layer {layer} of {checkpoint} ...")
         weights = load_layer(checkpoint, layer, progress=_progress)
         total = sum(a.nbytes for a in weights.tensors.values())
         _progress(f"read {total / 2**20:.0f} MiB in {time.time() - start:.1f}"
                   f" s")
+        ranks = ep_size_of(ep_group)
         if library is None:
             library = compile_layer(weights.config, target, cache_dir,
-                                    compiler)
-        return cls(library, weights.tensors, device)
+                                    compiler, quant, ranks)
+        shared = Layer.open(library)
+        tensors = quantize_once(weights.tensors, quant, weights.config)
+        if ranks > 1:
+            if device is None and shared.target != "cpu":
+                device = torch.device("cuda", torch.cuda.current_device())
+            rank = start_expert_parallel(shared, ep_group,
+                                         timeout_ms=ep_timeout_ms)
+            tensors = local_experts(tensors, rank, ranks)
+        return cls(library, tensors, device, layer=shared)
 
     def forward(self, hidden_states):
         """hidden_states: [tokens, H] or [batch, seq, H], bf16."""

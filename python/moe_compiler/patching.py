@@ -1,0 +1,197 @@
+"""A transformers model's MoE blocks swapped for compiled layers.
+
+    model = AutoModelForCausalLM.from_pretrained(..., dtype=torch.bfloat16)
+    moe_compiler.patch(model)            # every MoE block, in place
+    model.generate(...)                  # eager, torch.compile, CUDA graphs
+
+Each block's weights go to our ABI through the same loaders as checkpoints
+(moe_compiler.checkpoint), read from the module instead of files; the layer
+is compiled once per distinct config (and found in the cache after that),
+and its blocks share the compiled library. The block's replacement returns
+what the model's decoder layer expects of the block it replaces.
+"""
+import json
+import re
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from .checkpoint import Checkpoint, CheckpointError, load_layer, text_config
+from .layer import Layer, LayerError
+from .module import (MoE, compile_layer, ep_size_of, local_experts,
+                     quantize_once, start_expert_parallel, _progress)
+
+# model_type -> the class name of its MoE block in transformers, and what
+# that block returns: "tensor" ([B, S, H]), "scores" (GPT-OSS: the output and
+# the router scores) or "logits" (Llama-4: [T, H] and the router logits).
+BLOCKS = {
+    "mixtral": ("MixtralSparseMoeBlock", "tensor"),
+    "qwen2_moe": ("Qwen2MoeSparseMoeBlock", "tensor"),
+    "qwen3_moe": ("Qwen3MoeSparseMoeBlock", "tensor"),
+    "deepseek_v2": ("DeepseekV2Moe", "tensor"),
+    "deepseek_v3": ("DeepseekV3MoE", "tensor"),
+    "kimi_k2": ("DeepseekV3MoE", "tensor"),
+    "gpt_oss": ("GptOssMLP", "scores"),
+    "llama4_text": ("Llama4TextMoe", "logits"),
+}
+# Where checkpoints keep the block (transformers renames some on loading).
+_CHECKPOINT_NAME = {"mixtral": "block_sparse_moe", "llama4_text": "feed_forward"}
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(\w+)$")
+
+
+def _numpy(tensor):
+    """A tensor as a numpy array (bf16 and FP8 through ml_dtypes)."""
+    t = tensor.detach().to("cpu").contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if t.dtype == torch.float8_e4m3fn:
+        return t.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
+    return t.numpy()
+
+
+class _BlockTensors(Checkpoint):
+    """One block's parameters and buffers as a checkpoint holding layer
+    `layer`, so the checkpoint loaders read them by their usual names."""
+
+    def __init__(self, config, block, layer, kind):
+        self.folder = f"the model's layer {layer}"
+        self.config = config
+        prefix = f"model.layers.{layer}.{_CHECKPOINT_NAME.get(kind, 'mlp')}."
+        self._tensors = {prefix + n: t for n, t in block.state_dict().items()}
+
+    def __contains__(self, name):
+        return name in self._tensors
+
+    def names(self):
+        return self._tensors.keys()
+
+    def get(self, name, shape=None):
+        tensor = self._tensors.get(name)
+        if tensor is None:
+            raise CheckpointError(f"{self.folder}: tensor '{name}' is missing")
+        if shape is not None and list(tensor.shape) != list(shape):
+            raise CheckpointError(f"tensor '{name}' has shape "
+                                  f"{list(tensor.shape)}, expected "
+                                  f"{list(shape)}")
+        return _numpy(tensor)
+
+
+class CompiledMoeBlock(torch.nn.Module):
+    """A compiled layer in the place of a transformers MoE block."""
+
+    def __init__(self, moe, returns, replaced):
+        super().__init__()
+        self.moe = moe
+        self.returns = returns
+        self.replaced = replaced  # the class name of the block it replaces
+
+    def forward(self, hidden_states):
+        out = self.moe(hidden_states).to(hidden_states.dtype)
+        if self.returns == "tensor":
+            return out
+        if self.returns == "scores":
+            # GPT-OSS's decoder layer drops the router scores.
+            return out, None
+        # Llama-4's decoder layer takes [T, H] and drops the logits.
+        return out.reshape(-1, out.shape[-1]), None
+
+    def extra_repr(self):
+        return f"replaces {self.replaced}, layer {self.moe.layer.info['name']}"
+
+
+def _model_config(model):
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_json_string"):
+        raise LayerError("patch takes a transformers model (a PreTrainedModel"
+                         " with a config)")
+    return json.loads(config.to_json_string(use_diff=False))
+
+
+def _check_device(target, device):
+    if target == "cpu":
+        if device.type != "cpu":
+            raise LayerError(f"target='cpu' runs on the CPU; the model is on "
+                             f"{device}")
+        return
+    if device.type != "cuda":
+        raise LayerError(f"target={target!r} runs on a Hopper GPU; the model "
+                         f"is on {device} (move it with model.to('cuda') "
+                         f"first, or use target='cpu')")
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != (9, 0):
+        raise LayerError(f"target={target!r} needs a Hopper GPU (compute "
+                         f"capability 9.0); {device} is "
+                         f"{torch.cuda.get_device_name(device)} ({major}.{minor})")
+
+
+def find_blocks(model, kind):
+    """(name, layer index, parent, attribute, block) of each MoE block."""
+    cls, _ = BLOCKS[kind]
+    found = []
+    modules = dict(model.named_modules())
+    for name, module in modules.items():
+        if type(module).__name__ != cls:
+            continue
+        match = _LAYER.search(name)
+        if not match:
+            raise LayerError(f"{name}: a {cls} outside a decoder layer's "
+                             f"'layers.N.<name>' is not patched")
+        parent = modules[name.rsplit(".", 1)[0]]
+        found.append((name, int(match.group(1)), parent, match.group(2),
+                      module))
+    return found
+
+
+def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
+          compiler=None, ep_timeout_ms=0):
+    """Replaces every MoE block of `model` (Mixtral, Qwen2-MoE, Qwen3-MoE,
+    DeepSeek-V2/V3, Kimi-K2, GPT-OSS, Llama-4) in place with a module that
+    runs our compiled layer; returns the model.
+
+    `target`: "sm_90a" (the model on a Hopper GPU) or "cpu". `quant`: None
+    (the weights as they are: bf16, or FP8 128 x 128 blocks as the config
+    says), "fp8-block128" or "mxfp8" (bf16 weights quantized once, here).
+    `ep_group`: a torch.distributed group (or "env", torchrun's variables)
+    whose ranks split the experts; each rank keeps only its own."""
+    config = _model_config(model)
+    kind = text_config(config).get("model_type")
+    if kind not in BLOCKS:
+        raise LayerError(f"model type {kind!r} is not supported (supported: "
+                         f"{', '.join(sorted(BLOCKS))}, llama4)")
+    blocks = find_blocks(model, kind)
+    if not blocks:
+        raise LayerError(f"the {kind} model has no MoE block "
+                         f"({BLOCKS[kind][0]}) to patch")
+    ranks = ep_size_of(ep_group)
+    library = None
+    shared = None
+    rank = 0
+    for name, index, parent, attribute, block in blocks:
+        device = next(block.parameters()).device
+        _check_device(target, device)
+        try:
+            weights = load_layer(_BlockTensors(config, block, index, kind),
+                                 index)
+        except CheckpointError as e:
+            raise LayerError(f"{name}: {e}") from None
+        if shared is None:
+            library = compile_layer(config, target, cache_dir, compiler,
+                                    quant, ranks)
+            shared = Layer.open(library)
+            # Its blocks call it with their own weights in turn, which would
+            # re-capture a bucket's graph each call: launch directly (a graph
+            # the caller captures around the model holds the launches).
+            shared.set_graphs(False)
+            if ranks > 1:
+                rank = start_expert_parallel(shared, ep_group,
+                                             timeout_ms=ep_timeout_ms)
+        tensors = quantize_once(weights.tensors, quant, config)
+        if ranks > 1:
+            tensors = local_experts(tensors, rank, ranks)
+        moe = MoE(library, tensors, device, layer=shared)
+        setattr(parent, attribute,
+                CompiledMoeBlock(moe, BLOCKS[kind][1], type(block).__name__))
+        del block, weights, tensors
+    _progress(f"patched {len(blocks)} {BLOCKS[kind][0]} blocks")
+    return model
