@@ -143,6 +143,19 @@ def find_blocks(model, kind):
     return found
 
 
+def prepare(model, target="sm_90a", quant=None, ep_size=1, cache_dir=None,
+            compiler=None):
+    """Compiles the layer patch(model, ...) would use into the cache (or
+    finds it there) without touching the model or needing its device: for
+    building on one machine what a GPU machine without the compiler runs.
+    The model may be on the meta device. Returns the library's path."""
+    config = _model_config(model)
+    kind = text_config(config).get("model_type")
+    if kind not in BLOCKS:
+        raise LayerError(f"model type {kind!r} is not supported")
+    return compile_layer(config, target, cache_dir, compiler, quant, ep_size)
+
+
 def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
           compiler=None, ep_timeout_ms=0):
     """Replaces every MoE block of `model` (Mixtral, Qwen2-MoE, Qwen3-MoE,

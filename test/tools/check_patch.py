@@ -175,15 +175,16 @@ def logits(model, rank):
     gen = torch.Generator().manual_seed(rank)
     # Ranks pass different token counts, one of them none at all.
     tokens = [5, 0, 17, 3][rank % 4]
+    device = model.device
     ids = torch.randint(0, model.config.vocab_size, (1, tokens),
-                        generator=gen)
+                        generator=gen).to(device)
     with torch.no_grad():
         if tokens == 0:
             # Every forward is a collective: a rank with no tokens still
             # runs each MoE layer, in the model's order.
             hidden = model.config.hidden_size
             return torch.cat([first(block(torch.zeros(
-                1, 0, hidden, dtype=torch.bfloat16)))
+                1, 0, hidden, dtype=torch.bfloat16, device=device)))
                 for _, block in blocks(model)])
         return model(ids).logits
 
@@ -193,13 +194,15 @@ def check_ep(args):
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     name = args.models[0]
-    one = moe_compiler.patch(build(name), target="cpu", cache_dir=args.cache)
+    device = "cpu" if args.target == "cpu" else "cuda"
+    one = moe_compiler.patch(build(name).to(device), target=args.target,
+                             cache_dir=args.cache)
     want = logits(one, rank)
     for group in (dist.group.WORLD, "env"):
         if group == "env":
             os.environ["MOE_EP_PORT"] = str(args.port)
-        model = moe_compiler.patch(build(name), target="cpu", ep_group=group,
-                                   cache_dir=args.cache)
+        model = moe_compiler.patch(build(name).to(device), target=args.target,
+                                   ep_group=group, cache_dir=args.cache)
         got = logits(model, rank)
         how = "the world group" if group != "env" else "torchrun's variables"
         verdict = "bit-identical" if torch.equal(got, want) else "DIFFERENT"
