@@ -205,7 +205,14 @@ class Layer:
                 if stream is None:
                     stream = torch.cuda.current_stream(device)
                 need = max(self.workspace_size(tokens), 1)
-                if workspace is None:
+                if workspace is None and \
+                        torch.cuda.is_current_stream_capturing():
+                    # Captured: a workspace of the call's own, from the
+                    # graph's pool (one kept past the call would be a live
+                    # allocation the graph does not own).
+                    workspace = torch.empty(need, dtype=torch.uint8,
+                                            device=device)
+                elif workspace is None:
                     workspace = self._workspace_for(device, stream, need)
                 elif workspace.numel() < need or workspace.device != device:
                     raise LayerError(f"the workspace needs {need} bytes on "

@@ -104,13 +104,16 @@ def check_models(args):
             got_logits = model(want).logits[:, 5:-1].float()
         same = (got_logits.argmax(-1) == want_next).float().mean().item()
         free = (got[:, 6:] == want[:, 6:]).float().mean().item()
-        # The bf16 bound: twice HF's own bf16 model's distance from the
-        # float32 model, at least 3e-2 (a token whose routing turns on a
-        # near-tie moves far, in either model).
-        error = ((got_logits - exact).norm() / exact.norm()).item()
-        bound = ((want_logits - exact).norm() / exact.norm()).item()
+        # Per position (a token whose routing turns on a near-tie moves far,
+        # in either model, and so do the positions after it): the median
+        # error against the float32 model's, beside HF's own bf16 model's.
+        def position_errors(logits):
+            return ((logits - exact).norm(dim=-1) /
+                    exact.norm(dim=-1)).flatten()
+        error = position_errors(got_logits).median().item()
+        bound = position_errors(want_logits.double()).median().item()
         if args.quant is None:
-            ok = same >= 0.95 and error <= max(2 * bound, 3e-2)
+            ok = same >= 0.95 and error <= max(2 * bound, 1e-2)
             verdict = "ok" if ok else "FAILED"
         else:
             verdict = "(FP8: reported)"
