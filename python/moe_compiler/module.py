@@ -135,7 +135,16 @@ def moe_forward(hidden_states: torch.Tensor, weights: list[torch.Tensor],
     layer = _layers[layer_id]
     out = torch.empty(hidden_states.shape, dtype=torch.bfloat16,
                       device=hidden_states.device)
-    layer.forward(hidden_states.contiguous(), *weights, out)
+    workspace = None
+    if layer.target != "cpu":
+        # The op's own temporary, from the caching allocator: nothing it
+        # allocates outlives the call (torch.compile's CUDA graph trees
+        # refuse allocations in their pool that no output holds).
+        tokens = hidden_states.shape[0]
+        workspace = torch.empty(max(layer.workspace_size(tokens), 1),
+                                dtype=torch.uint8, device=out.device)
+    layer.forward(hidden_states.contiguous(), *weights, out,
+                  workspace=workspace)
     if layer.ep and layer.target != "cpu" and \
             not torch.cuda.is_current_stream_capturing():
         # A peer that stalls or dies shows once the forward's waits end.
