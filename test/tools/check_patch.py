@@ -174,6 +174,11 @@ def check_refusals(args):
           type(model.model.layers[0].mlp).__name__)
 
 
+def say(line):
+    """One line in one write: ranks share the output."""
+    os.write(1, (line + "\n").encode())
+
+
 def logits(model, rank):
     gen = torch.Generator().manual_seed(rank)
     # Ranks pass different token counts, one of them none at all.
@@ -209,9 +214,8 @@ def check_ep(args):
         got = logits(model, rank)
         how = "the world group" if group != "env" else "torchrun's variables"
         verdict = "bit-identical" if torch.equal(got, want) else "DIFFERENT"
-        print(f"{name}, rank {rank} of {world} over {how}: "
-              f"{verdict} to one rank")
-        sys.stdout.flush()
+        say(f"{name}, rank {rank} of {world} over {how}: {verdict} to one "
+            f"rank")
         del model  # every rank: the group's finalize meets them all
         gc.collect()
         dist.barrier()
@@ -232,10 +236,9 @@ def check_ep_killed(args):
     start = time.time()
     try:
         logits(model, rank)
-        print(f"rank {rank}: NOT raised")
+        say(f"rank {rank}: NOT raised")
     except LayerError as e:
-        print(f"rank {rank} raised after {time.time() - start:.0f} s: {e}")
-    sys.stdout.flush()
+        say(f"rank {rank} raised after {time.time() - start:.0f} s: {e}")
     os._exit(0)  # the group lost a rank: nothing to tear down with it
 
 
