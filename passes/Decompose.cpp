@@ -99,10 +99,14 @@ Value LayerDecomposer::build() {
   Type i32 = b.getI32Type();
 
   at("route");
-  auto route =
-      RouteOp::create(b, tensorType({tokens, topK}, i32),
-                      tensorType({tokens, topK}, b.getF32Type()), hidden,
-                      layer.getRouterWeight(), layer.getRouterBias(), router);
+  Value logits = layer.getRouterLogits();
+  auto route = RouteOp::create(
+      b, tensorType({tokens, topK}, i32),
+      tensorType({tokens, topK}, b.getF32Type()),
+      logits ? logits.getType() : Type(), hidden, layer.getRouterWeight(),
+      layer.getRouterBias(), router);
+  if (logits)
+    logits.replaceAllUsesWith(route.getLogits());
 
   // Llama-4 weights the expert's input; every other router its output.
   bool scaleInput = router.getKind() == RouterKind::SigmoidScaleInput;
@@ -137,7 +141,8 @@ Value LayerDecomposer::build() {
                           {}, {}, /*quantized=*/false);
   }
   at("combine");
-  return CombineOp::create(b, layer.getType(), expertOut, dispatch.getRows(),
+  return CombineOp::create(b, layer.getOut().getType(), expertOut,
+                           dispatch.getRows(),
                            scaleInput ? Value() : routeWeights, shared,
                            sharedGate);
 }
@@ -149,7 +154,7 @@ struct DecomposePass : public moe::impl::DecomposeBase<DecomposePass> {
     getOperation()->walk([&](LayerOp layer) { layers.push_back(layer); });
     for (LayerOp layer : layers) {
       Value out = LayerDecomposer(layer).build();
-      layer.replaceAllUsesWith(out);
+      layer.getOut().replaceAllUsesWith(out);
       layer.erase();
     }
   }

@@ -38,9 +38,11 @@ static FailureOr<ArgumentAttr> describe(Operation *where, StringRef name,
   return arg;
 }
 
-/// The arguments in call order, named `names[i]`, then the one result `out`.
+/// The arguments in call order, named `names[i]`, then the results: `out`
+/// and, where a layer gives them, `router_logits`.
 static FailureOr<SmallVector<Attribute>>
-describeArguments(func::FuncOp func, ArrayRef<std::string> names, Type result) {
+describeArguments(func::FuncOp func, ArrayRef<std::string> names,
+                  TypeRange results) {
   SmallVector<Attribute> args;
   for (auto [i, name] : llvm::enumerate(names)) {
     FailureOr<ArgumentAttr> arg =
@@ -49,10 +51,13 @@ describeArguments(func::FuncOp func, ArrayRef<std::string> names, Type result) {
       return failure();
     args.push_back(*arg);
   }
-  FailureOr<ArgumentAttr> out = describe(func, "out", result, true);
-  if (failed(out))
-    return failure();
-  args.push_back(*out);
+  for (auto [i, result] : llvm::enumerate(results)) {
+    FailureOr<ArgumentAttr> out =
+        describe(func, i == 0 ? "out" : "router_logits", result, true);
+    if (failed(out))
+      return failure();
+    args.push_back(*out);
+  }
   return args;
 }
 
@@ -75,7 +80,7 @@ describeKernelFunction(func::FuncOp func) {
              << "', which another argument or the result has";
     names.push_back(name);
   }
-  return describeArguments(func, names, func.getResultTypes()[0]);
+  return describeArguments(func, names, func.getResultTypes());
 }
 
 /// The operands the ABI names, in the op's order.
@@ -120,13 +125,13 @@ static FailureOr<SmallVector<Attribute>> describeLayer(func::FuncOp func,
     names[arg.getArgNumber()] = name.str();
   }
   auto ret = cast<func::ReturnOp>(func.getBody().front().getTerminator());
-  if (ret.getNumOperands() != 1 || ret.getOperand(0) != layer->getResult(0))
-    return func.emitOpError() << "must return the layer's result";
+  if (!llvm::equal(ret.getOperands(), layer->getResults()))
+    return func.emitOpError() << "must return the layer's results, in order";
   for (auto [i, name] : llvm::enumerate(names))
     if (name.empty())
       return func.emitOpError() << "argument " << i << " does not feed the "
                                 << "layer";
-  return describeArguments(func, names, layer->getResult(0).getType());
+  return describeArguments(func, names, layer->getResultTypes());
 }
 
 /// What an expert-parallel layer's ranks agree on; a CPU rank's buffers

@@ -8,10 +8,15 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::common;
 
+Value common::routerLogit(Emitter &e, RouterKind kind, Value logit,
+                          Value bias) {
+  return bias && kind != RouterKind::SigmoidGroupedTopK ? e.add(logit, bias)
+                                                        : logit;
+}
+
 std::pair<Value, Value> common::expertScore(Emitter &e, RouterKind kind,
                                             Value logit, Value bias) {
-  if (bias && kind != RouterKind::SigmoidGroupedTopK)
-    logit = e.add(logit, bias);
+  logit = routerLogit(e, kind, logit, bias);
   Value s = kind == RouterKind::SigmoidGroupedTopK ? e.sigmoid(logit) : logit;
   // DeepSeek selects by score plus the correction bias.
   Value choice =

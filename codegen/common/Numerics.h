@@ -15,6 +15,10 @@
 
 namespace mlir::moe::common {
 
+/// The logit moe.route gives as its `logits`: the bias added, except for
+/// sigmoid_grouped_topk (whose bias only ranks); `bias` may be null.
+Value routerLogit(Emitter &e, RouterKind kind, Value logit, Value bias);
+
 /// An expert's score (which gives its weight) and choice value (which ranks
 /// it) from its router logit; `bias` (f32) may be null.
 std::pair<Value, Value> expertScore(Emitter &e, RouterKind kind, Value logit,

@@ -198,6 +198,8 @@ LogicalResult FunctionLowering::lowerRoute(RouteOp op) {
   Value tokens = e.dim(hidden, 0);
   Value ids = resultBuffer(op.getExpertIds(), {tokens});
   Value weights = resultBuffer(op.getWeights(), {tokens});
+  Value logits =
+      op.getLogits() ? resultBuffer(op.getLogits(), {tokens}) : Value();
 
   // Per-token scratch: `score` gives the weights, `choice` ranks experts.
   Type f32 = e.b.getF32Type(), i8 = e.b.getI8Type();
@@ -213,8 +215,10 @@ LogicalResult FunctionLowering::lowerRoute(RouteOp op) {
   e.forEach(e.index(0), tokens, [&](Value t) {
     e.forEach(e.index(0), e.index(experts), [&](Value x) {
       Value logit = e.dot(hidden, t, weight, {x}, h);
-      auto [s, choice] =
-          expertScore(e, kind, logit, bias ? e.load(bias, {x}) : Value());
+      Value b = bias ? e.load(bias, {x}) : Value();
+      if (logits)
+        e.storeRaw(routerLogit(e, kind, logit, b), logits, {t, x});
+      auto [s, choice] = expertScore(e, kind, logit, b);
       e.storeRaw(s, scratch.score, {x});
       e.storeRaw(choice, scratch.choice, {x});
     });

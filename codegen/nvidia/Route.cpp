@@ -159,6 +159,17 @@ struct Router {
       }
   }
 
+  /// Stores token firstToken + p's logit for expert x into `logits` (the
+  /// route's optional result), if that token is the call's.
+  void storeLogit(Value logits, Value firstToken, int64_t p, Value count,
+                  Value x, Value logit, Value bias) {
+    Value t = e.iadd(firstToken, e.index(p));
+    e.ifThen(e.ult(t, count), [&] {
+      e.storeRaw(common::routerLogit(e, op.getRouter().getKind(), logit, bias),
+                 logits, {t, x});
+    });
+  }
+
   /// The warp of `lane` chooses token `t`'s experts from its scratch row.
   void choose(const common::RouteScratch &scratch, Value ids, Value weights,
               Value t, Value lane) {
@@ -304,6 +315,8 @@ static LogicalResult buildFusedRoute(LayerKernels &layer, RouteOp op,
   if (bias)
     buffers.push_back(bias);
   buffers.append({op.getExpertIds(), op.getWeights()});
+  if (op.getLogits())
+    buffers.push_back(op.getLogits());
   Kernel k = layer.kernel(op, "route", buffers);
   k.launch.work = cfg.tokens;
   k.launch.perBlock = kRouteTokens;
@@ -314,7 +327,9 @@ static LogicalResult buildFusedRoute(LayerKernels &layer, RouteOp op,
     views.push_back(k.view(i, layer.info(v)));
   Value hidden = views[0], weight = views[1];
   Value biasView = bias ? views[2] : Value();
-  Value ids = views[views.size() - 2], weights = views.back();
+  unsigned at = bias ? 3 : 2;
+  Value ids = views[at], weights = views[at + 1];
+  Value logitsView = op.getLogits() ? views[at + 2] : Value();
   Router route(k, op, cfg, cfg.unroll);
   common::RouteScratch all = scratchFor(k, router, kRouteTokens, experts);
   Router::TokenBlock block = route.tokenBlock(cfg.tokens);
@@ -328,11 +343,14 @@ static LogicalResult buildFusedRoute(LayerKernels &layer, RouteOp op,
       [&](Value first) {
         route.logits(hidden, weight, rows, first, lane,
                      [&](int64_t p, Value x, Value logit) {
-                       auto [s, choice] = common::expertScore(
-                           e, router.getKind(), logit,
-                           biasView ? e.load(biasView, {x}) : Value());
+                       Value b = biasView ? e.load(biasView, {x}) : Value();
+                       auto [s, choice] =
+                           common::expertScore(e, router.getKind(), logit, b);
                        e.storeRaw(s, all.score, {e.index(p), x});
                        e.storeRaw(choice, all.choice, {e.index(p), x});
+                       if (logitsView)
+                         route.storeLogit(logitsView, firstToken, p, count, x,
+                                          logit, b);
                      });
       },
       e.index(kRouteWarps * route.unroll));
@@ -358,6 +376,8 @@ static LogicalResult buildRouteLogits(LayerKernels &layer, RouteOp op,
   if (bias)
     logitBuffers.push_back(layer.info(bias).buffer);
   logitBuffers.append({scores.buffer, choices.buffer});
+  if (op.getLogits())
+    logitBuffers.push_back(layer.info(op.getLogits()).buffer);
   Kernel k = layer.kernelOn(op, "route_logits", logitBuffers);
   k.launch.work = cfg.tokens;
   k.launch.perBlock = kRouteTokens;
@@ -373,6 +393,8 @@ static LogicalResult buildRouteLogits(LayerKernels &layer, RouteOp op,
   unsigned next = bias ? 3 : 2;
   Value scoreView = k.view(next, scores);
   Value choiceView = k.view(next + 1, choices);
+  Value logitsView =
+      op.getLogits() ? k.view(next + 2, layer.info(op.getLogits())) : Value();
   Router::TokenBlock block = route.tokenBlock(cfg.tokens);
   Value count = block.count, firstToken = block.firstToken;
   Value warp = block.warp, lane = block.lane;
@@ -384,13 +406,16 @@ static LogicalResult buildRouteLogits(LayerKernels &layer, RouteOp op,
     route.logits(hidden, weight, rows, first, lane,
                  [&](int64_t p, Value x, Value logit) {
                    Value t = e.iadd(firstToken, e.index(p));
+                   Value b = biasView ? e.load(biasView, {x}) : Value();
                    e.ifThen(e.ult(t, count), [&] {
-                     auto [s, choice] = common::expertScore(
-                         e, router.getKind(), logit,
-                         biasView ? e.load(biasView, {x}) : Value());
+                     auto [s, choice] =
+                         common::expertScore(e, router.getKind(), logit, b);
                      e.storeRaw(s, scoreView, {t, x});
                      e.storeRaw(choice, choiceView, {t, x});
                    });
+                   if (logitsView)
+                     route.storeLogit(logitsView, firstToken, p, count, x,
+                                      logit, b);
                  });
   });
   return k.finish(op);
@@ -439,6 +464,8 @@ LogicalResult nvidia::buildRoute(LayerKernels &layer, RouteOp op) {
   RouteConfig cfg = configureRoute(op, tokens, layer.maxTokens);
   layer.define(op.getExpertIds(), tokens);
   layer.define(op.getWeights(), tokens);
+  if (op.getLogits())
+    layer.define(op.getLogits(), tokens);
   if (!cfg.split)
     return buildFusedRoute(layer, op, cfg);
 

@@ -198,6 +198,10 @@ LogicalResult LayerOp::verify() {
                         {count(kAny, "tokens"), size(hidden, "hidden")})))
     return failure();
   int64_t tokens = shapeOf(getHiddenStates())[0];
+  if (getRouterLogits() &&
+      failed(checkShape(op, "router_logits", getRouterLogits(),
+                        {count(tokens, "tokens"), size(experts, "experts")})))
+    return failure();
   if (failed(checkShape(op, "result", getOut(),
                         {count(tokens, "tokens"), size(hidden, "hidden")})) ||
       failed(checkShape(op, "router_weight", getRouterWeight(),
@@ -433,6 +437,10 @@ LogicalResult RouteOp::verify() {
   int64_t topK = shapeOf(getExpertIds())[1];
   if (failed(checkShape(op, "weights", getWeights(),
                         {count(tokens, "tokens"), size(topK, "top-k")})))
+    return failure();
+  if (getLogits() &&
+      failed(checkShape(op, "logits", getLogits(),
+                        {count(tokens, "tokens"), size(experts, "experts")})))
     return failure();
   if (topK > experts)
     return emitOpError() << "top-k (" << topK

@@ -41,6 +41,9 @@ def Moe_LayerOp : Moe_Op<"layer", [Pure, AttrSizedOperandSegments]> {
     [El, 2I] and [El, H]; `shared` holds [2Is, H], [H, Is] and, with
     `shared_gate`, the gate [1, H].
 
+    With a second result, the layer also gives its router logits [T, E] in
+    f32, as `moe.route` computes them (for a model that returns them).
+
     ```mlir
     %out = moe.layer %x router(%rw) experts(%w13, %w2)
              {config = #moe.config<experts = 8, top_k = 2, hidden = 4096,
@@ -67,7 +70,8 @@ def Moe_LayerOp : Moe_Op<"layer", [Pure, AttrSizedOperandSegments]> {
     Optional<Moe_Scales>:$shared_w2_scale,
     Moe_ConfigAttr:$config
   );
-  let results = (outs Moe_Activations:$out);
+  let results = (outs Moe_Activations:$out,
+                     Optional<Moe_F32Tensor>:$router_logits);
   let assemblyFormat = [{
     $hidden_states `router` `(` $router_weight (`,` $router_bias^)? `)`
     `experts` `(` $w13 `,` $w2 `)`
@@ -113,7 +117,8 @@ def Moe_RouteOp : Moe_Op<"route", [Pure]> {
     f32 and from them, as `router` says, each token's `top_k` expert ids and
     weights; k is the second dimension of the results. `bias` [E] is added to
     the logits, except for sigmoid_grouped_topk, where it is added to the
-    scores for selection only.
+    scores for selection only. The optional `logits` result [T, E] holds
+    the logits so (bias included where it is added to them).
   }];
   let arguments = (ins
     Moe_Activations:$hidden_states,
@@ -121,7 +126,8 @@ def Moe_RouteOp : Moe_Op<"route", [Pure]> {
     Optional<Moe_F32Tensor>:$bias,
     Moe_RouterAttr:$router
   );
-  let results = (outs Moe_IndexTensor:$expert_ids, Moe_F32Tensor:$weights);
+  let results = (outs Moe_IndexTensor:$expert_ids, Moe_F32Tensor:$weights,
+                     Optional<Moe_F32Tensor>:$logits);
   let assemblyFormat = [{
     $hidden_states `,` $router_weight (`bias` $bias^)? attr-dict `:`
     functional-type(operands, results)

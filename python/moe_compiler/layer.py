@@ -223,4 +223,9 @@ class Layer:
             why = self._last_error() \
                 if self.target != "cpu" or self.ep else f"status {status}"
             raise LayerError(f"{self.info['forward']} failed: {why}")
-        return tensors[-1]
+        outputs = tensors[len(tensors) - self.num_outputs:]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    @property
+    def num_outputs(self):
+        return sum(1 for a in self.args if a["output"])

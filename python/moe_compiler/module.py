@@ -72,11 +72,12 @@ def find_compiler():
 
 
 def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None,
-                  quant=None, ep_size=1):
+                  quant=None, ep_size=1, router_logits=False):
     """The path of a library for `config` (a HF config dict), compiled by
     moe-compile or found in the cache (key: config, options, compiler).
     `quant`: None (as the config says), "fp8-block128" or "mxfp8";
-    `ep_size`: expert-parallel ranks."""
+    `ep_size`: expert-parallel ranks; `router_logits`: the layer also
+    outputs its router logits."""
     compiler = compiler or find_compiler()
     options = [f"--target={target}"]
     if quant is not None:
@@ -86,6 +87,8 @@ def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None,
         options.append(f"--quant={quant}")
     if ep_size != 1:
         options.append(f"--ep-size={ep_size}")
+    if router_logits:
+        options.append("--router-logits")
     # The compiler and the runtime it links into GPU layers make the library.
     digest = hashlib.sha256()
     runtime = os.path.join(os.path.dirname(os.path.abspath(compiler)), "..",
@@ -132,7 +135,12 @@ def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None,
 @torch.library.custom_op("moe_compiler::moe_forward", mutates_args=())
 def moe_forward(hidden_states: torch.Tensor, weights: list[torch.Tensor],
                 layer_id: int) -> torch.Tensor:
-    layer = _layers[layer_id]
+    return _run(_layers[layer_id], hidden_states, weights)
+
+
+def _run(layer, hidden_states, weights, *extra_outputs):
+    """The layer's forward into a new `out` (and `extra_outputs` after it,
+    in the ABI's order); returns `out`."""
     out = torch.empty(hidden_states.shape, dtype=torch.bfloat16,
                       device=hidden_states.device)
     workspace = None
@@ -143,7 +151,7 @@ def moe_forward(hidden_states: torch.Tensor, weights: list[torch.Tensor],
         tokens = hidden_states.shape[0]
         workspace = torch.empty(max(layer.workspace_size(tokens), 1),
                                 dtype=torch.uint8, device=out.device)
-    layer.forward(hidden_states.contiguous(), *weights, out,
+    layer.forward(hidden_states.contiguous(), *weights, out, *extra_outputs,
                   workspace=workspace)
     if layer.ep and layer.target != "cpu" and \
             not torch.cuda.is_current_stream_capturing():
@@ -156,6 +164,26 @@ def moe_forward(hidden_states: torch.Tensor, weights: list[torch.Tensor],
 @moe_forward.register_fake
 def _(hidden_states, weights, layer_id):
     return hidden_states.new_empty(hidden_states.shape, dtype=torch.bfloat16)
+
+
+@torch.library.custom_op("moe_compiler::moe_forward_logits", mutates_args=())
+def moe_forward_logits(hidden_states: torch.Tensor, weights: list[torch.Tensor],
+                       layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """moe_forward of a layer compiled with router logits: the output and
+    the router logits [T, E] f32 its routing step computed."""
+    layer = _layers[layer_id]
+    experts = layer.info["config"]["experts"]
+    logits = torch.empty(hidden_states.shape[0], experts, dtype=torch.float32,
+                         device=hidden_states.device)
+    return _run(layer, hidden_states, weights, logits), logits
+
+
+@moe_forward_logits.register_fake
+def _(hidden_states, weights, layer_id):
+    experts = _layers[layer_id].info["config"]["experts"]
+    return (hidden_states.new_empty(hidden_states.shape, dtype=torch.bfloat16),
+            hidden_states.new_empty((hidden_states.shape[0], experts),
+                                    dtype=torch.float32))
 
 
 def _finalize_on_destroy():
@@ -277,11 +305,12 @@ class MoE(torch.nn.Module):
                 value = _to_torch(value)
             value = value.to(device=device, dtype=_TORCH_DTYPES[arg["dtype"]])
             self.register_buffer(arg["name"], value.contiguous())
+        outputs = [torch.empty([0] + a["shape"][1:],
+                               dtype=_TORCH_DTYPES[a["dtype"]], device=device)
+                   for a in self.layer.args if a["output"]]
         self.layer.check([torch.empty(0, self.hidden, dtype=torch.bfloat16,
                                       device=device)] +
-                         [getattr(self, n) for n in names] +
-                         [torch.empty(0, self.hidden, dtype=torch.bfloat16,
-                                      device=device)])
+                         [getattr(self, n) for n in names] + outputs)
         self.layer_id = next(_ids)
         _layers[self.layer_id] = self.layer
 
@@ -322,6 +351,31 @@ class MoE(torch.nn.Module):
             raise LayerError(f"hidden_states has {shape[-1]} features; the "
                              f"layer takes {self.hidden}")
         flat = hidden_states.reshape(-1, self.hidden).to(torch.bfloat16)
-        out = torch.ops.moe_compiler.moe_forward(
-            flat, [getattr(self, n) for n in self._names], self.layer_id)
+        weights = [getattr(self, n) for n in self._names]
+        if self.router_logits:
+            out, _ = torch.ops.moe_compiler.moe_forward_logits(
+                flat, weights, self.layer_id)
+        else:
+            out = torch.ops.moe_compiler.moe_forward(flat, weights,
+                                                     self.layer_id)
         return out.reshape(shape)
+
+    @property
+    def router_logits(self):
+        """Whether the layer also outputs its router logits."""
+        return any(a["name"] == "router_logits" for a in self.layer.args)
+
+    def forward_with_logits(self, hidden_states):
+        """(output as forward gives it, router logits [tokens, E] f32) of a
+        layer compiled with router logits (compile_layer(...,
+        router_logits=True))."""
+        if not self.router_logits:
+            raise LayerError("the layer was compiled without router logits")
+        shape = hidden_states.shape
+        if shape[-1] != self.hidden:
+            raise LayerError(f"hidden_states has {shape[-1]} features; the "
+                             f"layer takes {self.hidden}")
+        flat = hidden_states.reshape(-1, self.hidden).to(torch.bfloat16)
+        out, logits = torch.ops.moe_compiler.moe_forward_logits(
+            flat, [getattr(self, n) for n in self._names], self.layer_id)
+        return out.reshape(shape), logits

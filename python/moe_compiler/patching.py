@@ -37,6 +37,9 @@ BLOCKS = {
 }
 # Where checkpoints keep the block (transformers renames some on loading).
 _CHECKPOINT_NAME = {"mixtral": "block_sparse_moe", "llama4_text": "feed_forward"}
+# The models whose outputs carry router logits (output_router_logits): their
+# layers are compiled to give the logits their routing step computes.
+RECORDS_LOGITS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "llama4_text")
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(\w+)$")
 
 
@@ -87,17 +90,39 @@ class CompiledMoeBlock(torch.nn.Module):
         self.replaced = replaced  # the class name of the block it replaces
 
     def forward(self, hidden_states):
-        out = self.moe(hidden_states).to(hidden_states.dtype)
+        logits = None
+        if self.moe.router_logits:
+            out, logits = self.moe.forward_with_logits(hidden_states)
+            logits = logits.to(hidden_states.dtype)  # as the HF router's
+            _record_router_logits(logits)
+        else:
+            out = self.moe(hidden_states)
+        out = out.to(hidden_states.dtype)
         if self.returns == "tensor":
             return out
         if self.returns == "scores":
             # GPT-OSS's decoder layer drops the router scores.
             return out, None
-        # Llama-4's decoder layer takes [T, H] and drops the logits.
-        return out.reshape(-1, out.shape[-1]), None
+        # Llama-4's: [T, H] and the router logits.
+        return out.reshape(-1, out.shape[-1]), logits
 
     def extra_repr(self):
         return f"replaces {self.replaced}, layer {self.moe.layer.info['name']}"
+
+
+def _record_router_logits(logits):
+    """Hands the logits to transformers' output capture, where the model
+    was asked for them (output_router_logits): its hooks on the router
+    modules this block replaced no longer run."""
+    if torch.compiler.is_compiling():
+        return
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:
+        return
+    collected = _active_collector.get()
+    if collected is not None and "router_logits" in collected:
+        collected["router_logits"].append(logits)
 
 
 def _model_config(model):
@@ -153,7 +178,8 @@ def prepare(model, target="sm_90a", quant=None, ep_size=1, cache_dir=None,
     kind = text_config(config).get("model_type")
     if kind not in BLOCKS:
         raise LayerError(f"model type {kind!r} is not supported")
-    return compile_layer(config, target, cache_dir, compiler, quant, ep_size)
+    return compile_layer(config, target, cache_dir, compiler, quant, ep_size,
+                         kind in RECORDS_LOGITS)
 
 
 def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
@@ -190,7 +216,7 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
             raise LayerError(f"{name}: {e}") from None
         if shared is None:
             library = compile_layer(config, target, cache_dir, compiler,
-                                    quant, ranks)
+                                    quant, ranks, kind in RECORDS_LOGITS)
             shared = Layer.open(library)
             # Its blocks call it with their own weights in turn, which would
             # re-capture a bucket's graph each call: launch directly (a graph

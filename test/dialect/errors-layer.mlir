@@ -280,3 +280,12 @@ func.func @shared_scale_shape(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>,
   %0 = moe.layer %x router(%rw) experts(%w13, %w2) shared(%sw13, %sw2) shared_scales(%s13, %s2) {config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>, shared_intermediate = 4, quant = <kind = mxfp8>>} : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<4x16x8xbf16>, tensor<4x8x8xbf16>, tensor<8x8xf8E4M3FN>, tensor<8x4xf8E4M3FN>, tensor<8x2xf8E8M0FNU>, tensor<8x1xf8E8M0FNU>) -> tensor<?x8xbf16>
   return %0 : tensor<?x8xbf16>
 }
+
+// -----
+
+func.func @f(%x: tensor<3x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x8xbf16>, %w2: tensor<4x8x8xbf16>) -> (tensor<3x8xbf16>, tensor<3x5xf32>) {
+  // expected-error @+1 {{router_logits dimension 1 (experts) must be 4, but is 5}}
+  %0, %1 = moe.layer %x router(%rw) experts(%w13, %w2) {config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>>}
+      : (tensor<3x8xbf16>, tensor<4x8xbf16>, tensor<4x16x8xbf16>, tensor<4x8x8xbf16>) -> (tensor<3x8xbf16>, tensor<3x5xf32>)
+  return %0, %1 : tensor<3x8xbf16>, tensor<3x5xf32>
+}

@@ -138,3 +138,16 @@ func.func @expert_parallel(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: te
       : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<2x16x8xbf16>, tensor<2x8x8xbf16>) -> tensor<?x8xbf16>
   return %0 : tensor<?x8xbf16>
 }
+
+// -----
+
+// A layer that also gives its router logits: the route computes them.
+// CHECK-LABEL: func @router_logits
+// CHECK: %[[IDS:.*]], %[[WTS:.*]], %[[LOGITS:.*]] = moe.route %{{.*}}, %{{.*}} {router = #moe.router<kind = softmax_topk>} : (tensor<?x8xbf16>, tensor<4x8xbf16>) -> (tensor<?x2xi32>, tensor<?x2xf32>, tensor<?x4xf32>)
+// CHECK: %[[OUT:.*]] = moe.combine
+// CHECK: return %[[OUT]], %[[LOGITS]]
+func.func @router_logits(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x8xbf16>, %w2: tensor<4x8x8xbf16>) -> (tensor<?x8xbf16>, tensor<?x4xf32>) {
+  %0, %1 = moe.layer %x router(%rw) experts(%w13, %w2) {config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>>}
+      : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<4x16x8xbf16>, tensor<4x8x8xbf16>) -> (tensor<?x8xbf16>, tensor<?x4xf32>)
+  return %0, %1 : tensor<?x8xbf16>, tensor<?x4xf32>
+}

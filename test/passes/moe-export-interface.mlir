@@ -78,6 +78,22 @@ func.func @steps(%x: tensor<?x8xbf16> {moe.name = "x"}, %ids: tensor<?x2xi32>)
 
 // -----
 
+// A layer that gives its router logits: a second output after `out`.
+// CHECK-LABEL: func.func @logits(
+// CHECK-SAME: #moe.argument<name = "out", type = tensor<?x8xbf16>, output = true>, #moe.argument<name = "router_logits", type = tensor<?x4xf32>, output = true>]
+func.func @logits(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>,
+                  %w13: tensor<4x16x8xbf16>, %w2: tensor<4x8x8xbf16>)
+    -> (tensor<?x8xbf16>, tensor<?x4xf32>) {
+  %0, %1 = moe.layer %x router(%rw) experts(%w13, %w2)
+      {config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8,
+                            router = <kind = softmax_topk>, activation = <kind = swiglu>>}
+      : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<4x16x8xbf16>, tensor<4x8x8xbf16>)
+      -> (tensor<?x8xbf16>, tensor<?x4xf32>)
+  return %0, %1 : tensor<?x8xbf16>, tensor<?x4xf32>
+}
+
+// -----
+
 // Several results: no library can call it, so it gets no interface
 // (unless it is the layer asked for).
 // CHECK-LABEL: func.func @two(
@@ -123,5 +139,19 @@ func.func @bad(%x: tensor<?x8xbf16>, %w13: tensor<4x16x8xbf16>,
                             router = <kind = softmax_topk>, activation = <kind = swiglu>>}
       : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<4x16x8xbf16>, tensor<4x8x8xbf16>)
       -> tensor<?x8xbf16>
+  return %0 : tensor<?x8xbf16>
+}
+
+// -----
+
+// expected-error @+1 {{'func.func' op must return the layer's results, in order}}
+func.func @bad(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>,
+               %w13: tensor<4x16x8xbf16>, %w2: tensor<4x8x8xbf16>)
+    -> tensor<?x8xbf16> {
+  %0, %1 = moe.layer %x router(%rw) experts(%w13, %w2)
+      {config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8,
+                            router = <kind = softmax_topk>, activation = <kind = swiglu>>}
+      : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<4x16x8xbf16>, tensor<4x8x8xbf16>)
+      -> (tensor<?x8xbf16>, tensor<?x4xf32>)
   return %0 : tensor<?x8xbf16>
 }

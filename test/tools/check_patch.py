@@ -78,6 +78,7 @@ def check_models(args):
         with torch.no_grad():
             want_logits = model(want).logits[:, 5:-1].float()
             exact = reference(want).logits[:, 5:-1].double()
+            want_router = router_logits(model, want)
         want_next = want_logits.argmax(-1)
         moe_compiler.patch(model, target=args.target, quant=args.quant,
                            cache_dir=args.cache)
@@ -117,10 +118,34 @@ def check_models(args):
             verdict = "ok" if ok else "FAILED"
         else:
             verdict = "(FP8: reported)"
+        if want_router is not None:
+            with torch.no_grad():
+                got_router = router_logits(model, want)
+            # Layer 0 sees the same input in both (bounded); later layers
+            # what the blocks before them gave (reported).
+            errors = [((g.double() - w.double()).norm() /
+                       w.double().norm()).item()
+                      for g, w in zip(got_router, want_router)]
+            ok = len(got_router) == len(want_router) and \
+                errors[0] <= 1e-2 and \
+                all(g.shape == w.shape and g.dtype == w.dtype
+                    for g, w in zip(got_router, want_router))
+            print(f"{name} router logits: {len(got_router)} layers recorded "
+                  f"({len(want_router)} by HF), relative error "
+                  f"{', '.join(f'{x:.1e}' for x in errors)} "
+                  f"{'ok' if ok else 'FAILED'}")
         print(f"{name} generate: {same:.0%} of 64 next-token choices as HF "
               f"eager's; logits off float32 by {error:.1e} (HF bf16: "
               f"{bound:.1e}) {verdict} (free-running: {free:.0%} of tokens)")
         sys.stdout.flush()
+
+
+def router_logits(model, ids):
+    """The router logits the model records with output_router_logits, or
+    None for a model that records none."""
+    out = model(ids, output_router_logits=True)
+    logits = getattr(out, "router_logits", None)
+    return tuple(logits) if logits else None
 
 
 def refused(what, call):

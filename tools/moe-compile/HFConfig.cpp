@@ -232,7 +232,8 @@ static QuantAttr configuredQuant(MLIRContext &context, const json::Object &root,
 
 OwningOpRef<ModuleOp> mlir::moe::importHFConfig(
     MLIRContext &context, StringRef path, StringRef text, StringRef name,
-    std::optional<QuantAttr> quantOverride, int64_t epSize) {
+    std::optional<QuantAttr> quantOverride, int64_t epSize,
+    bool routerLogits) {
   context.loadDialect<MoeDialect, func::FuncDialect>();
   Location loc = FileLineColLoc::get(&context, path, 1, 1);
   llvm::Expected<json::Value> parsed = json::parse(text);
@@ -333,6 +334,10 @@ OwningOpRef<ModuleOp> mlir::moe::importHFConfig(
   if (f.sharedGate)
     argTypes.push_back(tensor({1, h}, bf16));
   Type outType = argTypes[0];
+  SmallVector<Type> resultTypes = {outType};
+  if (routerLogits)
+    resultTypes.push_back(
+        tensor({ShapedType::kDynamic, f.experts}, b.getF32Type()));
 
   std::string funcName = name.str();
   if (funcName.empty()) {
@@ -345,7 +350,7 @@ OwningOpRef<ModuleOp> mlir::moe::importHFConfig(
   OwningOpRef<ModuleOp> module = ModuleOp::create(loc);
   b.setInsertionPointToEnd(module->getBody());
   auto func = func::FuncOp::create(b, loc, funcName,
-                                   b.getFunctionType(argTypes, outType));
+                                   b.getFunctionType(argTypes, resultTypes));
   Block *body = func.addEntryBlock();
   b.setInsertionPointToEnd(body);
   auto args = body->getArguments();
@@ -362,10 +367,11 @@ OwningOpRef<ModuleOp> mlir::moe::importHFConfig(
   Value sharedW2Scale = take(is > 0 && fp8Weights);
   Value sharedGate = take(f.sharedGate);
   auto layer =
-      LayerOp::create(b, loc, outType, args[0], args[1], routerBias, w13, w2,
-                      w13Scale, w2Scale, w13Bias, w2Bias, sharedW13, sharedW2,
-                      sharedGate, sharedW13Scale, sharedW2Scale, config);
-  func::ReturnOp::create(b, loc, layer.getResult());
+      LayerOp::create(b, loc, resultTypes, args[0], args[1], routerBias, w13,
+                      w2, w13Scale, w2Scale, w13Bias, w2Bias, sharedW13,
+                      sharedW2, sharedGate, sharedW13Scale, sharedW2Scale,
+                      config);
+  func::ReturnOp::create(b, loc, layer.getResults());
   if (failed(verify(*module)))
     return nullptr;
   return module;

@@ -21,7 +21,7 @@ namespace mlir::moe {
 OwningOpRef<ModuleOp>
 importHFConfig(MLIRContext &context, StringRef path, StringRef json,
                StringRef name, std::optional<QuantAttr> quant = std::nullopt,
-               int64_t epSize = 1);
+               int64_t epSize = 1, bool routerLogits = false);
 } // namespace mlir::moe
 
 #endif // MOE_TOOLS_MOE_COMPILE_HFCONFIG_H

@@ -88,6 +88,12 @@ cl::opt<int64_t> epSize(
              "divide the experts); each rank holds experts / N of them. A "
              ".mlir layer says it in its config attribute"),
     cl::value_desc("N"), cl::init(0), cl::cat(category));
+cl::opt<bool> routerLogits(
+    "router-logits",
+    cl::desc("A layer built from a config also outputs its router logits "
+             "(`router_logits` [T, E] f32, after `out`), for models that "
+             "return them. A .mlir layer gives them as its second result"),
+    cl::init(false), cl::cat(category));
 cl::opt<Target> target(
     "target", cl::desc("What the library runs on"),
     cl::values(clEnumValN(Target::CPU, "cpu",
@@ -261,6 +267,12 @@ int main(int argc, char **argv) {
                     ".mlir layer carries its own quant config\n";
     return 1;
   }
+  if (hfConfig.empty() && routerLogits) {
+    llvm::errs() << "moe-compile: --router-logits applies to "
+                    "--from-hf-config; a .mlir layer returns them as its "
+                    "second result\n";
+    return 1;
+  }
   if (hfConfig.empty() && epSize != 0) {
     llvm::errs() << "moe-compile: --ep-size applies to --from-hf-config; a "
                     ".mlir layer carries its own ep_size\n";
@@ -324,7 +336,8 @@ int main(int argc, char **argv) {
       break;
     }
     module = moe::importHFConfig(context, path, input->getBuffer(), layerName,
-                                 scheme, epSize ? int64_t(epSize) : 1);
+                                 scheme, epSize ? int64_t(epSize) : 1,
+                                 routerLogits);
   } else {
     sourceMgr.AddNewSourceBuffer(std::move(input), llvm::SMLoc());
     module = parseSourceFile<ModuleOp>(sourceMgr, &context);
