@@ -100,11 +100,11 @@ Value LayerDecomposer::build() {
 
   at("route");
   Value logits = layer.getRouterLogits();
-  auto route = RouteOp::create(
-      b, tensorType({tokens, topK}, i32),
-      tensorType({tokens, topK}, b.getF32Type()),
-      logits ? logits.getType() : Type(), hidden, layer.getRouterWeight(),
-      layer.getRouterBias(), router);
+  auto route =
+      RouteOp::create(b, tensorType({tokens, topK}, i32),
+                      tensorType({tokens, topK}, b.getF32Type()),
+                      logits ? logits.getType() : Type(), hidden,
+                      layer.getRouterWeight(), layer.getRouterBias(), router);
   if (logits)
     logits.replaceAllUsesWith(route.getLogits());
 
@@ -141,10 +141,9 @@ Value LayerDecomposer::build() {
                           {}, {}, /*quantized=*/false);
   }
   at("combine");
-  return CombineOp::create(b, layer.getOut().getType(), expertOut,
-                           dispatch.getRows(),
-                           scaleInput ? Value() : routeWeights, shared,
-                           sharedGate);
+  return CombineOp::create(
+      b, layer.getOut().getType(), expertOut, dispatch.getRows(),
+      scaleInput ? Value() : routeWeights, shared, sharedGate);
 }
 
 namespace {

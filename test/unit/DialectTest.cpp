@@ -110,9 +110,8 @@ TEST_F(MoeDialectTest, DecomposeBuildsTheL1Steps) {
                                           APFloat(1.702), APFloat(7.0)),
                       0, false, QuantAttr(), 1);
   LayerOp::create(b, loc, tensor({5, 8}), /*router_logits=*/Type(), x, rw,
-                  Value(), w13, w2, Value(),
-                  Value(), Value(), Value(), Value(), Value(), Value(), Value(),
-                  Value(), config);
+                  Value(), w13, w2, Value(), Value(), Value(), Value(), Value(),
+                  Value(), Value(), Value(), Value(), config);
   ASSERT_TRUE(succeeded(verify(module)));
 
   PassManager pm(&context);

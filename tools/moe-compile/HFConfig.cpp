@@ -232,8 +232,7 @@ static QuantAttr configuredQuant(MLIRContext &context, const json::Object &root,
 
 OwningOpRef<ModuleOp> mlir::moe::importHFConfig(
     MLIRContext &context, StringRef path, StringRef text, StringRef name,
-    std::optional<QuantAttr> quantOverride, int64_t epSize,
-    bool routerLogits) {
+    std::optional<QuantAttr> quantOverride, int64_t epSize, bool routerLogits) {
   context.loadDialect<MoeDialect, func::FuncDialect>();
   Location loc = FileLineColLoc::get(&context, path, 1, 1);
   llvm::Expected<json::Value> parsed = json::parse(text);
@@ -366,11 +365,10 @@ OwningOpRef<ModuleOp> mlir::moe::importHFConfig(
   Value sharedW13Scale = take(is > 0 && fp8Weights);
   Value sharedW2Scale = take(is > 0 && fp8Weights);
   Value sharedGate = take(f.sharedGate);
-  auto layer =
-      LayerOp::create(b, loc, resultTypes, args[0], args[1], routerBias, w13,
-                      w2, w13Scale, w2Scale, w13Bias, w2Bias, sharedW13,
-                      sharedW2, sharedGate, sharedW13Scale, sharedW2Scale,
-                      config);
+  auto layer = LayerOp::create(b, loc, resultTypes, args[0], args[1],
+                               routerBias, w13, w2, w13Scale, w2Scale, w13Bias,
+                               w2Bias, sharedW13, sharedW2, sharedGate,
+                               sharedW13Scale, sharedW2Scale, config);
   func::ReturnOp::create(b, loc, layer.getResults());
   if (failed(verify(*module)))
     return nullptr;

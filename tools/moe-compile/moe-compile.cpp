@@ -335,9 +335,9 @@ int main(int argc, char **argv) {
       scheme = make(moe::QuantKind::FP8Block128, moe::ScaleRounding::Floor);
       break;
     }
-    module = moe::importHFConfig(context, path, input->getBuffer(), layerName,
-                                 scheme, epSize ? int64_t(epSize) : 1,
-                                 routerLogits);
+    module =
+        moe::importHFConfig(context, path, input->getBuffer(), layerName,
+                            scheme, epSize ? int64_t(epSize) : 1, routerLogits);
   } else {
     sourceMgr.AddNewSourceBuffer(std::move(input), llvm::SMLoc());
     module = parseSourceFile<ModuleOp>(sourceMgr, &context);
