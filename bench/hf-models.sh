@@ -8,7 +8,8 @@
 #                                (tiny models of every type, generate modes,
 #                                real-size decode beside HF's experts), then
 #                                expert parallelism from torchrun: two ranks
-#                                on one GPU under MPS, bit for bit one rank.
+#                                on one GPU under MPS, bit for bit one rank;
+#                                four ranks, one killed, the others name it.
 #                                Lines to $OUT/hf-models.log
 # Carry build/bin, build/lib and build/hf-models to the GPU machine: the
 # compile cache is keyed by the compiler and runtime that built it.
@@ -35,7 +36,10 @@ run)
     nvidia-cuda-mps-control -d || true
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
       "$root/test/tools/check_patch.py" ep qwen3_moe --target sm_90a --cache "$dir/cache" \
-      --port 29631 2>&1 | grep -E 'bit-identical|DIFFERENT|Error' | tee -a "$log"
+      --port 29631 2>&1 | grep -E 'bit-identical|DIFFERENT|finalize|Error' | tee -a "$log"
+    python3 -m torch.distributed.run --standalone --nproc-per-node 4 \
+      "$root/test/tools/check_patch.py" ep-killed mixtral --target sm_90a --cache "$dir/cache" \
+      2>&1 | grep -E 'raised|NOT|Error' | tee -a "$log"
     echo quit | nvidia-cuda-mps-control || true
   fi
   ;;

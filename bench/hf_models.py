@@ -79,6 +79,7 @@ def do_prepare(cache):
         prepare(check_patch.build("qwen3_moe"), quant="mxfp8",
                 cache_dir=cache)
         prepare(check_patch.build("qwen3_moe"), ep_size=2, cache_dir=cache)
+        prepare(check_patch.build("mixtral"), ep_size=4, cache_dir=cache)
     for name in REAL:
         for quant in (None, "fp8-block128"):
             prepare(real_model(name, device="meta"), quant=quant,

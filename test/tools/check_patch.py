@@ -231,7 +231,8 @@ def check_ep(args):
     one = moe_compiler.patch(build(name).to(device), target=args.target,
                              cache_dir=args.cache)
     want = logits(one, rank)
-    for group in (dist.group.WORLD, "env"):
+    layer = None
+    for group in ("env", dist.group.WORLD):
         if group == "env":
             os.environ["MOE_EP_PORT"] = str(args.port)
         model = moe_compiler.patch(build(name).to(device), target=args.target,
@@ -241,19 +242,26 @@ def check_ep(args):
         verdict = "bit-identical" if torch.equal(got, want) else "DIFFERENT"
         say(f"{name}, rank {rank} of {world} over {how}: {verdict} to one "
             f"rank")
-        del model  # every rank: the group's finalize meets them all
-        gc.collect()
-        dist.barrier()
+        if group == "env":
+            del model  # every rank: the group's finalize meets them all
+            gc.collect()
+            dist.barrier()
+    # The layer over the world group finishes with the group.
+    layer = blocks(model)[0][1].moe.layer
     dist.destroy_process_group()
+    say(f"rank {rank}: destroy_process_group "
+        f"{'finalized' if not layer._ep_live else 'did NOT finalize'} the "
+        f"layer's group")
 
 
 def check_ep_killed(args):
     import torch.distributed as dist
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    model = moe_compiler.patch(build(args.models[0]), target="cpu",
-                               ep_group=dist.group.WORLD, ep_timeout_ms=3000,
-                               cache_dir=args.cache)
+    device = "cpu" if args.target == "cpu" else "cuda"
+    model = moe_compiler.patch(build(args.models[0]).to(device),
+                               target=args.target, ep_group=dist.group.WORLD,
+                               ep_timeout_ms=3000, cache_dir=args.cache)
     logits(model, rank)
     if rank == 1:
         sys.stdout.flush()
