@@ -63,6 +63,7 @@ buildPlan(func::FuncOp func, gpu::GPUModuleOp gpuModule,
   plan->maxTokens = maxTokens;
   LayerKernels layer(gpuModule, *plan, names, maxTokens);
   layer.epMaxTokens = epMaxTokens;
+  layer.expertParallel = !func.getBody().getOps<EpDispatchSendOp>().empty();
   if (auto fused =
           func->getAttrOfType<DenseI64ArrayAttr>(kFusedBucketsAttrName))
     layer.fused =

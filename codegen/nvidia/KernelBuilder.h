@@ -135,6 +135,8 @@ public:
   /// The compiled capacity of an expert-parallel layer: the most tokens a
   /// rank passes to one forward.
   int64_t epMaxTokens = 4096;
+  /// The layer exchanges tokens with other ranks.
+  bool expertParallel = false;
 
   LaunchPlan &plan;
   /// The bucket being built: the most tokens a call brings, 0 for any. A

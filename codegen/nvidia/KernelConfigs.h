@@ -231,9 +231,10 @@ struct DispatchConfig {
 DispatchConfig configureDispatch(DispatchOp op, TokenLinear tokens);
 
 /// A route's kernels: one kernel of blocks of kTokens tokens, or for a
-/// bucket of at most kSplitTokens tokens a logits kernel that spreads the
-/// experts over blocks and a kernel that chooses, `selectWarps` tokens a
-/// block.
+/// bucket of at most kSplitTokens tokens (and for an expert-parallel layer,
+/// which takes no buckets and mostly decodes) a logits kernel that spreads
+/// the experts over blocks and a kernel that chooses, `selectWarps` tokens
+/// a block.
 struct RouteConfig {
   static constexpr int64_t kWarps = 8, kTokens = 4, kSplitTokens = 64;
   int64_t experts = 0, hidden = 0, topK = 0;
@@ -251,8 +252,10 @@ struct RouteConfig {
 };
 
 /// The configuration of `op`'s kernels for `tokens` tokens, built for
-/// calls of at most `maxTokens` tokens (0: any).
-RouteConfig configureRoute(RouteOp op, TokenLinear tokens, int64_t maxTokens);
+/// calls of at most `maxTokens` tokens (0: any), in an `expertParallel`
+/// layer or not.
+RouteConfig configureRoute(RouteOp op, TokenLinear tokens, int64_t maxTokens,
+                           bool expertParallel = false);
 
 /// A combine's kernel: a block of `threads` per token and per
 /// `threads` x `width` columns of its row (`columnBlocks` of them on y).

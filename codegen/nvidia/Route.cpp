@@ -289,13 +289,17 @@ common::RouteScratch rowsOf(Emitter &e, const common::RouteScratch &all,
 } // namespace
 
 RouteConfig nvidia::configureRoute(RouteOp op, TokenLinear tokens,
-                                   int64_t maxTokens) {
+                                   int64_t maxTokens, bool expertParallel) {
   RouteConfig c;
   auto weightType = cast<RankedTensorType>(op.getRouterWeight().getType());
   c.experts = weightType.getDimSize(0), c.hidden = weightType.getDimSize(1);
   c.topK = cast<RankedTensorType>(op.getExpertIds().getType()).getDimSize(1);
   c.tokens = tokens;
-  c.split = maxTokens > 0 && maxTokens <= RouteConfig::kSplitTokens;
+  // Without buckets an expert-parallel layer's decode call would route on
+  // one block reading the whole router; spread, it costs many tokens only
+  // the scores' round trip through the workspace.
+  c.split = (maxTokens > 0 && maxTokens <= RouteConfig::kSplitTokens) ||
+            (maxTokens == 0 && expertParallel);
   c.unroll = c.experts % (kRouteWarps * 2) == 0 ? 2 : 1;
   c.logitBlocks = llvm::divideCeil(c.experts, kRouteWarps);
   int64_t scratchBytes = c.experts * 9 + op.getRouter().getNGroup() * 5 + 64;
@@ -461,7 +465,8 @@ static LogicalResult buildRouteSelect(LayerKernels &layer, RouteOp op,
 
 LogicalResult nvidia::buildRoute(LayerKernels &layer, RouteOp op) {
   TokenLinear tokens = layer.info(op.getHiddenStates()).rows;
-  RouteConfig cfg = configureRoute(op, tokens, layer.maxTokens);
+  RouteConfig cfg =
+      configureRoute(op, tokens, layer.maxTokens, layer.expertParallel);
   layer.define(op.getExpertIds(), tokens);
   layer.define(op.getWeights(), tokens);
   if (op.getLogits())
