@@ -40,6 +40,12 @@ class Rendezvous:
         self.host, self.port, self.listen_fd = host, port, listen_fd
         self.same_host = same_host
 
+    def close(self):
+        """Closes rank 0's listening socket where init never took it."""
+        if self.listen_fd >= 0:
+            os.close(self.listen_fd)
+            self.listen_fd = -1
+
     def config(self, max_tokens, timeout_ms=0, proxy=False):
         provider = None
         if self.same_host and not os.environ.get("FI_PROVIDER"):
@@ -101,9 +107,16 @@ def from_environment():
 
 
 def _default_host():
-    """An address of this host the other ranks can reach."""
-    if os.environ.get("MASTER_ADDR"):
-        return os.environ["MASTER_ADDR"]
+    """An address of this host the other ranks can reach: the one its
+    route to MASTER_ADDR leaves from, else its name's."""
+    master = os.environ.get("MASTER_ADDR")
+    if master:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((master, 9))  # no packet is sent
+                return probe.getsockname()[0]
+        except OSError:
+            pass
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
@@ -123,11 +136,24 @@ def from_process_group(group):
     same_host = all(n == names[0] for n in names)
     listen_fd, address = -1, [None, None]
     if rank == 0:
-        host = "127.0.0.1" if same_host else _default_host()
-        listen_fd, port = _listen(host)
-        address = [host, port]
+        # A failure here reaches every rank, which would wait otherwise.
+        try:
+            host = "127.0.0.1" if same_host else _default_host()
+            listen_fd, port = _listen("127.0.0.1" if same_host else "0.0.0.0")
+            address = [host, port]
+        except LayerError as e:
+            address = [None, str(e)]
     src = dist.get_global_rank(group, 0) if group is not None else 0
-    dist.broadcast_object_list(address, src=src, group=group)
+    try:
+        dist.broadcast_object_list(address, src=src, group=group)
+    except Exception:
+        if listen_fd >= 0:
+            os.close(listen_fd)
+        raise
+    if address[0] is None:
+        raise LayerError(address[1] if rank == 0 else
+                         f"expert parallel: rank 0 could not start the group:"
+                         f" {address[1]}")
     return Rendezvous(rank, world, address[0], address[1], listen_fd,
                       same_host)
 

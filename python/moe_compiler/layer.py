@@ -43,6 +43,8 @@ class Layer:
         self._retired = []  # outgrown workspaces a graph may still use
         self.ep = self.info.get("ep")  # None unless expert parallel
         self._ep_live = False
+        self._ep_group = None  # what start_expert_parallel joined over
+        self.ep_device = None  # a GPU layer's group lives on this device
 
     def ep_init(self, rendezvous, max_tokens=None, timeout_ms=0, proxy=False):
         """Joins the layer's expert-parallel group (every rank calls it);
@@ -64,12 +66,29 @@ class Layer:
         init = getattr(self.lib, self.ep["init"])
         init.restype = ctypes.c_int32
         init.argtypes = [ctypes.c_void_p]
+        if self.target != "cpu":
+            import torch
+            # Init puts the group's state in the current device's context.
+            self.ep_device = torch.device("cuda", torch.cuda.current_device())
+        rendezvous.listen_fd = -1  # init takes rank 0's socket
         if init(ctypes.byref(config)) != 0:
             raise LayerError(f"expert-parallel init (rank {rendezvous.rank} "
                              f"of {rendezvous.world_size}) failed: "
                              f"{self._last_error()}")
         self._ep_live = True
         self.ep_rank = rendezvous.rank
+
+    def _check_ep(self, tensors):
+        if not self.ep:
+            return
+        if not self._ep_live:
+            raise LayerError("an expert-parallel layer's forward needs its "
+                             "group: call ep_init on every rank first")
+        device = self.ep_device
+        if device is not None and tensors[0].device != device:
+            raise LayerError(f"the layer's expert-parallel group lives on "
+                             f"{device}; its tensors are on "
+                             f"{tensors[0].device}")
 
     def ep_finalize(self):
         """Leaves the group (every rank calls it); safe to call twice."""
@@ -123,8 +142,10 @@ class Layer:
         on the same tensors replay them. Returns the seconds it took."""
         import time
         import torch
-        if "warmup" not in self.info:
+        if "warmup" not in self.info or not self.token_buckets:
             return 0.0
+        self.check(tensors)
+        self._check_ep(tensors)
         device = tensors[0].device
         with torch.cuda.device(device):
             if stream is None:
@@ -183,6 +204,9 @@ class Layer:
                                  f"{list(t.shape)}")
         return tokens
 
+    def __deepcopy__(self, memo):
+        return self  # one per library and process: copies share it
+
     def __del__(self):
         try:
             self.ep_finalize()
@@ -192,9 +216,7 @@ class Layer:
     def forward(self, *tensors, stream=None, workspace=None):
         import torch
         tokens = self.check(tensors)
-        if self.ep and not self._ep_live:
-            raise LayerError("an expert-parallel layer's forward needs its "
-                             "group: call ep_init on every rank first")
+        self._check_ep(tensors)
         pointers = (ctypes.c_void_p * len(tensors))(
             *[t.data_ptr() for t in tensors])
         if self.target == "cpu":
@@ -204,6 +226,9 @@ class Layer:
             with torch.cuda.device(device):
                 if stream is None:
                     stream = torch.cuda.current_stream(device)
+                elif stream.device != device:
+                    raise LayerError(f"the stream is on {stream.device}; the "
+                                     f"tensors on {device}")
                 need = max(self.workspace_size(tokens), 1)
                 if workspace is None and \
                         torch.cuda.is_current_stream_capturing():

@@ -55,11 +55,15 @@ def _to_torch(array):
     return torch.from_numpy(array)
 
 
-def find_compiler():
+def find_compiler(required=True):
     """moe-compile: $MOE_COMPILE, else on PATH, else beside this package in a
-    source tree's build/bin."""
-    if os.environ.get("MOE_COMPILE"):
-        return os.environ["MOE_COMPILE"]
+    source tree's build/bin; None if not found and not `required`."""
+    given = os.environ.get("MOE_COMPILE")
+    if given:
+        found = given if os.path.sep in given else shutil.which(given)
+        if found and os.path.exists(found):
+            return os.path.abspath(found)
+        raise LayerError(f"MOE_COMPILE={given!r} is not an executable")
     found = shutil.which("moe-compile")
     if found:
         return found
@@ -67,18 +71,37 @@ def find_compiler():
     candidate = os.path.join(here, "..", "..", "build", "bin", "moe-compile")
     if os.path.exists(candidate):
         return os.path.abspath(candidate)
-    raise LayerError("moe-compile not found: set MOE_COMPILE or put it on "
-                     "PATH")
+    if required:
+        raise LayerError("moe-compile not found: set MOE_COMPILE or put it "
+                         "on PATH")
+    return None
+
+
+def _compiler_id(compiler):
+    """The compiler and the runtime it links into GPU layers make the
+    library: a digest of both."""
+    digest = hashlib.sha256()
+    runtime = os.path.join(os.path.dirname(compiler), "..", "lib",
+                           "libmoert.a")
+    for part in (compiler, runtime):
+        if os.path.exists(part):
+            with open(part, "rb") as f:
+                digest.update(f.read())
+    return digest.hexdigest()
+
+
+# Config fields that say where a config came from, not what the layer is.
+_PROVENANCE = ("transformers_version", "_name_or_path")
 
 
 def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None,
                   quant=None, ep_size=1, router_logits=False):
     """The path of a library for `config` (a HF config dict), compiled by
-    moe-compile or found in the cache (key: config, options, compiler).
-    `quant`: None (as the config says), "fp8-block128" or "mxfp8";
-    `ep_size`: expert-parallel ranks; `router_logits`: the layer also
-    outputs its router logits."""
-    compiler = compiler or find_compiler()
+    moe-compile or found in the cache (key: config and options; an entry a
+    different compiler built is rebuilt, and taken as it is where no
+    compiler is found). `quant`: None (as the config says), "fp8-block128"
+    or "mxfp8"; `ep_size`: expert-parallel ranks; `router_logits`: the
+    layer also outputs its router logits."""
     options = [f"--target={target}"]
     if quant is not None:
         if quant not in QUANTS:
@@ -89,23 +112,25 @@ def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None,
         options.append(f"--ep-size={ep_size}")
     if router_logits:
         options.append("--router-logits")
-    # The compiler and the runtime it links into GPU layers make the library.
-    digest = hashlib.sha256()
-    runtime = os.path.join(os.path.dirname(os.path.abspath(compiler)), "..",
-                           "lib", "libmoert.a")
-    for part in (compiler, runtime):
-        if os.path.exists(part):
-            with open(part, "rb") as f:
-                digest.update(f.read())
-    compiler_id = digest.hexdigest()
+    layer_config = {k: v for k, v in config.items() if k not in _PROVENANCE}
     key = hashlib.sha256(json.dumps(
-        [config, options, compiler_id], sort_keys=True).encode()).hexdigest()
+        [layer_config, options], sort_keys=True).encode()).hexdigest()
     cache_dir = cache_dir or os.environ.get("MOE_COMPILER_CACHE") or \
         os.path.join(os.path.expanduser("~"), ".cache", "moe-compiler")
     folder = os.path.join(cache_dir, key[:32])
     library = os.path.join(folder, "liblayer.so")
+    stamp = os.path.join(folder, "compiler-id")
+    compiler = compiler or find_compiler(required=not os.path.exists(library))
+    if compiler is not None:
+        compiler = os.path.abspath(compiler)
+        if not os.path.exists(compiler):
+            raise LayerError(f"moe-compile not found at {compiler}")
+    compiler_id = _compiler_id(compiler) if compiler else None
     if os.path.exists(library):
-        return library
+        if compiler is None:
+            return library  # no compiler here: the cache's build it is
+        if os.path.exists(stamp) and open(stamp).read() == compiler_id:
+            return library
     os.makedirs(cache_dir, exist_ok=True)
     work = tempfile.mkdtemp(dir=cache_dir, prefix=".compiling-")
     try:
@@ -120,7 +145,11 @@ def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None,
             capture_output=True, text=True)
         if result.returncode != 0:
             raise LayerError(f"moe-compile failed: {result.stderr.strip()}")
+        with open(os.path.join(work, "compiler-id"), "w") as f:
+            f.write(compiler_id)
         _progress(f"compiled in {time.time() - start:.1f} s")
+        if os.path.exists(folder):
+            shutil.rmtree(folder)  # another compiler's build
         try:
             os.rename(work, folder)  # atomic: a cache entry is whole or absent
         except OSError:
@@ -156,7 +185,7 @@ def _run(layer, hidden_states, weights, *extra_outputs):
     if layer.ep and layer.target != "cpu" and \
             not torch.cuda.is_current_stream_capturing():
         # A peer that stalls or dies shows once the forward's waits end.
-        torch.cuda.current_stream().synchronize()
+        torch.cuda.current_stream(out.device).synchronize()
         layer.ep_check()
     return out
 
@@ -207,21 +236,36 @@ def _finalize_on_destroy():
 _ep_layers = weakref.WeakKeyDictionary()  # Layer -> the group it runs over
 
 
-def start_expert_parallel(layer, ep_group, max_tokens=None, timeout_ms=0,
-                          proxy=False):
+def start_expert_parallel(layer, ep_group, device=None, max_tokens=None,
+                          timeout_ms=0, proxy=False):
     """Joins `layer` (an expert-parallel Layer) to its ranks over `ep_group`
-    (a torch.distributed group, or "env": see moe_compiler.ep)."""
+    (a torch.distributed group, or "env": see moe_compiler.ep); a GPU
+    layer's group lives on `device`. Returns this rank."""
     from . import ep
     if layer._ep_live:
         # Another module of the same library started the group already.
-        if layer.ep["ranks"] != ep_size_of(ep_group):
+        if layer._ep_group is not ep_group and not (
+                isinstance(ep_group, str) and layer._ep_group == ep_group):
             raise LayerError("the layer's expert-parallel group is started "
-                             "already, over a group of another size")
+                             "already, over another group (one group per "
+                             "library and process)")
+        if device is not None and layer.target != "cpu" and \
+                torch.device(device) != layer.ep_device:
+            raise LayerError(f"the layer's expert-parallel group lives on "
+                             f"{layer.ep_device}, not {device}")
         return layer.ep_rank
     meeting = ep.rendezvous(ep_group)
-    if layer.target != "cpu":
-        torch.cuda.synchronize()  # init allocates in the current context
-    layer.ep_init(meeting, max_tokens, timeout_ms, proxy)
+    try:
+        if layer.target != "cpu":
+            with torch.cuda.device(device if device is not None else
+                                   torch.cuda.current_device()):
+                torch.cuda.synchronize()  # init allocates in this context
+                layer.ep_init(meeting, max_tokens, timeout_ms, proxy)
+        else:
+            layer.ep_init(meeting, max_tokens, timeout_ms, proxy)
+    finally:
+        meeting.close()  # rank 0's socket, where init never took it
+    layer._ep_group = ep_group
     if not isinstance(ep_group, str):
         _ep_layers[layer] = ep_group
         _finalize_on_destroy()
@@ -339,7 +383,7 @@ class MoE(torch.nn.Module):
         if ranks > 1:
             if device is None and shared.target != "cpu":
                 device = torch.device("cuda", torch.cuda.current_device())
-            rank = start_expert_parallel(shared, ep_group,
+            rank = start_expert_parallel(shared, ep_group, device,
                                          timeout_ms=ep_timeout_ms)
             tensors = local_experts(tensors, rank, ranks)
         return cls(library, tensors, device, layer=shared)

@@ -168,6 +168,18 @@ def find_blocks(model, kind):
     return found
 
 
+def check_peers(model):
+    """Raises LayerError if a peer of the model's expert-parallel layers
+    stalled or died in forwards replayed from a CUDA graph (an eager
+    forward checks this itself). Waits for the device."""
+    for module in model.modules():
+        if isinstance(module, CompiledMoeBlock) and module.moe.layer.ep:
+            if module.moe.layer.target != "cpu":
+                torch.cuda.synchronize()
+            module.moe.layer.ep_check()
+            return
+
+
 def prepare(model, target="sm_90a", quant=None, ep_size=1, cache_dir=None,
             compiler=None):
     """Compiles the layer patch(model, ...) would use into the cache (or
@@ -202,13 +214,20 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
     if not blocks:
         raise LayerError(f"the {kind} model has no MoE block "
                          f"({BLOCKS[kind][0]}) to patch")
+    # Every block's device first: a refusal leaves the model as it was.
+    devices = [next(b.parameters()).device for *_, b in blocks]
+    for device in devices:
+        _check_device(target, device)
+    if ep_group is not None and len(set(devices)) > 1:
+        raise LayerError(f"an expert-parallel model's MoE blocks must share "
+                         f"one device (its group lives there); they are on "
+                         f"{', '.join(sorted(map(str, set(devices))))}")
     ranks = ep_size_of(ep_group)
     library = None
     shared = None
     rank = 0
-    for name, index, parent, attribute, block in blocks:
-        device = next(block.parameters()).device
-        _check_device(target, device)
+    for (name, index, parent, attribute, block), device in zip(blocks,
+                                                               devices):
         try:
             weights = load_layer(_BlockTensors(config, block, index, kind),
                                  index)
@@ -223,7 +242,7 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
             # the caller captures around the model holds the launches).
             shared.set_graphs(False)
             if ranks > 1:
-                rank = start_expert_parallel(shared, ep_group,
+                rank = start_expert_parallel(shared, ep_group, device,
                                              timeout_ms=ep_timeout_ms)
         tensors = quantize_once(weights.tensors, quant, config)
         if ranks > 1:
