@@ -22,16 +22,7 @@ import sys
 import tempfile
 
 from bench.common import emit
-
-
-class EpConfig(ctypes.Structure):
-    _fields_ = [("rank", ctypes.c_int32), ("world_size", ctypes.c_int32),
-                ("bootstrap_host", ctypes.c_char_p),
-                ("bootstrap_port", ctypes.c_int32),
-                ("listen_fd", ctypes.c_int32),
-                ("max_tokens", ctypes.c_int64),
-                ("provider", ctypes.c_char_p), ("domain", ctypes.c_char_p),
-                ("timeout_ms", ctypes.c_int32), ("proxy", ctypes.c_int32)]
+from moe_compiler.ep import EpConfig
 
 
 def load(path):

@@ -129,8 +129,10 @@ def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None,
     if os.path.exists(library):
         if compiler is None:
             return library  # no compiler here: the cache's build it is
-        if os.path.exists(stamp) and open(stamp).read() == compiler_id:
-            return library
+        if os.path.exists(stamp):
+            with open(stamp) as f:
+                if f.read() == compiler_id:
+                    return library
     os.makedirs(cache_dir, exist_ok=True)
     work = tempfile.mkdtemp(dir=cache_dir, prefix=".compiling-")
     try:
@@ -390,19 +392,19 @@ class MoE(torch.nn.Module):
 
     def forward(self, hidden_states):
         """hidden_states: [tokens, H] or [batch, seq, H], bf16."""
-        shape = hidden_states.shape
-        if shape[-1] != self.hidden:
-            raise LayerError(f"hidden_states has {shape[-1]} features; the "
-                             f"layer takes {self.hidden}")
-        flat = hidden_states.reshape(-1, self.hidden).to(torch.bfloat16)
-        weights = [getattr(self, n) for n in self._names]
         if self.router_logits:
-            out, _ = torch.ops.moe_compiler.moe_forward_logits(
-                flat, weights, self.layer_id)
-        else:
-            out = torch.ops.moe_compiler.moe_forward(flat, weights,
-                                                     self.layer_id)
-        return out.reshape(shape)
+            return self.forward_with_logits(hidden_states)[0]
+        flat = self._flat(hidden_states)
+        out = torch.ops.moe_compiler.moe_forward(
+            flat, [getattr(self, n) for n in self._names], self.layer_id)
+        return out.reshape(hidden_states.shape)
+
+    def _flat(self, hidden_states):
+        """[tokens, H] bf16 of hidden_states' rows."""
+        if hidden_states.shape[-1] != self.hidden:
+            raise LayerError(f"hidden_states has {hidden_states.shape[-1]} "
+                             f"features; the layer takes {self.hidden}")
+        return hidden_states.reshape(-1, self.hidden).to(torch.bfloat16)
 
     @property
     def router_logits(self):
@@ -415,11 +417,7 @@ class MoE(torch.nn.Module):
         router_logits=True))."""
         if not self.router_logits:
             raise LayerError("the layer was compiled without router logits")
-        shape = hidden_states.shape
-        if shape[-1] != self.hidden:
-            raise LayerError(f"hidden_states has {shape[-1]} features; the "
-                             f"layer takes {self.hidden}")
-        flat = hidden_states.reshape(-1, self.hidden).to(torch.bfloat16)
         out, logits = torch.ops.moe_compiler.moe_forward_logits(
-            flat, [getattr(self, n) for n in self._names], self.layer_id)
-        return out.reshape(shape), logits
+            self._flat(hidden_states),
+            [getattr(self, n) for n in self._names], self.layer_id)
+        return out.reshape(hidden_states.shape), logits

@@ -126,11 +126,17 @@ def _record_router_logits(logits):
 
 
 def _model_config(model):
+    """The model's config as a dict, and its (decoder's) model type."""
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_json_string"):
         raise LayerError("patch takes a transformers model (a PreTrainedModel"
                          " with a config)")
-    return json.loads(config.to_json_string(use_diff=False))
+    config = json.loads(config.to_json_string(use_diff=False))
+    kind = text_config(config).get("model_type")
+    if kind not in BLOCKS:
+        raise LayerError(f"model type {kind!r} is not supported (supported: "
+                         f"{', '.join(sorted(BLOCKS))}, llama4)")
+    return config, kind
 
 
 def _check_device(target, device):
@@ -186,10 +192,7 @@ def prepare(model, target="sm_90a", quant=None, ep_size=1, cache_dir=None,
     finds it there) without touching the model or needing its device: for
     building on one machine what a GPU machine without the compiler runs.
     The model may be on the meta device. Returns the library's path."""
-    config = _model_config(model)
-    kind = text_config(config).get("model_type")
-    if kind not in BLOCKS:
-        raise LayerError(f"model type {kind!r} is not supported")
+    config, kind = _model_config(model)
     return compile_layer(config, target, cache_dir, compiler, quant, ep_size,
                          kind in RECORDS_LOGITS)
 
@@ -205,11 +208,7 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
     says), "fp8-block128" or "mxfp8" (bf16 weights quantized once, here).
     `ep_group`: a torch.distributed group (or "env", torchrun's variables)
     whose ranks split the experts; each rank keeps only its own."""
-    config = _model_config(model)
-    kind = text_config(config).get("model_type")
-    if kind not in BLOCKS:
-        raise LayerError(f"model type {kind!r} is not supported (supported: "
-                         f"{', '.join(sorted(BLOCKS))}, llama4)")
+    config, kind = _model_config(model)
     blocks = find_blocks(model, kind)
     if not blocks:
         raise LayerError(f"the {kind} model has no MoE block "
