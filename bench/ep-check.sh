@@ -49,6 +49,18 @@ PY
   done
   small odd_h384_i320_fp8 "$root/test/tools/Inputs/odd/h384_i320.json" --quant=fp8-block128
   small qwen3_mxfp8 "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=mxfp8
+  # Router logits stored by both route forms (a 1-token call takes the
+  # split form, 77 tokens the one-block form), on the odd shapes.
+  for m in h200_i72_e10 i40 h384_i320; do
+    "$compile" --from-hf-config "$root/test/tools/Inputs/odd/$m.json" --name layer --target=sm_90a \
+      --router-logits -o "$dir/logits_odd_$m.so"
+    python3 - "$dir/logits_odd_$m.so" "$dir/in1_odd_$m.safetensors" <<'PY'
+import sys
+from check_ep import layer_info, make_inputs
+from check_layer import write_inputs
+write_inputs(sys.argv[2], make_inputs(layer_info(sys.argv[1]), 1, 3, None, 2))
+PY
+  done
   small qwen3_fp8_block128 "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=fp8-block128
   hf="$root/test/tools/Inputs/hf/deepseek_v3.json"
   "$compile" --from-hf-config "$hf" --quant=none --name dsv3 --target=sm_90a --token-buckets=none -o "$dir/dsv3_ep1.so"
@@ -71,13 +83,23 @@ if [[ $mode == run ]]; then
   small_layers="mixtral qwen2_moe qwen3_moe deepseek_v3 gpt_oss deepseek_v3_fp8 qwen3_mxfp8 qwen3_fp8_block128"
   small_layers="$small_layers odd_h200_i72_e10 odd_i40 odd_h384_i320 odd_h384_i320_fp8"
   if [[ -n ${EP_SANITIZE:-} ]]; then
+    for m in h200_i72_e10 i40 h384_i320; do
+      for in in in1_odd_$m in_odd_$m; do
+        log="$out/sanitize_logits_$in.txt"
+        rc=0
+        timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$dir/moe-exec" "$dir/logits_odd_$m.so" \
+          --inputs "$dir/$in.safetensors" --outputs "$out/logits_san.safetensors" > "$log" 2>&1 || rc=$?
+        echo "router logits $in: compute-sanitizer exit $rc, $(grep -m1 'ERROR SUMMARY' "$log" || echo 'no summary')"
+      done
+    done
     for m in ${EP_SMALL-$small_layers}; do
       for path in "" --ep-proxy; do
         log="$out/sanitize_${m}${path}.txt"
+        rc=0
         timeout 300 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 \
           "$dir/moe-exec" "$dir/${m}_ep2.so" --ep-ranks 2 $path --ep-timeout-ms 60000 \
-          --inputs "$dir/in_$m.safetensors" --outputs "$out/${m}_san.safetensors" > "$log" 2>&1
-        echo "$m ${path:-nvlink}: compute-sanitizer exit $?, $(grep -m1 'ERROR SUMMARY' "$log" || echo 'no summary')"
+          --inputs "$dir/in_$m.safetensors" --outputs "$out/${m}_san.safetensors" > "$log" 2>&1 || rc=$?
+        echo "$m ${path:-nvlink}: compute-sanitizer exit $rc, $(grep -m1 'ERROR SUMMARY' "$log" || echo 'no summary')"
       done
     done
     exit 0

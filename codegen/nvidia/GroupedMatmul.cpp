@@ -1468,9 +1468,12 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   launch.gridY = c.colTiles * c.splits;
   if (c.persistent) {
     // One block per multiprocessor (at most one per tile), each walking
-    // the tiles: the same count of blocks along x alone.
+    // the tiles: the same count of blocks along x alone. ceil(rows / M)
+    // tiles a column may exceed ceil(rows x columns / M) by up to a tile
+    // a column (one token and 16 column tiles: 16 tiles, not 1 block).
     launch.work = launch.work * (c.colTiles * c.splits);
-    launch.extraBlocks *= c.colTiles * c.splits;
+    launch.extraBlocks =
+        (launch.extraBlocks + (c.rowTiles > 0 ? 0 : 1)) * c.colTiles * c.splits;
     launch.gridY = 1;
     launch.persistent = true;
   }
