@@ -68,6 +68,13 @@ PY
   # As DeepSeek-V3 ships: FP8 block-128 weights; tokens travel as E4M3.
   "$compile" --from-hf-config "$hf" --name dsv3 --target=sm_90a --token-buckets=none -o "$dir/dsv3_fp8_ep1.so"
   "$compile" --from-hf-config "$hf" --name dsv3 --target=sm_90a --ep-size 2 --ep-max-tokens 4096 -o "$dir/dsv3_fp8_ep2.so"
+  # Both built with one K range a matmul (no split-K): split partials sum
+  # in another order than one range, so a bucket whose shared expert splits
+  # K (bf16, few tokens) rounds differently from the one-rank layer.
+  "$compile" --from-hf-config "$hf" --quant=none --name dsv3 --target=sm_90a --token-buckets=none \
+    --matmul-config=split-k=1 -o "$dir/dsv3_k1_ep1.so"
+  "$compile" --from-hf-config "$hf" --quant=none --name dsv3 --target=sm_90a --ep-size 2 --ep-max-tokens 4096 \
+    --matmul-config=split-k=1 -o "$dir/dsv3_k1_ep2.so"
   du -sh "$dir" >&2
   exit 0
 fi
@@ -134,6 +141,11 @@ if [[ $mode == run ]]; then
     echo "-- DeepSeek-V3 ($v, 256 experts, EP2):"
     timeout 300 python3 -m bench.ep_bench "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" \
       --tokens "${EP_TOKENS:-1,128,4096}" --repeat "${EP_REPEAT:-20}" || echo "$v: the benchmark failed"
+  done
+  for v in ${EP_K1-dsv3_k1}; do
+    echo "-- DeepSeek-V3 ($v, 256 experts, EP2, no split-K):"
+    timeout 300 python3 -m bench.ep_bench "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" \
+      --tokens "${EP_K1_TOKENS:-1,128}" --repeat "${EP_REPEAT:-20}" || echo "$v: the benchmark failed"
   done
   for v in ${EP_PROXY-dsv3}; do
     echo "-- DeepSeek-V3 ($v, 256 experts, EP2) through the proxy:"

@@ -5,6 +5,8 @@
 // than a decode step's weight reads. A layer with buckets gets a plan per
 // bucket (moe-build-kernels specializes its kernels and grids to the
 // bucket's size) and the host code replays one CUDA graph per bucket.
+// An expert-parallel layer's bucket is its own token count: what its
+// kernels receive from other ranks keeps the capacity's grids.
 //
 //===----------------------------------------------------------------------===//
 
@@ -42,13 +44,9 @@ struct BucketizePass : public moe::impl::BucketizeBase<BucketizePass> {
       }
     }
     getOperation()->walk([&](func::FuncOp func) {
-      bool moeOps = false, expertParallel = false;
-      func.walk([&](Operation *op) {
-        moeOps |= isa<MoeDialect>(op->getDialect());
-        if (auto dispatch = dyn_cast<DispatchOp>(op))
-          expertParallel |= dispatch.isExpertParallel();
-        expertParallel |= isa<EpDispatchSendOp, EpCombineSendOp>(op);
-      });
+      bool moeOps = false;
+      func.walk(
+          [&](Operation *op) { moeOps |= isa<MoeDialect>(op->getDialect()); });
       if (!moeOps || func.isExternal())
         return;
       bool dynamic = llvm::any_of(func.getArgumentTypes(), [](Type t) {
@@ -58,13 +56,6 @@ struct BucketizePass : public moe::impl::BucketizeBase<BucketizePass> {
       if (!dynamic) {
         if (asked)
           func.emitRemark() << "no token buckets: the token count is fixed";
-        return;
-      }
-      if (expertParallel) {
-        if (asked)
-          func.emitRemark()
-              << "no token buckets: an expert-parallel forward waits on other "
-                 "ranks, so it is launched, not replayed";
         return;
       }
       func->setAttr(kTokenBucketsAttrName,

@@ -77,6 +77,22 @@ TokenLinear rowsOf(Value value) {
   return {0, 1};
 }
 
+/// Whether `value`'s rows arrived from other ranks (an expert-parallel
+/// receive), followed back through the row-wise ops.
+bool receivedFromRanks(Value value) {
+  Operation *def = value.getDefiningOp();
+  if (!def || isa<DispatchOp>(def))
+    return false;
+  if (isa<EpDispatchRecvOp>(def))
+    return true;
+  for (Value operand : def->getOperands()) {
+    auto t = dyn_cast<RankedTensorType>(operand.getType());
+    if (t && t.getRank() > 0 && t.isDynamicDim(0))
+      return receivedFromRanks(operand);
+  }
+  return false;
+}
+
 /// What the cost model reads off a grouped matmul.
 struct MatmulShape {
   explicit MatmulShape(GroupedMatmulOp op) {
@@ -97,6 +113,7 @@ struct MatmulShape {
     outBlock = outQuant ? op.getOutQuantAttr().getBlockSize() : 0;
     outN = gated ? n / 2 : n;
     rows = rowsOf(op.getLhs());
+    received = receivedFromRanks(op.getLhs());
   }
   int64_t tileK() const { return kSliceBytes / elementBytes; }
   int64_t kTiles() const { return llvm::divideCeil(k, tileK()); }
@@ -105,6 +122,8 @@ struct MatmulShape {
   }
 
   bool grouped = false, gated = false, outQuant = false, columnScales = false;
+  // Rows from every rank: a bucket (this rank's tokens) does not bound them.
+  bool received = false;
   int64_t experts = 1, n = 0, k = 0, outN = 0, elementBytes = 2, scaleK = 0;
   int64_t outBlock = 0;
   TokenLinear rows;
@@ -263,16 +282,20 @@ struct ConfigureMatmulsPass
 
   MatmulConfigAttr choose(GroupedMatmulOp op, const MatmulShape &shape,
                           int64_t tokens) const;
+  MatmulConfigAttr chooseFor(GroupedMatmulOp op, const MatmulShape &shape,
+                             int64_t tokens, int64_t stamp) const;
   MatmulConfigAttr chooseDecodeTile(GroupedMatmulOp op,
-                                    const MatmulShape &shape,
-                                    int64_t tokens) const;
+                                    const MatmulShape &shape, int64_t tokens,
+                                    int64_t stamp) const;
 
   Pins pins;
 };
 } // namespace
 
-MatmulConfigAttr ConfigureMatmulsPass::chooseDecodeTile(
-    GroupedMatmulOp op, const MatmulShape &shape, int64_t tokens) const {
+MatmulConfigAttr
+ConfigureMatmulsPass::chooseDecodeTile(GroupedMatmulOp op,
+                                       const MatmulShape &shape, int64_t tokens,
+                                       int64_t stamp) const {
   // An expert's rows in one tile: a token chooses an expert once.
   int64_t rowCount =
       std::max<int64_t>(shape.rows.fixed + shape.rows.perToken * tokens, 1);
@@ -318,7 +341,7 @@ MatmulConfigAttr ConfigureMatmulsPass::chooseDecodeTile(
   if (splitK > 1 && kTiles > 0)
     splitK = llvm::divideCeil(kTiles, llvm::divideCeil(kTiles, splitK));
   return MatmulConfigAttr::getChecked(
-      [&] { return op.emitOpError(); }, op.getContext(), tokens, tileM, tileN,
+      [&] { return op.emitOpError(); }, op.getContext(), stamp, tileM, tileN,
       tileK, stages, pins.warpGroups.value_or(1), pins.clusterM.value_or(1),
       pins.clusterN.value_or(1), pins.multicast.value_or(MatmulMulticast::None),
       pins.raster.value_or(MatmulRaster::M), pins.group.value_or(kGroup),
@@ -329,6 +352,17 @@ MatmulConfigAttr ConfigureMatmulsPass::chooseDecodeTile(
 MatmulConfigAttr ConfigureMatmulsPass::choose(GroupedMatmulOp op,
                                               const MatmulShape &shape,
                                               int64_t tokens) const {
+  // Rows received from other ranks take, in every bucket, the plan for any
+  // count: a rank's bucket says nothing of what its peers send.
+  return chooseFor(op, shape, shape.received ? 0 : tokens, tokens);
+}
+
+/// The configuration for calls of `tokens` (0: any), stamped as the plan
+/// for `stamp` tokens.
+MatmulConfigAttr ConfigureMatmulsPass::chooseFor(GroupedMatmulOp op,
+                                                 const MatmulShape &shape,
+                                                 int64_t tokens,
+                                                 int64_t stamp) const {
   // A bucket of few tokens takes the decode tile, unless a pin is the wide
   // tile's (its shape, warpgroups, clusters, shared epilogue, persistent).
   bool wide = pins.tileM || pins.tileN || pins.warpGroups || pins.clusterM ||
@@ -336,7 +370,7 @@ MatmulConfigAttr ConfigureMatmulsPass::choose(GroupedMatmulOp op,
               pins.epilogue == MatmulEpilogue::Shared ||
               pins.persistent.value_or(false);
   if (pins.swapAB.value_or(!wide && tokens > 0 && tokens <= kSwapTokens))
-    return chooseDecodeTile(op, shape, tokens);
+    return chooseDecodeTile(op, shape, tokens, stamp);
   int64_t tileM = pins.tileM.value_or(kTileM);
   int64_t tileN = pins.tileN.value_or(kTileN);
   int64_t tileK = pins.tileK.value_or(shape.tileK());
@@ -407,7 +441,7 @@ MatmulConfigAttr ConfigureMatmulsPass::choose(GroupedMatmulOp op,
       splitK == 1 && busy > multiprocessors && !longK && !fewRows);
 
   return MatmulConfigAttr::getChecked(
-      [&] { return op.emitOpError(); }, op.getContext(), tokens, tileM, tileN,
+      [&] { return op.emitOpError(); }, op.getContext(), stamp, tileM, tileN,
       tileK, stages, pins.warpGroups.value_or(kWarpGroups),
       pins.clusterM.value_or(1), pins.clusterN.value_or(1),
       pins.multicast.value_or(MatmulMulticast::None),

@@ -25,6 +25,15 @@ using namespace mlir::moe;
 /// Why bucket `tokens` of `func` keeps its chain of kernels, or "".
 static std::string chainReason(func::FuncOp func, int64_t tokens) {
   std::string reason;
+  // The exchange kernels spin on other ranks' flags, which a grid barrier
+  // of the one fused kernel would wait behind.
+  func.walk([&](Operation *op) {
+    if (isa<EpDispatchSendOp, EpDispatchRecvOp, EpCombineSendOp,
+            EpCombineRecvOp>(op))
+      reason = "an expert-parallel exchange waits on other ranks";
+  });
+  if (!reason.empty())
+    return reason;
   func.walk([&](GroupedMatmulOp op) {
     MatmulConfigAttr config = op.getConfigFor(tokens);
     if (!config)

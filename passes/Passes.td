@@ -120,8 +120,10 @@ def Bucketize : Pass<"moe-bucketize"> {
     CUDA graph per bucket, captured once and replayed, serves every count
     up to the bucket's (the host code picks the smallest bucket that holds a
     call). Calls above the largest bucket run the plan for any count.
-    Expert-parallel layers (whose exchanges wait on other ranks) and
-    functions with a fixed token count are left as they are, with a remark.
+    An expert-parallel layer's bucket is picked by the rank's own tokens;
+    the kernels after its exchange, whose rows come from every rank, keep
+    grids for the layer's capacity. Functions with a fixed token count are
+    left as they are, with a remark.
   }];
   let options = [
     ListOption<"buckets", "buckets", "int64_t",

@@ -336,11 +336,39 @@ static std::string argumentKinds(InterfaceAttr interface) {
 /// take, at most an expert-parallel layer's capacity, or a bucket's size.
 static int64_t callLimit(const GpuLayer &layer) {
   int64_t most = maxTokens(layer.plan);
-  if (ExpertParallelAttr ep = layer.interface.getExpertParallel())
-    most = std::min(most, ep.getMaxTokens());
   for (LaunchPlanAttr bucket : layer.buckets)
     most = std::max(most, std::min(maxTokens(bucket), bucket.getMaxTokens()));
+  // A bucket above an expert-parallel layer's capacity raises nothing.
+  if (ExpertParallelAttr ep = layer.interface.getExpertParallel())
+    most = std::min(most, ep.getMaxTokens());
   return most;
+}
+
+/// The arguments a bucket's graphs are kept under, and their count: the
+/// call's, then an expert-parallel layer's state (a group started again
+/// may have another, and a graph holds the address it was captured with).
+static std::pair<Value, int64_t> graphKey(HostBuilder &h, const GpuLayer &layer,
+                                          Value argv) {
+  int64_t numArgs = layer.interface.getArgs().size();
+  if (!usesEpState(layer.plan))
+    return {argv, numArgs};
+  OpBuilder &b = h.b;
+  Value state = h.call(RuntimeImport::moe_ep_cuda_state, {});
+  Value missing = LLVM::ICmpOp::create(
+      b, h.loc, LLVM::ICmpPredicate::eq,
+      LLVM::PtrToIntOp::create(b, h.loc, h.i64, state), h.c64(0));
+  h.check(LLVM::ZExtOp::create(b, h.loc, h.i32, missing));
+  Value key = h.stackSlot(h.ptr, numArgs + 1);
+  auto slot = [&](Value array, int64_t j) -> Value {
+    return LLVM::GEPOp::create(b, h.loc, h.ptr, h.ptr, array,
+                               ArrayRef<LLVM::GEPArg>{int32_t(j)});
+  };
+  for (int64_t j = 0; j < numArgs; ++j)
+    LLVM::StoreOp::create(b, h.loc,
+                          LLVM::LoadOp::create(b, h.loc, h.ptr, slot(argv, j)),
+                          slot(key, j));
+  LLVM::StoreOp::create(b, h.loc, state, slot(key, numArgs));
+  return {key, numArgs + 1};
 }
 
 /// Returns from the forward what the smallest bucket that holds the call
@@ -350,7 +378,8 @@ static void replayBuckets(HostBuilder &h, const GpuLayer &layer, Value argv,
   OpBuilder &b = h.b;
   Value enabled = LLVM::LoadOp::create(
       b, h.loc, h.i32, LLVM::AddressOfOp::create(b, h.loc, layer.graphsOn));
-  int64_t numArgs = layer.interface.getArgs().size();
+  int64_t numArgs;
+  std::tie(argv, numArgs) = graphKey(h, layer, argv);
   for (auto [i, bucket] : llvm::enumerate(layer.buckets)) {
     Value inside = LLVM::ICmpOp::create(b, h.loc, LLVM::ICmpPredicate::sle,
                                         tokens, h.c64(bucket.getMaxTokens()));
@@ -432,14 +461,13 @@ static void addGraphControls(ModuleOp host, const GpuLayer &layer) {
   h.failure = b.createBlock(&warmup.getBody(), {}, {h.i32}, {h.loc});
   LLVM::ReturnOp::create(b, h.loc, h.failure->getArgument(0));
   b.setInsertionPointToStart(body);
-  int64_t numArgs = layer.interface.getArgs().size();
+  auto [key, numArgs] = graphKey(h, layer, body->getArgument(0));
   for (auto [i, bucket] : llvm::enumerate(layer.buckets))
     h.check(h.call(RuntimeImport::moert_graph_prepare,
                    {LLVM::AddressOfOp::create(b, h.loc, layer.graphSlots[i]),
-                    LLVM::AddressOfOp::create(b, h.loc, layer.enqueues[i]),
-                    body->getArgument(0), h.c32(numArgs),
-                    h.c64(bucket.getMaxTokens()), body->getArgument(1),
-                    body->getArgument(2)}));
+                    LLVM::AddressOfOp::create(b, h.loc, layer.enqueues[i]), key,
+                    h.c32(numArgs), h.c64(bucket.getMaxTokens()),
+                    body->getArgument(1), body->getArgument(2)}));
   LLVM::ReturnOp::create(b, h.loc, h.c32(0));
 }
 

@@ -247,7 +247,11 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
   gpu::BarrierOp::create(e.b, e.loc);
   e.ifThen(e.eq(tid, e.index(0)), [&] {
     Value done = r.atomicAdd(r.at(st, EpDeviceLayout::kTicket), e.i32(1));
-    e.ifThen(e.eq(r.to64(done), r.to64(k.tokens)), [&] {
+    // The last of the grid's blocks: a bucket's grid may hold more blocks
+    // than tokens.
+    Value last = e.isub(gpu::GridDimOp::create(e.b, e.loc, gpu::Dimension::x),
+                        e.index(1));
+    e.ifThen(e.eq(r.to64(done), r.to64(last)), [&] {
       r.store(e.i32(0), r.at(st, EpDeviceLayout::kTicket));
       r.fenceSystem();
       Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
@@ -450,41 +454,66 @@ static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
                                              r.mul(r.to64(q), 4))));
         e.ifThen(e.ult(i, e.toIndex(n)), [&] {
           Value record = shape.record(r, st, q, i);
+          // The record's rows here, then its payload read once and stored
+          // to each of them.
+          SmallVector<Value> rowsHere, valid;
           for (int64_t j = 0; j < topK; ++j) {
             Value row = r.load(
                 i32,
                 r.at(st,
                      r.add(r.c64(slotRows),
                            r.mul(r.add(r.mul(r.to64(p), topK), r.c64(j)), 4))));
-            e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)), [&] {
-              Value rr = e.toIndex(row);
-              e.ifThen(e.eq(tid, e.index(0)), [&] {
-                e.storeRaw(e.toI32(q), origin, {rr, e.index(0)});
-                e.storeRaw(r.load(i32, r.at(record, 4 + 8 * topK + 4 * j)),
-                           origin, {rr, e.index(1)});
-              });
-              Value payload = r.at(record, shape.header());
-              if (quantized) {
-                copyRow(r, tid, hidden, r.b.getI8Type(),
-                        [&](Value c, VectorType vec) {
-                          Value v = r.load(vec, r.at(payload, c), 8);
-                          vector::StoreOp::create(e.b, e.loc, v, dispatched,
-                                                  {rr, c}, false,
-                                                  llvm::Align(8));
-                        });
-                copyScales(r, tid, rowScales, rr, r.at(payload, hidden), false);
-                return;
-              }
-              copyRow(r, tid, hidden, r.b.getBF16Type(),
-                      [&](Value c, VectorType vec) {
-                        Value v =
-                            r.load(vec, r.at(payload, r.mul(r.to64(c), 2)), 16);
-                        vector::StoreOp::create(
-                            e.b, e.loc, v, dispatched, {rr, c}, false,
-                            vectorAlign(8, vec.getElementType()));
-                      });
-            });
+            rowsHere.push_back(e.toIndex(
+                e.select(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)), row,
+                         e.i32(0))));
+            valid.push_back(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)));
           }
+          e.ifThen(e.eq(tid, e.index(0)), [&] {
+            for (int64_t j = 0; j < topK; ++j)
+              e.ifThen(valid[j], [&] {
+                e.storeRaw(e.toI32(q), origin, {rowsHere[j], e.index(0)});
+                e.storeRaw(r.load(i32, r.at(record, 4 + 8 * topK + 4 * j)),
+                           origin, {rowsHere[j], e.index(1)});
+              });
+          });
+          Value payload = r.at(record, shape.header());
+          auto fanOut = [&](Value dst, Value c, Value v,
+                            llvm::MaybeAlign align) {
+            for (int64_t j = 0; j < topK; ++j)
+              e.ifThen(valid[j], [&] {
+                vector::StoreOp::create(e.b, e.loc, v, dst, {rowsHere[j], c},
+                                        false, align);
+              });
+          };
+          if (quantized) {
+            copyRow(r, tid, hidden, r.b.getI8Type(),
+                    [&](Value c, VectorType vec) {
+                      fanOut(dispatched, c, r.load(vec, r.at(payload, c), 8),
+                             llvm::Align(8));
+                    });
+            auto scalesType = cast<MemRefType>(rowScales.getType());
+            Type element = scalesType.getElementType();
+            int64_t bytes = element.getIntOrFloatBitWidth() / 8;
+            Value scales = r.at(payload, hidden);
+            e.forEach(
+                tid, e.index(scalesType.getDimSize(1)),
+                [&](Value x) {
+                  Value v = r.load(
+                      element, r.at(scales, r.mul(r.to64(x), bytes)), bytes);
+                  for (int64_t j = 0; j < topK; ++j)
+                    e.ifThen(valid[j], [&] {
+                      e.storeRaw(v, rowScales, {rowsHere[j], x});
+                    });
+                },
+                e.index(kCopyThreads));
+            return;
+          }
+          copyRow(r, tid, hidden, r.b.getBF16Type(),
+                  [&](Value c, VectorType vec) {
+                    fanOut(dispatched, c,
+                           r.load(vec, r.at(payload, r.mul(r.to64(c), 2)), 16),
+                           vectorAlign(8, vec.getElementType()));
+                  });
         });
       },
       e.index(kStrideBlocks));

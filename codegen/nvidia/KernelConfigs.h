@@ -231,12 +231,13 @@ struct DispatchConfig {
 DispatchConfig configureDispatch(DispatchOp op, TokenLinear tokens);
 
 /// A route's kernels: one kernel of blocks of kTokens tokens, or for a
-/// bucket of at most kSplitTokens tokens (and for an expert-parallel layer,
-/// which takes no buckets and mostly decodes) a logits kernel that spreads
+/// bucket of at most kSplitTokens tokens (kSplitTokensEp for an
+/// expert-parallel layer, which mostly decodes) a logits kernel that spreads
 /// the experts over blocks and a kernel that chooses, `selectWarps` tokens
 /// a block.
 struct RouteConfig {
-  static constexpr int64_t kWarps = 8, kTokens = 4, kSplitTokens = 64;
+  static constexpr int64_t kWarps = 8, kTokens = 4, kSplitTokens = 64,
+                           kSplitTokensEp = 512;
   int64_t experts = 0, hidden = 0, topK = 0;
   TokenLinear tokens;
   bool split = false;

@@ -297,9 +297,13 @@ RouteConfig nvidia::configureRoute(RouteOp op, TokenLinear tokens,
   c.tokens = tokens;
   // Without buckets an expert-parallel layer's decode call would route on
   // one block reading the whole router; spread, it costs many tokens only
-  // the scores' round trip through the workspace.
+  // the scores' round trip through the workspace. Its buckets spread until
+  // the one kernel's blocks of four tokens fill the GPU (DeepSeek-V3 EP2 on
+  // H100, a rank's 128 tokens: 79 us spread, 273 us in one kernel; 4096
+  // tokens: 2513 us spread, 1365 in one; bench/RESULTS.md).
   c.split = (maxTokens > 0 && maxTokens <= RouteConfig::kSplitTokens) ||
-            (maxTokens == 0 && expertParallel);
+            (expertParallel &&
+             (maxTokens == 0 || maxTokens <= RouteConfig::kSplitTokensEp));
   c.unroll = c.experts % (kRouteWarps * 2) == 0 ? 2 : 1;
   c.logitBlocks = llvm::divideCeil(c.experts, kRouteWarps);
   int64_t scratchBytes = c.experts * 9 + op.getRouter().getNGroup() * 5 + 64;

@@ -34,13 +34,13 @@ func.func @fixed(%x: tensor<3x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<4x16x
 
 // -----
 
-// An expert-parallel forward waits on other ranks: it is launched each
-// call, not replayed.
+// An expert-parallel layer takes buckets too, picked by each rank's own
+// token count.
 // CHECK-LABEL: func.func @expert_parallel
-// CHECK-NOT: moe.token_buckets
-// REMARK: remark: no token buckets: an expert-parallel forward waits on other ranks, so it is launched, not replayed
+// CHECK-SAME: moe.token_buckets = array<i64: 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096>
+// CHECK: moe.dispatch {{.*}}ep_size = 2
 // ASKED-LABEL: func.func @expert_parallel
-// ASKED-NOT: moe.token_buckets
+// ASKED-SAME: moe.token_buckets = array<i64: 1, 16, 256>
 func.func @expert_parallel(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>, %w13: tensor<2x16x8xbf16>, %w2: tensor<2x8x8xbf16>) -> tensor<?x8xbf16> {
   %0 = moe.layer %x router(%rw) experts(%w13, %w2) {config = #moe.config<experts = 4, top_k = 2, hidden = 8, intermediate = 8, router = <kind = softmax_topk>, activation = <kind = swiglu>, ep_size = 2>}
       : (tensor<?x8xbf16>, tensor<4x8xbf16>, tensor<2x16x8xbf16>, tensor<2x8x8xbf16>) -> tensor<?x8xbf16>

@@ -222,6 +222,21 @@ def logits(model, rank):
         return model(ids).logits
 
 
+def ep_port(args):
+    """--port, else a port free on rank 0's host, told to every rank."""
+    import socket
+    import torch.distributed as dist
+    if args.port:
+        return args.port
+    port = [0]
+    if dist.get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port[0] = s.getsockname()[1]
+    dist.broadcast_object_list(port, src=0)
+    return port[0]
+
+
 def check_ep(args):
     import torch.distributed as dist
     dist.init_process_group("gloo")
@@ -234,7 +249,7 @@ def check_ep(args):
     layer = None
     for group in ("env", dist.group.WORLD):
         if group == "env":
-            os.environ["MOE_EP_PORT"] = str(args.port)
+            os.environ["MOE_EP_PORT"] = str(ep_port(args))
         model = moe_compiler.patch(build(name).to(device), target=args.target,
                                    ep_group=group, cache_dir=args.cache)
         got = logits(model, rank)
@@ -282,8 +297,9 @@ def main():
     ap.add_argument("--target", default="cpu")
     ap.add_argument("--quant")
     ap.add_argument("--cache", required=True, help="the compile cache")
-    ap.add_argument("--port", type=int, default=29612,
-                    help="MOE_EP_PORT for the 'env' rendezvous")
+    ap.add_argument("--port", type=int, default=0,
+                    help="MOE_EP_PORT for the 'env' rendezvous (default: "
+                         "one free on rank 0's host)")
     args = ap.parse_intermixed_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     {"models": check_models, "refusals": check_refusals, "ep": check_ep,
