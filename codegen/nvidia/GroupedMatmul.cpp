@@ -320,6 +320,35 @@ static std::string describeK(GroupedMatmulOp op) {
   return "the length of the rows it multiplies";
 }
 
+/// The tiles of `tileM` rows the experts' rows fill (each expert's own),
+/// summed by every warp for itself: each lane a run of experts, then a
+/// butterfly over the lanes.
+static Value countTiles(Emitter &e, Value tid, Value counts, int64_t experts,
+                        int64_t tileM) {
+  OpBuilder &b = e.b;
+  Location loc = e.loc;
+  Value lane = e.toI32(e.remUI(tid, 32));
+  int64_t per = llvm::divideCeil(experts, int64_t(32));
+  Value first = arith::MulIOp::create(b, loc, lane, e.i32(per));
+  Value total = e.reduce(
+      e.i32(0), e.i32(per), {e.i32(0)},
+      [&](Value j, ValueRange acc) -> SmallVector<Value> {
+        Value x = e.iadd(first, j);
+        Value inside = e.icmp(arith::CmpIPredicate::slt, x, e.i32(experts));
+        Value clamped = e.toIndex(e.select(inside, x, e.i32(experts - 1)));
+        Value count = e.select(inside, e.loadRaw(counts, {clamped}), e.i32(0));
+        return {e.iadd(acc[0],
+                       arith::CeilDivUIOp::create(b, loc, count, e.i32(tileM))
+                           .getResult())};
+      },
+      e.i32(1))[0];
+  for (int64_t offset = 16; offset >= 1; offset /= 2)
+    total = e.iadd(total, gpu::ShuffleOp::create(b, loc, total, offset, 32,
+                                                 gpu::ShuffleMode::XOR)
+                              .getShuffleResult());
+  return e.toIndex(total);
+}
+
 // Every warp finds its tile on its own, its lanes each summing the tiles of
 // a run of experts and meeting through shuffles, so a block waits for one
 // round of loads rather than one per expert.
@@ -547,15 +576,17 @@ void MatmulEmitter::emitTiles(bool consumer) {
   // One cluster per multiprocessor (pair) walks tiles t = cluster,
   // cluster + clusters, ...; the producer and the consumers walk the same
   // tiles, so their ring positions agree, and so do a cluster's blocks.
-  // Row tiles (of a cluster's rows): the bucket's, or those the rows can
-  // fill (grouped: one more per expert, for the experts' partial tiles).
-  if (c.rowTiles > 0) {
+  // Row tiles (of a cluster's rows): grouped, those the experts' rows
+  // fill (rows received from other ranks are counted on the device, far
+  // fewer than the capacity the grid is sized for); else the bucket's, or
+  // those the rows can fill.
+  if (c.grouped) {
+    mTiles = countTiles(e, tid, counts, c.experts, c.clusterRows());
+  } else if (c.rowTiles > 0) {
     mTiles = e.index(c.rowTiles);
   } else {
     mTiles = e.divUI(e.iadd(k.linear(lhs.rows), e.index(c.clusterRows() - 1)),
                      c.clusterRows());
-    if (c.grouped)
-      mTiles = e.iadd(mTiles, e.index(c.experts));
   }
   Value total = e.imul(e.imul(mTiles, c.colTiles), c.splits);
   Value step =
