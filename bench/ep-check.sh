@@ -142,6 +142,11 @@ if [[ $mode == run ]]; then
     timeout 300 python3 -m bench.ep_bench "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" \
       --tokens "${EP_TOKENS:-1,128,4096}" --repeat "${EP_REPEAT:-20}" || echo "$v: the benchmark failed"
   done
+  for v in ${EP_PLAIN-dsv3_fp8 dsv3}; do
+    echo "-- DeepSeek-V3 ($v, 256 experts, EP2), the forward alone (no kernel events, graphs):"
+    timeout 300 python3 -m bench.ep_bench "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" --plain \
+      --tokens "${EP_PLAIN_TOKENS:-1,128}" --repeat "${EP_REPEAT:-20}" || echo "$v: the benchmark failed"
+  done
   for v in ${EP_K1-dsv3_k1}; do
     echo "-- DeepSeek-V3 ($v, 256 experts, EP2, no split-K):"
     timeout 300 python3 -m bench.ep_bench "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" \

@@ -150,7 +150,8 @@ def rank_main(rank, ranks, args, port, nccl_port, results):
     import torch.distributed as dist
     torch.cuda.set_device(rank)
     torch.zeros(1, device="cuda")  # the primary context, current
-    os.environ["MOERT_KERNEL_TIMES"] = "1"
+    if not args.plain:
+        os.environ["MOERT_KERNEL_TIMES"] = "1"
     lib1, info1, fwd1, size1 = load(args.ep1)
     libn, infon, fwdn, sizen = load(args.epn)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{nccl_port}",
@@ -269,6 +270,10 @@ def main():
     ap.add_argument("--provider", default=os.environ.get("EP_PROVIDER", "shm"))
     ap.add_argument("--domain")
     ap.add_argument("--timeout-ms", type=int, default=5000)
+    ap.add_argument("--plain", action="store_true",
+                    help="time the forward alone, as a caller runs it: no "
+                         "event around each kernel (no kernel times), "
+                         "buckets' graphs replayed")
     ap.add_argument("--proxy", action="store_true",
                     help="move tokens through host memory and the "
                          "transport's proxy instead of NVLink")

@@ -77,20 +77,20 @@ TokenLinear rowsOf(Value value) {
   return {0, 1};
 }
 
-/// Whether `value`'s rows arrived from other ranks (an expert-parallel
-/// receive), followed back through the row-wise ops.
-bool receivedFromRanks(Value value) {
+/// The receive `value`'s rows arrived by from other ranks (followed back
+/// through the row-wise ops), or null.
+EpDispatchRecvOp receivedFromRanks(Value value) {
   Operation *def = value.getDefiningOp();
   if (!def || isa<DispatchOp>(def))
-    return false;
-  if (isa<EpDispatchRecvOp>(def))
-    return true;
+    return {};
+  if (auto recv = dyn_cast<EpDispatchRecvOp>(def))
+    return recv;
   for (Value operand : def->getOperands()) {
     auto t = dyn_cast<RankedTensorType>(operand.getType());
     if (t && t.getRank() > 0 && t.isDynamicDim(0))
       return receivedFromRanks(operand);
   }
-  return false;
+  return {};
 }
 
 /// What the cost model reads off a grouped matmul.
@@ -113,7 +113,11 @@ struct MatmulShape {
     outBlock = outQuant ? op.getOutQuantAttr().getBlockSize() : 0;
     outN = gated ? n / 2 : n;
     rows = rowsOf(op.getLhs());
-    received = receivedFromRanks(op.getLhs());
+    if (EpDispatchRecvOp recv = receivedFromRanks(op.getLhs())) {
+      received = cast<RankedTensorType>(recv.getSent().getType()).getDimSize(0);
+      if (auto send = recv.getSent().getDefiningOp<EpDispatchSendOp>())
+        topK = cast<RankedTensorType>(send.getRows().getType()).getDimSize(1);
+    }
   }
   int64_t tileK() const { return kSliceBytes / elementBytes; }
   int64_t kTiles() const { return llvm::divideCeil(k, tileK()); }
@@ -122,8 +126,9 @@ struct MatmulShape {
   }
 
   bool grouped = false, gated = false, outQuant = false, columnScales = false;
-  // Rows from every rank: a bucket (this rank's tokens) does not bound them.
-  bool received = false;
+  // Rows from every rank (this many): a bucket (this rank's tokens) does
+  // not bound them.
+  int64_t received = 0, topK = 1;
   int64_t experts = 1, n = 0, k = 0, outN = 0, elementBytes = 2, scaleK = 0;
   int64_t outBlock = 0;
   TokenLinear rows;
@@ -296,10 +301,15 @@ MatmulConfigAttr
 ConfigureMatmulsPass::chooseDecodeTile(GroupedMatmulOp op,
                                        const MatmulShape &shape, int64_t tokens,
                                        int64_t stamp) const {
-  // An expert's rows in one tile: a token chooses an expert once.
-  int64_t rowCount =
-      std::max<int64_t>(shape.rows.fixed + shape.rows.perToken * tokens, 1);
-  int64_t expertRows = shape.grouped ? std::min(tokens, rowCount) : rowCount;
+  // An expert's rows in one tile: a token chooses an expert once (from
+  // each rank, when every rank brings as many).
+  int64_t ranks = std::max<int64_t>(shape.received, 1);
+  int64_t rowCount = std::max<int64_t>(
+      shape.received ? tokens * ranks * shape.topK
+                     : shape.rows.fixed + shape.rows.perToken * tokens,
+      1);
+  int64_t expertRows =
+      shape.grouped ? std::min(tokens * ranks, rowCount) : rowCount;
   int64_t tileM = std::clamp<int64_t>(llvm::PowerOf2Ceil(expertRows), 8, 64);
   // 64-row fragments: two (ungated), or gate and up fragments for at
   // least 64 outputs and a whole output quantization block.
@@ -337,7 +347,8 @@ ConfigureMatmulsPass::chooseDecodeTile(GroupedMatmulOp op,
   int64_t splitK = std::clamp<int64_t>(
       4 * busy > multiprocessors ? 1 : llvm::divideCeil(multiprocessors, busy),
       1, std::clamp<int64_t>(kTiles / kSwapMinSplitTiles, 1, kMaxSplits));
-  splitK = pins.splitK.value_or(splitK);
+  // Received rows are the capacity's: their partials would be too.
+  splitK = shape.received ? 1 : pins.splitK.value_or(splitK);
   if (splitK > 1 && kTiles > 0)
     splitK = llvm::divideCeil(kTiles, llvm::divideCeil(kTiles, splitK));
   return MatmulConfigAttr::getChecked(
@@ -352,9 +363,12 @@ ConfigureMatmulsPass::chooseDecodeTile(GroupedMatmulOp op,
 MatmulConfigAttr ConfigureMatmulsPass::choose(GroupedMatmulOp op,
                                               const MatmulShape &shape,
                                               int64_t tokens) const {
-  // Rows received from other ranks take, in every bucket, the plan for any
-  // count: a rank's bucket says nothing of what its peers send.
-  return chooseFor(op, shape, shape.received ? 0 : tokens, tokens);
+  // Rows received from other ranks take the decode tile in a decode bucket
+  // (its kernel walks row tiles past its grid, for peers that send more),
+  // else the plan for any count: a rank's bucket says nothing of what its
+  // peers send.
+  bool decode = tokens > 0 && tokens <= kSwapTokens;
+  return chooseFor(op, shape, shape.received && !decode ? 0 : tokens, tokens);
 }
 
 /// The configuration for calls of `tokens` (0: any), stamped as the plan

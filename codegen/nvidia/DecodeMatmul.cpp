@@ -59,11 +59,12 @@ private:
   void emitViews(ArrayRef<Value> buffers, ArrayRef<unsigned> indices,
                  const TensorInfo &partials);
   void emitSharedMemory();
-  void emitTile();
-  void emitProducer();
-  void emitConsumer();
-  SmallVector<Value> emitMainLoop();
-  void emitScaledStage(SmallVector<Value> &accs, Value kt, Value slot);
+  void emitTile(Value rowTile);
+  void emitProducer(Value pos);
+  void emitConsumer(Value pos);
+  SmallVector<Value> emitMainLoop(Value pos);
+  void emitScaledStage(SmallVector<Value> &accs, Value kt, Value slot,
+                       Value stage);
   void emitSplitSum(SmallVector<Value> &finals);
   void emitStore(ArrayRef<Value> finals);
   void emitQuantizedStore(ArrayRef<Value> finals);
@@ -162,9 +163,9 @@ void DecodeEmitter::emitSharedMemory() {
   e.ifThen(leader, [&] { NVVM::FenceMbarrierInitOp::create(b, e.loc); });
 }
 
-void DecodeEmitter::emitTile() {
+void DecodeEmitter::emitTile(Value rowTile) {
   // Row tiles on x, column tile x split on y (splits consecutive).
-  mTile = k.blockId(gpu::Dimension::x);
+  mTile = rowTile;
   Value y = k.blockId(gpu::Dimension::y);
   nTile = e.divUI(y, c.splits);
   splitIdx = e.remUI(y, c.splits);
@@ -244,17 +245,19 @@ Value DecodeEmitter::kBlockOf(Value kt, int64_t s) {
                  e.index(c.kBlocks() - 1));
 }
 
-void DecodeEmitter::emitProducer() {
-  // The producer warp's first thread keeps the ring full.
+void DecodeEmitter::emitProducer(Value pos) {
+  // The producer warp's first thread keeps the ring full; stage j of the
+  // tile is the block's stage pos + j.
   e.ifThen(e.eq(tid, e.index(c.consumers())), [&] {
     nvgpu::TmaPrefetchOp::create(b, e.loc, descA, Value());
     nvgpu::TmaPrefetchOp::create(b, e.loc, descB, Value());
     Value expertRow0 = e.imul(expertIdx, c.n);
     e.forEach(e.index(0), kCount, [&](Value j) {
-      Value slot = e.remUI(j, c.stages);
-      e.ifThen(e.icmp(arith::CmpIPredicate::uge, j, e.index(c.stages)), [&] {
+      Value g = e.iadd(pos, j);
+      Value slot = e.remUI(g, c.stages);
+      e.ifThen(e.icmp(arith::CmpIPredicate::uge, g, e.index(c.stages)), [&] {
         nvgpu::MBarrierTryWaitParityOp::create(b, e.loc, empty,
-                                               parity(j, /*released=*/true),
+                                               parity(g, /*released=*/true),
                                                e.index(10000000), slot);
       });
       Value col = e.imul(e.iadd(kBegin, j), enc.tileK());
@@ -285,7 +288,7 @@ Value DecodeEmitter::mma(Value acc, Value slot, int64_t f, int64_t kk,
                      enc.type, accumulate);
 }
 
-SmallVector<Value> DecodeEmitter::emitMainLoop() {
+SmallVector<Value> DecodeEmitter::emitMainLoop(Value pos) {
   SmallVector<Value> init(fragments(), zeroFragment(b, e.loc, fragment));
   int64_t steps = enc.tileK() / enc.instK();
   auto loop =
@@ -294,14 +297,15 @@ SmallVector<Value> DecodeEmitter::emitMainLoop() {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
     Value j = loop.getInductionVar();
-    Value slot = e.remUI(j, c.stages);
+    Value g = e.iadd(pos, j);
+    Value slot = e.remUI(g, c.stages);
     SmallVector<Value> accs(loop.getRegionIterArgs());
     if (enc.fp8()) {
-      emitScaledStage(accs, e.iadd(kBegin, j), slot);
+      emitScaledStage(accs, e.iadd(kBegin, j), slot, g);
       mbarrierArrive(b, e.loc, empty, slot);
     } else {
       nvgpu::MBarrierTryWaitParityOp::create(b, e.loc, barriers,
-                                             parity(j, /*released=*/false),
+                                             parity(g, /*released=*/false),
                                              e.index(10000000), slot);
       NVVM::WgmmaFenceAlignedOp::create(b, e.loc);
       for (int64_t f = 0; f < fragments(); ++f)
@@ -312,7 +316,7 @@ SmallVector<Value> DecodeEmitter::emitMainLoop() {
       NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 1);
       e.ifThen(e.icmp(arith::CmpIPredicate::uge, j, e.index(1)), [&] {
         mbarrierArrive(b, e.loc, empty,
-                       e.remUI(e.isub(j, e.index(1)), c.stages));
+                       e.remUI(e.isub(g, e.index(1)), c.stages));
       });
     }
     scf::YieldOp::create(b, e.loc, accs);
@@ -322,12 +326,18 @@ SmallVector<Value> DecodeEmitter::emitMainLoop() {
     NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 0);
     for (Value &acc : finals)
       acc = fenceFragment(b, e.loc, acc);
+    // The last stage's slot, for the block's next tile.
+    e.ifThen(e.icmp(arith::CmpIPredicate::uge, kCount, e.index(1)), [&] {
+      mbarrierArrive(
+          b, e.loc, empty,
+          e.remUI(e.isub(e.iadd(pos, kCount), e.index(1)), c.stages));
+    });
   }
   return finals;
 }
 
 void DecodeEmitter::emitScaledStage(SmallVector<Value> &accs, Value kt,
-                                    Value slot) {
+                                    Value slot, Value stage) {
   int64_t sub = enc.subBlocks(), kBlocks = c.kBlocks();
   int64_t perBlock = enc.tileK() / enc.instK() / sub;
   // The stage's scales, loaded before its wait so their latency overlaps
@@ -361,9 +371,9 @@ void DecodeEmitter::emitScaledStage(SmallVector<Value> &accs, Value kt,
         weightScales[s].push_back(common::loadScale(e, rhsScale, index));
       }
   }
-  nvgpu::MBarrierTryWaitParityOp::create(
-      b, e.loc, barriers, parity(e.isub(kt, kBegin), /*released=*/false),
-      e.index(10000000), slot);
+  nvgpu::MBarrierTryWaitParityOp::create(b, e.loc, barriers,
+                                         parity(stage, /*released=*/false),
+                                         e.index(10000000), slot);
   // Each scale block into fresh partials, then scaled into the
   // accumulators: acc += partial * (row scale * weight scale).
   for (int64_t s = 0; s < sub; ++s) {
@@ -584,8 +594,8 @@ void DecodeEmitter::emitQuantizedStore(ArrayRef<Value> finals) {
   }
 }
 
-void DecodeEmitter::emitConsumer() {
-  SmallVector<Value> finals = emitMainLoop();
+void DecodeEmitter::emitConsumer(Value pos) {
+  SmallVector<Value> finals = emitMainLoop(pos);
   OpBuilder::InsertionGuard guard(b);
   if (c.splits > 1)
     emitSplitSum(finals);
@@ -604,19 +614,39 @@ LogicalResult DecodeEmitter::emit(ArrayRef<Value> buffers,
   lane = e.remUI(tid, 32);
   emitSharedMemory();
   gpu::BarrierOp::create(b, e.loc);
-  emitTile();
+  // Row tiles x, x + grid, ...: the grid holds one per tile of the bucket,
+  // fewer where rows arrive from other ranks; the tiles the experts' rows
+  // fill (grouped) or the bucket's. The ring's position runs on.
+  Value tiles =
+      c.grouped ? countTiles(e, tid, counts, c.experts, c.tileM)
+      : c.rowTiles > 0
+          ? e.index(c.rowTiles)
+          : e.divUI(e.iadd(k.linear(lhs.rows), e.index(c.tileM - 1)), c.tileM);
+  auto walk =
+      scf::ForOp::create(b, e.loc, k.blockId(gpu::Dimension::x), tiles,
+                         gpu::GridDimOp::create(b, e.loc, gpu::Dimension::x),
+                         ValueRange{e.index(0)});
+  b.setInsertionPointToStart(walk.getBody());
+  Value pos = walk.getRegionIterArgs()[0];
+  emitTile(walk.getInductionVar());
   // A row tile past the rows of the call has nothing to do.
   auto active = scf::IfOp::create(
-      b, e.loc, e.icmp(arith::CmpIPredicate::sge, expert, e.i32(0)),
-      /*withElse=*/false);
+      b, e.loc, TypeRange{b.getIndexType()},
+      e.icmp(arith::CmpIPredicate::sge, expert, e.i32(0)), /*withElse=*/true);
+  b.setInsertionPointToStart(&active.getElseRegion().front());
+  scf::YieldOp::create(b, e.loc, pos);
   b.setInsertionPointToStart(&active.getThenRegion().front());
   auto roles = scf::IfOp::create(b, e.loc, e.ult(tid, e.index(c.consumers())),
                                  /*withElse=*/true);
   b.setInsertionPointToStart(&roles.getElseRegion().front());
-  emitProducer();
+  emitProducer(pos);
   b.setInsertionPointToStart(&roles.getThenRegion().front());
-  emitConsumer();
+  emitConsumer(pos);
+  b.setInsertionPointAfter(roles);
+  scf::YieldOp::create(b, e.loc, e.iadd(pos, kCount));
   b.setInsertionPointAfter(active);
+  scf::YieldOp::create(b, e.loc, active.getResult(0));
+  b.setInsertionPointAfter(walk);
   return k.finish(op);
 }
 

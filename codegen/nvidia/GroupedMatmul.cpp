@@ -43,6 +43,9 @@ static constexpr int64_t kEpilogueBarrier = 2;
 /// Named barriers 4 + g: consumer warpgroup g's turn to issue wgmma (the
 /// other's is 4 + g xor 1).
 static constexpr int64_t kTurnBarrier = 4;
+// Decode-tile blocks for rows a bucket does not bound: two on each of an
+// H100's (or H200's) 132 multiprocessors.
+static constexpr int64_t kDecodeBlocks = 264;
 
 MatmulEncoding::MatmulEncoding(QuantAttr scheme, int64_t tileN)
     : scheme(scheme), tileN(tileN), instN(tileN) {
@@ -320,11 +323,10 @@ static std::string describeK(GroupedMatmulOp op) {
   return "the length of the rows it multiplies";
 }
 
-/// The tiles of `tileM` rows the experts' rows fill (each expert's own),
-/// summed by every warp for itself: each lane a run of experts, then a
-/// butterfly over the lanes.
-static Value countTiles(Emitter &e, Value tid, Value counts, int64_t experts,
-                        int64_t tileM) {
+// Summed by every warp for itself: each lane a run of experts, then a
+// butterfly over the lanes.
+Value nvidia::countTiles(Emitter &e, Value tid, Value counts, int64_t experts,
+                         int64_t tileM) {
   OpBuilder &b = e.b;
   Location loc = e.loc;
   Value lane = e.toI32(e.remUI(tid, 32));
@@ -1477,6 +1479,14 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
     // tiles x splits on y; a consumer warpgroup and a producer warp.
     launch.work = {c.rowTiles, 0};
     launch.gridY = c.colTiles * c.splits;
+    // Rows that a bucket does not bound (received from other ranks, up to
+    // the capacity): two blocks a multiprocessor, each walking row tiles
+    // until the experts' rows are done.
+    if (c.grouped && lhs.rows.perToken == 0)
+      launch.work = {
+          std::clamp<int64_t>(llvm::divideCeil(kDecodeBlocks, launch.gridY), 1,
+                              std::max<int64_t>(c.rowTiles, 1)),
+          0};
     launch.block = 128 + 32;
     k.func.setKnownBlockSizeAttr(
         k.b.getDenseI32ArrayAttr({int32_t(launch.block), 1, 1}));

@@ -22,6 +22,11 @@ namespace mlir::moe::nvidia {
 SmallVector<Value> findTile(Emitter &e, Value tid, Value counts, Value offsets,
                             int64_t experts, int64_t tileM, Value target);
 
+/// The tiles of `tileM` rows the experts' rows fill (each expert's own), as
+/// an index every thread of a warp holds.
+Value countTiles(Emitter &e, Value tid, Value counts, int64_t experts,
+                 int64_t tileM);
+
 /// The descriptor type of a TMA map of K-major tiles of `rows` x 128 bytes
 /// (`element` is bf16 or i8 for E4M3), 128-byte swizzled.
 nvgpu::TensorMapDescriptorType matmulMapType(MLIRContext *ctx, Type element,
