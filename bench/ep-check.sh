@@ -147,6 +147,11 @@ if [[ $mode == run ]]; then
     timeout 300 python3 -m bench.ep_bench "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" --plain \
       --tokens "${EP_PLAIN_TOKENS:-1,128}" --repeat "${EP_REPEAT:-20}" || echo "$v: the benchmark failed"
   done
+  for v in ${EP_SKEW-dsv3_fp8}; do
+    echo "-- DeepSeek-V3 ($v, 256 experts, EP2), rank 1 bringing 4096 tokens to rank 0's 1 or 64:"
+    timeout 300 python3 -m bench.ep_bench "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" --last-rank-tokens 4096 \
+      --tokens 1,64 --repeat 3 || echo "$v: the benchmark failed"
+  done
   for v in ${EP_K1-dsv3_k1}; do
     echo "-- DeepSeek-V3 ($v, 256 experts, EP2, no split-K):"
     timeout 300 python3 -m bench.ep_bench "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" \

@@ -162,7 +162,14 @@ def rank_main(rank, ranks, args, port, nccl_port, results):
         print(f"rank {rank}:", *what, file=sys.stderr, flush=True)
     for t in args.tokens:
         say(f"{t} tokens per rank")
-        total = ranks * t
+        # The last rank may bring another count (--last-rank-tokens): its
+        # peers then receive rows their own buckets do not bound.
+        counts = [t] * ranks
+        if args.last_rank_tokens is not None:
+            counts[-1] = args.last_rank_tokens
+        first = sum(counts[:rank])
+        mine_t = counts[rank]
+        total = sum(counts)
         full = full_inputs(info1, 1, total, seed=t)
         ref, us1 = run(lib1, info1, fwd1, size1, full, total,
                        repeat=args.repeat)
@@ -173,12 +180,13 @@ def rank_main(rank, ranks, args, port, nccl_port, results):
             if name in EXPERT_WEIGHTS:
                 mine[name] = tensor[rank * local:(rank + 1) * local]
             elif name == "hidden_states":
-                mine[name] = tensor[rank * t:(rank + 1) * t]
+                mine[name] = tensor[first:first + mine_t]
             else:
                 mine[name] = tensor
         init = getattr(libn, infon["ep"]["init"])
         init.restype = ctypes.c_int32
-        config = EpConfig(rank, ranks, b"127.0.0.1", port + t, -1, t,
+        config = EpConfig(rank, ranks, b"127.0.0.1", port + t, -1,
+                          max(counts),
                           args.provider.encode() if args.provider else None,
                           args.domain.encode() if args.domain else None,
                           args.timeout_ms, 1 if args.proxy else 0)
@@ -188,13 +196,14 @@ def rank_main(rank, ranks, args, port, nccl_port, results):
         status = getattr(libn, infon["ep"]["status"])
         # One forward checked before the timed ones: a broken exchange
         # costs one time limit, not one per repeat.
-        out, _ = run(libn, infon, fwdn, sizen, mine, t)
+        out, _ = run(libn, infon, fwdn, sizen, mine, mine_t)
         if status() != 0:
             raise RuntimeError("status: " + libn.moe_last_error().decode())
-        out, usn = run(libn, infon, fwdn, sizen, mine, t, repeat=args.repeat)
+        out, usn = run(libn, infon, fwdn, sizen, mine, mine_t,
+                       repeat=args.repeat)
         if status() != 0:
             raise RuntimeError("status: " + libn.moe_last_error().decode())
-        expected = ref[rank * t:(rank + 1) * t]
+        expected = ref[first:first + mine_t]
         same = bool(torch.equal(out.view(torch.int16),
                                 expected.view(torch.int16)))
         differ = int((out.view(torch.int16) != expected.view(torch.int16))
@@ -219,6 +228,7 @@ def rank_main(rank, ranks, args, port, nccl_port, results):
         nccl = nccl_exchange(ranks, t, cfg["hidden"], cfg["top_k"],
                              args.repeat)
         lines.append({"rank": rank, "ranks": ranks, "tokens_per_rank": t,
+                      "tokens_this_rank": mine_t,
                       "path": "proxy" if args.proxy else "nvlink",
                       "bit_identical": same, "values_differing": differ,
                       "layer_us": usn, "one_rank_layer_us_all_tokens": us1,
@@ -270,6 +280,9 @@ def main():
     ap.add_argument("--provider", default=os.environ.get("EP_PROVIDER", "shm"))
     ap.add_argument("--domain")
     ap.add_argument("--timeout-ms", type=int, default=5000)
+    ap.add_argument("--last-rank-tokens", type=int,
+                    help="the last rank's token count (default: each "
+                         "count of --tokens, as the others)")
     ap.add_argument("--plain", action="store_true",
                     help="time the forward alone, as a caller runs it: no "
                          "event around each kernel (no kernel times), "
