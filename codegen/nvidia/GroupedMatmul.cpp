@@ -47,18 +47,6 @@ static constexpr int64_t kTurnBarrier = 4;
 // H100's (or H200's) 132 multiprocessors.
 static constexpr int64_t kDecodeBlocks = 264;
 
-namespace {
-/// Which calls a matmul kernel serves: any, or (rows received from other
-/// ranks) those whose rows are at most or above a limit.
-enum class Regime { Any, AtMost, Above };
-} // namespace
-
-static int64_t receivedRowsLimit(GroupedMatmulOp op, int64_t tokens);
-static LogicalResult buildMatmulKernel(LayerKernels &layer, GroupedMatmulOp op,
-                                       const TensorInfo &lhs,
-                                       const MatmulConfig &c, int64_t kDim,
-                                       Regime regime, int64_t limit);
-
 MatmulEncoding::MatmulEncoding(QuantAttr scheme, int64_t tileN)
     : scheme(scheme), tileN(tileN), instN(tileN) {
   if (!scheme)
@@ -1447,63 +1435,12 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
       configureMatmul(op, lhs.rows, layer.maxTokens);
   if (failed(configured))
     return failure();
-  layer.define(op.getOut(), lhs.rows);
-  if (configured->outBlock)
-    layer.define(op.getOutScale(), lhs.rows);
-  // Rows received from other ranks in a decode bucket: the decode tile
-  // while they are as many as every rank bringing the bucket's tokens
-  // gives, else (a peer brought more) the plan for any count, each kernel
-  // deciding on the device from the rows that arrived.
-  int64_t limit = receivedRowsLimit(op, layer.maxTokens);
-  if (!configured->swapAb || limit == 0)
-    return buildMatmulKernel(layer, op, lhs, *configured, kDim, Regime::Any, 0);
-  FailureOr<MatmulConfig> wide = configureMatmul(op, lhs.rows, 0);
-  if (failed(wide) || failed(buildMatmulKernel(layer, op, lhs, *configured,
-                                               kDim, Regime::AtMost, limit)))
-    return failure();
-  return buildMatmulKernel(layer, op, lhs, *wide, kDim, Regime::Above, limit);
-}
-
-/// The most rows a rank receives when every rank brings `tokens` (a
-/// bucket's count), if `op`'s rows arrive from other ranks; else 0.
-static int64_t receivedRowsLimit(GroupedMatmulOp op, int64_t tokens) {
-  if (tokens == 0 || !op.getTokensPerExpert())
-    return 0;
-  Value value = op.getLhs();
-  while (Operation *def = value.getDefiningOp()) {
-    if (auto recv = dyn_cast<EpDispatchRecvOp>(def)) {
-      auto send = recv.getSent().getDefiningOp<EpDispatchSendOp>();
-      if (!send)
-        return 0;
-      int64_t ranks =
-          cast<RankedTensorType>(recv.getSent().getType()).getDimSize(0);
-      int64_t topK =
-          cast<RankedTensorType>(send.getRows().getType()).getDimSize(1);
-      return ranks * tokens * topK;
-    }
-    // Row-wise steps (quantize, pad) keep their input's rows.
-    Value next;
-    for (Value operand : def->getOperands()) {
-      auto t = dyn_cast<RankedTensorType>(operand.getType());
-      if (t && t.getRank() > 0 && t.isDynamicDim(0)) {
-        next = operand;
-        break;
-      }
-    }
-    if (!next)
-      return 0;
-    value = next;
-  }
-  return 0;
-}
-
-/// One kernel of `op` under config `c`; `regime` limits it to calls whose
-/// experts received at most (or more than) `limit` rows.
-static LogicalResult buildMatmulKernel(LayerKernels &layer, GroupedMatmulOp op,
-                                       const TensorInfo &lhs,
-                                       const MatmulConfig &c, int64_t kDim,
-                                       Regime regime, int64_t limit) {
+  const MatmulConfig &c = *configured;
   const MatmulEncoding &enc = c.enc;
+  layer.define(op.getOut(), lhs.rows);
+  if (c.outBlock)
+    layer.define(op.getOutScale(), lhs.rows);
+
   unsigned mapA = layer.plan.addTensorMap(lhs.buffer, enc.elementBytes,
                                           lhs.rows, kDim, c.tileM, enc.tileK());
   unsigned mapB = layer.plan.addTensorMap(
@@ -1536,14 +1473,6 @@ static LogicalResult buildMatmulKernel(LayerKernels &layer, GroupedMatmulOp op,
     bufferIndices.append({partials.buffer, counters});
   Kernel k = layer.kernelOn(op, c.grouped ? "grouped_matmul" : "matmul",
                             bufferIndices, {mapA, mapB});
-  if (regime != Regime::Any) {
-    // buffers[2]: the experts' offsets, whose last is the rows that came.
-    Value rows = k.e.loadRaw(k.view(2, layer.info(op.getExpertOffsets())),
-                             {k.e.index(c.experts)});
-    k.onlyIf(k.e.icmp(regime == Regime::AtMost ? arith::CmpIPredicate::sle
-                                               : arith::CmpIPredicate::sgt,
-                      rows, k.e.i32(limit)));
-  }
   Launch &launch = k.launch;
   if (c.swapAb) {
     // A decode tile's bucket bounds its row tiles: those on x, column
