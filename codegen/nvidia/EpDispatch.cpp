@@ -144,14 +144,8 @@ static LogicalResult buildEpDispatchPlan(LayerKernels &layer,
           Value hit =
               arith::ConstantOp::create(e.b, e.loc, e.b.getBoolAttr(false));
           Value choice = acc[1];
-          // The token's choices, loaded before any store: the stores into
-          // `rows` could alias them, and each load would wait for the last
-          // (4096 tokens: 118 us of one block's latency).
-          SmallVector<Value> held;
-          for (int64_t j = 0; j < topK; ++j)
-            held.push_back(ownerIs(t, j, q));
           for (int64_t j = 0; j < topK; ++j) {
-            Value is = held[j];
+            Value is = ownerIs(t, j, q);
             e.ifThen(is, [&] {
               e.storeRaw(e.iadd(base, choice), rows, {t, e.index(j)});
             });
@@ -352,30 +346,22 @@ static LogicalResult buildEpDispatchWait(LayerKernels &layer,
       tid, e.index(local), [&](Value x) { e.storeRaw(e.i32(0), count, {x}); },
       e.index(kPlanThreads));
   gpu::BarrierOp::create(e.b, e.loc);
-  // A thread per record: its choices are loaded together, before the
-  // body's shared-memory atomics (which generic loads may not pass), so a
-  // record costs one load's latency, not one a choice.
   auto eachChoice = [&](function_ref<void(Value, Value, int64_t)> body) {
     for (int64_t q = 0; q < ranks; ++q) {
       Value n = e.toIndex(e.loadRaw(arrived, {e.index(q)}));
       e.forEach(
-          tid, n,
-          [&](Value i) {
+          tid, e.imul(n, topK),
+          [&](Value p) {
+            Value i = e.divUI(p, topK), j = e.remUI(p, topK);
             Value record = shape.record(r, st, r.c64(q), i);
-            SmallVector<Value> ids;
-            for (int64_t j = 0; j < topK; ++j)
-              ids.push_back(r.load(
-                  i32, r.at(record, int64_t(EpLayout::localIdOffset(j)))));
-            for (int64_t j = 0; j < topK; ++j) {
-              Value id = ids[j];
-              Value valid =
-                  e.andi(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
-                         e.icmp(arith::CmpIPredicate::slt, id, e.i32(local)));
-              Value slot =
-                  r.add(r.mul(r.add(r.c64(q * maxTokens), r.to64(i)), topK),
-                        r.c64(j));
-              body(e.select(valid, id, e.i32(-1)), slot, q);
-            }
+            Value id =
+                r.load(i32, r.at(record, r.add(r.c64(4), r.mul(r.to64(j), 4))));
+            Value valid =
+                e.andi(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
+                       e.icmp(arith::CmpIPredicate::slt, id, e.i32(local)));
+            Value slot = r.add(
+                r.mul(r.add(r.c64(q * maxTokens), r.to64(i)), topK), r.to64(j));
+            body(e.select(valid, id, e.i32(-1)), slot, q);
           },
           e.index(kPlanThreads));
     }
