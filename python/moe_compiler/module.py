@@ -126,13 +126,19 @@ def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None,
         if not os.path.exists(compiler):
             raise LayerError(f"moe-compile not found at {compiler}")
     compiler_id = _compiler_id(compiler) if compiler else None
+    def ours():
+        """Whether the entry is whole and this compiler's build."""
+        try:
+            with open(stamp) as f:
+                return f.read() == compiler_id and os.path.exists(library)
+        except OSError:
+            return False
+
     if os.path.exists(library):
         if compiler is None:
             return library  # no compiler here: the cache's build it is
-        if os.path.exists(stamp):
-            with open(stamp) as f:
-                if f.read() == compiler_id:
-                    return library
+        if ours():
+            return library
     os.makedirs(cache_dir, exist_ok=True)
     work = tempfile.mkdtemp(dir=cache_dir, prefix=".compiling-")
     try:
@@ -150,16 +156,24 @@ def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None,
         with open(os.path.join(work, "compiler-id"), "w") as f:
             f.write(compiler_id)
         _progress(f"compiled in {time.time() - start:.1f} s")
-        if os.path.exists(folder):
-            shutil.rmtree(folder)  # another compiler's build
+        # Processes (the ranks of a group) may build the same entry at
+        # once: one that finds this compiler's entry in place takes it;
+        # another compiler's is first moved aside whole (a rename), so no
+        # process deletes files from an entry that another just placed.
+        if os.path.exists(folder) and not ours():
+            stale = tempfile.mkdtemp(dir=cache_dir, prefix=".stale-")
+            try:
+                os.rename(folder, os.path.join(stale, "entry"))
+            except OSError:
+                pass  # another process moved or replaced it
+            shutil.rmtree(stale, ignore_errors=True)
         try:
             os.rename(work, folder)  # atomic: a cache entry is whole or absent
         except OSError:
-            if not os.path.exists(library):
+            if not ours():
                 raise
     finally:
-        if os.path.exists(work):
-            shutil.rmtree(work)
+        shutil.rmtree(work, ignore_errors=True)
     return library
 
 

@@ -222,6 +222,41 @@ def logits(model, rank):
         return model(ids).logits
 
 
+INPUTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "Inputs")
+
+
+def _compile_into(cache):
+    from moe_compiler.module import compile_layer
+    config = json.load(open(os.path.join(INPUTS, "tiny", "qwen3_moe.json")))
+    library = compile_layer(config, target="cpu", cache_dir=cache)
+    with open(os.path.join(os.path.dirname(library), "compiler-id")) as f:
+        return os.path.exists(library), f.read()
+
+
+def check_cache(args):
+    """Six processes (a group's ranks) compile one config into one cache at
+    once, into an empty cache and over another compiler's entry: each gets
+    the whole entry of this compiler, and nothing else is left."""
+    import multiprocessing
+    from moe_compiler.module import compile_layer
+    config = json.load(open(os.path.join(INPUTS, "tiny", "qwen3_moe.json")))
+    for case in ("an empty cache", "another compiler's entry"):
+        cache = os.path.join(args.cache, "race-" + case.split()[0])
+        if case != "an empty cache":
+            stale = compile_layer(config, target="cpu", cache_dir=cache)
+            with open(os.path.join(os.path.dirname(stale), "compiler-id"),
+                      "w") as f:
+                f.write("another compiler")
+        with multiprocessing.get_context("fork").Pool(6) as pool:
+            got = pool.map(_compile_into, [cache] * 6)
+        ids = {i for _, i in got}
+        ok = all(whole for whole, _ in got) and len(ids) == 1 and \
+            "another compiler" not in ids
+        verdict = "each has this compiler's whole entry" if ok else str(got)
+        print(f"cache, 6 processes at once into {case}: {verdict}; "
+              f"{len(os.listdir(cache))} left in the cache")
+
+
 def ep_port(args):
     """--port, else a port free on rank 0's host, told to every rank."""
     import socket
@@ -292,7 +327,8 @@ def check_ep_killed(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("what", choices=["models", "refusals", "ep", "ep-killed"])
+    ap.add_argument("what", choices=["models", "refusals", "ep", "ep-killed",
+                                     "cache"])
     ap.add_argument("models", nargs="*")
     ap.add_argument("--target", default="cpu")
     ap.add_argument("--quant")
@@ -303,7 +339,7 @@ def main():
     args = ap.parse_intermixed_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     {"models": check_models, "refusals": check_refusals, "ep": check_ep,
-     "ep-killed": check_ep_killed}[args.what](args)
+     "ep-killed": check_ep_killed, "cache": check_cache}[args.what](args)
 
 
 if __name__ == "__main__":
