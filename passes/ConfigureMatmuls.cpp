@@ -48,49 +48,37 @@ constexpr int64_t kSwapTokens = 64, kSwapFragmentRows = 64;
 constexpr int64_t kSwapSharedBytes = 112 * 1024, kSwapMinSplitTiles = 4;
 constexpr int64_t kSwapRegisters = 160;
 
-/// The rows `value` has at a call of T tokens, as fixed + per_token * T,
-/// followed back through the ops that make rows from tokens.
+/// Where `value`'s rows are made, followed back through the row-wise steps
+/// (quantize, pad, a matmul), which keep their input's: a moe.dispatch, an
+/// expert-parallel receive, or null (the tokens themselves).
+Operation *rowSource(Value value) {
+  Operation *def = value.getDefiningOp();
+  if (!def || isa<DispatchOp, EpDispatchRecvOp>(def))
+    return def;
+  for (Value operand : def->getOperands()) {
+    auto t = dyn_cast<RankedTensorType>(operand.getType());
+    if (t && t.getRank() > 0 && t.isDynamicDim(0))
+      return rowSource(operand);
+  }
+  return nullptr;
+}
+
+/// The rows `value` has at a call of T tokens, as fixed + per_token * T.
 TokenLinear rowsOf(Value value) {
   auto type = cast<RankedTensorType>(value.getType());
   if (!type.isDynamicDim(0))
     return {type.getDimSize(0), 0};
-  Operation *def = value.getDefiningOp();
-  if (!def)
+  auto dispatch = dyn_cast_or_null<DispatchOp>(rowSource(value));
+  if (!dispatch)
     return {0, 1};
-  if (auto dispatch = dyn_cast<DispatchOp>(def)) {
-    TokenLinear tokens = rowsOf(dispatch.getHiddenStates());
-    int64_t topK =
-        cast<RankedTensorType>(dispatch.getExpertIds().getType()).getDimSize(1);
-    int64_t experts =
-        cast<RankedTensorType>(dispatch.getTokensPerExpert().getType())
-            .getDimSize(0);
-    int64_t align = static_cast<int64_t>(dispatch.getAlign());
-    return {tokens.fixed * topK + experts * (align - 1),
-            tokens.perToken * topK};
-  }
-  // Row-wise steps (quantize, pad, a matmul) keep their input's rows.
-  for (Value operand : def->getOperands()) {
-    auto t = dyn_cast<RankedTensorType>(operand.getType());
-    if (t && t.getRank() > 0 && t.isDynamicDim(0))
-      return rowsOf(operand);
-  }
-  return {0, 1};
-}
-
-/// The receive `value`'s rows arrived by from other ranks (followed back
-/// through the row-wise ops), or null.
-EpDispatchRecvOp receivedFromRanks(Value value) {
-  Operation *def = value.getDefiningOp();
-  if (!def || isa<DispatchOp>(def))
-    return {};
-  if (auto recv = dyn_cast<EpDispatchRecvOp>(def))
-    return recv;
-  for (Value operand : def->getOperands()) {
-    auto t = dyn_cast<RankedTensorType>(operand.getType());
-    if (t && t.getRank() > 0 && t.isDynamicDim(0))
-      return receivedFromRanks(operand);
-  }
-  return {};
+  TokenLinear tokens = rowsOf(dispatch.getHiddenStates());
+  int64_t topK =
+      cast<RankedTensorType>(dispatch.getExpertIds().getType()).getDimSize(1);
+  int64_t experts =
+      cast<RankedTensorType>(dispatch.getTokensPerExpert().getType())
+          .getDimSize(0);
+  int64_t align = static_cast<int64_t>(dispatch.getAlign());
+  return {tokens.fixed * topK + experts * (align - 1), tokens.perToken * topK};
 }
 
 /// What the cost model reads off a grouped matmul.
@@ -113,7 +101,8 @@ struct MatmulShape {
     outBlock = outQuant ? op.getOutQuantAttr().getBlockSize() : 0;
     outN = gated ? n / 2 : n;
     rows = rowsOf(op.getLhs());
-    if (EpDispatchRecvOp recv = receivedFromRanks(op.getLhs())) {
+    if (auto recv =
+            dyn_cast_or_null<EpDispatchRecvOp>(rowSource(op.getLhs()))) {
       received = cast<RankedTensorType>(recv.getSent().getType()).getDimSize(0);
       if (auto send = recv.getSent().getDefiningOp<EpDispatchSendOp>())
         topK = cast<RankedTensorType>(send.getRows().getType()).getDimSize(1);

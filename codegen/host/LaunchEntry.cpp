@@ -86,6 +86,17 @@ static bool usesEpState(LaunchPlanAttr plan) {
   });
 }
 
+/// The expert-parallel group's device state; the call fails (with the
+/// runtime's message) where the group was not started.
+static Value epStateOrFail(HostBuilder &h) {
+  Value state = h.call(RuntimeImport::moe_ep_cuda_state, {});
+  Value missing = LLVM::ICmpOp::create(
+      h.b, h.loc, LLVM::ICmpPredicate::eq,
+      LLVM::PtrToIntOp::create(h.b, h.loc, h.i64, state), h.c64(0));
+  h.check(LLVM::ZExtOp::create(h.b, h.loc, h.i32, missing));
+  return state;
+}
+
 /// An array of i64 `values` on the stack.
 static Value i64Array(HostBuilder &h, ArrayRef<Value> values) {
   Value slot = h.stackSlot(h.i64, values.size());
@@ -221,14 +232,8 @@ static LLVM::LLVMFuncOp addEnqueue(ModuleOp module, StringRef symbol,
   Value argv = entry->getArgument(0), tokens = entry->getArgument(1);
   Value stream = entry->getArgument(2), ws = entry->getArgument(3);
   // An expert-parallel layer's state, mapped by every peer at init.
-  Value epState = LLVM::ZeroOp::create(b, h.loc, h.ptr);
-  if (usesEpState(plan)) {
-    epState = h.call(RuntimeImport::moe_ep_cuda_state, {});
-    Value missing = LLVM::ICmpOp::create(
-        b, h.loc, LLVM::ICmpPredicate::eq,
-        LLVM::PtrToIntOp::create(b, h.loc, h.i64, epState), h.c64(0));
-    h.check(LLVM::ZExtOp::create(b, h.loc, h.i32, missing));
-  }
+  Value epState = usesEpState(plan) ? epStateOrFail(h)
+                                    : LLVM::ZeroOp::create(b, h.loc, h.ptr);
   SmallVector<Value> buffers =
       bufferAddresses(h, plan, argv, tokens, ws, epState);
   SmallVector<Value> maps = encodeTensorMaps(h, plan, buffers, tokens);
@@ -353,11 +358,7 @@ static std::pair<Value, int64_t> graphKey(HostBuilder &h, const GpuLayer &layer,
   if (!usesEpState(layer.plan))
     return {argv, numArgs};
   OpBuilder &b = h.b;
-  Value state = h.call(RuntimeImport::moe_ep_cuda_state, {});
-  Value missing = LLVM::ICmpOp::create(
-      b, h.loc, LLVM::ICmpPredicate::eq,
-      LLVM::PtrToIntOp::create(b, h.loc, h.i64, state), h.c64(0));
-  h.check(LLVM::ZExtOp::create(b, h.loc, h.i32, missing));
+  Value state = epStateOrFail(h);
   Value key = h.stackSlot(h.ptr, numArgs + 1);
   auto slot = [&](Value array, int64_t j) -> Value {
     return LLVM::GEPOp::create(b, h.loc, h.ptr, h.ptr, array,

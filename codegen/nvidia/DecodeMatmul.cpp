@@ -614,14 +614,12 @@ LogicalResult DecodeEmitter::emit(ArrayRef<Value> buffers,
   lane = e.remUI(tid, 32);
   emitSharedMemory();
   gpu::BarrierOp::create(b, e.loc);
-  // Row tiles x, x + grid, ...: the grid holds one per tile of the bucket,
-  // fewer where rows arrive from other ranks; the tiles the experts' rows
-  // fill (grouped) or the bucket's. The ring's position runs on.
-  Value tiles =
-      c.grouped ? countTiles(e, tid, counts, c.experts, c.tileM)
-      : c.rowTiles > 0
-          ? e.index(c.rowTiles)
-          : e.divUI(e.iadd(k.linear(lhs.rows), e.index(c.tileM - 1)), c.tileM);
+  // Row tiles x, x + grid, ...: the grid holds one per tile of the bucket
+  // (a decode tile always has one: checkSwapConfig), fewer where rows
+  // arrive from other ranks; the tiles the experts' rows fill (grouped) or
+  // the bucket's. The ring's position runs on.
+  Value tiles = c.grouped ? countTiles(e, tid, counts, c.experts, c.tileM)
+                          : e.index(c.rowTiles);
   auto walk =
       scf::ForOp::create(b, e.loc, k.blockId(gpu::Dimension::x), tiles,
                          gpu::GridDimOp::create(b, e.loc, gpu::Dimension::x),

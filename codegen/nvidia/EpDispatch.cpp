@@ -30,9 +30,11 @@ using namespace mlir::moe;
 using namespace mlir::moe::nvidia;
 using namespace mlir::moe::nvidia::ep;
 
-/// Copies row `row` of the block scales `scales` to (toRecord) or from raw
-/// bytes at `at`, one element per thread and step.
-static void copyScales(Raw &r, Value tid, Value scales, Value row, Value at,
+/// Copies row `row` of the block scales `scales` to raw bytes at `at`
+/// (toRecord), or those bytes to each row of `rows` whose `valid` holds;
+/// one element per thread and step.
+static void copyScales(Raw &r, Value tid, Value scales, Value at,
+                       ArrayRef<Value> rows, ArrayRef<Value> valid,
                        bool toRecord) {
   auto type = cast<MemRefType>(scales.getType());
   Type element = type.getElementType();
@@ -41,10 +43,13 @@ static void copyScales(Raw &r, Value tid, Value scales, Value row, Value at,
       tid, r.e.index(type.getDimSize(1)),
       [&](Value s) {
         Value p = r.at(at, r.mul(r.to64(s), bytes));
-        if (toRecord)
-          r.store(r.e.loadRaw(scales, {row, s}), p, bytes);
-        else
-          r.e.storeRaw(r.load(element, p, bytes), scales, {row, s});
+        if (toRecord) {
+          r.store(r.e.loadRaw(scales, {rows[0], s}), p, bytes);
+          return;
+        }
+        Value v = r.load(element, p, bytes);
+        for (auto [row, ok] : llvm::zip_equal(rows, valid))
+          r.e.ifThen(ok, [&] { r.e.storeRaw(v, scales, {row, s}); });
       },
       r.e.index(kCopyThreads));
 }
@@ -243,7 +248,8 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
                         e.b, e.loc, vec, codes, {t, c}, false, llvm::Align(8));
                     r.store(v, r.at(payload, c), 8);
                   });
-          copyScales(r, tid, codeScales, t, r.at(payload, hidden), true);
+          copyScales(r, tid, codeScales, r.at(payload, hidden), {t}, {},
+                     /*toRecord=*/true);
           return;
         }
         copyRow(r, tid, hidden, r.b.getBF16Type(),
@@ -476,10 +482,9 @@ static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
                 r.at(st,
                      r.add(r.c64(slotRows),
                            r.mul(r.add(r.mul(r.to64(p), topK), r.c64(j)), 4))));
-            rowsHere.push_back(e.toIndex(
-                e.select(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)), row,
-                         e.i32(0))));
             valid.push_back(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)));
+            rowsHere.push_back(
+                e.toIndex(e.select(valid.back(), row, e.i32(0))));
           }
           e.ifThen(e.eq(tid, e.index(0)), [&] {
             for (int64_t j = 0; j < topK; ++j)
@@ -504,21 +509,8 @@ static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
                       fanOut(dispatched, c, r.load(vec, r.at(payload, c), 8),
                              llvm::Align(8));
                     });
-            auto scalesType = cast<MemRefType>(rowScales.getType());
-            Type element = scalesType.getElementType();
-            int64_t bytes = element.getIntOrFloatBitWidth() / 8;
-            Value scales = r.at(payload, hidden);
-            e.forEach(
-                tid, e.index(scalesType.getDimSize(1)),
-                [&](Value x) {
-                  Value v = r.load(
-                      element, r.at(scales, r.mul(r.to64(x), bytes)), bytes);
-                  for (int64_t j = 0; j < topK; ++j)
-                    e.ifThen(valid[j], [&] {
-                      e.storeRaw(v, rowScales, {rowsHere[j], x});
-                    });
-                },
-                e.index(kCopyThreads));
+            copyScales(r, tid, rowScales, r.at(payload, hidden), rowsHere,
+                       valid, /*toRecord=*/false);
             return;
           }
           copyRow(r, tid, hidden, r.b.getBF16Type(),

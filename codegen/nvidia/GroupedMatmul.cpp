@@ -323,29 +323,57 @@ static std::string describeK(GroupedMatmulOp op) {
   return "the length of the rows it multiplies";
 }
 
-// Summed by every warp for itself: each lane a run of experts, then a
+namespace {
+/// A warp's lanes over the experts, a run of `per` each: their counts and
+/// tiles of `tileM` rows (findTile, countTiles).
+struct LaneExperts {
+  LaneExperts(Emitter &e, Value tid, Value counts, int64_t experts,
+              int64_t tileM)
+      : e(e), counts(counts), experts(experts), tileM(tileM),
+        per(llvm::divideCeil(experts, int64_t(32))),
+        lane(e.toI32(e.remUI(tid, 32))),
+        first(arith::MulIOp::create(e.b, e.loc, lane, e.i32(per))) {}
+  /// Expert `first + j`, clamped to the last (for its loads).
+  Value clamped(Value j) {
+    Value x = e.iadd(first, j);
+    return e.toIndex(e.select(inside(x), x, e.i32(experts - 1)));
+  }
+  Value inside(Value x) {
+    return e.icmp(arith::CmpIPredicate::slt, x, e.i32(experts));
+  }
+  /// Expert `first + j`'s count, zero past the last expert.
+  Value countAt(Value j) {
+    return e.select(inside(e.iadd(first, j)), e.loadRaw(counts, {clamped(j)}),
+                    e.i32(0));
+  }
+  Value tilesOf(Value count) {
+    return arith::CeilDivUIOp::create(e.b, e.loc, count, e.i32(tileM))
+        .getResult();
+  }
+  /// This lane's tiles; the loads are independent, so they overlap.
+  Value mine() {
+    return e.reduce(
+        e.i32(0), e.i32(per), {e.i32(0)},
+        [&](Value j, ValueRange acc) -> SmallVector<Value> {
+          return {e.iadd(acc[0], tilesOf(countAt(j)))};
+        },
+        e.i32(1))[0];
+  }
+
+  Emitter &e;
+  Value counts;
+  int64_t experts, tileM, per;
+  Value lane, first;
+};
+} // namespace
+
+// Summed by every warp for itself: each lane its run of experts, then a
 // butterfly over the lanes.
 Value nvidia::countTiles(Emitter &e, Value tid, Value counts, int64_t experts,
                          int64_t tileM) {
-  OpBuilder &b = e.b;
-  Location loc = e.loc;
-  Value lane = e.toI32(e.remUI(tid, 32));
-  int64_t per = llvm::divideCeil(experts, int64_t(32));
-  Value first = arith::MulIOp::create(b, loc, lane, e.i32(per));
-  Value total = e.reduce(
-      e.i32(0), e.i32(per), {e.i32(0)},
-      [&](Value j, ValueRange acc) -> SmallVector<Value> {
-        Value x = e.iadd(first, j);
-        Value inside = e.icmp(arith::CmpIPredicate::slt, x, e.i32(experts));
-        Value clamped = e.toIndex(e.select(inside, x, e.i32(experts - 1)));
-        Value count = e.select(inside, e.loadRaw(counts, {clamped}), e.i32(0));
-        return {e.iadd(acc[0],
-                       arith::CeilDivUIOp::create(b, loc, count, e.i32(tileM))
-                           .getResult())};
-      },
-      e.i32(1))[0];
+  Value total = LaneExperts(e, tid, counts, experts, tileM).mine();
   for (int64_t offset = 16; offset >= 1; offset /= 2)
-    total = e.iadd(total, gpu::ShuffleOp::create(b, loc, total, offset, 32,
+    total = e.iadd(total, gpu::ShuffleOp::create(e.b, e.loc, total, offset, 32,
                                                  gpu::ShuffleMode::XOR)
                               .getShuffleResult());
   return e.toIndex(total);
@@ -359,26 +387,10 @@ SmallVector<Value> nvidia::findTile(Emitter &e, Value tid, Value counts,
                                     int64_t tileM, Value target) {
   OpBuilder &b = e.b;
   Location loc = e.loc;
-  Value lane = e.toI32(e.remUI(tid, 32));
-  int64_t per = llvm::divideCeil(experts, int64_t(32));
-  Value first = arith::MulIOp::create(b, loc, lane, e.i32(per));
-  // Expert `first + j`'s count, zero past the last expert.
-  auto countAt = [&](Value j) {
-    Value x = e.iadd(first, j);
-    Value inside = e.icmp(arith::CmpIPredicate::slt, x, e.i32(experts));
-    Value clamped = e.toIndex(e.select(inside, x, e.i32(experts - 1)));
-    return e.select(inside, e.loadRaw(counts, {clamped}), e.i32(0));
-  };
-  auto tilesOf = [&](Value c) {
-    return arith::CeilDivUIOp::create(b, loc, c, e.i32(tileM)).getResult();
-  };
-  // This lane's tiles; the loads are independent, so they overlap.
-  Value mine = e.reduce(
-      e.i32(0), e.i32(per), {e.i32(0)},
-      [&](Value j, ValueRange acc) -> SmallVector<Value> {
-        return {e.iadd(acc[0], tilesOf(countAt(j)))};
-      },
-      e.i32(1))[0];
+  LaneExperts lanes(e, tid, counts, experts, tileM);
+  Value lane = lanes.lane, first = lanes.first;
+  int64_t per = lanes.per;
+  Value mine = lanes.mine();
   // Inclusive prefix over the lanes.
   Value inclusive = mine;
   for (int64_t offset = 1; offset < 32; offset *= 2) {
@@ -394,18 +406,15 @@ SmallVector<Value> nvidia::findTile(Emitter &e, Value tid, Value counts,
   auto walk = e.reduce(
       e.i32(0), e.i32(per), {e.i32(-1), e.i32(0), e.i32(0), seen0},
       [&](Value j, ValueRange acc) -> SmallVector<Value> {
-        Value c = countAt(j), seen = acc[3];
+        Value c = lanes.countAt(j), seen = acc[3];
         Value x = e.iadd(first, j);
-        Value tiles = tilesOf(c);
+        Value tiles = lanes.tilesOf(c);
         Value into = arith::SubIOp::create(b, loc, target, seen);
         Value here =
             e.andi(e.icmp(arith::CmpIPredicate::slt, acc[0], e.i32(0)),
                    e.andi(e.icmp(arith::CmpIPredicate::sge, into, e.i32(0)),
                           e.icmp(arith::CmpIPredicate::slt, into, tiles)));
-        Value offset = e.loadRaw(
-            offsets, {e.toIndex(e.select(
-                         e.icmp(arith::CmpIPredicate::slt, x, e.i32(experts)),
-                         x, e.i32(experts - 1)))});
+        Value offset = e.loadRaw(offsets, {lanes.clamped(j)});
         Value start =
             e.iadd(offset, arith::MulIOp::create(b, loc, into, e.i32(tileM)));
         return {e.select(here, x, acc[0]), e.select(here, start, acc[1]),

@@ -301,9 +301,9 @@ RouteConfig nvidia::configureRoute(RouteOp op, TokenLinear tokens,
   // the one kernel's blocks of four tokens fill the GPU (DeepSeek-V3 EP2 on
   // H100, a rank's 128 tokens: 79 us spread, 273 us in one kernel; 4096
   // tokens: 2513 us spread, 1365 in one; bench/RESULTS.md).
-  c.split = (maxTokens > 0 && maxTokens <= RouteConfig::kSplitTokens) ||
-            (expertParallel &&
-             (maxTokens == 0 || maxTokens <= RouteConfig::kSplitTokensEp));
+  int64_t splitTokens =
+      expertParallel ? RouteConfig::kSplitTokensEp : RouteConfig::kSplitTokens;
+  c.split = maxTokens > 0 ? maxTokens <= splitTokens : expertParallel;
   c.unroll = c.experts % (kRouteWarps * 2) == 0 ? 2 : 1;
   c.logitBlocks = llvm::divideCeil(c.experts, kRouteWarps);
   int64_t scratchBytes = c.experts * 9 + op.getRouter().getNGroup() * 5 + 64;
