@@ -137,31 +137,26 @@ if [[ $mode == run ]]; then
       --inputs "$dir/in_mixtral.safetensors" --outputs "$out/killed.safetensors"; then
     echo "UNEXPECTED: the run succeeded"
   fi
-  for v in ${EP_BIG-dsv3 dsv3_fp8}; do
-    echo "-- DeepSeek-V3 ($v, 256 experts, EP2):"
-    timeout 300 python3 -m bench.ep_bench "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" \
-      --tokens "${EP_TOKENS:-1,128,4096}" --repeat "${EP_REPEAT:-20}" || echo "$v: the benchmark failed"
-  done
-  for v in ${EP_PLAIN-dsv3_fp8 dsv3}; do
-    echo "-- DeepSeek-V3 ($v, 256 experts, EP2), the forward alone (no kernel events, graphs):"
-    timeout 300 python3 -m bench.ep_bench "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" --plain \
-      --tokens "${EP_PLAIN_TOKENS:-1,128}" --repeat "${EP_REPEAT:-20}" || echo "$v: the benchmark failed"
-  done
-  for v in ${EP_SKEW-dsv3_fp8}; do
-    echo "-- DeepSeek-V3 ($v, 256 experts, EP2), rank 1 bringing 4096 tokens to rank 0's 1 or 64:"
-    timeout 300 python3 -m bench.ep_bench "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" --last-rank-tokens 4096 \
-      --tokens 1,64 --repeat 3 || echo "$v: the benchmark failed"
-  done
-  for v in ${EP_K1-dsv3_k1}; do
-    echo "-- DeepSeek-V3 ($v, 256 experts, EP2, no split-K):"
-    timeout 300 python3 -m bench.ep_bench "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" \
-      --tokens "${EP_K1_TOKENS:-1,128}" --repeat "${EP_REPEAT:-20}" || echo "$v: the benchmark failed"
-  done
-  for v in ${EP_PROXY-dsv3}; do
-    echo "-- DeepSeek-V3 ($v, 256 experts, EP2) through the proxy:"
-    timeout 300 python3 -m bench.ep_bench "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" --proxy \
-      --tokens "${EP_PROXY_TOKENS:-1,128,4096}" --repeat "${EP_REPEAT:-20}" || echo "$v: the proxy benchmark failed"
-  done
+  # DeepSeek-V3 pairs through bench/ep_bench.py: each variant in the list
+  # (empty: none), how it runs, then ep_bench's options.
+  big() {
+    local variants=$1 how=$2 v
+    shift 2
+    for v in $variants; do
+      echo "-- DeepSeek-V3 ($v, 256 experts, EP2)$how:"
+      timeout 300 python3 -m bench.ep_bench "$dir/${v}_ep1.so" "$dir/${v}_ep2.so" "$@" ||
+        echo "$v: the benchmark failed"
+    done
+  }
+  repeat=${EP_REPEAT:-20}
+  big "${EP_BIG-dsv3 dsv3_fp8}" "" --tokens "${EP_TOKENS:-1,128,4096}" --repeat "$repeat"
+  big "${EP_PLAIN-dsv3_fp8 dsv3}" ", the forward alone (no kernel events, graphs)" --plain \
+    --tokens "${EP_PLAIN_TOKENS:-1,128}" --repeat "$repeat"
+  big "${EP_SKEW-dsv3_fp8}" ", rank 1 bringing 4096 tokens to rank 0's 1 or 64" \
+    --last-rank-tokens 4096 --tokens 1,64 --repeat 3
+  big "${EP_K1-dsv3_k1}" ", no split-K" --tokens "${EP_K1_TOKENS:-1,128}" --repeat "$repeat"
+  big "${EP_PROXY-dsv3}" " through the proxy" --proxy \
+    --tokens "${EP_PROXY_TOKENS:-1,128,4096}" --repeat "$repeat"
   exit 0
 fi
 

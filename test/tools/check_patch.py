@@ -225,10 +225,14 @@ def logits(model, rank):
 INPUTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "Inputs")
 
 
+def _tiny_qwen3():
+    with open(os.path.join(INPUTS, "tiny", "qwen3_moe.json")) as f:
+        return json.load(f)
+
+
 def _compile_into(cache):
     from moe_compiler.module import compile_layer
-    config = json.load(open(os.path.join(INPUTS, "tiny", "qwen3_moe.json")))
-    library = compile_layer(config, target="cpu", cache_dir=cache)
+    library = compile_layer(_tiny_qwen3(), target="cpu", cache_dir=cache)
     with open(os.path.join(os.path.dirname(library), "compiler-id")) as f:
         return os.path.exists(library), f.read()
 
@@ -239,7 +243,7 @@ def check_cache(args):
     the whole entry of this compiler, and nothing else is left."""
     import multiprocessing
     from moe_compiler.module import compile_layer
-    config = json.load(open(os.path.join(INPUTS, "tiny", "qwen3_moe.json")))
+    config = _tiny_qwen3()
     for case in ("an empty cache", "another compiler's entry"):
         cache = os.path.join(args.cache, "race-" + case.split()[0])
         if case != "an empty cache":
