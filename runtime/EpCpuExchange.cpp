@@ -280,7 +280,7 @@ void moe_ep_dispatch_send(int64_t data, int64_t dataRowBytes, int64_t scales,
       if (!holds)
         continue;
       uint8_t *record = state.send + s.sendDataOffset() +
-                        size_t(q) * s.regionBytes() +
+                        size_t(q) * s.regionBytes() + s.recordsOffset() +
                         size_t(records[q]++) * state.recordBytes;
       std::memset(record, 0, header);
       int32_t token = int32_t(t);
@@ -311,9 +311,10 @@ void moe_ep_dispatch_send(int64_t data, int64_t dataRowBytes, int64_t scales,
     CountSlot slot{records[q], base[q], state.localFailure.empty() ? 0u : 1u,
                    uint32_t(tokens)};
     size_t slotOffset = size_t(q) * sizeof(CountSlot);
-    size_t regionSrc = s.sendDataOffset() + size_t(q) * s.regionBytes();
-    size_t regionDst =
-        s.dispatchOffset() + size_t(state.rank) * s.regionBytes();
+    size_t regionSrc = s.sendDataOffset() + size_t(q) * s.regionBytes() +
+                       s.recordsOffset();
+    size_t regionDst = s.dispatchOffset() +
+                       size_t(state.rank) * s.regionBytes() + s.recordsOffset();
     size_t bytes = size_t(records[q]) * state.recordBytes;
     if (q == state.rank) {
       std::memcpy(state.recv + size_t(state.rank) * sizeof(CountSlot), &slot,
@@ -367,8 +368,8 @@ int64_t moe_ep_dispatch_wait(void) {
   int64_t k = s.topK, local = s.experts / s.ranks;
   int64_t rows = 0;
   for (int64_t q = 0; q < s.ranks; ++q) {
-    const uint8_t *region =
-        state.recv + s.dispatchOffset() + size_t(q) * s.regionBytes();
+    const uint8_t *region = state.recv + s.dispatchOffset() +
+                            size_t(q) * s.regionBytes() + s.recordsOffset();
     for (uint32_t i = 0; i < state.arrived[q].tokens; ++i)
       for (int64_t j = 0; j < k; ++j) {
         int32_t localId;
@@ -407,7 +408,8 @@ void moe_ep_dispatch_unpack(int64_t data, int64_t scales, int64_t weights,
     return id;
   };
   auto regionOf = [&](int64_t q) {
-    return state.recv + s.dispatchOffset() + size_t(q) * s.regionBytes();
+    return state.recv + s.dispatchOffset() + size_t(q) * s.regionBytes() +
+           s.recordsOffset();
   };
   for (int64_t q = 0; q < s.ranks; ++q)
     for (uint32_t i = 0; i < state.arrived[q].tokens; ++i)

@@ -29,11 +29,16 @@ constexpr inline size_t alignUp(size_t n, size_t a) {
 struct EpLayout {
   int64_t hidden = 0, topK = 0, experts = 0, ranks = 0, maxTokens = 0;
   // A record's header: token index, then per choice the local expert (-1:
-  // not this rank's), its weight and the row its output returns to.
-  size_t headerBytes() const { return alignUp(4 + 12 * size_t(topK), 16); }
+  // not this rank's), its weight, the row its output returns to and (GPU
+  // exchange) its place among the source's choices of that expert.
+  size_t headerBytes() const { return alignUp(4 + 16 * size_t(topK), 16); }
   static size_t localIdOffset(int64_t j) { return 4 + 4 * size_t(j); }
   size_t weightOffset(int64_t j) const { return 4 + 4 * size_t(topK + j); }
   size_t returnOffset(int64_t j) const { return 4 + 4 * size_t(2 * topK + j); }
+  size_t positionOffset(int64_t j) const {
+    return 4 + 4 * size_t(3 * topK + j);
+  }
+  int64_t localExperts() const { return ranks ? experts / ranks : 0; }
   // The widest row: bf16, or codes with the most scales.
   size_t maxRecordBytes() const {
     return alignUp(headerBytes() + 2 * size_t(hidden) +
@@ -42,7 +47,12 @@ struct EpLayout {
   }
   size_t outRowBytes() const { return 2 * size_t(hidden); }
   size_t countsBytes() const { return alignUp(16 * size_t(ranks), 64); }
-  size_t regionBytes() const { return size_t(maxTokens) * maxRecordBytes(); }
+  // A dispatch region: how many of the source's choices each local expert
+  // got (the GPU exchange places rows by them), then the records.
+  size_t recordsOffset() const { return alignUp(4 * size_t(localExperts()), 16); }
+  size_t regionBytes() const {
+    return recordsOffset() + size_t(maxTokens) * maxRecordBytes();
+  }
   // Receive: counts, one dispatch region per source, the combined rows.
   size_t dispatchOffset() const { return countsBytes(); }
   size_t combineOffset() const {
@@ -76,8 +86,7 @@ struct EpDeviceLayout {
   static constexpr size_t kRank = 20;        // this rank
   static constexpr size_t kTimeoutNs = 24;   // u64: how long a wait spins
   static constexpr size_t kSentCounts = 64;  // u32 per rank: records sent
-  static constexpr size_t kChoiceBase = 320; // u32 per rank: return base
-  static constexpr size_t kRecvCounts = 576; // u32 per rank: records come
+  static constexpr size_t kSentChoices = 320; // u32 per rank: choices sent
   static constexpr size_t kReturnRows = 832; // u32 per rank: rows owed it
   static constexpr size_t kPeers = 1536;     // u64 per rank: state address
   static constexpr size_t kRecv = 2048;
@@ -87,16 +96,18 @@ struct EpDeviceLayout {
   size_t recordIndex() const { // i32 [maxTokens, ranks]
     return alignUp(combineFlags() + 16 * size_t(recvLayout.ranks), 256);
   }
-  size_t slotRow() const { // i32 [ranks, maxTokens, topK]
+  size_t choicePosition() const { // i32 [maxTokens, topK]
     return alignUp(recordIndex() + 4 * size_t(recvLayout.maxTokens) *
                                        size_t(recvLayout.ranks),
                    256);
   }
-  size_t bytes() const {
-    return alignUp(slotRow() + 4 * size_t(recvLayout.ranks) *
-                                   size_t(recvLayout.maxTokens) *
-                                   size_t(recvLayout.topK),
+  size_t expertChoices() const { // u32 per expert: choices sent to it
+    return alignUp(choicePosition() + 4 * size_t(recvLayout.maxTokens) *
+                                          size_t(recvLayout.topK),
                    256);
+  }
+  size_t bytes() const {
+    return alignUp(expertChoices() + 4 * size_t(recvLayout.experts), 256);
   }
 };
 

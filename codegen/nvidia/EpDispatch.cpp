@@ -11,11 +11,12 @@
 // which rank it waited for and goes on with nothing from it), so no kernel
 // waits on the host and a forward can be captured in a graph.
 //
-//  plan    one block: each token's record index per rank, each choice's
-//          return row, by block-wide scans, so both are in token order.
-//  send    a block per token.
-//  wait    one block: counts, the rank's experts' rows.
-//  unpack  records fanned out into rows.
+//  plan    a thread per token: record indices, return rows and each
+//          choice's place among the rank's choices of its expert.
+//  send    a block per token; the last block also sends each rank its
+//          choices per expert, so the receiver knows every row at once.
+//  unpack  every block waits, lays out the experts' rows from the counts
+//          and fans records out into them.
 //
 //===----------------------------------------------------------------------===//
 
@@ -54,154 +55,201 @@ static void copyScales(Raw &r, Value tid, Value scales, Value at,
       r.e.index(kCopyThreads));
 }
 
-/// An inclusive sum over the block's threads of `a` and `b` (one each per
-/// thread), through shared `sa` and `sb` of kPlanThreads entries.
-static std::pair<Value, Value> blockScan(Kernel &k, Value sa, Value sb, Value a,
-                                         Value b) {
+/// An inclusive sum, in place, of the first `n` entries of the shared
+/// `buffer`, by a block of at least `n` threads.
+static void scanInPlace(Kernel &k, Value buffer, int64_t n) {
   Emitter &e = k.e;
   Value tid = k.threadId();
-  e.storeRaw(a, sa, {tid});
-  e.storeRaw(b, sb, {tid});
-  gpu::BarrierOp::create(e.b, e.loc);
-  for (int64_t d = 1; d < kPlanThreads; d *= 2) {
+  Value in = e.ult(tid, e.index(n));
+  Value at = e.select(in, tid, e.index(0));
+  for (int64_t d = 1; d < n; d *= 2) {
     Value has = e.icmp(arith::CmpIPredicate::uge, tid, e.index(d));
-    Value from = e.select(has, e.isub(tid, e.index(d)), e.index(0));
-    Value zero = e.i32(0);
-    Value na = e.iadd(e.loadRaw(sa, {tid}),
-                      e.select(has, e.loadRaw(sa, {from}), zero));
-    Value nb = e.iadd(e.loadRaw(sb, {tid}),
-                      e.select(has, e.loadRaw(sb, {from}), zero));
+    Value from = e.select(has, e.isub(at, e.index(d)), e.index(0));
+    Value v = e.iadd(e.loadRaw(buffer, {at}),
+                     e.select(has, e.loadRaw(buffer, {from}), e.i32(0)));
     gpu::BarrierOp::create(e.b, e.loc);
-    e.storeRaw(na, sa, {tid});
-    e.storeRaw(nb, sb, {tid});
+    e.ifThen(in, [&] { e.storeRaw(v, buffer, {at}); });
     gpu::BarrierOp::create(e.b, e.loc);
   }
-  return {e.loadRaw(sa, {tid}), e.loadRaw(sb, {tid})};
 }
 
-/// The plan: per rank, a scan over the tokens numbers the records and the
-/// choices that rank gets, in token order.
+/// `amount` added to shared `buffer[at]` where `cond` holds: its old value,
+/// else 0.
+static Value addIf(Emitter &e, Value cond, Value buffer, Value at,
+                   Value amount) {
+  auto op = scf::IfOp::create(e.b, e.loc, TypeRange{e.b.getI32Type()}, cond,
+                              /*withElse=*/true);
+  OpBuilder::InsertionGuard guard(e.b);
+  e.b.setInsertionPointToStart(&op.getThenRegion().front());
+  scf::YieldOp::create(
+      e.b, e.loc,
+      memref::AtomicRMWOp::create(e.b, e.loc, arith::AtomicRMWKind::addi,
+                                  amount, buffer, ValueRange{at})
+          .getResult());
+  e.b.setInsertionPointToStart(&op.getElseRegion().front());
+  scf::YieldOp::create(e.b, e.loc, e.i32(0));
+  return op.getResult(0);
+}
+
+/// The plan, a thread per token: each token's record index per rank, each
+/// choice's return row (relative to its rank's first; the send adds that)
+/// and its place among this rank's choices of its expert, which the
+/// receiver turns into a row. Blocks count in shared memory, then claim
+/// their share of the state's counters, so the numbering is in no
+/// particular order: rows within an expert are computed alike wherever
+/// they lie.
 static LogicalResult buildEpDispatchPlan(LayerKernels &layer,
                                          EpDispatchSendOp op,
                                          const EpShape &shape, unsigned state) {
-  int64_t ranks = shape.ranks, topK = shape.topK;
+  int64_t ranks = shape.ranks, topK = shape.topK, local = shape.localExperts;
+  int64_t experts = ranks * local;
+  TokenLinear tokens = layer.info(op.getHiddenStates()).rows;
   Kernel k = layer.kernelOn(op, "ep_dispatch_plan",
                             {layer.info(op.getExpertIds()).buffer,
-                             layer.info(op.getRows()).buffer,
-                             layer.info(op.getSent()).buffer, state});
-  k.launch.work = {1, 0};
+                             layer.info(op.getRows()).buffer, state});
+  // One block at least: the plan also counts the forward.
+  k.launch.work = {tokens.fixed + 1, tokens.perToken};
+  k.launch.perBlock = kPlanThreads;
   k.launch.block = kPlanThreads;
   Emitter &e = k.e;
   Raw r(k);
   Value ids = k.view(0, layer.info(op.getExpertIds()));
   Value rows = k.view(1, layer.info(op.getRows()));
-  Value sent = k.view(2, layer.info(op.getSent()));
-  Value st = k.func.getArgument(3);
+  Value st = k.func.getArgument(2);
   Type i32 = e.b.getI32Type();
-  Value tid = k.threadId();
-  Value scanA = k.workgroupBuffer({kPlanThreads}, i32);
-  Value scanB = k.workgroupBuffer({kPlanThreads}, i32);
-  Value bases = k.workgroupBuffer({ranks + 1}, i32);
-  e.ifThen(e.eq(tid, e.index(0)), [&] {
+  Value tid = k.threadId(), block = k.blockId(gpu::Dimension::x);
+  Value t = e.iadd(e.imul(block, e.index(kPlanThreads)), tid);
+  Value valid = e.ult(t, k.tokens);
+  Value records = k.workgroupBuffer({ranks}, i32);
+  Value choices = k.workgroupBuffer({ranks}, i32);
+  Value placed = k.workgroupBuffer({experts}, i32);
+  e.ifThen(e.andi(e.eq(block, e.index(0)), e.eq(tid, e.index(0))), [&] {
     Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
     r.store(e.iadd(seq, e.i32(1)), r.at(st, EpDeviceLayout::kSeq));
-    e.storeRaw(e.i32(0), bases, {e.index(0)});
   });
-  Value count = e.imul(k.tokens, topK);
   e.forEach(
-      tid, count,
-      [&](Value p) {
-        e.storeRaw(e.i32(-1), rows, {e.divUI(p, topK), e.remUI(p, topK)});
+      tid, e.index(ranks),
+      [&](Value x) {
+        e.storeRaw(e.i32(0), records, {x});
+        e.storeRaw(e.i32(0), choices, {x});
+      },
+      e.index(kPlanThreads));
+  e.forEach(
+      tid, e.index(experts),
+      [&](Value x) { e.storeRaw(e.i32(0), placed, {x}); },
+      e.index(kPlanThreads));
+  gpu::BarrierOp::create(e.b, e.loc);
+  // The token's choices in one vector load (a thread past the count reads
+  // row 0 and counts nothing).
+  auto vec = VectorType::get({topK}, i32);
+  int64_t rowBytes = 4 * topK;
+  Value v = vector::LoadOp::create(
+      e.b, e.loc, vec, ids, {e.select(valid, t, e.index(0)), e.index(0)},
+      false, llvm::Align(std::min<int64_t>(16, rowBytes & -rowBytes)));
+  SmallVector<Value> id, owner, ok;
+  for (int64_t j = 0; j < topK; ++j) {
+    id.push_back(vector::ExtractOp::create(e.b, e.loc, v, j));
+    ok.push_back(e.andi(
+        valid, e.andi(e.icmp(arith::CmpIPredicate::sge, id[j], e.i32(0)),
+                      e.icmp(arith::CmpIPredicate::slt, id[j],
+                             e.i32(experts)))));
+    owner.push_back(e.select(
+        ok[j], arith::DivUIOp::create(e.b, e.loc, id[j], e.i32(local)),
+        e.i32(-1)));
+  }
+  // Per choice: the token's choices of the same rank, and those before it;
+  // the first of them claims the token's record and choices there.
+  SmallVector<Value> before, first, recordHere, choiceHere, position;
+  for (int64_t j = 0; j < topK; ++j) {
+    Value same = e.i32(0), earlier = e.i32(0);
+    for (int64_t j2 = 0; j2 < topK; ++j2) {
+      Value is = arith::ExtUIOp::create(e.b, e.loc, i32,
+                                        e.andi(ok[j2], e.eq(owner[j2], owner[j])));
+      same = e.iadd(same, is);
+      if (j2 < j)
+        earlier = e.iadd(earlier, is);
+    }
+    before.push_back(earlier);
+    first.push_back(e.andi(ok[j], e.eq(earlier, e.i32(0))));
+    Value q = e.toIndex(e.select(ok[j], owner[j], e.i32(0)));
+    recordHere.push_back(addIf(e, first[j], records, q, e.i32(1)));
+    choiceHere.push_back(addIf(e, first[j], choices, q, same));
+    position.push_back(addIf(e, ok[j],
+                             placed, e.toIndex(e.select(ok[j], id[j], e.i32(0))),
+                             e.i32(1)));
+  }
+  // No record for the ranks the token does not go to.
+  e.ifThen(valid, [&] {
+    e.forEach(e.index(0), e.index(ranks), [&](Value q) {
+      r.store(e.i32(-1), shape.recordIndexSlot(r, st, t, q));
+    });
+  });
+  gpu::BarrierOp::create(e.b, e.loc);
+  // The block's share of each counter.
+  e.forEach(
+      tid, e.index(ranks),
+      [&](Value q) {
+        Value at = r.mul(r.to64(q), 4);
+        e.storeRaw(r.atomicAddRelaxed(
+                       r.at(st, r.add(r.c64(EpDeviceLayout::kSentCounts), at)),
+                       e.loadRaw(records, {q})),
+                   records, {q});
+        e.storeRaw(r.atomicAddRelaxed(
+                       r.at(st, r.add(r.c64(EpDeviceLayout::kSentChoices), at)),
+                       e.loadRaw(choices, {q})),
+                   choices, {q});
+      },
+      e.index(kPlanThreads));
+  e.forEach(
+      tid, e.index(experts),
+      [&](Value x) {
+        Value n = e.loadRaw(placed, {x});
+        e.ifThen(e.icmp(arith::CmpIPredicate::ne, n, e.i32(0)), [&] {
+          e.storeRaw(r.atomicAddRelaxed(shape.expertChoices(r, st, x), n),
+                     placed, {x});
+        });
       },
       e.index(kPlanThreads));
   gpu::BarrierOp::create(e.b, e.loc);
-  // Each thread takes a contiguous run of tokens.
-  Value chunk =
-      e.divUI(e.iadd(k.tokens, e.index(kPlanThreads - 1)), kPlanThreads);
-  Value first = e.minUI(e.imul(tid, chunk), k.tokens);
-  Value last = e.minUI(e.iadd(first, chunk), k.tokens);
-  // A token's choices in one vector load: a thread's tokens are a run, so
-  // a warp's loads touch 32 lines each, and one load a choice kept the
-  // block's L1 busy (4096 tokens: 143 us, L1 82%, its queue full).
-  int64_t rowBytes = 4 * topK;
-  auto vec = VectorType::get({topK}, i32);
-  auto choicesOf = [&](Value t) {
-    Value v = vector::LoadOp::create(
-        e.b, e.loc, vec, ids, {t, e.index(0)}, false,
-        llvm::Align(std::min<int64_t>(16, rowBytes & -rowBytes)));
-    SmallVector<Value> out;
-    for (int64_t j = 0; j < topK; ++j)
-      out.push_back(vector::ExtractOp::create(e.b, e.loc, v, j));
-    return out;
-  };
-  for (int64_t q = 0; q < ranks; ++q) {
-    SmallVector<Value> mine = e.reduce(
-        first, last, {e.i32(0), e.i32(0)},
-        [&](Value t, ValueRange acc) -> SmallVector<Value> {
-          Value hit =
-              arith::ConstantOp::create(e.b, e.loc, e.b.getBoolAttr(false));
-          Value choices = acc[1];
-          SmallVector<Value> chosen = choicesOf(t);
-          for (int64_t j = 0; j < topK; ++j) {
-            Value is = shape.heldBy(e, chosen[j], q);
-            hit = e.ori(hit, is);
-            choices =
-                e.iadd(choices, arith::ExtUIOp::create(e.b, e.loc, i32, is));
-          }
-          return {e.iadd(acc[0], arith::ExtUIOp::create(e.b, e.loc, i32, hit)),
-                  choices};
-        });
-    auto [recordsUpTo, choicesUpTo] =
-        blockScan(k, scanA, scanB, mine[0], mine[1]);
-    Value base = e.loadRaw(bases, {e.index(q)});
-    e.reduce(
-        first, last,
-        {e.isub(recordsUpTo, mine[0]), e.isub(choicesUpTo, mine[1])},
-        [&](Value t, ValueRange acc) -> SmallVector<Value> {
-          Value hit =
-              arith::ConstantOp::create(e.b, e.loc, e.b.getBoolAttr(false));
-          Value choice = acc[1];
-          SmallVector<Value> chosen = choicesOf(t);
-          for (int64_t j = 0; j < topK; ++j) {
-            Value is = shape.heldBy(e, chosen[j], q);
-            e.ifThen(is, [&] {
-              e.storeRaw(e.iadd(base, choice), rows, {t, e.index(j)});
-            });
-            hit = e.ori(hit, is);
-            choice =
-                e.iadd(choice, arith::ExtUIOp::create(e.b, e.loc, i32, is));
-          }
-          r.store(e.select(hit, acc[0], e.i32(-1)),
-                  shape.recordIndexSlot(r, st, t, q));
-          return {e.iadd(acc[0], arith::ExtUIOp::create(e.b, e.loc, i32, hit)),
-                  choice};
-        });
-    e.ifThen(e.eq(tid, e.index(0)), [&] {
-      Value records = e.loadRaw(scanA, {e.index(kPlanThreads - 1)});
-      Value choices = e.loadRaw(scanB, {e.index(kPlanThreads - 1)});
-      e.storeRaw(records, sent, {e.index(q)});
-      r.store(records, r.at(st, EpDeviceLayout::kSentCounts + 4 * q));
-      r.store(base, r.at(st, EpDeviceLayout::kChoiceBase + 4 * q));
-      e.storeRaw(e.iadd(base, choices), bases, {e.index(q + 1)});
-    });
-    gpu::BarrierOp::create(e.b, e.loc);
-  }
+  e.ifThen(valid, [&] {
+    for (int64_t j = 0; j < topK; ++j) {
+      Value q = e.toIndex(e.select(ok[j], owner[j], e.i32(0)));
+      e.ifThen(first[j], [&] {
+        r.store(e.iadd(e.loadRaw(records, {q}), recordHere[j]),
+                shape.recordIndexSlot(r, st, t, owner[j]));
+      });
+      // The first choice of each rank holds the token's base there.
+      Value base = e.i32(0);
+      for (int64_t j2 = 0; j2 <= j; ++j2)
+        base = e.select(e.andi(first[j2], e.eq(owner[j2], owner[j])),
+                        choiceHere[j2], base);
+      Value back = e.iadd(e.loadRaw(choices, {q}), e.iadd(base, before[j]));
+      e.storeRaw(e.select(ok[j], back, e.i32(-1)), rows, {t, e.index(j)});
+      Value x = e.toIndex(e.select(ok[j], id[j], e.i32(0)));
+      r.store(e.select(ok[j], e.iadd(e.loadRaw(placed, {x}), position[j]),
+                       e.i32(-1)),
+              shape.positionSlot(r, st, t, e.index(j)));
+    }
+  });
   return k.finish(op);
 }
 
 /// The send: a block per token writes its record into each rank that holds
-/// one of its experts; the last block to finish raises the flags.
+/// one of its experts; the last block to finish gives each rank its
+/// counts, then raises the flags.
 static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
                                             EpDispatchSendOp op,
                                             const EpShape &shape,
                                             unsigned state) {
   int64_t ranks = shape.ranks, topK = shape.topK, hidden = shape.hidden,
           local = shape.localExperts;
+  const EpLayout &l = shape.recv();
   TokenLinear tokens = layer.info(op.getHiddenStates()).rows;
   bool quantized = !op.getQuantized().empty();
   SmallVector<unsigned> sendBuffers = {layer.info(op.getHiddenStates()).buffer,
                                        layer.info(op.getExpertIds()).buffer,
-                                       layer.info(op.getRows()).buffer, state};
+                                       layer.info(op.getRows()).buffer,
+                                       layer.info(op.getSent()).buffer, state};
   if (quantized)
     sendBuffers.append({layer.info(op.getQuantized()[0]).buffer,
                         layer.info(op.getQuantized()[1]).buffer});
@@ -214,30 +262,69 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
   Value hiddenView = k.view(0, layer.info(op.getHiddenStates()));
   Value ids = k.view(1, layer.info(op.getExpertIds()));
   Value rows = k.view(2, layer.info(op.getRows()));
-  Value st = k.func.getArgument(3);
+  Value sent = k.view(3, layer.info(op.getSent()));
+  Value st = k.func.getArgument(4);
   Value codes =
-      quantized ? k.view(4, layer.info(op.getQuantized()[0])) : Value();
+      quantized ? k.view(5, layer.info(op.getQuantized()[0])) : Value();
   Value codeScales =
-      quantized ? k.view(5, layer.info(op.getQuantized()[1])) : Value();
+      quantized ? k.view(6, layer.info(op.getQuantized()[1])) : Value();
   Type i32 = e.b.getI32Type();
   Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
   Value self = r.load(i32, r.at(st, EpDeviceLayout::kRank));
+  // Where each rank's return rows start: the plan counted every choice.
+  Value bases = k.workgroupBuffer({ranks}, i32);
+  e.forEach(
+      tid, e.index(ranks),
+      [&](Value q) {
+        Value base = e.reduce(
+            e.index(0), q, {e.i32(0)},
+            [&](Value q2, ValueRange acc) -> SmallVector<Value> {
+              return {e.iadd(
+                  acc[0],
+                  r.load(i32, r.at(st, r.add(r.c64(EpDeviceLayout::kSentChoices),
+                                             r.mul(r.to64(q2), 4)))))};
+            })[0];
+        e.storeRaw(base, bases, {q});
+      },
+      e.index(kCopyThreads));
+  gpu::BarrierOp::create(e.b, e.loc);
   e.ifThen(e.ult(t, k.tokens), [&] {
+    // Choice `tid`'s return row, made whole, where threads of the header
+    // read it.
+    Value j = e.minUI(tid, e.index(topK - 1));
+    Value id = e.loadRaw(ids, {t, j});
+    Value relative = e.loadRaw(rows, {t, j});
+    Value owner = e.select(
+        e.icmp(arith::CmpIPredicate::sge, relative, e.i32(0)),
+        arith::DivUIOp::create(e.b, e.loc, id, e.i32(local)), e.i32(-1));
+    Value back = e.select(
+        e.icmp(arith::CmpIPredicate::sge, owner, e.i32(0)),
+        e.iadd(relative,
+               e.loadRaw(bases,
+                         {e.toIndex(e.select(
+                             e.icmp(arith::CmpIPredicate::sge, owner, e.i32(0)),
+                             owner, e.i32(0)))})),
+        e.i32(-1));
+    Value position = r.load(i32, shape.positionSlot(r, st, t, j));
+    gpu::BarrierOp::create(e.b, e.loc);
+    e.ifThen(e.ult(tid, e.index(topK)),
+             [&] { e.storeRaw(back, rows, {t, tid}); });
     for (int64_t q = 0; q < ranks; ++q) {
       Value index = r.load(i32, shape.recordIndexSlot(r, st, t, q));
       e.ifThen(e.icmp(arith::CmpIPredicate::sge, index, e.i32(0)), [&] {
         Value record = shape.record(r, r.peer(st, r.c64(q)), self, index);
         e.ifThen(e.ult(tid, e.index(topK)), [&] {
-          Value id = e.loadRaw(ids, {t, tid});
-          Value mineQ = shape.heldBy(e, id, q);
+          Value mineQ = e.eq(owner, e.i32(q));
           Value localId =
               e.select(mineQ, e.isub(id, e.i32(q * local)), e.i32(-1));
-          Value back = e.select(mineQ, e.loadRaw(rows, {t, tid}), e.i32(-1));
           Value j4 = r.mul(r.to64(tid), 4);
-          r.store(localId, r.at(record, r.add(r.c64(4), j4)));
+          r.store(localId, r.at(record, r.add(r.c64(l.localIdOffset(0)), j4)));
           r.store(arith::ConstantOp::create(e.b, e.loc, e.b.getF32FloatAttr(0)),
-                  r.at(record, r.add(r.c64(4 + 4 * topK), j4)));
-          r.store(back, r.at(record, r.add(r.c64(4 + 8 * topK), j4)));
+                  r.at(record, r.add(r.c64(l.weightOffset(0)), j4)));
+          r.store(e.select(mineQ, back, e.i32(-1)),
+                  r.at(record, r.add(r.c64(l.returnOffset(0)), j4)));
+          r.store(e.select(mineQ, position, e.i32(-1)),
+                  r.at(record, r.add(r.c64(l.positionOffset(0)), j4)));
         });
         e.ifThen(e.eq(tid, e.index(0)), [&] { r.store(e.toI32(t), record); });
         Value payload = r.at(record, shape.header());
@@ -263,34 +350,68 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
     }
   });
   r.fenceSystem();
+  Value last = k.workgroupBuffer({1}, i32);
   gpu::BarrierOp::create(e.b, e.loc);
   e.ifThen(e.eq(tid, e.index(0)), [&] {
     Value done = r.atomicAdd(r.at(st, EpDeviceLayout::kTicket), e.i32(1));
     // The last of the grid's blocks: a bucket's grid may hold more blocks
     // than tokens.
-    Value last = e.isub(gpu::GridDimOp::create(e.b, e.loc, gpu::Dimension::x),
-                        e.index(1));
-    e.ifThen(e.eq(r.to64(done), r.to64(last)), [&] {
-      r.store(e.i32(0), r.at(st, EpDeviceLayout::kTicket));
-      r.fenceSystem();
-      Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
-      SmallVector<Value> slots;
-      for (int64_t q = 0; q < ranks; ++q) {
-        Value slot =
-            r.at(r.peer(st, r.c64(q)),
-                 r.add(r.c64(EpDeviceLayout::kRecv), r.mul(r.to64(self), 16)));
-        r.store(r.load(i32, r.at(st, EpDeviceLayout::kSentCounts + 4 * q)),
-                slot);
-        r.store(r.load(i32, r.at(st, EpDeviceLayout::kChoiceBase + 4 * q)),
-                r.at(slot, 4));
-        r.store(e.i32(0), r.at(slot, 8));
-        slots.push_back(slot);
-      }
-      r.fenceSystem();
-      for (Value slot : slots)
-        r.storeVolatile(seq, r.at(slot, 12));
-    });
+    Value lastBlock = e.isub(
+        gpu::GridDimOp::create(e.b, e.loc, gpu::Dimension::x), e.index(1));
+    e.storeRaw(arith::ExtUIOp::create(e.b, e.loc, i32,
+                                      e.eq(r.to64(done), r.to64(lastBlock))),
+               last, {e.index(0)});
   });
+  gpu::BarrierOp::create(e.b, e.loc);
+  e.ifThen(e.icmp(arith::CmpIPredicate::ne, e.loadRaw(last, {e.index(0)}),
+                  e.i32(0)),
+           [&] {
+             // Each rank's choices per expert, at the head of this rank's
+             // region there; the counters start the next forward at zero.
+             e.forEach(
+                 tid, e.index(ranks * local),
+                 [&](Value x) {
+                   Value q = e.divUI(x, local), ql = e.remUI(x, local);
+                   Value counter = shape.expertChoices(r, st, x);
+                   r.store(r.load(i32, counter),
+                           r.at(shape.region(r, r.peer(st, q), self),
+                                r.mul(r.to64(ql), 4)));
+                   r.store(e.i32(0), counter);
+                 },
+                 e.index(kCopyThreads));
+             e.forEach(
+                 tid, e.index(ranks),
+                 [&](Value q) {
+                   Value at = r.mul(r.to64(q), 4);
+                   Value count =
+                       r.at(st, r.add(r.c64(EpDeviceLayout::kSentCounts), at));
+                   Value slot = r.at(r.peer(st, q),
+                                     r.add(r.c64(EpDeviceLayout::kRecv),
+                                           r.mul(r.to64(self), 16)));
+                   Value records = r.load(i32, count);
+                   r.store(records, slot);
+                   r.store(e.loadRaw(bases, {q}), r.at(slot, 4));
+                   r.store(e.i32(0), r.at(slot, 8));
+                   e.storeRaw(records, sent, {q});
+                   r.store(e.i32(0), count);
+                   r.store(e.i32(0),
+                           r.at(st, r.add(r.c64(EpDeviceLayout::kSentChoices),
+                                          at)));
+                 },
+                 e.index(kCopyThreads));
+             r.fenceSystem();
+             gpu::BarrierOp::create(e.b, e.loc);
+             e.ifThen(e.eq(tid, e.index(0)), [&] {
+               r.store(e.i32(0), r.at(st, EpDeviceLayout::kTicket));
+               r.fenceSystem();
+               Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
+               for (int64_t q = 0; q < ranks; ++q)
+                 r.storeVolatile(
+                     seq, r.at(r.peer(st, r.c64(q)),
+                               r.add(r.c64(EpDeviceLayout::kRecv + 12),
+                                     r.mul(r.to64(self), 16))));
+             });
+           });
   return k.finish(op);
 }
 
@@ -323,29 +444,46 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
   return buildEpDispatchRecords(layer, op, shape, state);
 }
 
-/// The wait: every rank's count, then a row for each arrived choice of
-/// this rank's experts.
-static LogicalResult buildEpDispatchWait(LayerKernels &layer,
-                                         EpDispatchRecvOp op,
-                                         const EpShape &shape, unsigned state) {
-  int64_t ranks = shape.ranks, topK = shape.topK, local = shape.localExperts,
-          maxTokens = shape.maxTokens;
-  int64_t slotRows = int64_t(shape.layout.slotRow());
-  Kernel k = layer.kernelOn(op, "ep_dispatch_wait",
-                            {layer.info(op.getTokensPerExpert()).buffer,
-                             layer.info(op.getExpertOffsets()).buffer, state});
-  k.launch.work = {1, 0};
-  k.launch.block = kPlanThreads;
+/// The receive, every block alike: wait for each rank's flag, lay out this
+/// rank's experts' rows from the counts every rank sent (each block for
+/// itself, so none waits on another), then fan each arrived record out
+/// into its rows. A rank that ran out of time, or whose counts do not add
+/// up to at most its records' choices, gives no rows.
+static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
+                                           EpDispatchRecvOp op,
+                                           const EpShape &shape,
+                                           unsigned state) {
+  int64_t ranks = shape.ranks, topK = shape.topK, hidden = shape.hidden,
+          local = shape.localExperts, maxTokens = shape.maxTokens;
+  const EpLayout &l = shape.recv();
+  int64_t capacity = ranks * maxTokens * topK;
+  bool quantized = !op.getQuantized().empty();
+  SmallVector<unsigned> buffers = {layer.info(op.getTokensPerExpert()).buffer,
+                                   layer.info(op.getExpertOffsets()).buffer,
+                                   layer.info(op.getDispatched()).buffer,
+                                   layer.info(op.getOrigin()).buffer, state};
+  if (quantized)
+    buffers.push_back(layer.info(op.getQuantized()[0]).buffer);
+  Kernel k = layer.kernelOn(op, "ep_dispatch_unpack", buffers);
+  k.launch.work = {kStrideBlocks, 0};
+  k.launch.block = kCopyThreads;
   Emitter &e = k.e;
   Raw r(k);
   Value counts = k.view(0, layer.info(op.getTokensPerExpert()));
   Value offsets = k.view(1, layer.info(op.getExpertOffsets()));
-  Value st = k.func.getArgument(2);
+  Value dispatched = k.view(2, layer.info(op.getDispatched()));
+  Value origin = k.view(3, layer.info(op.getOrigin()));
+  Value st = k.func.getArgument(4);
+  Value rowScales =
+      quantized ? k.view(5, layer.info(op.getQuantized()[0])) : Value();
   Type i32 = e.b.getI32Type();
-  Value tid = k.threadId();
+  Value tid = k.threadId(), block = k.blockId(gpu::Dimension::x);
+  Value first = e.eq(block, e.index(0));
   Value arrived = k.workgroupBuffer({ranks}, i32);
-  Value count = k.workgroupBuffer({local}, i32);
-  Value cursor = k.workgroupBuffer({local}, i32);
+  Value claimed = k.workgroupBuffer({ranks}, i32);
+  Value chosen = k.workgroupBuffer({ranks * local}, i32);
+  Value bases = k.workgroupBuffer({ranks * local}, i32);
+  Value ends = k.workgroupBuffer({local}, i32);
   Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
   Value limit = r.waitLimit(st);
   e.ifThen(e.ult(tid, e.index(ranks)), [&] {
@@ -353,144 +491,130 @@ static LogicalResult buildEpDispatchWait(LayerKernels &layer,
         r.at(st, r.add(r.c64(EpDeviceLayout::kRecv), r.mul(r.to64(tid), 16)));
     Value late = r.spinUntil(r.at(slot, 12), seq, limit);
     r.ptx("fence.acq_rel.sys;");
-    Value n = e.select(late, e.i32(0), r.load(i32, slot));
+    Value n = e.select(late, e.i32(-1), r.load(i32, slot));
+    // A count past the capacity is refused like a late rank.
     n = e.select(e.icmp(arith::CmpIPredicate::ugt, n, e.i32(maxTokens)),
-                 e.i32(0), n);
-    e.ifThen(late, [&] { r.recordTimeout(st, tid); });
+                 e.i32(-1), n);
+    e.ifThen(e.andi(late, first), [&] { r.recordTimeout(st, tid); });
     e.storeRaw(n, arrived, {tid});
-    r.store(n, r.at(st, r.add(r.c64(EpDeviceLayout::kRecvCounts),
-                              r.mul(r.to64(tid), 4))));
-  });
-  e.forEach(
-      tid, e.index(local), [&](Value x) { e.storeRaw(e.i32(0), count, {x}); },
-      e.index(kPlanThreads));
-  gpu::BarrierOp::create(e.b, e.loc);
-  auto eachChoice = [&](function_ref<void(Value, Value, int64_t)> body) {
-    for (int64_t q = 0; q < ranks; ++q) {
-      Value n = e.toIndex(e.loadRaw(arrived, {e.index(q)}));
-      e.forEach(
-          tid, e.imul(n, topK),
-          [&](Value p) {
-            Value i = e.divUI(p, topK), j = e.remUI(p, topK);
-            Value record = shape.record(r, st, r.c64(q), i);
-            Value id =
-                r.load(i32, r.at(record, r.add(r.c64(4), r.mul(r.to64(j), 4))));
-            Value valid =
-                e.andi(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
-                       e.icmp(arith::CmpIPredicate::slt, id, e.i32(local)));
-            Value slot = r.add(
-                r.mul(r.add(r.c64(q * maxTokens), r.to64(i)), topK), r.to64(j));
-            body(e.select(valid, id, e.i32(-1)), slot, q);
-          },
-          e.index(kPlanThreads));
-    }
-  };
-  auto increment = [&](Value buffer, Value id) {
-    return memref::AtomicRMWOp::create(e.b, e.loc, arith::AtomicRMWKind::addi,
-                                       e.i32(1), buffer,
-                                       ValueRange{e.toIndex(id)})
-        .getResult();
-  };
-  // Rows returned to each source, for a proxy that forwards them.
-  Value returned = k.workgroupBuffer({ranks}, i32);
-  e.forEach(
-      tid, e.index(ranks),
-      [&](Value x) { e.storeRaw(e.i32(0), returned, {x}); },
-      e.index(kPlanThreads));
-  gpu::BarrierOp::create(e.b, e.loc);
-  eachChoice([&](Value id, Value, int64_t q) {
-    e.ifThen(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)), [&] {
-      increment(count, id);
-      increment(returned, e.i32(q));
-    });
+    e.storeRaw(e.i32(0), claimed, {tid});
   });
   gpu::BarrierOp::create(e.b, e.loc);
+  auto splitSource = [&](Value x) {
+    return std::make_pair(e.divUI(x, local), e.remUI(x, local));
+  };
   e.forEach(
-      tid, e.index(ranks),
+      tid, e.index(ranks * local),
       [&](Value x) {
-        r.store(e.loadRaw(returned, {x}),
-                r.at(st, r.add(r.c64(EpDeviceLayout::kReturnRows),
-                               r.mul(r.to64(x), 4))));
+        auto [q, ql] = splitSource(x);
+        Value n = e.loadRaw(arrived, {q});
+        Value c = r.load(i32, r.at(shape.region(r, st, q), r.mul(r.to64(ql), 4)));
+        // One choice of an expert a token at most.
+        c = e.select(e.icmp(arith::CmpIPredicate::ugt, c, n), e.i32(0), c);
+        c = e.select(e.icmp(arith::CmpIPredicate::slt, n, e.i32(0)), e.i32(0),
+                     c);
+        e.storeRaw(c, chosen, {x});
+        memref::AtomicRMWOp::create(e.b, e.loc, arith::AtomicRMWKind::addi, c,
+                                    claimed, ValueRange{q});
       },
-      e.index(kPlanThreads));
-  e.ifThen(e.eq(tid, e.index(0)), [&] {
-    common::layOutExperts(
-        e, local, 1, offsets, [&](Value x) { return e.loadRaw(count, {x}); },
-        [&](Value x, Value offset, Value c) {
-          e.storeRaw(c, counts, {x});
-          e.storeRaw(offset, cursor, {x});
-        });
+      e.index(kCopyThreads));
+  gpu::BarrierOp::create(e.b, e.loc);
+  // A rank's choices here: at most topK a record.
+  auto countOf = [&](Value q, Value ql) {
+    Value n = e.loadRaw(arrived, {q});
+    Value sane = e.icmp(arith::CmpIPredicate::ule, e.loadRaw(claimed, {q}),
+                        e.imul(e.select(e.icmp(arith::CmpIPredicate::slt, n,
+                                               e.i32(0)),
+                                        e.i32(0), n),
+                               e.i32(topK)));
+    return e.select(
+        sane, e.loadRaw(chosen, {e.iadd(e.imul(q, e.index(local)), ql)}),
+        e.i32(0));
+  };
+  auto expertTotal = [&](Value x, Value below) {
+    return e.reduce(e.index(0), below, {e.i32(0)},
+                    [&](Value q, ValueRange acc) -> SmallVector<Value> {
+                      return {e.iadd(acc[0], countOf(q, x))};
+                    })[0];
+  };
+  e.forEach(
+      tid, e.index(local),
+      [&](Value x) { e.storeRaw(expertTotal(x, e.index(ranks)), ends, {x}); },
+      e.index(kCopyThreads));
+  gpu::BarrierOp::create(e.b, e.loc);
+  scanInPlace(k, ends, local);
+  // Rows of expert x: its ranks' choices in rank order.
+  e.forEach(
+      tid, e.index(ranks * local),
+      [&](Value x) {
+        auto [q, ql] = splitSource(x);
+        Value total = expertTotal(ql, e.index(ranks));
+        Value start = e.isub(e.loadRaw(ends, {ql}), total);
+        e.storeRaw(e.iadd(start, expertTotal(ql, q)), bases, {x});
+      },
+      e.index(kCopyThreads));
+  e.ifThen(first, [&] {
+    e.forEach(
+        tid, e.index(local),
+        [&](Value x) {
+          Value total = expertTotal(x, e.index(ranks));
+          e.storeRaw(total, counts, {x});
+          e.storeRaw(e.isub(e.loadRaw(ends, {x}), total), offsets, {x});
+        },
+        e.index(kCopyThreads));
+    e.ifThen(e.eq(tid, e.index(0)), [&] {
+      e.storeRaw(e.loadRaw(ends, {e.index(local - 1)}), offsets,
+                 {e.index(local)});
+    });
+    // Rows owed each rank, for the combine send and the proxy.
+    e.forEach(
+        tid, e.index(ranks),
+        [&](Value q) {
+          Value owed = e.reduce(e.index(0), e.index(local), {e.i32(0)},
+                                [&](Value x, ValueRange acc)
+                                    -> SmallVector<Value> {
+                                  return {e.iadd(acc[0], countOf(q, x))};
+                                })[0];
+          r.store(owed, r.at(st, r.add(r.c64(EpDeviceLayout::kReturnRows),
+                                       r.mul(r.to64(q), 4))));
+        },
+        e.index(kCopyThreads));
   });
   gpu::BarrierOp::create(e.b, e.loc);
-  eachChoice([&](Value id, Value slot, int64_t) {
-    auto row =
-        scf::IfOp::create(e.b, e.loc, TypeRange{i32},
-                          e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
-                          /*withElse=*/true);
-    {
-      OpBuilder::InsertionGuard guard(e.b);
-      e.b.setInsertionPointToStart(&row.getThenRegion().front());
-      scf::YieldOp::create(e.b, e.loc, increment(cursor, id));
-      e.b.setInsertionPointToStart(&row.getElseRegion().front());
-      scf::YieldOp::create(e.b, e.loc, e.i32(-1));
-    }
-    r.store(row.getResult(0), r.at(st, r.add(r.c64(slotRows), r.mul(slot, 4))));
-  });
-  return k.finish(op);
-}
-
-/// Unpack: each arrived record's row to each of its rows here.
-static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
-                                           EpDispatchRecvOp op,
-                                           const EpShape &shape,
-                                           unsigned state) {
-  int64_t ranks = shape.ranks, topK = shape.topK, hidden = shape.hidden,
-          maxTokens = shape.maxTokens;
-  int64_t slotRows = int64_t(shape.layout.slotRow());
-  bool quantized = !op.getQuantized().empty();
-  SmallVector<unsigned> unpackBuffers = {layer.info(op.getDispatched()).buffer,
-                                         layer.info(op.getOrigin()).buffer,
-                                         state};
-  if (quantized)
-    unpackBuffers.push_back(layer.info(op.getQuantized()[0]).buffer);
-  Kernel k = layer.kernelOn(op, "ep_dispatch_unpack", unpackBuffers);
-  k.launch.work = {kStrideBlocks, 0};
-  k.launch.block = kCopyThreads;
-  Emitter &e = k.e;
-  Raw r(k);
-  Value dispatched = k.view(0, layer.info(op.getDispatched()));
-  Value origin = k.view(1, layer.info(op.getOrigin()));
-  Value st = k.func.getArgument(2);
-  Value rowScales =
-      quantized ? k.view(3, layer.info(op.getQuantized()[0])) : Value();
-  Type i32 = e.b.getI32Type();
-  Value tid = k.threadId();
   e.forEach(
-      k.blockId(gpu::Dimension::x), e.index(ranks * maxTokens),
+      block, e.index(ranks * maxTokens),
       [&](Value p) {
         Value q = e.divUI(p, maxTokens), i = e.remUI(p, maxTokens);
-        Value n = r.load(i32, r.at(st, r.add(r.c64(EpDeviceLayout::kRecvCounts),
-                                             r.mul(r.to64(q), 4))));
-        e.ifThen(e.ult(i, e.toIndex(n)), [&] {
+        Value n = e.loadRaw(arrived, {q});
+        e.ifThen(e.icmp(arith::CmpIPredicate::slt, e.toI32(i), n), [&] {
           Value record = shape.record(r, st, q, i);
           // The record's rows here, then its payload read once and stored
           // to each of them.
           SmallVector<Value> rowsHere, valid;
           for (int64_t j = 0; j < topK; ++j) {
-            Value row = r.load(
-                i32,
-                r.at(st,
-                     r.add(r.c64(slotRows),
-                           r.mul(r.add(r.mul(r.to64(p), topK), r.c64(j)), 4))));
-            valid.push_back(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)));
-            rowsHere.push_back(
-                e.toIndex(e.select(valid.back(), row, e.i32(0))));
+            Value x = r.load(i32, r.at(record, l.localIdOffset(j)));
+            Value pos = r.load(i32, r.at(record, l.positionOffset(j)));
+            Value xOk =
+                e.andi(e.icmp(arith::CmpIPredicate::sge, x, e.i32(0)),
+                       e.icmp(arith::CmpIPredicate::slt, x, e.i32(local)));
+            Value xi = e.toIndex(e.select(xOk, x, e.i32(0)));
+            Value ok = e.andi(
+                xOk,
+                e.andi(e.icmp(arith::CmpIPredicate::sge, pos, e.i32(0)),
+                       e.icmp(arith::CmpIPredicate::slt, pos, countOf(q, xi))));
+            Value row = e.iadd(
+                e.loadRaw(bases, {e.iadd(e.imul(q, e.index(local)), xi)}),
+                pos);
+            ok = e.andi(ok, e.icmp(arith::CmpIPredicate::ult, row,
+                                   e.i32(capacity)));
+            valid.push_back(ok);
+            rowsHere.push_back(e.toIndex(e.select(ok, row, e.i32(0))));
           }
           e.ifThen(e.eq(tid, e.index(0)), [&] {
             for (int64_t j = 0; j < topK; ++j)
               e.ifThen(valid[j], [&] {
                 e.storeRaw(e.toI32(q), origin, {rowsHere[j], e.index(0)});
-                e.storeRaw(r.load(i32, r.at(record, 4 + 8 * topK + 4 * j)),
+                e.storeRaw(r.load(i32, r.at(record, l.returnOffset(j))),
                            origin, {rowsHere[j], e.index(1)});
               });
           });
@@ -545,6 +669,11 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
                                "the same function sent";
   int64_t topK = cast<RankedTensorType>(send.getRows().getType()).getDimSize(1);
   int64_t maxTokens = layer.epMaxTokens;
+  // Each receiving block lays out the rank's experts with one scan.
+  if (local > kCopyThreads)
+    return op.emitOpError() << "has " << local
+                            << " experts a rank; sm_90a layers take at most "
+                            << kCopyThreads << " a rank";
   EpShape shape(ranks, topK, hidden, local, maxTokens);
   // Every rank's tokens may choose this rank's experts.
   TokenLinear capacity = {ranks * maxTokens * topK, 0};
@@ -555,7 +684,5 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
   if (quantized)
     layer.define(op.getQuantized()[0], capacity);
   unsigned state = layer.epState();
-  if (failed(buildEpDispatchWait(layer, op, shape, state)))
-    return failure();
   return buildEpDispatchUnpack(layer, op, shape, state);
 }

@@ -19,7 +19,8 @@ namespace mlir::moe::nvidia::ep {
 using ::moe::rt::EpDeviceLayout;
 using ::moe::rt::EpLayout;
 
-constexpr int64_t kPlanThreads = 1024;
+// Tokens (a thread each) of a dispatch plan block.
+constexpr int64_t kPlanThreads = 256;
 constexpr int64_t kCopyThreads = 512;
 // Blocks of the grid-stride kernels; the combine send counts them done.
 constexpr int64_t kStrideBlocks = 264;
@@ -92,6 +93,12 @@ struct Raw {
   Value atomicAdd(Value p, Value v) {
     return LLVM::AtomicRMWOp::create(b, loc, LLVM::AtomicBinOp::add, p, v,
                                      LLVM::AtomicOrdering::acq_rel)
+        .getResult();
+  }
+  /// A counter's old value; what it orders is left to the kernel boundary.
+  Value atomicAddRelaxed(Value p, Value v) {
+    return LLVM::AtomicRMWOp::create(b, loc, LLVM::AtomicBinOp::add, p, v,
+                                     LLVM::AtomicOrdering::monotonic)
         .getResult();
   }
   /// The state of rank `q` (an i64 or index value), as this process maps it.
@@ -178,20 +185,41 @@ struct EpShape {
   const EpLayout &recv() const { return layout.recvLayout; }
   int64_t stride() const { return int64_t(recv().maxRecordBytes()); }
   int64_t header() const { return int64_t(recv().headerBytes()); }
+  /// Where source `src`'s dispatch region starts in the state of its
+  /// receiver `base`: the source's choices per local expert, then records.
+  Value region(Raw &r, Value base, Value src) const {
+    return r.at(
+        base,
+        r.add(r.c64(int64_t(EpDeviceLayout::kRecv + recv().dispatchOffset())),
+              r.mul(r.to64(src), int64_t(recv().regionBytes()))));
+  }
   /// Where source `src`'s record `index` starts in the state of its
   /// receiver `base`.
   Value record(Raw &r, Value base, Value src, Value index) const {
-    Value offset =
-        r.add(r.c64(int64_t(EpDeviceLayout::kRecv + recv().dispatchOffset())),
-              r.add(r.mul(r.to64(src), int64_t(recv().regionBytes())),
-                    r.mul(r.to64(index), stride())));
-    return r.at(base, offset);
+    return r.at(region(r, base, src),
+                r.add(r.c64(int64_t(recv().recordsOffset())),
+                      r.mul(r.to64(index), stride())));
   }
   /// Where token `t`'s record index for rank `q` is kept in `state`.
-  Value recordIndexSlot(Raw &r, Value state, Value t, int64_t q) const {
-    Value index = r.add(r.mul(r.to64(t), ranks), r.c64(q));
+  Value recordIndexSlot(Raw &r, Value state, Value t, Value q) const {
+    Value index = r.add(r.mul(r.to64(t), ranks), r.to64(q));
     return r.at(state,
                 r.add(r.c64(int64_t(layout.recordIndex())), r.mul(index, 4)));
+  }
+  Value recordIndexSlot(Raw &r, Value state, Value t, int64_t q) const {
+    return recordIndexSlot(r, state, t, r.c64(q));
+  }
+  /// Where choice `j` of token `t` keeps its place among this rank's
+  /// choices of the same expert.
+  Value positionSlot(Raw &r, Value state, Value t, Value j) const {
+    Value index = r.add(r.mul(r.to64(t), topK), r.to64(j));
+    return r.at(state, r.add(r.c64(int64_t(layout.choicePosition())),
+                             r.mul(index, 4)));
+  }
+  /// This rank's count of its tokens' choices of expert `x` (of all).
+  Value expertChoices(Raw &r, Value state, Value x) const {
+    return r.at(state, r.add(r.c64(int64_t(layout.expertChoices())),
+                             r.mul(r.to64(x), 4)));
   }
   /// Whether expert `id` (i32) is one of rank `q`'s.
   Value heldBy(Emitter &e, Value id, int64_t q) const {
