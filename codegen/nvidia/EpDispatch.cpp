@@ -31,26 +31,17 @@ using namespace mlir::moe;
 using namespace mlir::moe::nvidia;
 using namespace mlir::moe::nvidia::ep;
 
-/// Copies row `row` of the block scales `scales` to raw bytes at `at`
-/// (toRecord), or those bytes to each row of `rows` whose `valid` holds;
-/// one element per thread and step.
-static void copyScales(Raw &r, Value tid, Value scales, Value at,
-                       ArrayRef<Value> rows, ArrayRef<Value> valid,
-                       bool toRecord) {
+/// Copies row `row` of the block scales `scales` to raw bytes at `at`, one
+/// element per thread and step.
+static void copyScalesToRecord(Raw &r, Value tid, Value scales, Value row,
+                               Value at) {
   auto type = cast<MemRefType>(scales.getType());
-  Type element = type.getElementType();
-  int64_t bytes = element.getIntOrFloatBitWidth() / 8;
+  int64_t bytes = type.getElementType().getIntOrFloatBitWidth() / 8;
   r.e.forEach(
       tid, r.e.index(type.getDimSize(1)),
       [&](Value s) {
-        Value p = r.at(at, r.mul(r.to64(s), bytes));
-        if (toRecord) {
-          r.store(r.e.loadRaw(scales, {rows[0], s}), p, bytes);
-          return;
-        }
-        Value v = r.load(element, p, bytes);
-        for (auto [row, ok] : llvm::zip_equal(rows, valid))
-          r.e.ifThen(ok, [&] { r.e.storeRaw(v, scales, {row, s}); });
+        r.store(r.e.loadRaw(scales, {row, s}),
+                r.at(at, r.mul(r.to64(s), bytes)), bytes);
       },
       r.e.index(kCopyThreads));
 }
@@ -331,12 +322,13 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
         if (quantized) {
           copyRow(r, tid, hidden, r.b.getI8Type(),
                   [&](Value c, VectorType vec) {
-                    Value v = vector::LoadOp::create(
-                        e.b, e.loc, vec, codes, {t, c}, false, llvm::Align(8));
-                    r.store(v, r.at(payload, c), 8);
+                    int64_t bytes = vec.getNumElements();
+                    Value v = vector::LoadOp::create(e.b, e.loc, vec, codes,
+                                                     {t, c}, false,
+                                                     llvm::Align(bytes));
+                    r.store(v, r.at(payload, c), bytes);
                   });
-          copyScales(r, tid, codeScales, r.at(payload, hidden), {t}, {},
-                     /*toRecord=*/true);
+          copyScalesToRecord(r, tid, codeScales, t, r.at(payload, hidden));
           return;
         }
         copyRow(r, tid, hidden, r.b.getBF16Type(),
@@ -581,71 +573,121 @@ static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
         e.index(kCopyThreads));
   });
   gpu::BarrierOp::create(e.b, e.loc);
-  e.forEach(
-      block, e.index(ranks * maxTokens),
-      [&](Value p) {
-        Value q = e.divUI(p, maxTokens), i = e.remUI(p, maxTokens);
-        Value n = e.loadRaw(arrived, {q});
-        e.ifThen(e.icmp(arith::CmpIPredicate::slt, e.toI32(i), n), [&] {
-          Value record = shape.record(r, st, q, i);
-          // The record's rows here, then its payload read once and stored
-          // to each of them.
-          SmallVector<Value> rowsHere, valid;
-          for (int64_t j = 0; j < topK; ++j) {
-            Value x = r.load(i32, r.at(record, l.localIdOffset(j)));
-            Value pos = r.load(i32, r.at(record, l.positionOffset(j)));
-            Value xOk =
-                e.andi(e.icmp(arith::CmpIPredicate::sge, x, e.i32(0)),
-                       e.icmp(arith::CmpIPredicate::slt, x, e.i32(local)));
-            Value xi = e.toIndex(e.select(xOk, x, e.i32(0)));
-            Value ok = e.andi(
-                xOk,
-                e.andi(e.icmp(arith::CmpIPredicate::sge, pos, e.i32(0)),
-                       e.icmp(arith::CmpIPredicate::slt, pos, countOf(q, xi))));
-            Value row = e.iadd(
-                e.loadRaw(bases, {e.iadd(e.imul(q, e.index(local)), xi)}),
-                pos);
-            ok = e.andi(ok, e.icmp(arith::CmpIPredicate::ult, row,
-                                   e.i32(capacity)));
-            valid.push_back(ok);
-            rowsHere.push_back(e.toIndex(e.select(ok, row, e.i32(0))));
-          }
-          e.ifThen(e.eq(tid, e.index(0)), [&] {
-            for (int64_t j = 0; j < topK; ++j)
-              e.ifThen(valid[j], [&] {
-                e.storeRaw(e.toI32(q), origin, {rowsHere[j], e.index(0)});
-                e.storeRaw(r.load(i32, r.at(record, l.returnOffset(j))),
-                           origin, {rowsHere[j], e.index(1)});
-              });
-          });
-          Value payload = r.at(record, shape.header());
-          auto fanOut = [&](Value dst, Value c, Value v,
-                            llvm::MaybeAlign align) {
-            for (int64_t j = 0; j < topK; ++j)
-              e.ifThen(valid[j], [&] {
-                vector::StoreOp::create(e.b, e.loc, v, dst, {rowsHere[j], c},
-                                        false, align);
-              });
-          };
-          if (quantized) {
-            copyRow(r, tid, hidden, r.b.getI8Type(),
-                    [&](Value c, VectorType vec) {
-                      fanOut(dispatched, c, r.load(vec, r.at(payload, c), 8),
-                             llvm::Align(8));
-                    });
-            copyScales(r, tid, rowScales, r.at(payload, hidden), rowsHere,
-                       valid, /*toRecord=*/false);
-            return;
-          }
-          copyRow(r, tid, hidden, r.b.getBF16Type(),
-                  [&](Value c, VectorType vec) {
-                    fanOut(dispatched, c,
-                           r.load(vec, r.at(payload, r.mul(r.to64(c), 2)), 16),
-                           vectorAlign(8, vec.getElementType()));
-                  });
+  // Records a block at once, each read once and stored to its rows here:
+  // a thread per record and choice finds the rows (in shared memory), then
+  // each thread loads its vectors of the records before storing any.
+  Type element = quantized ? Type(r.b.getI8Type()) : Type(r.b.getBF16Type());
+  int64_t elementBytes = quantized ? 1 : 2;
+  int64_t width = copyWidth(hidden, element);
+  int64_t vectors = hidden / width;
+  int64_t unroll = std::clamp<int64_t>(kLoadsInFlight * kCopyThreads / vectors,
+                                       1, kCopyThreads / topK);
+  unroll = std::min<int64_t>(unroll, 8);
+  int64_t perThread = llvm::divideCeil(unroll * vectors, kCopyThreads);
+  unsigned bytes = width * elementBytes;
+  auto vec = VectorType::get({width}, element);
+  Value rowsHere = k.workgroupBuffer({unroll * topK}, i32);
+  strideRows(r, block, e.index(ranks * maxTokens), unroll,
+             [&](ArrayRef<Value> items, ArrayRef<Value> in) {
+    SmallVector<Value> records, came;
+    for (auto [p, inRange] : llvm::zip_equal(items, in)) {
+      Value q = e.divUI(p, maxTokens), i = e.remUI(p, maxTokens);
+      came.push_back(e.andi(inRange, e.icmp(arith::CmpIPredicate::slt,
+                                            e.toI32(i),
+                                            e.loadRaw(arrived, {q}))));
+      records.push_back(shape.record(r, st, q, i));
+    }
+    // Item `u`'s record and whether it came, for a `u` known at run time.
+    auto pick = [&](ArrayRef<Value> of, Value u) {
+      Value v = of[0];
+      for (int64_t w = 1; w < unroll; ++w)
+        v = e.select(e.eq(u, e.index(w)), of[w], v);
+      return v;
+    };
+    e.ifThen(e.ult(tid, e.index(unroll * topK)), [&] {
+      Value u = e.divUI(tid, topK), j = e.remUI(tid, topK);
+      Value p = pick(items, u), here = pick(came, u);
+      Value q = e.divUI(p, maxTokens);
+      Value record = pick(records, u);
+      Value j4 = r.mul(r.to64(j), 4);
+      Value x = r.loadIf(here, i32,
+                         r.at(record, r.add(r.c64(l.localIdOffset(0)), j4)), 4);
+      Value pos = r.loadIf(
+          here, i32, r.at(record, r.add(r.c64(l.positionOffset(0)), j4)), 4);
+      Value xOk = e.andi(here,
+                         e.andi(e.icmp(arith::CmpIPredicate::sge, x, e.i32(0)),
+                                e.icmp(arith::CmpIPredicate::slt, x,
+                                       e.i32(local))));
+      Value xi = e.toIndex(e.select(xOk, x, e.i32(0)));
+      Value ok = e.andi(
+          xOk, e.andi(e.icmp(arith::CmpIPredicate::sge, pos, e.i32(0)),
+                      e.icmp(arith::CmpIPredicate::slt, pos, countOf(q, xi))));
+      Value row = e.iadd(
+          e.loadRaw(bases, {e.iadd(e.imul(q, e.index(local)), xi)}), pos);
+      ok = e.andi(ok,
+                  e.icmp(arith::CmpIPredicate::ult, row, e.i32(capacity)));
+      e.storeRaw(e.select(ok, row, e.i32(-1)), rowsHere, {tid});
+      e.ifThen(ok, [&] {
+        Value at = e.toIndex(row);
+        e.storeRaw(e.toI32(q), origin, {at, e.index(0)});
+        e.storeRaw(
+            r.load(i32, r.at(record, r.add(r.c64(l.returnOffset(0)), j4))),
+            origin, {at, e.index(1)});
+      });
+    });
+    gpu::BarrierOp::create(e.b, e.loc);
+    auto eachRow = [&](Value u, function_ref<void(Value)> body) {
+      for (int64_t j = 0; j < topK; ++j) {
+        Value row = e.loadRaw(
+            rowsHere, {e.iadd(e.imul(u, e.index(topK)), e.index(j))});
+        e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)),
+                 [&] { body(e.toIndex(row)); });
+      }
+    };
+    // Vector `n` of the block's is record n / vectors's, at element
+    // (n % vectors) * width.
+    SmallVector<Value> us, cs, values, loaded;
+    for (int64_t m = 0; m < perThread; ++m) {
+      Value n = e.iadd(tid, e.index(m * kCopyThreads));
+      Value inBlock = e.ult(n, e.index(unroll * vectors));
+      Value u = e.minUI(e.divUI(n, vectors), e.index(unroll - 1));
+      Value c = e.imul(e.remUI(n, vectors), e.index(width));
+      Value load = e.andi(inBlock, pick(came, u));
+      Value at = r.at(r.at(pick(records, u), shape.header()),
+                      r.mul(r.to64(c), elementBytes));
+      us.push_back(u);
+      cs.push_back(c);
+      loaded.push_back(load);
+      values.push_back(r.loadIf(load, vec, at, bytes));
+    }
+    for (int64_t m = 0; m < perThread; ++m)
+      e.ifThen(loaded[m], [&] {
+        eachRow(us[m], [&](Value at) {
+          vector::StoreOp::create(e.b, e.loc, values[m], dispatched,
+                                  {at, cs[m]}, false, llvm::Align(bytes));
         });
-      },
-      e.index(kStrideBlocks));
+      });
+    if (quantized) {
+      // A record's scales to each of its rows, a thread per scale.
+      auto type = cast<MemRefType>(rowScales.getType());
+      Type scale = type.getElementType();
+      int64_t scaleBytes = scale.getIntOrFloatBitWidth() / 8;
+      int64_t scales = type.getDimSize(1);
+      e.forEach(
+          tid, e.index(unroll * scales),
+          [&](Value n) {
+            Value u = e.divUI(n, scales), sc = e.remUI(n, scales);
+            Value v = r.loadIf(pick(came, u), scale,
+                               r.at(r.at(pick(records, u),
+                                         shape.header() + hidden),
+                                    r.mul(r.to64(sc), scaleBytes)),
+                               scaleBytes);
+            eachRow(u, [&](Value at) { e.storeRaw(v, rowScales, {at, sc}); });
+          },
+          e.index(kCopyThreads));
+    }
+    gpu::BarrierOp::create(e.b, e.loc);
+  });
   return k.finish(op);
 }
 

@@ -24,6 +24,9 @@ constexpr int64_t kPlanThreads = 256;
 constexpr int64_t kCopyThreads = 512;
 // Blocks of the grid-stride kernels; the combine send counts them done.
 constexpr int64_t kStrideBlocks = 264;
+// 16-byte loads a thread of a copy kernel has in flight (one row a block
+// at a time left the loads latency-bound).
+constexpr int64_t kLoadsInFlight = 4;
 
 /// Byte addressing of raw pointers (the state, the peers' states) inside a
 /// kernel, and the few PTX instructions the protocol needs.
@@ -60,6 +63,21 @@ struct Raw {
   Value at(Value base, int64_t bytes) { return at(base, c64(bytes)); }
   Value load(Type type, Value p, unsigned align = 4) {
     return LLVM::LoadOp::create(b, loc, type, p, align);
+  }
+  /// A load where `cond` holds, else zero: a branch the load's wait does
+  /// not have to close.
+  Value loadIf(Value cond, Type type, Value p, unsigned align) {
+    auto op = scf::IfOp::create(b, loc, TypeRange{type}, cond,
+                                /*withElse=*/true);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(&op.getThenRegion().front());
+    scf::YieldOp::create(b, loc, load(type, p, align));
+    b.setInsertionPointToStart(&op.getElseRegion().front());
+    scf::YieldOp::create(
+        b, loc,
+        arith::ConstantOp::create(b, loc, cast<TypedAttr>(b.getZeroAttr(type)))
+            .getResult());
+    return op.getResult(0);
   }
   Value loadVolatile(Value p) {
     return LLVM::LoadOp::create(b, loc, i32, p, 4, /*isVolatile=*/true);
@@ -251,14 +269,43 @@ inline LogicalResult checkEpShape(Operation *op, int64_t hidden, Type element,
   return success();
 }
 
+/// Elements of a copy step: a 16-byte vector where a row is whole ones.
+inline int64_t copyWidth(int64_t hidden, Type element) {
+  int64_t wide = 128 / element.getIntOrFloatBitWidth();
+  return hidden % wide == 0 ? wide : 8;
+}
+
 /// Copies a row of `hidden` elements of `element` (bf16, or E4M3 codes as
-/// i8) between a memref row and raw bytes, 8 elements per thread and step.
+/// i8) between a memref row and raw bytes, copyWidth elements per thread
+/// and step.
 inline void copyRow(Raw &r, Value tid, int64_t hidden, Type element,
                     function_ref<void(Value c, VectorType type)> body) {
-  auto vec = VectorType::get({8}, element);
+  int64_t width = copyWidth(hidden, element);
+  auto vec = VectorType::get({width}, element);
   r.e.forEach(
-      r.e.imul(tid, 8), r.e.index(hidden), [&](Value c) { body(c, vec); },
-      r.e.index(kCopyThreads * 8));
+      r.e.imul(tid, width), r.e.index(hidden), [&](Value c) { body(c, vec); },
+      r.e.index(kCopyThreads * width));
+}
+
+/// Blocks stride over items [0, end), `unroll` at a time: `body` gets each
+/// item's index (clamped into range) and whether it is in range.
+inline void strideRows(Raw &r, Value block, Value end, int64_t unroll,
+                       function_ref<void(ArrayRef<Value>, ArrayRef<Value>)>
+                           body) {
+  Emitter &e = r.e;
+  Value grid = e.index(kStrideBlocks);
+  e.forEach(
+      block, end,
+      [&](Value base) {
+        SmallVector<Value> items, in;
+        for (int64_t u = 0; u < unroll; ++u) {
+          Value p = e.iadd(base, e.imul(grid, e.index(u)));
+          in.push_back(e.ult(p, end));
+          items.push_back(e.select(in.back(), p, base));
+        }
+        body(items, in);
+      },
+      e.index(kStrideBlocks * unroll));
 }
 
 } // namespace mlir::moe::nvidia::ep

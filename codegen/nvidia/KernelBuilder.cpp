@@ -142,6 +142,11 @@ LogicalResult Kernel::finish(Operation *op) {
   if (guard)
     b.setInsertionPointAfter(guard);
   gpu::ReturnOp::create(b, e.loc);
+  // The block size fixed (.reqntid): ptxas keeps registers within what a
+  // block of it may hold, so a launch never fails for want of them.
+  if (!func.getKnownBlockSizeAttr() && launch.block > 0)
+    func.setKnownBlockSizeAttr(
+        b.getDenseI32ArrayAttr({int32_t(launch.block), 1, 1}));
   if (staticSharedBytes > kStaticSharedLimit)
     return op->emitOpError()
            << "needs " << staticSharedBytes << " bytes of shared memory in "
