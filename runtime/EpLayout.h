@@ -87,6 +87,7 @@ struct EpDeviceLayout {
   static constexpr size_t kTimeoutNs = 24;   // u64: how long a wait spins
   static constexpr size_t kSentCounts = 64;  // u32 per rank: records sent
   static constexpr size_t kSentChoices = 320; // u32 per rank: choices sent
+  static constexpr size_t kRecvCounts = 576; // i32 per rank: records come
   static constexpr size_t kReturnRows = 832; // u32 per rank: rows owed it
   static constexpr size_t kPeers = 1536;     // u64 per rank: state address
   static constexpr size_t kRecv = 2048;

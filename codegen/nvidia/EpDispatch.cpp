@@ -15,8 +15,9 @@
 //          choice's place among the rank's choices of its expert.
 //  send    a block per token; the last block also sends each rank its
 //          choices per expert, so the receiver knows every row at once.
-//  unpack  every block waits, lays out the experts' rows from the counts
-//          and fans records out into them.
+//  wait    one block: a thread per rank spins on its flag.
+//  unpack  every block lays out the experts' rows from the counts and fans
+//          records out into them.
 //
 //===----------------------------------------------------------------------===//
 
@@ -436,11 +437,44 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
   return buildEpDispatchRecords(layer, op, shape, state);
 }
 
-/// The receive, every block alike: wait for each rank's flag, lay out this
-/// rank's experts' rows from the counts every rank sent (each block for
-/// itself, so none waits on another), then fan each arrived record out
-/// into its rows. A rank that ran out of time, or whose counts do not add
-/// up to at most its records' choices, gives no rows.
+/// The wait, one block: a thread per rank spins on its flag (with the
+/// time limit) and leaves its record count, or -1 for a rank that ran out
+/// of time or sent more than the capacity. Apart from the unpack, so that
+/// ranks sharing a GPU (MPS) never find it holding every multiprocessor
+/// while the sends it waits for have yet to run.
+static LogicalResult buildEpDispatchWait(LayerKernels &layer,
+                                         EpDispatchRecvOp op,
+                                         const EpShape &shape, unsigned state) {
+  Kernel k = layer.kernelOn(op, "ep_dispatch_wait", {state});
+  k.launch.work = {1, 0};
+  k.launch.block = 64;
+  Emitter &e = k.e;
+  Raw r(k);
+  Value st = k.func.getArgument(0);
+  Type i32 = e.b.getI32Type();
+  Value tid = k.threadId();
+  Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
+  Value limit = r.waitLimit(st);
+  e.ifThen(e.ult(tid, e.index(shape.ranks)), [&] {
+    Value slot =
+        r.at(st, r.add(r.c64(EpDeviceLayout::kRecv), r.mul(r.to64(tid), 16)));
+    Value late = r.spinUntil(r.at(slot, 12), seq, limit);
+    r.ptx("fence.acq_rel.sys;");
+    Value n = e.select(late, e.i32(-1), r.load(i32, slot));
+    n = e.select(e.icmp(arith::CmpIPredicate::ugt, n, e.i32(shape.maxTokens)),
+                 e.i32(-1), n);
+    e.ifThen(late, [&] { r.recordTimeout(st, tid); });
+    r.store(n, r.at(st, r.add(r.c64(EpDeviceLayout::kRecvCounts),
+                              r.mul(r.to64(tid), 4))));
+  });
+  return k.finish(op);
+}
+
+/// The unpack, every block alike: lay out this rank's experts' rows from
+/// the counts every rank sent (each block for itself, so none waits on
+/// another), then fan each arrived record out into its rows. A rank that
+/// ran out of time, or whose counts do not add up to at most its records'
+/// choices, gives no rows.
 static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
                                            EpDispatchRecvOp op,
                                            const EpShape &shape,
@@ -476,19 +510,11 @@ static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
   Value chosen = k.workgroupBuffer({ranks * local}, i32);
   Value bases = k.workgroupBuffer({ranks * local}, i32);
   Value ends = k.workgroupBuffer({local}, i32);
-  Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
-  Value limit = r.waitLimit(st);
+  // What the wait found: each rank's record count, -1 for none.
   e.ifThen(e.ult(tid, e.index(ranks)), [&] {
-    Value slot =
-        r.at(st, r.add(r.c64(EpDeviceLayout::kRecv), r.mul(r.to64(tid), 16)));
-    Value late = r.spinUntil(r.at(slot, 12), seq, limit);
-    r.ptx("fence.acq_rel.sys;");
-    Value n = e.select(late, e.i32(-1), r.load(i32, slot));
-    // A count past the capacity is refused like a late rank.
-    n = e.select(e.icmp(arith::CmpIPredicate::ugt, n, e.i32(maxTokens)),
-                 e.i32(-1), n);
-    e.ifThen(e.andi(late, first), [&] { r.recordTimeout(st, tid); });
-    e.storeRaw(n, arrived, {tid});
+    e.storeRaw(r.load(i32, r.at(st, r.add(r.c64(EpDeviceLayout::kRecvCounts),
+                                          r.mul(r.to64(tid), 4)))),
+               arrived, {tid});
     e.storeRaw(e.i32(0), claimed, {tid});
   });
   gpu::BarrierOp::create(e.b, e.loc);
@@ -573,121 +599,138 @@ static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
         e.index(kCopyThreads));
   });
   gpu::BarrierOp::create(e.b, e.loc);
-  // Records a block at once, each read once and stored to its rows here:
-  // a thread per record and choice finds the rows (in shared memory), then
-  // each thread loads its vectors of the records before storing any.
+  // Block b takes records b, b + grid, ... (slot p is source p / maxTokens's
+  // record p % maxTokens). A chunk of them at a time: a thread per record
+  // and choice finds the rows (in shared memory); then, with no barrier
+  // between records, each thread loads its vectors of a few records before
+  // storing any.
   Type element = quantized ? Type(r.b.getI8Type()) : Type(r.b.getBF16Type());
   int64_t elementBytes = quantized ? 1 : 2;
   int64_t width = copyWidth(hidden, element);
   int64_t vectors = hidden / width;
-  int64_t unroll = std::clamp<int64_t>(kLoadsInFlight * kCopyThreads / vectors,
-                                       1, kCopyThreads / topK);
-  unroll = std::min<int64_t>(unroll, 8);
+  int64_t chunk = kCopyThreads / topK;
+  int64_t unroll = std::clamp<int64_t>(
+      kLoadsInFlight * kCopyThreads / vectors, 1, kMaxUnroll);
   int64_t perThread = llvm::divideCeil(unroll * vectors, kCopyThreads);
   unsigned bytes = width * elementBytes;
   auto vec = VectorType::get({width}, element);
-  Value rowsHere = k.workgroupBuffer({unroll * topK}, i32);
-  strideRows(r, block, e.index(ranks * maxTokens), unroll,
-             [&](ArrayRef<Value> items, ArrayRef<Value> in) {
-    SmallVector<Value> records, came;
-    for (auto [p, inRange] : llvm::zip_equal(items, in)) {
-      Value q = e.divUI(p, maxTokens), i = e.remUI(p, maxTokens);
-      came.push_back(e.andi(inRange, e.icmp(arith::CmpIPredicate::slt,
-                                            e.toI32(i),
-                                            e.loadRaw(arrived, {q}))));
-      records.push_back(shape.record(r, st, q, i));
-    }
-    // Item `u`'s record and whether it came, for a `u` known at run time.
-    auto pick = [&](ArrayRef<Value> of, Value u) {
-      Value v = of[0];
-      for (int64_t w = 1; w < unroll; ++w)
-        v = e.select(e.eq(u, e.index(w)), of[w], v);
-      return v;
-    };
-    e.ifThen(e.ult(tid, e.index(unroll * topK)), [&] {
-      Value u = e.divUI(tid, topK), j = e.remUI(tid, topK);
-      Value p = pick(items, u), here = pick(came, u);
-      Value q = e.divUI(p, maxTokens);
-      Value record = pick(records, u);
-      Value j4 = r.mul(r.to64(j), 4);
-      Value x = r.loadIf(here, i32,
-                         r.at(record, r.add(r.c64(l.localIdOffset(0)), j4)), 4);
-      Value pos = r.loadIf(
-          here, i32, r.at(record, r.add(r.c64(l.positionOffset(0)), j4)), 4);
-      Value xOk = e.andi(here,
-                         e.andi(e.icmp(arith::CmpIPredicate::sge, x, e.i32(0)),
-                                e.icmp(arith::CmpIPredicate::slt, x,
-                                       e.i32(local))));
-      Value xi = e.toIndex(e.select(xOk, x, e.i32(0)));
-      Value ok = e.andi(
-          xOk, e.andi(e.icmp(arith::CmpIPredicate::sge, pos, e.i32(0)),
-                      e.icmp(arith::CmpIPredicate::slt, pos, countOf(q, xi))));
-      Value row = e.iadd(
-          e.loadRaw(bases, {e.iadd(e.imul(q, e.index(local)), xi)}), pos);
-      ok = e.andi(ok,
-                  e.icmp(arith::CmpIPredicate::ult, row, e.i32(capacity)));
-      e.storeRaw(e.select(ok, row, e.i32(-1)), rowsHere, {tid});
-      e.ifThen(ok, [&] {
-        Value at = e.toIndex(row);
-        e.storeRaw(e.toI32(q), origin, {at, e.index(0)});
-        e.storeRaw(
-            r.load(i32, r.at(record, r.add(r.c64(l.returnOffset(0)), j4))),
-            origin, {at, e.index(1)});
-      });
-    });
-    gpu::BarrierOp::create(e.b, e.loc);
-    auto eachRow = [&](Value u, function_ref<void(Value)> body) {
-      for (int64_t j = 0; j < topK; ++j) {
-        Value row = e.loadRaw(
-            rowsHere, {e.iadd(e.imul(u, e.index(topK)), e.index(j))});
-        e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)),
-                 [&] { body(e.toIndex(row)); });
-      }
-    };
-    // Vector `n` of the block's is record n / vectors's, at element
-    // (n % vectors) * width.
-    SmallVector<Value> us, cs, values, loaded;
-    for (int64_t m = 0; m < perThread; ++m) {
-      Value n = e.iadd(tid, e.index(m * kCopyThreads));
-      Value inBlock = e.ult(n, e.index(unroll * vectors));
-      Value u = e.minUI(e.divUI(n, vectors), e.index(unroll - 1));
-      Value c = e.imul(e.remUI(n, vectors), e.index(width));
-      Value load = e.andi(inBlock, pick(came, u));
-      Value at = r.at(r.at(pick(records, u), shape.header()),
-                      r.mul(r.to64(c), elementBytes));
-      us.push_back(u);
-      cs.push_back(c);
-      loaded.push_back(load);
-      values.push_back(r.loadIf(load, vec, at, bytes));
-    }
-    for (int64_t m = 0; m < perThread; ++m)
-      e.ifThen(loaded[m], [&] {
-        eachRow(us[m], [&](Value at) {
-          vector::StoreOp::create(e.b, e.loc, values[m], dispatched,
-                                  {at, cs[m]}, false, llvm::Align(bytes));
-        });
-      });
-    if (quantized) {
-      // A record's scales to each of its rows, a thread per scale.
-      auto type = cast<MemRefType>(rowScales.getType());
-      Type scale = type.getElementType();
-      int64_t scaleBytes = scale.getIntOrFloatBitWidth() / 8;
-      int64_t scales = type.getDimSize(1);
-      e.forEach(
-          tid, e.index(unroll * scales),
-          [&](Value n) {
-            Value u = e.divUI(n, scales), sc = e.remUI(n, scales);
-            Value v = r.loadIf(pick(came, u), scale,
-                               r.at(r.at(pick(records, u),
-                                         shape.header() + hidden),
-                                    r.mul(r.to64(sc), scaleBytes)),
-                               scaleBytes);
-            eachRow(u, [&](Value at) { e.storeRaw(v, rowScales, {at, sc}); });
-          },
-          e.index(kCopyThreads));
-    }
-    gpu::BarrierOp::create(e.b, e.loc);
-  });
+  Value rowsHere = k.workgroupBuffer({chunk * topK}, i32);
+  Value grid = e.index(kStrideBlocks);
+  Value slots = e.index(ranks * maxTokens);
+  // This block's records: ceil((slots - block) / grid).
+  Value mine = e.divUI(e.iadd(e.isub(slots, block), e.index(kStrideBlocks - 1)),
+                       e.index(kStrideBlocks));
+  // Record k of the block: its slot's source and index, and whether it came.
+  auto recordOf = [&](Value k) {
+    Value p = e.minUI(e.iadd(block, e.imul(k, grid)), e.index(ranks * maxTokens - 1));
+    Value q = e.divUI(p, maxTokens), i = e.remUI(p, maxTokens);
+    Value came = e.andi(e.ult(k, mine),
+                        e.icmp(arith::CmpIPredicate::slt, e.toI32(i),
+                               e.loadRaw(arrived, {q})));
+    return std::make_tuple(q, shape.record(r, st, q, i), came);
+  };
+  e.forEach(
+      e.index(0), mine,
+      [&](Value chunkStart) {
+        {
+          auto [q, record, here] =
+              recordOf(e.iadd(chunkStart, e.divUI(tid, topK)));
+          Value j4 = r.mul(r.to64(e.remUI(tid, topK)), 4);
+          Value x = r.loadIf(
+              here, i32, r.at(record, r.add(r.c64(l.localIdOffset(0)), j4)), 4);
+          Value pos = r.loadIf(
+              here, i32, r.at(record, r.add(r.c64(l.positionOffset(0)), j4)),
+              4);
+          Value xOk = e.andi(
+              here, e.andi(e.icmp(arith::CmpIPredicate::sge, x, e.i32(0)),
+                           e.icmp(arith::CmpIPredicate::slt, x, e.i32(local))));
+          Value xi = e.toIndex(e.select(xOk, x, e.i32(0)));
+          Value ok = e.andi(
+              xOk,
+              e.andi(e.icmp(arith::CmpIPredicate::sge, pos, e.i32(0)),
+                     e.icmp(arith::CmpIPredicate::slt, pos, countOf(q, xi))));
+          Value row = e.iadd(
+              e.loadRaw(bases, {e.iadd(e.imul(q, e.index(local)), xi)}), pos);
+          ok = e.andi(ok,
+                      e.icmp(arith::CmpIPredicate::ult, row, e.i32(capacity)));
+          e.storeRaw(e.select(ok, row, e.i32(-1)), rowsHere, {tid});
+          e.ifThen(ok, [&] {
+            Value at = e.toIndex(row);
+            e.storeRaw(e.toI32(q), origin, {at, e.index(0)});
+            e.storeRaw(r.load(i32, r.at(record,
+                                        r.add(r.c64(l.returnOffset(0)), j4))),
+                       origin, {at, e.index(1)});
+          });
+        }
+        gpu::BarrierOp::create(e.b, e.loc);
+        // Record k's row for choice j (-1: none), k within the chunk.
+        auto eachRow = [&](Value k, function_ref<void(Value)> body) {
+          for (int64_t j = 0; j < topK; ++j) {
+            Value row = e.loadRaw(
+                rowsHere, {e.iadd(e.imul(k, e.index(topK)), e.index(j))});
+            e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)),
+                     [&] { body(e.toIndex(row)); });
+          }
+        };
+        Value inChunk = e.minUI(e.isub(mine, chunkStart), e.index(chunk));
+        e.forEach(
+            e.index(0), inChunk,
+            [&](Value k0) {
+              // Vector n of these records' is record k0 + n / vectors's,
+              // at element (n % vectors) * width.
+              SmallVector<Value> ks, cs, loaded, values;
+              for (int64_t m = 0; m < perThread; ++m) {
+                Value n = e.iadd(tid, e.index(m * kCopyThreads));
+                Value k = e.iadd(
+                    k0, e.minUI(e.divUI(n, vectors), e.index(unroll - 1)));
+                auto [q, record, here] = recordOf(e.iadd(chunkStart, k));
+                Value c = e.imul(e.remUI(n, vectors), e.index(width));
+                Value load = e.andi(
+                    e.andi(e.ult(n, e.index(unroll * vectors)),
+                           e.ult(k, inChunk)),
+                    here);
+                ks.push_back(k);
+                cs.push_back(c);
+                loaded.push_back(load);
+                values.push_back(r.loadIf(
+                    load, vec,
+                    r.at(r.at(record, shape.header()),
+                         r.mul(r.to64(c), elementBytes)),
+                    bytes));
+              }
+              for (int64_t m = 0; m < perThread; ++m)
+                e.ifThen(loaded[m], [&] {
+                  eachRow(ks[m], [&](Value at) {
+                    vector::StoreOp::create(e.b, e.loc, values[m], dispatched,
+                                            {at, cs[m]}, false,
+                                            llvm::Align(bytes));
+                  });
+                });
+            },
+            e.index(unroll));
+        if (quantized) {
+          // Each record's scales to each of its rows, a thread per scale.
+          auto type = cast<MemRefType>(rowScales.getType());
+          Type scale = type.getElementType();
+          int64_t scaleBytes = scale.getIntOrFloatBitWidth() / 8;
+          int64_t scales = type.getDimSize(1);
+          e.forEach(
+              tid, e.imul(inChunk, e.index(scales)),
+              [&](Value n) {
+                Value k = e.divUI(n, scales), sc = e.remUI(n, scales);
+                auto [q, record, here] = recordOf(e.iadd(chunkStart, k));
+                Value v = r.loadIf(
+                    here, scale,
+                    r.at(r.at(record, shape.header() + hidden),
+                         r.mul(r.to64(sc), scaleBytes)),
+                    scaleBytes);
+                eachRow(k, [&](Value at) { e.storeRaw(v, rowScales, {at, sc}); });
+              },
+              e.index(kCopyThreads));
+        }
+        gpu::BarrierOp::create(e.b, e.loc);
+      },
+      e.index(chunk));
   return k.finish(op);
 }
 
@@ -726,5 +769,7 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
   if (quantized)
     layer.define(op.getQuantized()[0], capacity);
   unsigned state = layer.epState();
+  if (failed(buildEpDispatchWait(layer, op, shape, state)))
+    return failure();
   return buildEpDispatchUnpack(layer, op, shape, state);
 }

@@ -27,6 +27,8 @@ constexpr int64_t kStrideBlocks = 264;
 // 16-byte loads a thread of a copy kernel has in flight (one row a block
 // at a time left the loads latency-bound).
 constexpr int64_t kLoadsInFlight = 4;
+// Records an unpack block loads at once, at most (small rows).
+constexpr int64_t kMaxUnroll = 8;
 
 /// Byte addressing of raw pointers (the state, the peers' states) inside a
 /// kernel, and the few PTX instructions the protocol needs.

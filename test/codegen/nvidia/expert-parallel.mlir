@@ -1,19 +1,20 @@
 // RUN: moe-opt %s --moe-build-kernels=ep-max-tokens=64 | FileCheck %s
 // RUN: moe-opt %s --moe-sm90a-pipeline=stop-after=ptx | FileCheck %s --check-prefix=PTX
 
-// The exchanges in five kernels around the expert-parallel state (buffer
+// The exchanges in six kernels around the expert-parallel state (buffer
 // arg -2: device memory the library owns; the gathered outputs stay at its
 // combine area). Receive-side buffers are sized for every rank's capacity:
 // 2 ranks x 64 tokens x top-2 = 256 rows. The plan is a thread per token,
 // one block at least (it counts the forward); the send is a block per token
 // plus one, so the last block to finish raises the flags even with no
-// tokens; the unpack waits in every block, then it and the combine send
-// stride over 264 blocks; the combine wait is one block.
+// tokens; the waits are one block; unpack and combine send stride over 264
+// blocks.
 // CHECK: #moe.buffer<kind = ep_state>
 // CHECK-SAME: #moe.buffer<bytes = 4096>
 // CHECK-SAME: #moe.buffer<kind = ep_state, bytes = 12384>
 // CHECK: #moe.launch<kernel = @moe_ep_dispatch_plan, work = 1 + 1 * T, per_block = 256, block = 256
 // CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_send, work = 1 * T, extra_blocks = 1, block = 512
+// CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_wait, work = 1, block = 64
 // CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_unpack, work = 264, block = 512
 // CHECK-SAME: #moe.launch<kernel = @moe_ep_combine_send, work = 264, block = 512
 // CHECK-SAME: #moe.launch<kernel = @moe_ep_combine_wait, work = 1, block = 64
@@ -26,7 +27,7 @@
 // PTX: fence.sc.sys
 // PTX: atom.global.add.u32
 // PTX: st.volatile.b32
-// PTX: .visible .entry moe_ep_dispatch_unpack(
+// PTX: .visible .entry moe_ep_dispatch_wait(
 // PTX: %globaltimer;
 // PTX: ld.volatile.global.b32
 // PTX: fence.acq_rel.sys
