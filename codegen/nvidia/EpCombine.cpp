@@ -13,7 +13,6 @@
 //===----------------------------------------------------------------------===//
 
 #include "codegen/nvidia/EpExchange.h"
-#include "codegen/nvidia/Hopper.h"
 #include "codegen/nvidia/KernelBuilder.h"
 
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
@@ -59,39 +58,10 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
   Type i32 = e.b.getI32Type();
   Value tid = k.threadId();
   Value rows = e.toIndex(e.loadRaw(offsets, {e.index(send.getLocalExperts())}));
-  // Rows go out as TMA bulk stores from shared memory, in pieces of at most
-  // kBulkPieceBytes: the threads fill one half of the buffer while the
-  // other half's stores drain (SM stores of 16 bytes held NVLink to about
-  // three quarters of what the copy engines reach).
-  int64_t rowBytes = 2 * hidden;
-  int64_t pieceBytes = std::min<int64_t>(rowBytes, kBulkPieceBytes);
-  int64_t pieces = llvm::divideCeil(rowBytes, pieceBytes);
-  int64_t perHalf = kBulkPiecesInFlight;
-  Value buffer = k.workgroupBuffer({2 * perHalf * pieceBytes / 2},
-                                   e.b.getBF16Type());
-  Value sharedBase = e.toI32(
-      memref::ExtractAlignedPointerAsIndexOp::create(e.b, e.loc, buffer));
-  Value leader = e.eq(tid, e.index(0));
-  Value items = e.imul(rows, e.index(pieces));
-  Value block = k.blockId(gpu::Dimension::x);
-  auto vec = VectorType::get({8}, e.b.getBF16Type());
-  auto loop = scf::ForOp::create(
-      e.b, e.loc, e.imul(block, e.index(perHalf)), items,
-      e.index(kStrideBlocks * perHalf), ValueRange{e.index(0)});
-  {
-    OpBuilder::InsertionGuard guard(e.b);
-    e.b.setInsertionPointToStart(loop.getBody());
-    Value start = loop.getInductionVar(), half = loop.getRegionIterArg(0);
-    // The half's stores of two turns ago have read it.
-    e.ifThen(leader,
-             [&] { r.ptx("cp.async.bulk.wait_group.read 1;"); });
-    gpu::BarrierOp::create(e.b, e.loc);
-    SmallVector<Value> dsts, sizes, slots, sending;
-    for (int64_t sIdx = 0; sIdx < perHalf; ++sIdx) {
-      Value item = e.iadd(start, e.index(sIdx));
-      Value inRange = e.ult(item, items);
-      Value row = e.select(inRange, e.divUI(item, pieces), e.index(0));
-      Value piece = e.remUI(item, pieces);
+  strideRows(r, k.blockId(gpu::Dimension::x), rows, kLoadsInFlight,
+             [&](ArrayRef<Value> items, ArrayRef<Value> in) {
+    SmallVector<Value> dsts, sending;
+    for (auto [row, inRange] : llvm::zip_equal(items, in)) {
       Value q = e.loadRaw(origin, {row, e.index(0)});
       Value back = e.loadRaw(origin, {row, e.index(1)});
       // The row came from q's record: a return row or rank outside the
@@ -103,59 +73,37 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
                  e.andi(e.icmp(arith::CmpIPredicate::sge, q, e.i32(0)),
                         e.icmp(arith::CmpIPredicate::slt, q, e.i32(ranks))));
       inBounds = e.andi(inRange, inBounds);
-      Value first = e.imul(piece, e.index(pieceBytes));
-      Value size = e.minUI(e.index(pieceBytes),
-                           e.isub(e.index(rowBytes), first));
-      Value slot = e.iadd(e.imul(half, e.index(perHalf * pieceBytes)),
-                          e.index(sIdx * pieceBytes));
-      // This piece of the row into its slot, 16 bytes a thread and step.
-      e.ifThen(inBounds, [&] {
-        e.forEach(
-            e.imul(tid, e.index(16)), size,
-            [&](Value c) {
-              Value v = vector::LoadOp::create(
-                  e.b, e.loc, vec, out,
-                  {row, e.divUI(e.iadd(first, c), 2)}, false,
-                  llvm::Align(16));
-              vector::StoreOp::create(e.b, e.loc, v, buffer,
-                                      {e.divUI(e.iadd(slot, c), 2)}, false,
-                                      llvm::Align(16));
-            },
-            e.index(16 * kCopyThreads));
-      });
       Value qi = e.select(inBounds, q, e.i32(0));
       Value backi = e.select(inBounds, back, e.i32(0));
       dsts.push_back(r.at(r.peer(st, qi),
-                          r.add(r.add(r.c64(shape.combineRows()),
-                                      r.mul(r.to64(backi), rowBytes)),
-                                r.to64(first))));
-      sizes.push_back(e.toI32(size));
-      slots.push_back(e.iadd(sharedBase, e.toI32(slot)));
+                          r.add(r.c64(shape.combineRows()),
+                                r.mul(r.to64(backi), 2 * hidden))));
       sending.push_back(inBounds);
     }
-    // The threads' stores reach the async proxy, then one thread sends.
-    r.ptx("fence.proxy.async.shared::cta;");
-    gpu::BarrierOp::create(e.b, e.loc);
-    e.ifThen(leader, [&] {
-      for (auto [dst, at, size, ok] :
-           llvm::zip_equal(dsts, slots, sizes, sending))
-        e.ifThen(ok, [&] {
-          inlinePtx(e.b, e.loc, {}, ValueRange{dst, at, size},
-                    "{ .reg .u64 g; cvta.to.global.u64 g, $0; "
-                    "cp.async.bulk.global.shared::cta.bulk_group [g], [$1], "
-                    "$2; }",
-                    "l,r,r,~{memory}");
-        });
-      r.ptx("cp.async.bulk.commit_group;");
+    // Every row's loads first, then the stores.
+    copyRow(r, tid, hidden, r.b.getBF16Type(), [&](Value c, VectorType vec) {
+      SmallVector<Value> values;
+      for (auto [row, ok] : llvm::zip_equal(items, sending)) {
+        auto load = scf::IfOp::create(e.b, e.loc, TypeRange{vec}, ok,
+                                      /*withElse=*/true);
+        OpBuilder::InsertionGuard guard(e.b);
+        e.b.setInsertionPointToStart(&load.getThenRegion().front());
+        scf::YieldOp::create(
+            e.b, e.loc,
+            vector::LoadOp::create(e.b, e.loc, vec, out, {row, c}, false,
+                                   vectorAlign(8, vec.getElementType()))
+                .getResult());
+        e.b.setInsertionPointToStart(&load.getElseRegion().front());
+        scf::YieldOp::create(e.b, e.loc,
+                             arith::ConstantOp::create(
+                                 e.b, e.loc,
+                                 cast<TypedAttr>(e.b.getZeroAttr(vec)))
+                                 .getResult());
+        values.push_back(load.getResult(0));
+      }
+      for (auto [v, dst, ok] : llvm::zip_equal(values, dsts, sending))
+        e.ifThen(ok, [&] { r.store(v, r.at(dst, r.mul(r.to64(c), 2)), 16); });
     });
-    scf::YieldOp::create(e.b, e.loc,
-                         ValueRange{e.isub(e.index(1), half)});
-  }
-  // Every bulk store done (and seen by the generic proxy) before the fence
-  // that orders them before the flags.
-  e.ifThen(leader, [&] {
-    r.ptx("cp.async.bulk.wait_group 0;");
-    r.ptx("fence.proxy.async.global;");
   });
   r.fenceSystem();
   gpu::BarrierOp::create(e.b, e.loc);

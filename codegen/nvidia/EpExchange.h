@@ -27,10 +27,6 @@ constexpr int64_t kStrideBlocks = 264;
 // 16-byte loads a thread of a copy kernel has in flight (one row a block
 // at a time left the loads latency-bound).
 constexpr int64_t kLoadsInFlight = 4;
-// The combine send's TMA bulk stores: bytes of a piece of a row, pieces a
-// block fills while the last ones drain.
-constexpr int64_t kBulkPieceBytes = 8192;
-constexpr int64_t kBulkPiecesInFlight = 2;
 // Records an unpack block loads at once, at most (small rows).
 constexpr int64_t kMaxUnroll = 8;
 
