@@ -538,15 +538,17 @@ static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
       e.index(kCopyThreads));
   gpu::BarrierOp::create(e.b, e.loc);
   // A rank's choices here: at most topK a record.
-  auto countOf = [&](Value q, Value ql) {
+  auto sane = [&](Value q) {
     Value n = e.loadRaw(arrived, {q});
-    Value sane = e.icmp(arith::CmpIPredicate::ule, e.loadRaw(claimed, {q}),
-                        e.imul(e.select(e.icmp(arith::CmpIPredicate::slt, n,
-                                               e.i32(0)),
-                                        e.i32(0), n),
-                               e.i32(topK)));
+    return e.icmp(
+        arith::CmpIPredicate::ule, e.loadRaw(claimed, {q}),
+        e.imul(e.select(e.icmp(arith::CmpIPredicate::slt, n, e.i32(0)),
+                        e.i32(0), n),
+               e.i32(topK)));
+  };
+  auto countOf = [&](Value q, Value ql) {
     return e.select(
-        sane, e.loadRaw(chosen, {e.iadd(e.imul(q, e.index(local)), ql)}),
+        sane(q), e.loadRaw(chosen, {e.iadd(e.imul(q, e.index(local)), ql)}),
         e.i32(0));
   };
   auto expertTotal = [&](Value x, Value below) {
@@ -588,13 +590,9 @@ static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
     e.forEach(
         tid, e.index(ranks),
         [&](Value q) {
-          Value owed = e.reduce(e.index(0), e.index(local), {e.i32(0)},
-                                [&](Value x, ValueRange acc)
-                                    -> SmallVector<Value> {
-                                  return {e.iadd(acc[0], countOf(q, x))};
-                                })[0];
-          r.store(owed, r.at(st, r.add(r.c64(EpDeviceLayout::kReturnRows),
-                                       r.mul(r.to64(q), 4))));
+          r.store(e.select(sane(q), e.loadRaw(claimed, {q}), e.i32(0)),
+                  r.at(st, r.add(r.c64(EpDeviceLayout::kReturnRows),
+                                 r.mul(r.to64(q), 4))));
         },
         e.index(kCopyThreads));
   });
