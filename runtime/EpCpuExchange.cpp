@@ -311,8 +311,8 @@ void moe_ep_dispatch_send(int64_t data, int64_t dataRowBytes, int64_t scales,
     CountSlot slot{records[q], base[q], state.localFailure.empty() ? 0u : 1u,
                    uint32_t(tokens)};
     size_t slotOffset = size_t(q) * sizeof(CountSlot);
-    size_t regionSrc = s.sendDataOffset() + size_t(q) * s.regionBytes() +
-                       s.recordsOffset();
+    size_t regionSrc =
+        s.sendDataOffset() + size_t(q) * s.regionBytes() + s.recordsOffset();
     size_t regionDst = s.dispatchOffset() +
                        size_t(state.rank) * s.regionBytes() + s.recordsOffset();
     size_t bytes = size_t(records[q]) * state.recordBytes;

@@ -49,7 +49,9 @@ struct EpLayout {
   size_t countsBytes() const { return alignUp(16 * size_t(ranks), 64); }
   // A dispatch region: how many of the source's choices each local expert
   // got (the GPU exchange places rows by them), then the records.
-  size_t recordsOffset() const { return alignUp(4 * size_t(localExperts()), 16); }
+  size_t recordsOffset() const {
+    return alignUp(4 * size_t(localExperts()), 16);
+  }
   size_t regionBytes() const {
     return recordsOffset() + size_t(maxTokens) * maxRecordBytes();
   }
@@ -78,18 +80,18 @@ struct EpDeviceLayout {
   EpLayout recvLayout; // maxTokens: the compiled capacity
   static constexpr int64_t kMaxRanks = 64;
   // Control words (u32 unless said).
-  static constexpr size_t kSeq = 0;          // forwards run so far
-  static constexpr size_t kError = 4;        // nonzero: a wait timed out
-  static constexpr size_t kErrorPeer = 8;    // the rank it waited for
-  static constexpr size_t kTicket = 12;      // blocks done sending tokens
-  static constexpr size_t kTicket2 = 16;     // blocks done sending outputs
-  static constexpr size_t kRank = 20;        // this rank
-  static constexpr size_t kTimeoutNs = 24;   // u64: how long a wait spins
-  static constexpr size_t kSentCounts = 64;  // u32 per rank: records sent
+  static constexpr size_t kSeq = 0;           // forwards run so far
+  static constexpr size_t kError = 4;         // nonzero: a wait timed out
+  static constexpr size_t kErrorPeer = 8;     // the rank it waited for
+  static constexpr size_t kTicket = 12;       // blocks done sending tokens
+  static constexpr size_t kTicket2 = 16;      // blocks done sending outputs
+  static constexpr size_t kRank = 20;         // this rank
+  static constexpr size_t kTimeoutNs = 24;    // u64: how long a wait spins
+  static constexpr size_t kSentCounts = 64;   // u32 per rank: records sent
   static constexpr size_t kSentChoices = 320; // u32 per rank: choices sent
-  static constexpr size_t kRecvCounts = 576; // i32 per rank: records come
-  static constexpr size_t kReturnRows = 832; // u32 per rank: rows owed it
-  static constexpr size_t kPeers = 1536;     // u64 per rank: state address
+  static constexpr size_t kRecvCounts = 576;  // i32 per rank: records come
+  static constexpr size_t kReturnRows = 832;  // u32 per rank: rows owed it
+  static constexpr size_t kPeers = 1536;      // u64 per rank: state address
   static constexpr size_t kRecv = 2048;
   size_t combineFlags() const {
     return alignUp(kRecv + recvLayout.recvBytes(), 256);

@@ -58,53 +58,57 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
   Type i32 = e.b.getI32Type();
   Value tid = k.threadId();
   Value rows = e.toIndex(e.loadRaw(offsets, {e.index(send.getLocalExperts())}));
-  strideRows(r, k.blockId(gpu::Dimension::x), rows, kLoadsInFlight,
-             [&](ArrayRef<Value> items, ArrayRef<Value> in) {
-    SmallVector<Value> dsts, sending;
-    for (auto [row, inRange] : llvm::zip_equal(items, in)) {
-      Value q = e.loadRaw(origin, {row, e.index(0)});
-      Value back = e.loadRaw(origin, {row, e.index(1)});
-      // The row came from q's record: a return row or rank outside the
-      // combine area (a corrupt record) is dropped, never written.
-      Value inBounds =
-          e.andi(e.andi(e.icmp(arith::CmpIPredicate::sge, back, e.i32(0)),
-                        e.icmp(arith::CmpIPredicate::slt, back,
-                               e.i32(shape.maxTokens * topK))),
-                 e.andi(e.icmp(arith::CmpIPredicate::sge, q, e.i32(0)),
-                        e.icmp(arith::CmpIPredicate::slt, q, e.i32(ranks))));
-      inBounds = e.andi(inRange, inBounds);
-      Value qi = e.select(inBounds, q, e.i32(0));
-      Value backi = e.select(inBounds, back, e.i32(0));
-      dsts.push_back(r.at(r.peer(st, qi),
-                          r.add(r.c64(shape.combineRows()),
-                                r.mul(r.to64(backi), 2 * hidden))));
-      sending.push_back(inBounds);
-    }
-    // Every row's loads first, then the stores.
-    copyRow(r, tid, hidden, r.b.getBF16Type(), [&](Value c, VectorType vec) {
-      SmallVector<Value> values;
-      for (auto [row, ok] : llvm::zip_equal(items, sending)) {
-        auto load = scf::IfOp::create(e.b, e.loc, TypeRange{vec}, ok,
-                                      /*withElse=*/true);
-        OpBuilder::InsertionGuard guard(e.b);
-        e.b.setInsertionPointToStart(&load.getThenRegion().front());
-        scf::YieldOp::create(
-            e.b, e.loc,
-            vector::LoadOp::create(e.b, e.loc, vec, out, {row, c}, false,
-                                   vectorAlign(8, vec.getElementType()))
-                .getResult());
-        e.b.setInsertionPointToStart(&load.getElseRegion().front());
-        scf::YieldOp::create(e.b, e.loc,
-                             arith::ConstantOp::create(
-                                 e.b, e.loc,
-                                 cast<TypedAttr>(e.b.getZeroAttr(vec)))
-                                 .getResult());
-        values.push_back(load.getResult(0));
-      }
-      for (auto [v, dst, ok] : llvm::zip_equal(values, dsts, sending))
-        e.ifThen(ok, [&] { r.store(v, r.at(dst, r.mul(r.to64(c), 2)), 16); });
-    });
-  });
+  strideRows(
+      r, k.blockId(gpu::Dimension::x), rows, kLoadsInFlight,
+      [&](ArrayRef<Value> items, ArrayRef<Value> in) {
+        SmallVector<Value> dsts, sending;
+        for (auto [row, inRange] : llvm::zip_equal(items, in)) {
+          Value q = e.loadRaw(origin, {row, e.index(0)});
+          Value back = e.loadRaw(origin, {row, e.index(1)});
+          // The row came from q's record: a return row or rank outside the
+          // combine area (a corrupt record) is dropped, never written.
+          Value inBounds = e.andi(
+              e.andi(e.icmp(arith::CmpIPredicate::sge, back, e.i32(0)),
+                     e.icmp(arith::CmpIPredicate::slt, back,
+                            e.i32(shape.maxTokens * topK))),
+              e.andi(e.icmp(arith::CmpIPredicate::sge, q, e.i32(0)),
+                     e.icmp(arith::CmpIPredicate::slt, q, e.i32(ranks))));
+          inBounds = e.andi(inRange, inBounds);
+          Value qi = e.select(inBounds, q, e.i32(0));
+          Value backi = e.select(inBounds, back, e.i32(0));
+          dsts.push_back(
+              r.at(r.peer(st, qi), r.add(r.c64(shape.combineRows()),
+                                         r.mul(r.to64(backi), 2 * hidden))));
+          sending.push_back(inBounds);
+        }
+        // Every row's loads first, then the stores.
+        copyRow(
+            r, tid, hidden, r.b.getBF16Type(), [&](Value c, VectorType vec) {
+              SmallVector<Value> values;
+              for (auto [row, ok] : llvm::zip_equal(items, sending)) {
+                auto load = scf::IfOp::create(e.b, e.loc, TypeRange{vec}, ok,
+                                              /*withElse=*/true);
+                OpBuilder::InsertionGuard guard(e.b);
+                e.b.setInsertionPointToStart(&load.getThenRegion().front());
+                scf::YieldOp::create(e.b, e.loc,
+                                     vector::LoadOp::create(
+                                         e.b, e.loc, vec, out, {row, c}, false,
+                                         vectorAlign(8, vec.getElementType()))
+                                         .getResult());
+                e.b.setInsertionPointToStart(&load.getElseRegion().front());
+                scf::YieldOp::create(
+                    e.b, e.loc,
+                    arith::ConstantOp::create(
+                        e.b, e.loc, cast<TypedAttr>(e.b.getZeroAttr(vec)))
+                        .getResult());
+                values.push_back(load.getResult(0));
+              }
+              for (auto [v, dst, ok] : llvm::zip_equal(values, dsts, sending))
+                e.ifThen(ok, [&] {
+                  r.store(v, r.at(dst, r.mul(r.to64(c), 2)), 16);
+                });
+            });
+      });
   r.fenceSystem();
   gpu::BarrierOp::create(e.b, e.loc);
   e.ifThen(e.eq(tid, e.index(0)), [&] {

@@ -136,18 +136,18 @@ static LogicalResult buildEpDispatchPlan(LayerKernels &layer,
   auto vec = VectorType::get({topK}, i32);
   int64_t rowBytes = 4 * topK;
   Value v = vector::LoadOp::create(
-      e.b, e.loc, vec, ids, {e.select(valid, t, e.index(0)), e.index(0)},
-      false, llvm::Align(std::min<int64_t>(16, rowBytes & -rowBytes)));
+      e.b, e.loc, vec, ids, {e.select(valid, t, e.index(0)), e.index(0)}, false,
+      llvm::Align(std::min<int64_t>(16, rowBytes & -rowBytes)));
   SmallVector<Value> id, owner, ok;
   for (int64_t j = 0; j < topK; ++j) {
     id.push_back(vector::ExtractOp::create(e.b, e.loc, v, j));
     ok.push_back(e.andi(
-        valid, e.andi(e.icmp(arith::CmpIPredicate::sge, id[j], e.i32(0)),
-                      e.icmp(arith::CmpIPredicate::slt, id[j],
-                             e.i32(experts)))));
-    owner.push_back(e.select(
-        ok[j], arith::DivUIOp::create(e.b, e.loc, id[j], e.i32(local)),
-        e.i32(-1)));
+        valid,
+        e.andi(e.icmp(arith::CmpIPredicate::sge, id[j], e.i32(0)),
+               e.icmp(arith::CmpIPredicate::slt, id[j], e.i32(experts)))));
+    owner.push_back(
+        e.select(ok[j], arith::DivUIOp::create(e.b, e.loc, id[j], e.i32(local)),
+                 e.i32(-1)));
   }
   // Per choice: the token's choices of the same rank, and those before it;
   // the first of them claims the token's record and choices there.
@@ -155,8 +155,8 @@ static LogicalResult buildEpDispatchPlan(LayerKernels &layer,
   for (int64_t j = 0; j < topK; ++j) {
     Value same = e.i32(0), earlier = e.i32(0);
     for (int64_t j2 = 0; j2 < topK; ++j2) {
-      Value is = arith::ExtUIOp::create(e.b, e.loc, i32,
-                                        e.andi(ok[j2], e.eq(owner[j2], owner[j])));
+      Value is = arith::ExtUIOp::create(
+          e.b, e.loc, i32, e.andi(ok[j2], e.eq(owner[j2], owner[j])));
       same = e.iadd(same, is);
       if (j2 < j)
         earlier = e.iadd(earlier, is);
@@ -166,8 +166,8 @@ static LogicalResult buildEpDispatchPlan(LayerKernels &layer,
     Value q = e.toIndex(e.select(ok[j], owner[j], e.i32(0)));
     recordHere.push_back(addIf(e, first[j], records, q, e.i32(1)));
     choiceHere.push_back(addIf(e, first[j], choices, q, same));
-    position.push_back(addIf(e, ok[j],
-                             placed, e.toIndex(e.select(ok[j], id[j], e.i32(0))),
+    position.push_back(addIf(e, ok[j], placed,
+                             e.toIndex(e.select(ok[j], id[j], e.i32(0))),
                              e.i32(1)));
   }
   // No record for the ranks the token does not go to.
@@ -273,8 +273,9 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
             [&](Value q2, ValueRange acc) -> SmallVector<Value> {
               return {e.iadd(
                   acc[0],
-                  r.load(i32, r.at(st, r.add(r.c64(EpDeviceLayout::kSentChoices),
-                                             r.mul(r.to64(q2), 4)))))};
+                  r.load(i32,
+                         r.at(st, r.add(r.c64(EpDeviceLayout::kSentChoices),
+                                        r.mul(r.to64(q2), 4)))))};
             })[0];
         e.storeRaw(base, bases, {q});
       },
@@ -299,8 +300,9 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
         e.i32(-1));
     Value position = r.load(i32, shape.positionSlot(r, st, t, j));
     gpu::BarrierOp::create(e.b, e.loc);
-    e.ifThen(e.ult(tid, e.index(topK)),
-             [&] { e.storeRaw(back, rows, {t, tid}); });
+    e.ifThen(e.ult(tid, e.index(topK)), [&] {
+      e.storeRaw(back, rows, {t, tid});
+    });
     for (int64_t q = 0; q < ranks; ++q) {
       Value index = r.load(i32, shape.recordIndexSlot(r, st, t, q));
       e.ifThen(e.icmp(arith::CmpIPredicate::sge, index, e.i32(0)), [&] {
@@ -321,14 +323,13 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
         e.ifThen(e.eq(tid, e.index(0)), [&] { r.store(e.toI32(t), record); });
         Value payload = r.at(record, shape.header());
         if (quantized) {
-          copyRow(r, tid, hidden, r.b.getI8Type(),
-                  [&](Value c, VectorType vec) {
-                    int64_t bytes = vec.getNumElements();
-                    Value v = vector::LoadOp::create(e.b, e.loc, vec, codes,
-                                                     {t, c}, false,
-                                                     llvm::Align(bytes));
-                    r.store(v, r.at(payload, c), bytes);
-                  });
+          copyRow(
+              r, tid, hidden, r.b.getI8Type(), [&](Value c, VectorType vec) {
+                int64_t bytes = vec.getNumElements();
+                Value v = vector::LoadOp::create(e.b, e.loc, vec, codes, {t, c},
+                                                 false, llvm::Align(bytes));
+                r.store(v, r.at(payload, c), bytes);
+              });
           copyScalesToRecord(r, tid, codeScales, t, r.at(payload, hidden));
           return;
         }
@@ -356,55 +357,53 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
                last, {e.index(0)});
   });
   gpu::BarrierOp::create(e.b, e.loc);
-  e.ifThen(e.icmp(arith::CmpIPredicate::ne, e.loadRaw(last, {e.index(0)}),
-                  e.i32(0)),
-           [&] {
-             // Each rank's choices per expert, at the head of this rank's
-             // region there; the counters start the next forward at zero.
-             e.forEach(
-                 tid, e.index(ranks * local),
-                 [&](Value x) {
-                   Value q = e.divUI(x, local), ql = e.remUI(x, local);
-                   Value counter = shape.expertChoices(r, st, x);
-                   r.store(r.load(i32, counter),
-                           r.at(shape.region(r, r.peer(st, q), self),
-                                r.mul(r.to64(ql), 4)));
-                   r.store(e.i32(0), counter);
-                 },
-                 e.index(kCopyThreads));
-             e.forEach(
-                 tid, e.index(ranks),
-                 [&](Value q) {
-                   Value at = r.mul(r.to64(q), 4);
-                   Value count =
-                       r.at(st, r.add(r.c64(EpDeviceLayout::kSentCounts), at));
-                   Value slot = r.at(r.peer(st, q),
-                                     r.add(r.c64(EpDeviceLayout::kRecv),
-                                           r.mul(r.to64(self), 16)));
-                   Value records = r.load(i32, count);
-                   r.store(records, slot);
-                   r.store(e.loadRaw(bases, {q}), r.at(slot, 4));
-                   r.store(e.i32(0), r.at(slot, 8));
-                   e.storeRaw(records, sent, {q});
-                   r.store(e.i32(0), count);
-                   r.store(e.i32(0),
-                           r.at(st, r.add(r.c64(EpDeviceLayout::kSentChoices),
-                                          at)));
-                 },
-                 e.index(kCopyThreads));
-             r.fenceSystem();
-             gpu::BarrierOp::create(e.b, e.loc);
-             e.ifThen(e.eq(tid, e.index(0)), [&] {
-               r.store(e.i32(0), r.at(st, EpDeviceLayout::kTicket));
-               r.fenceSystem();
-               Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
-               for (int64_t q = 0; q < ranks; ++q)
-                 r.storeVolatile(
-                     seq, r.at(r.peer(st, r.c64(q)),
-                               r.add(r.c64(EpDeviceLayout::kRecv + 12),
-                                     r.mul(r.to64(self), 16))));
-             });
-           });
+  e.ifThen(
+      e.icmp(arith::CmpIPredicate::ne, e.loadRaw(last, {e.index(0)}), e.i32(0)),
+      [&] {
+        // Each rank's choices per expert, at the head of this rank's
+        // region there; the counters start the next forward at zero.
+        e.forEach(
+            tid, e.index(ranks * local),
+            [&](Value x) {
+              Value q = e.divUI(x, local), ql = e.remUI(x, local);
+              Value counter = shape.expertChoices(r, st, x);
+              r.store(r.load(i32, counter),
+                      r.at(shape.region(r, r.peer(st, q), self),
+                           r.mul(r.to64(ql), 4)));
+              r.store(e.i32(0), counter);
+            },
+            e.index(kCopyThreads));
+        e.forEach(
+            tid, e.index(ranks),
+            [&](Value q) {
+              Value at = r.mul(r.to64(q), 4);
+              Value count =
+                  r.at(st, r.add(r.c64(EpDeviceLayout::kSentCounts), at));
+              Value slot =
+                  r.at(r.peer(st, q), r.add(r.c64(EpDeviceLayout::kRecv),
+                                            r.mul(r.to64(self), 16)));
+              Value records = r.load(i32, count);
+              r.store(records, slot);
+              r.store(e.loadRaw(bases, {q}), r.at(slot, 4));
+              r.store(e.i32(0), r.at(slot, 8));
+              e.storeRaw(records, sent, {q});
+              r.store(e.i32(0), count);
+              r.store(e.i32(0),
+                      r.at(st, r.add(r.c64(EpDeviceLayout::kSentChoices), at)));
+            },
+            e.index(kCopyThreads));
+        r.fenceSystem();
+        gpu::BarrierOp::create(e.b, e.loc);
+        e.ifThen(e.eq(tid, e.index(0)), [&] {
+          r.store(e.i32(0), r.at(st, EpDeviceLayout::kTicket));
+          r.fenceSystem();
+          Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
+          for (int64_t q = 0; q < ranks; ++q)
+            r.storeVolatile(seq, r.at(r.peer(st, r.c64(q)),
+                                      r.add(r.c64(EpDeviceLayout::kRecv + 12),
+                                            r.mul(r.to64(self), 16))));
+        });
+      });
   return k.finish(op);
 }
 
@@ -470,47 +469,85 @@ static LogicalResult buildEpDispatchWait(LayerKernels &layer,
   return k.finish(op);
 }
 
+namespace {
 /// The unpack, every block alike: lay out this rank's experts' rows from
 /// the counts every rank sent (each block for itself, so none waits on
 /// another), then fan each arrived record out into its rows. A rank that
 /// ran out of time, or whose counts do not add up to at most its records'
 /// choices, gives no rows.
-static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
-                                           EpDispatchRecvOp op,
-                                           const EpShape &shape,
-                                           unsigned state) {
-  int64_t ranks = shape.ranks, topK = shape.topK, hidden = shape.hidden,
-          local = shape.localExperts, maxTokens = shape.maxTokens;
-  const EpLayout &l = shape.recv();
-  int64_t capacity = ranks * maxTokens * topK;
-  bool quantized = !op.getQuantized().empty();
-  SmallVector<unsigned> buffers = {layer.info(op.getTokensPerExpert()).buffer,
-                                   layer.info(op.getExpertOffsets()).buffer,
-                                   layer.info(op.getDispatched()).buffer,
-                                   layer.info(op.getOrigin()).buffer, state};
-  if (quantized)
-    buffers.push_back(layer.info(op.getQuantized()[0]).buffer);
-  Kernel k = layer.kernelOn(op, "ep_dispatch_unpack", buffers);
-  k.launch.work = {kStrideBlocks, 0};
-  k.launch.block = kCopyThreads;
-  Emitter &e = k.e;
-  Raw r(k);
-  Value counts = k.view(0, layer.info(op.getTokensPerExpert()));
-  Value offsets = k.view(1, layer.info(op.getExpertOffsets()));
-  Value dispatched = k.view(2, layer.info(op.getDispatched()));
-  Value origin = k.view(3, layer.info(op.getOrigin()));
-  Value st = k.func.getArgument(4);
-  Value rowScales =
-      quantized ? k.view(5, layer.info(op.getQuantized()[0])) : Value();
-  Type i32 = e.b.getI32Type();
-  Value tid = k.threadId(), block = k.blockId(gpu::Dimension::x);
-  Value first = e.eq(block, e.index(0));
-  Value arrived = k.workgroupBuffer({ranks}, i32);
-  Value claimed = k.workgroupBuffer({ranks}, i32);
-  Value chosen = k.workgroupBuffer({ranks * local}, i32);
-  Value bases = k.workgroupBuffer({ranks * local}, i32);
-  Value ends = k.workgroupBuffer({local}, i32);
-  // What the wait found: each rank's record count, -1 for none.
+struct UnpackEmitter {
+  Kernel &k;
+  Emitter &e;
+  Raw r;
+  const EpShape &shape;
+  const EpLayout &l;
+  int64_t ranks, topK, hidden, local, maxTokens;
+  bool quantized;
+  Type i32;
+  Value counts, offsets, dispatched, origin, st, rowScales, tid, block;
+  // Shared: each rank's record count (-1: none) and choices claimed here,
+  // its choices per expert, where they start, the experts' ends.
+  Value arrived, claimed, chosen, bases, ends;
+
+  UnpackEmitter(Kernel &k, LayerKernels &layer, EpDispatchRecvOp op,
+                const EpShape &shape)
+      : k(k), e(k.e), r(k), shape(shape), l(shape.recv()), ranks(shape.ranks),
+        topK(shape.topK), hidden(shape.hidden), local(shape.localExperts),
+        maxTokens(shape.maxTokens), quantized(!op.getQuantized().empty()),
+        i32(k.b.getI32Type()) {
+    counts = k.view(0, layer.info(op.getTokensPerExpert()));
+    offsets = k.view(1, layer.info(op.getExpertOffsets()));
+    dispatched = k.view(2, layer.info(op.getDispatched()));
+    origin = k.view(3, layer.info(op.getOrigin()));
+    st = k.func.getArgument(4);
+    rowScales =
+        quantized ? k.view(5, layer.info(op.getQuantized()[0])) : Value();
+    tid = k.threadId();
+    block = k.blockId(gpu::Dimension::x);
+    arrived = k.workgroupBuffer({ranks}, i32);
+    claimed = k.workgroupBuffer({ranks}, i32);
+    chosen = k.workgroupBuffer({ranks * local}, i32);
+    bases = k.workgroupBuffer({ranks * local}, i32);
+    ends = k.workgroupBuffer({local}, i32);
+  }
+
+  std::pair<Value, Value> splitSource(Value x) {
+    return {e.divUI(x, local), e.remUI(x, local)};
+  }
+  /// Rank q's choices here are at most topK a record.
+  Value sane(Value q) {
+    Value n = e.loadRaw(arrived, {q});
+    return e.icmp(
+        arith::CmpIPredicate::ule, e.loadRaw(claimed, {q}),
+        e.imul(e.select(e.icmp(arith::CmpIPredicate::slt, n, e.i32(0)),
+                        e.i32(0), n),
+               e.i32(topK)));
+  }
+  Value countOf(Value q, Value ql) {
+    return e.select(sane(q),
+                    e.loadRaw(chosen, {e.iadd(e.imul(q, e.index(local)), ql)}),
+                    e.i32(0));
+  }
+  /// Expert x's choices from the ranks below `below`.
+  Value expertTotal(Value x, Value below) {
+    return e.reduce(e.index(0), below, {e.i32(0)},
+                    [&](Value q, ValueRange acc) -> SmallVector<Value> {
+                      return {e.iadd(acc[0], countOf(q, x))};
+                    })[0];
+  }
+
+  void loadCounts();
+  void layOut();
+  std::tuple<Value, Value, Value> recordOf(Value k, Value mine);
+  void findRows(Value rowsHere, Value chunkStart, Value mine);
+  void copyChunk(Value rowsHere, Value chunkStart, Value inChunk, Value mine);
+  void emit();
+};
+} // namespace
+
+/// What the wait found, and each rank's choices per expert (head of its
+/// region), checked against its record count.
+void UnpackEmitter::loadCounts() {
   e.ifThen(e.ult(tid, e.index(ranks)), [&] {
     e.storeRaw(r.load(i32, r.at(st, r.add(r.c64(EpDeviceLayout::kRecvCounts),
                                           r.mul(r.to64(tid), 4)))),
@@ -518,15 +555,13 @@ static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
     e.storeRaw(e.i32(0), claimed, {tid});
   });
   gpu::BarrierOp::create(e.b, e.loc);
-  auto splitSource = [&](Value x) {
-    return std::make_pair(e.divUI(x, local), e.remUI(x, local));
-  };
   e.forEach(
       tid, e.index(ranks * local),
       [&](Value x) {
         auto [q, ql] = splitSource(x);
         Value n = e.loadRaw(arrived, {q});
-        Value c = r.load(i32, r.at(shape.region(r, st, q), r.mul(r.to64(ql), 4)));
+        Value c =
+            r.load(i32, r.at(shape.region(r, st, q), r.mul(r.to64(ql), 4)));
         // One choice of an expert a token at most.
         c = e.select(e.icmp(arith::CmpIPredicate::ugt, c, n), e.i32(0), c);
         c = e.select(e.icmp(arith::CmpIPredicate::slt, n, e.i32(0)), e.i32(0),
@@ -537,33 +572,19 @@ static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
       },
       e.index(kCopyThreads));
   gpu::BarrierOp::create(e.b, e.loc);
-  // A rank's choices here: at most topK a record.
-  auto sane = [&](Value q) {
-    Value n = e.loadRaw(arrived, {q});
-    return e.icmp(
-        arith::CmpIPredicate::ule, e.loadRaw(claimed, {q}),
-        e.imul(e.select(e.icmp(arith::CmpIPredicate::slt, n, e.i32(0)),
-                        e.i32(0), n),
-               e.i32(topK)));
-  };
-  auto countOf = [&](Value q, Value ql) {
-    return e.select(
-        sane(q), e.loadRaw(chosen, {e.iadd(e.imul(q, e.index(local)), ql)}),
-        e.i32(0));
-  };
-  auto expertTotal = [&](Value x, Value below) {
-    return e.reduce(e.index(0), below, {e.i32(0)},
-                    [&](Value q, ValueRange acc) -> SmallVector<Value> {
-                      return {e.iadd(acc[0], countOf(q, x))};
-                    })[0];
-  };
+}
+
+/// The experts' rows: expert x's are its ranks' choices in rank order.
+/// Block 0 also gives the counts, offsets and rows owed each rank (for the
+/// combine send and the proxy).
+void UnpackEmitter::layOut() {
+  loadCounts();
   e.forEach(
       tid, e.index(local),
       [&](Value x) { e.storeRaw(expertTotal(x, e.index(ranks)), ends, {x}); },
       e.index(kCopyThreads));
   gpu::BarrierOp::create(e.b, e.loc);
   scanInPlace(k, ends, local);
-  // Rows of expert x: its ranks' choices in rank order.
   e.forEach(
       tid, e.index(ranks * local),
       [&](Value x) {
@@ -573,7 +594,7 @@ static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
         e.storeRaw(e.iadd(start, expertTotal(ql, q)), bases, {x});
       },
       e.index(kCopyThreads));
-  e.ifThen(first, [&] {
+  e.ifThen(e.eq(block, e.index(0)), [&] {
     e.forEach(
         tid, e.index(local),
         [&](Value x) {
@@ -586,7 +607,6 @@ static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
       e.storeRaw(e.loadRaw(ends, {e.index(local - 1)}), offsets,
                  {e.index(local)});
     });
-    // Rows owed each rank, for the combine send and the proxy.
     e.forEach(
         tid, e.index(ranks),
         [&](Value q) {
@@ -597,138 +617,162 @@ static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
         e.index(kCopyThreads));
   });
   gpu::BarrierOp::create(e.b, e.loc);
-  // Block b takes records b, b + grid, ... (slot p is source p / maxTokens's
-  // record p % maxTokens). A chunk of them at a time: a thread per record
-  // and choice finds the rows (in shared memory); then, with no barrier
-  // between records, each thread loads its vectors of a few records before
-  // storing any.
-  Type element = quantized ? Type(r.b.getI8Type()) : Type(r.b.getBF16Type());
+}
+
+/// Record k of the block's `mine` (block b takes slots b, b + grid, ...;
+/// slot p is source p / maxTokens's record p % maxTokens): its source, its
+/// address and whether it came.
+std::tuple<Value, Value, Value> UnpackEmitter::recordOf(Value k, Value mine) {
+  Value p = e.minUI(e.iadd(block, e.imul(k, e.index(kUnpackBlocks))),
+                    e.index(ranks * maxTokens - 1));
+  Value q = e.divUI(p, maxTokens), i = e.remUI(p, maxTokens);
+  Value came =
+      e.andi(e.ult(k, mine), e.icmp(arith::CmpIPredicate::slt, e.toI32(i),
+                                    e.loadRaw(arrived, {q})));
+  return {q, shape.record(r, st, q, i), came};
+}
+
+/// A thread per record of the chunk and choice: the choice's row here
+/// (-1: none) into `rowsHere`, and where its output returns to `origin`.
+void UnpackEmitter::findRows(Value rowsHere, Value chunkStart, Value mine) {
+  int64_t capacity = ranks * maxTokens * topK;
+  auto [q, record, here] =
+      recordOf(e.iadd(chunkStart, e.divUI(tid, topK)), mine);
+  Value j4 = r.mul(r.to64(e.remUI(tid, topK)), 4);
+  Value x = r.loadIf(here, i32,
+                     r.at(record, r.add(r.c64(l.localIdOffset(0)), j4)), 4);
+  Value pos = r.loadIf(here, i32,
+                       r.at(record, r.add(r.c64(l.positionOffset(0)), j4)), 4);
+  Value xOk =
+      e.andi(here, e.andi(e.icmp(arith::CmpIPredicate::sge, x, e.i32(0)),
+                          e.icmp(arith::CmpIPredicate::slt, x, e.i32(local))));
+  Value xi = e.toIndex(e.select(xOk, x, e.i32(0)));
+  Value ok = e.andi(
+      xOk, e.andi(e.icmp(arith::CmpIPredicate::sge, pos, e.i32(0)),
+                  e.icmp(arith::CmpIPredicate::slt, pos, countOf(q, xi))));
+  Value row =
+      e.iadd(e.loadRaw(bases, {e.iadd(e.imul(q, e.index(local)), xi)}), pos);
+  ok = e.andi(ok, e.icmp(arith::CmpIPredicate::ult, row, e.i32(capacity)));
+  e.storeRaw(e.select(ok, row, e.i32(-1)), rowsHere, {tid});
+  e.ifThen(ok, [&] {
+    Value at = e.toIndex(row);
+    e.storeRaw(e.toI32(q), origin, {at, e.index(0)});
+    e.storeRaw(r.load(i32, r.at(record, r.add(r.c64(l.returnOffset(0)), j4))),
+               origin, {at, e.index(1)});
+  });
+}
+
+/// The chunk's records into their rows: with no barrier between records,
+/// each thread loads its vectors of a few records before storing any.
+void UnpackEmitter::copyChunk(Value rowsHere, Value chunkStart, Value inChunk,
+                              Value mine) {
+  Type element = quantized ? Type(e.b.getI8Type()) : Type(e.b.getBF16Type());
   int64_t elementBytes = quantized ? 1 : 2;
   int64_t width = copyWidth(hidden, element);
   int64_t vectors = hidden / width;
-  int64_t chunk = kCopyThreads / topK;
   int64_t unroll = std::clamp<int64_t>(
-      kLoadsInFlight * kCopyThreads / vectors, 1, kMaxUnroll);
+      kUnpackLoadsInFlight * kCopyThreads / vectors, 1, kMaxUnroll);
   int64_t perThread = llvm::divideCeil(unroll * vectors, kCopyThreads);
   unsigned bytes = width * elementBytes;
   auto vec = VectorType::get({width}, element);
-  Value rowsHere = k.workgroupBuffer({chunk * topK}, i32);
-  Value grid = e.index(kStrideBlocks);
-  Value slots = e.index(ranks * maxTokens);
-  // This block's records: ceil((slots - block) / grid).
-  Value mine = e.divUI(e.iadd(e.isub(slots, block), e.index(kStrideBlocks - 1)),
-                       e.index(kStrideBlocks));
-  // Record k of the block: its slot's source and index, and whether it came.
-  auto recordOf = [&](Value k) {
-    Value p = e.minUI(e.iadd(block, e.imul(k, grid)), e.index(ranks * maxTokens - 1));
-    Value q = e.divUI(p, maxTokens), i = e.remUI(p, maxTokens);
-    Value came = e.andi(e.ult(k, mine),
-                        e.icmp(arith::CmpIPredicate::slt, e.toI32(i),
-                               e.loadRaw(arrived, {q})));
-    return std::make_tuple(q, shape.record(r, st, q, i), came);
+  // Record k's row for choice j (-1: none), k within the chunk.
+  auto eachRow = [&](Value k, function_ref<void(Value)> body) {
+    for (int64_t j = 0; j < topK; ++j) {
+      Value row =
+          e.loadRaw(rowsHere, {e.iadd(e.imul(k, e.index(topK)), e.index(j))});
+      e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)),
+               [&] { body(e.toIndex(row)); });
+    }
   };
+  e.forEach(
+      e.index(0), inChunk,
+      [&](Value k0) {
+        // Vector n of these records' is record k0 + n / vectors's, at
+        // element (n % vectors) * width.
+        SmallVector<Value> ks, cs, loaded, values;
+        for (int64_t m = 0; m < perThread; ++m) {
+          Value n = e.iadd(tid, e.index(m * kCopyThreads));
+          Value k =
+              e.iadd(k0, e.minUI(e.divUI(n, vectors), e.index(unroll - 1)));
+          auto [q, record, here] = recordOf(e.iadd(chunkStart, k), mine);
+          Value c = e.imul(e.remUI(n, vectors), e.index(width));
+          Value load = e.andi(
+              e.andi(e.ult(n, e.index(unroll * vectors)), e.ult(k, inChunk)),
+              here);
+          ks.push_back(k);
+          cs.push_back(c);
+          loaded.push_back(load);
+          values.push_back(r.loadIf(load, vec,
+                                    r.at(r.at(record, shape.header()),
+                                         r.mul(r.to64(c), elementBytes)),
+                                    bytes));
+        }
+        for (int64_t m = 0; m < perThread; ++m)
+          e.ifThen(loaded[m], [&] {
+            eachRow(ks[m], [&](Value at) {
+              vector::StoreOp::create(e.b, e.loc, values[m], dispatched,
+                                      {at, cs[m]}, false, llvm::Align(bytes));
+            });
+          });
+      },
+      e.index(unroll));
+  if (!quantized)
+    return;
+  // Each record's scales to each of its rows, a thread per scale.
+  auto type = cast<MemRefType>(rowScales.getType());
+  Type scale = type.getElementType();
+  int64_t scaleBytes = scale.getIntOrFloatBitWidth() / 8;
+  int64_t scales = type.getDimSize(1);
+  e.forEach(
+      tid, e.imul(inChunk, e.index(scales)),
+      [&](Value n) {
+        Value k = e.divUI(n, scales), sc = e.remUI(n, scales);
+        auto [q, record, here] = recordOf(e.iadd(chunkStart, k), mine);
+        Value v = r.loadIf(here, scale,
+                           r.at(r.at(record, shape.header() + hidden),
+                                r.mul(r.to64(sc), scaleBytes)),
+                           scaleBytes);
+        eachRow(k, [&](Value at) { e.storeRaw(v, rowScales, {at, sc}); });
+      },
+      e.index(kCopyThreads));
+}
+
+/// The block's records a chunk at a time: a thread per record and choice
+/// finds the rows (in shared memory), then the chunk is copied.
+void UnpackEmitter::emit() {
+  layOut();
+  int64_t chunk = kCopyThreads / topK;
+  Value rowsHere = k.workgroupBuffer({chunk * topK}, i32);
+  // This block's records: ceil((slots - block) / grid).
+  Value mine = e.divUI(e.iadd(e.isub(e.index(ranks * maxTokens), block),
+                              e.index(kUnpackBlocks - 1)),
+                       e.index(kUnpackBlocks));
   e.forEach(
       e.index(0), mine,
       [&](Value chunkStart) {
-        {
-          auto [q, record, here] =
-              recordOf(e.iadd(chunkStart, e.divUI(tid, topK)));
-          Value j4 = r.mul(r.to64(e.remUI(tid, topK)), 4);
-          Value x = r.loadIf(
-              here, i32, r.at(record, r.add(r.c64(l.localIdOffset(0)), j4)), 4);
-          Value pos = r.loadIf(
-              here, i32, r.at(record, r.add(r.c64(l.positionOffset(0)), j4)),
-              4);
-          Value xOk = e.andi(
-              here, e.andi(e.icmp(arith::CmpIPredicate::sge, x, e.i32(0)),
-                           e.icmp(arith::CmpIPredicate::slt, x, e.i32(local))));
-          Value xi = e.toIndex(e.select(xOk, x, e.i32(0)));
-          Value ok = e.andi(
-              xOk,
-              e.andi(e.icmp(arith::CmpIPredicate::sge, pos, e.i32(0)),
-                     e.icmp(arith::CmpIPredicate::slt, pos, countOf(q, xi))));
-          Value row = e.iadd(
-              e.loadRaw(bases, {e.iadd(e.imul(q, e.index(local)), xi)}), pos);
-          ok = e.andi(ok,
-                      e.icmp(arith::CmpIPredicate::ult, row, e.i32(capacity)));
-          e.storeRaw(e.select(ok, row, e.i32(-1)), rowsHere, {tid});
-          e.ifThen(ok, [&] {
-            Value at = e.toIndex(row);
-            e.storeRaw(e.toI32(q), origin, {at, e.index(0)});
-            e.storeRaw(r.load(i32, r.at(record,
-                                        r.add(r.c64(l.returnOffset(0)), j4))),
-                       origin, {at, e.index(1)});
-          });
-        }
+        findRows(rowsHere, chunkStart, mine);
         gpu::BarrierOp::create(e.b, e.loc);
-        // Record k's row for choice j (-1: none), k within the chunk.
-        auto eachRow = [&](Value k, function_ref<void(Value)> body) {
-          for (int64_t j = 0; j < topK; ++j) {
-            Value row = e.loadRaw(
-                rowsHere, {e.iadd(e.imul(k, e.index(topK)), e.index(j))});
-            e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)),
-                     [&] { body(e.toIndex(row)); });
-          }
-        };
-        Value inChunk = e.minUI(e.isub(mine, chunkStart), e.index(chunk));
-        e.forEach(
-            e.index(0), inChunk,
-            [&](Value k0) {
-              // Vector n of these records' is record k0 + n / vectors's,
-              // at element (n % vectors) * width.
-              SmallVector<Value> ks, cs, loaded, values;
-              for (int64_t m = 0; m < perThread; ++m) {
-                Value n = e.iadd(tid, e.index(m * kCopyThreads));
-                Value k = e.iadd(
-                    k0, e.minUI(e.divUI(n, vectors), e.index(unroll - 1)));
-                auto [q, record, here] = recordOf(e.iadd(chunkStart, k));
-                Value c = e.imul(e.remUI(n, vectors), e.index(width));
-                Value load = e.andi(
-                    e.andi(e.ult(n, e.index(unroll * vectors)),
-                           e.ult(k, inChunk)),
-                    here);
-                ks.push_back(k);
-                cs.push_back(c);
-                loaded.push_back(load);
-                values.push_back(r.loadIf(
-                    load, vec,
-                    r.at(r.at(record, shape.header()),
-                         r.mul(r.to64(c), elementBytes)),
-                    bytes));
-              }
-              for (int64_t m = 0; m < perThread; ++m)
-                e.ifThen(loaded[m], [&] {
-                  eachRow(ks[m], [&](Value at) {
-                    vector::StoreOp::create(e.b, e.loc, values[m], dispatched,
-                                            {at, cs[m]}, false,
-                                            llvm::Align(bytes));
-                  });
-                });
-            },
-            e.index(unroll));
-        if (quantized) {
-          // Each record's scales to each of its rows, a thread per scale.
-          auto type = cast<MemRefType>(rowScales.getType());
-          Type scale = type.getElementType();
-          int64_t scaleBytes = scale.getIntOrFloatBitWidth() / 8;
-          int64_t scales = type.getDimSize(1);
-          e.forEach(
-              tid, e.imul(inChunk, e.index(scales)),
-              [&](Value n) {
-                Value k = e.divUI(n, scales), sc = e.remUI(n, scales);
-                auto [q, record, here] = recordOf(e.iadd(chunkStart, k));
-                Value v = r.loadIf(
-                    here, scale,
-                    r.at(r.at(record, shape.header() + hidden),
-                         r.mul(r.to64(sc), scaleBytes)),
-                    scaleBytes);
-                eachRow(k, [&](Value at) { e.storeRaw(v, rowScales, {at, sc}); });
-              },
-              e.index(kCopyThreads));
-        }
+        copyChunk(rowsHere, chunkStart,
+                  e.minUI(e.isub(mine, chunkStart), e.index(chunk)), mine);
         gpu::BarrierOp::create(e.b, e.loc);
       },
       e.index(chunk));
+}
+
+static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
+                                           EpDispatchRecvOp op,
+                                           const EpShape &shape,
+                                           unsigned state) {
+  SmallVector<unsigned> buffers = {layer.info(op.getTokensPerExpert()).buffer,
+                                   layer.info(op.getExpertOffsets()).buffer,
+                                   layer.info(op.getDispatched()).buffer,
+                                   layer.info(op.getOrigin()).buffer, state};
+  if (!op.getQuantized().empty())
+    buffers.push_back(layer.info(op.getQuantized()[0]).buffer);
+  Kernel k = layer.kernelOn(op, "ep_dispatch_unpack", buffers);
+  k.launch.work = {kUnpackBlocks, 0};
+  k.launch.block = kCopyThreads;
+  UnpackEmitter(k, layer, op, shape).emit();
   return k.finish(op);
 }
 
@@ -754,9 +798,9 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
   int64_t maxTokens = layer.epMaxTokens;
   // Each receiving block lays out the rank's experts with one scan.
   if (local > kCopyThreads)
-    return op.emitOpError() << "has " << local
-                            << " experts a rank; sm_90a layers take at most "
-                            << kCopyThreads << " a rank";
+    return op.emitOpError()
+           << "has " << local << " experts a rank; sm_90a layers take at most "
+           << kCopyThreads << " a rank";
   EpShape shape(ranks, topK, hidden, local, maxTokens);
   // Every rank's tokens may choose this rank's experts.
   TokenLinear capacity = {ranks * maxTokens * topK, 0};

@@ -27,6 +27,10 @@ constexpr int64_t kStrideBlocks = 264;
 // 16-byte loads a thread of a copy kernel has in flight (one row a block
 // at a time left the loads latency-bound).
 constexpr int64_t kLoadsInFlight = 4;
+// The unpack: three blocks a multiprocessor with fewer loads each hid
+// its latency better than two with more.
+constexpr int64_t kUnpackBlocks = 396;
+constexpr int64_t kUnpackLoadsInFlight = 2;
 // Records an unpack block loads at once, at most (small rows).
 constexpr int64_t kMaxUnroll = 8;
 
@@ -208,10 +212,9 @@ struct EpShape {
   /// Where source `src`'s dispatch region starts in the state of its
   /// receiver `base`: the source's choices per local expert, then records.
   Value region(Raw &r, Value base, Value src) const {
-    return r.at(
-        base,
-        r.add(r.c64(int64_t(EpDeviceLayout::kRecv + recv().dispatchOffset())),
-              r.mul(r.to64(src), int64_t(recv().regionBytes()))));
+    return r.at(base, r.add(r.c64(int64_t(EpDeviceLayout::kRecv +
+                                          recv().dispatchOffset())),
+                            r.mul(r.to64(src), int64_t(recv().regionBytes()))));
   }
   /// Where source `src`'s record `index` starts in the state of its
   /// receiver `base`.
@@ -233,8 +236,8 @@ struct EpShape {
   /// choices of the same expert.
   Value positionSlot(Raw &r, Value state, Value t, Value j) const {
     Value index = r.add(r.mul(r.to64(t), topK), r.to64(j));
-    return r.at(state, r.add(r.c64(int64_t(layout.choicePosition())),
-                             r.mul(index, 4)));
+    return r.at(
+        state, r.add(r.c64(int64_t(layout.choicePosition())), r.mul(index, 4)));
   }
   /// This rank's count of its tokens' choices of expert `x` (of all).
   Value expertChoices(Raw &r, Value state, Value x) const {
@@ -291,9 +294,9 @@ inline void copyRow(Raw &r, Value tid, int64_t hidden, Type element,
 
 /// Blocks stride over items [0, end), `unroll` at a time: `body` gets each
 /// item's index (clamped into range) and whether it is in range.
-inline void strideRows(Raw &r, Value block, Value end, int64_t unroll,
-                       function_ref<void(ArrayRef<Value>, ArrayRef<Value>)>
-                           body) {
+inline void
+strideRows(Raw &r, Value block, Value end, int64_t unroll,
+           function_ref<void(ArrayRef<Value>, ArrayRef<Value>)> body) {
   Emitter &e = r.e;
   Value grid = e.index(kStrideBlocks);
   e.forEach(
