@@ -623,7 +623,7 @@ void UnpackEmitter::layOut() {
 /// slot p is source p / maxTokens's record p % maxTokens): its source, its
 /// address and whether it came.
 std::tuple<Value, Value, Value> UnpackEmitter::recordOf(Value k, Value mine) {
-  Value p = e.minUI(e.iadd(block, e.imul(k, e.index(kUnpackBlocks))),
+  Value p = e.minUI(e.iadd(block, e.imul(k, e.index(kStrideBlocks))),
                     e.index(ranks * maxTokens - 1));
   Value q = e.divUI(p, maxTokens), i = e.remUI(p, maxTokens);
   Value came =
@@ -670,8 +670,8 @@ void UnpackEmitter::copyChunk(Value rowsHere, Value chunkStart, Value inChunk,
   int64_t elementBytes = quantized ? 1 : 2;
   int64_t width = copyWidth(hidden, element);
   int64_t vectors = hidden / width;
-  int64_t unroll = std::clamp<int64_t>(
-      kUnpackLoadsInFlight * kCopyThreads / vectors, 1, kMaxUnroll);
+  int64_t unroll = std::clamp<int64_t>(kLoadsInFlight * kCopyThreads / vectors,
+                                       1, kMaxUnroll);
   int64_t perThread = llvm::divideCeil(unroll * vectors, kCopyThreads);
   unsigned bytes = width * elementBytes;
   auto vec = VectorType::get({width}, element);
@@ -745,8 +745,8 @@ void UnpackEmitter::emit() {
   Value rowsHere = k.workgroupBuffer({chunk * topK}, i32);
   // This block's records: ceil((slots - block) / grid).
   Value mine = e.divUI(e.iadd(e.isub(e.index(ranks * maxTokens), block),
-                              e.index(kUnpackBlocks - 1)),
-                       e.index(kUnpackBlocks));
+                              e.index(kStrideBlocks - 1)),
+                       e.index(kStrideBlocks));
   e.forEach(
       e.index(0), mine,
       [&](Value chunkStart) {
@@ -770,7 +770,7 @@ static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,
   if (!op.getQuantized().empty())
     buffers.push_back(layer.info(op.getQuantized()[0]).buffer);
   Kernel k = layer.kernelOn(op, "ep_dispatch_unpack", buffers);
-  k.launch.work = {kUnpackBlocks, 0};
+  k.launch.work = {kStrideBlocks, 0};
   k.launch.block = kCopyThreads;
   UnpackEmitter(k, layer, op, shape).emit();
   return k.finish(op);

@@ -27,10 +27,6 @@ constexpr int64_t kStrideBlocks = 264;
 // 16-byte loads a thread of a copy kernel has in flight (one row a block
 // at a time left the loads latency-bound).
 constexpr int64_t kLoadsInFlight = 4;
-// The unpack: three blocks a multiprocessor with fewer loads each hid
-// its latency better than two with more.
-constexpr int64_t kUnpackBlocks = 396;
-constexpr int64_t kUnpackLoadsInFlight = 2;
 // Records an unpack block loads at once, at most (small rows).
 constexpr int64_t kMaxUnroll = 8;
 
