@@ -262,13 +262,24 @@ struct ConfigureMatmulsPass
       func.walk([&](GroupedMatmulOp op) {
         MatmulShape shape(op);
         SmallVector<Attribute> configs;
+        bool splitLeftOut = false;
         for (int64_t tokens : plans) {
           // Pins can contradict each other (multicast without a cluster).
           MatmulConfigAttr config = choose(op, shape, tokens);
           if (!config)
             return signalPassFailure();
+          splitLeftOut |=
+              pins.splitK.value_or(1) > 1 && config.getSplitK() == 1;
           configs.push_back(config);
         }
+        // Received rows take the decode tile whole (chooseDecodeTile).
+        if (splitLeftOut && shape.received)
+          op.emitRemark() << "matmul-config split-k=" << *pins.splitK
+                          << " is not applied to the rows other ranks send in "
+                             "buckets of at most "
+                          << kSwapTokens
+                          << " tokens: their partials would be sized for every "
+                             "rank's capacity";
         op.setConfigsAttr(ArrayAttr::get(op.getContext(), configs));
       });
     });

@@ -6,6 +6,7 @@
 // RUN: not moe-opt %s --moe-configure-matmuls="matmul-config=stages=-1" 2>&1 | FileCheck %s --check-prefix=COUNT
 // RUN: not moe-opt %s --moe-configure-matmuls="matmul-config=tile=0x256" 2>&1 | FileCheck %s --check-prefix=ZERO
 // RUN: not moe-opt %s --split-input-file --moe-configure-matmuls="matmul-config=multicast=rhs" 2>&1 | FileCheck %s --check-prefix=MULTICAST
+// RUN: moe-opt %s --split-input-file --moe-configure-matmuls="matmul-config=split-k=2" -verify-diagnostics -o /dev/null
 
 // KEY: matmul-config has no field 'tiles'
 // ENUM: matmul-config raster has no value 'diagonal'
@@ -133,4 +134,25 @@ func.func @fp8_decode(%x: tensor<?x2048xf8E4M3FN>, %sx: tensor<?x16xf32>,
          tensor<128xi32>, tensor<129xi32>, tensor<?x16xf32>,
          tensor<128x12x16xf32>) -> (tensor<?x768xf8E4M3FN>, tensor<?x6xf32>)
   return %0, %s : tensor<?x768xf8E4M3FN>, tensor<?x6xf32>
+}
+
+// -----
+
+// Rows other ranks send take the decode tile whole in a decode bucket (the
+// partials of a split would be sized for every rank's capacity): a split-k
+// pin is left out there, and the pass says so.
+// CHECK-LABEL: func.func @received
+// CHECK: #moe.matmul_config<tokens = 1, tile_m = 8, tile_n = 128, tile_k = 64, stages = 4, warpgroups = 1, swap_ab = true>
+func.func @received(%x: tensor<?x256xbf16>, %ids: tensor<?x2xi32>,
+                    %b: tensor<2x512x256xbf16>) -> tensor<?x512xbf16>
+    attributes {moe.token_buckets = array<i64: 1, 128>} {
+  %sent, %rows = moe.ep_dispatch_send %x, %ids {local_experts = 2 : i64}
+      : (tensor<?x256xbf16>, tensor<?x2xi32>) -> (tensor<2xi32>, tensor<?x2xi32>)
+  %d, %c, %o, %origin = moe.ep_dispatch_recv %sent
+      : (tensor<2xi32>) -> (tensor<?x256xbf16>, tensor<2xi32>, tensor<3xi32>, tensor<?x2xi32>)
+  // expected-remark @+1 {{matmul-config split-k=2 is not applied to the rows other ranks send in buckets of at most 64 tokens: their partials would be sized for every rank's capacity}}
+  %y = moe.grouped_matmul %d, %b groups(%c, %o)
+      : (tensor<?x256xbf16>, tensor<2x512x256xbf16>, tensor<2xi32>,
+         tensor<3xi32>) -> tensor<?x512xbf16>
+  return %y : tensor<?x512xbf16>
 }
