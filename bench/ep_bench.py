@@ -118,30 +118,53 @@ def run(lib, info, fwd, size, tensors, tokens, repeat=0):
     return out, us
 
 
-def nccl_exchange(ranks, tokens, hidden, top_k, repeat):
-    """all_to_all_single moving what the layer's dispatch and combine move
-    (every token to every rank; top_k / ranks outputs back per token)."""
+def token_row_bytes(cfg):
+    """Bytes a token's row takes between ranks: bf16, or E4M3 codes with
+    their block scales in a quantized layer."""
+    hidden = cfg["hidden"]
+    quant = cfg.get("quant")
+    if quant == "fp8_block128":
+        return hidden + 4 * -(-hidden // 128)
+    if quant == "mxfp8":
+        return hidden + -(-hidden // 32)
+    return 2 * hidden
+
+
+def nccl_exchange(rank, counts, cfg, repeat):
+    """all_to_all_single moving the bytes the layer's dispatch and combine
+    move, each rank its own token count (`counts`): every token to every
+    rank as the layer sends it (bf16, or codes and scales), and top_k /
+    ranks bf16 outputs back per token."""
     import torch
     import torch.distributed as dist
     times = {}
-    for what, rows in (("dispatch", tokens),
-                       ("combine", max(1, tokens * top_k // ranks))):
-        x = torch.randn([ranks * rows, hidden], device="cuda",
-                        dtype=torch.bfloat16)
-        y = torch.empty_like(x)
+    ranks, top_k, hidden = len(counts), cfg["top_k"], cfg["hidden"]
+    back = [max(1, c * top_k // ranks) for c in counts]
+    for what, send, receive, row_bytes in (
+            ("dispatch", [counts[rank]] * ranks, counts,
+             token_row_bytes(cfg)),
+            ("combine", back, [back[rank]] * ranks, 2 * hidden)):
+        x = torch.randint(0, 255, [sum(send), row_bytes], device="cuda",
+                          dtype=torch.uint8)
+        y = torch.empty([sum(receive), row_bytes], device="cuda",
+                        dtype=torch.uint8)
+        def exchange():
+            dist.all_to_all_single(y, x, output_split_sizes=receive,
+                                   input_split_sizes=send)
         for _ in range(3):
-            dist.all_to_all_single(y, x)
+            exchange()
         torch.cuda.synchronize()
         dist.barrier()
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(repeat):
-            dist.all_to_all_single(y, x)
+            exchange()
         end.record()
         torch.cuda.synchronize()
         times[what] = 1000.0 * start.elapsed_time(end) / repeat
-        times[what + "_bytes_to_peer"] = rows * hidden * 2
+        peer = (rank + 1) % ranks
+        times[what + "_bytes_to_peer"] = send[peer] * row_bytes
     return times
 
 
@@ -225,8 +248,7 @@ def rank_main(rank, ranks, args, port, nccl_port, results):
         combine = sum(v for k, v in kernels.items()
                       if k.startswith("moe_ep_combine"))
         say("expert-parallel layer done")
-        nccl = nccl_exchange(ranks, t, cfg["hidden"], cfg["top_k"],
-                             args.repeat)
+        nccl = nccl_exchange(rank, counts, cfg, args.repeat)
         lines.append({"rank": rank, "ranks": ranks, "tokens_per_rank": t,
                       "tokens_this_rank": mine_t,
                       "path": "proxy" if args.proxy else "nvlink",
