@@ -153,6 +153,7 @@ const char *moe_ep_last_error(void) { return lastError.c_str(); }
 
 int32_t moe_ep_init(int64_t hidden, int64_t topK, int64_t experts,
                     int64_t ranks, const moe_ep_config_t *config) {
+  moe::rt::ListenSocket listenSocket(config);
   if (state.transport)
     return fail("the expert-parallel group is already initialized (call "
                 "finalize first)");
@@ -165,6 +166,7 @@ int32_t moe_ep_init(int64_t hidden, int64_t topK, int64_t experts,
   if (!shapeFits(shape, why))
     return fail(why);
 
+  listenSocket.handOn();
   moe_transport_t *transport = joinEpGroup(config, nullptr, shape.sendBytes(),
                                            nullptr, shape.recvBytes(), why);
   if (!transport)

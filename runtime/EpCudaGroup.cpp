@@ -144,8 +144,8 @@ void proxyLoop() {
 }
 
 int32_t initProxy(int64_t stateBytes, int64_t capacity, int64_t hidden,
-                  int64_t topK, int64_t experts,
-                  const moe_ep_config_t *config) {
+                  int64_t topK, int64_t experts, const moe_ep_config_t *config,
+                  ListenSocket &listenSocket) {
   GpuGroup &g = group;
   g.proxy = true;
   g.layout = EpDeviceLayout{
@@ -191,6 +191,7 @@ int32_t initProxy(int64_t stateBytes, int64_t capacity, int64_t hidden,
   }
 
   std::string why;
+  listenSocket.handOn();
   g.transport = joinEpGroup(config, g.staging, g.stateBytes * size_t(g.ranks),
                             g.hostState, g.stateBytes, why);
   if (!g.transport) {
@@ -212,6 +213,7 @@ extern "C" {
 int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t hidden,
                          int64_t topK, int64_t experts, int64_t ranks,
                          const moe_ep_config_t *config, void *proxyTurn) {
+  ListenSocket listenSocket(config);
   if (group.state)
     return fail("the expert-parallel group is already initialized (call "
                 "finalize first)");
@@ -239,7 +241,8 @@ int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t hidden,
       group.driver = nullptr;
       return fail("the layer has no proxy routine");
     }
-    return initProxy(stateBytes, capacity, hidden, topK, experts, config);
+    return initProxy(stateBytes, capacity, hidden, topK, experts, config,
+                     listenSocket);
   }
 
   // The state, zeroed, with this rank's control words.
@@ -268,6 +271,7 @@ int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t hidden,
   }
 
   // Every rank's handle, through the transport.
+  listenSocket.handOn();
   group.transport = joinEpGroup(config, nullptr, sizeof handle, nullptr,
                                 sizeof handle * size_t(ranks), why);
   if (!group.transport) {

@@ -3,6 +3,7 @@
 #include "runtime/EpJoin.h"
 
 #include <algorithm>
+#include <unistd.h>
 
 using namespace moe::rt;
 
@@ -31,6 +32,11 @@ std::string moe::rt::checkEpConfig(const moe_ep_config_t *config, int64_t ranks,
   return "";
 }
 
+ListenSocket::~ListenSocket() {
+  if (fd >= 0)
+    ::close(fd);
+}
+
 moe_transport_t *moe::rt::joinEpGroup(const moe_ep_config_t *config, void *send,
                                       size_t sendBytes, void *recv,
                                       size_t recvBytes, std::string &why) {
@@ -55,6 +61,8 @@ moe_transport_t *moe::rt::joinEpGroup(const moe_ep_config_t *config, void *send,
     status = moe_transport_bootstrap(
         transport, config->bootstrap_host ? config->bootstrap_host : "",
         config->bootstrap_port, config->listen_fd);
+  else if (config->listen_fd >= 0)
+    ::close(config->listen_fd); // the bootstrap closes it once called
   if (status == MOE_TRANSPORT_OK)
     return transport;
   why = "rank " + std::to_string(config->rank) +

@@ -23,9 +23,27 @@ namespace moe::rt {
 std::string checkEpConfig(const moe_ep_config_t *config, int64_t ranks,
                           int64_t maxTokens);
 
+/// Rank 0's listening socket (`config->listen_fd`), which init takes: the
+/// bootstrap closes it once it listened there, this when init returns
+/// before handing it on, so no return of init leaves it open.
+class ListenSocket {
+public:
+  explicit ListenSocket(const moe_ep_config_t *config)
+      : fd(config ? config->listen_fd : -1) {}
+  ~ListenSocket();
+  ListenSocket(const ListenSocket &) = delete;
+  ListenSocket &operator=(const ListenSocket &) = delete;
+  /// joinEpGroup takes it from here.
+  void handOn() { fd = -1; }
+
+private:
+  int fd;
+};
+
 /// Opens lib/transport for `config`'s rank on the given buffers (null: the
 /// library allocates `sendBytes` and `recvBytes`) and bootstraps it through
-/// rank 0. Null with `why` set when it cannot join.
+/// rank 0. Null with `why` set when it cannot join. Takes `listen_fd`
+/// (closed whether it joins or not).
 moe_transport_t *joinEpGroup(const moe_ep_config_t *config, void *send,
                              size_t sendBytes, void *recv, size_t recvBytes,
                              std::string &why);

@@ -24,7 +24,9 @@ typedef struct moe_ep_config {
   int32_t rank;
   int32_t world_size; /* must be the layer's ep_size */
   /* Rank 0 listens at bootstrap_host:bootstrap_port (or on listen_fd when
-   * >= 0, see moe_transport_bootstrap_listen); the others connect there. */
+   * >= 0, see moe_transport_bootstrap_listen); the others connect there.
+   * Init takes listen_fd: it is closed when init returns, whether it
+   * succeeded or failed. */
   const char *bootstrap_host;
   int32_t bootstrap_port;
   int32_t listen_fd;
