@@ -112,6 +112,22 @@ public:
     body();
   }
 
+  /// condition ? body() : 0 of `type`, body emitted only where condition
+  /// holds (a load there need not be waited for at the branch).
+  Value valueIf(Value condition, Type type, function_ref<Value()> body) {
+    auto op = scf::IfOp::create(b, loc, TypeRange{type}, condition,
+                                /*withElseRegion=*/true);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(&op.getThenRegion().front());
+    scf::YieldOp::create(b, loc, body());
+    b.setInsertionPointToStart(&op.getElseRegion().front());
+    scf::YieldOp::create(
+        b, loc,
+        arith::ConstantOp::create(b, loc, cast<TypedAttr>(b.getZeroAttr(type)))
+            .getResult());
+    return op.getResult(0);
+  }
+
   /// An element as f32, whatever the buffer's float type.
   Value load(Value buffer, ValueRange indices) {
     Value value = memref::LoadOp::create(b, loc, buffer, indices);

@@ -85,24 +85,13 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
         copyRow(
             r, tid, hidden, r.b.getBF16Type(), [&](Value c, VectorType vec) {
               SmallVector<Value> values;
-              for (auto [row, ok] : llvm::zip_equal(items, sending)) {
-                auto load = scf::IfOp::create(e.b, e.loc, TypeRange{vec}, ok,
-                                              /*withElse=*/true);
-                OpBuilder::InsertionGuard guard(e.b);
-                e.b.setInsertionPointToStart(&load.getThenRegion().front());
-                scf::YieldOp::create(e.b, e.loc,
-                                     vector::LoadOp::create(
-                                         e.b, e.loc, vec, out, {row, c}, false,
-                                         vectorAlign(8, vec.getElementType()))
-                                         .getResult());
-                e.b.setInsertionPointToStart(&load.getElseRegion().front());
-                scf::YieldOp::create(
-                    e.b, e.loc,
-                    arith::ConstantOp::create(
-                        e.b, e.loc, cast<TypedAttr>(e.b.getZeroAttr(vec)))
-                        .getResult());
-                values.push_back(load.getResult(0));
-              }
+              for (auto [row, ok] : llvm::zip_equal(items, sending))
+                values.push_back(e.valueIf(ok, vec, [&] {
+                  return vector::LoadOp::create(
+                             e.b, e.loc, vec, out, {row, c}, false,
+                             vectorAlign(8, vec.getElementType()))
+                      .getResult();
+                }));
               for (auto [v, dst, ok] : llvm::zip_equal(values, dsts, sending))
                 e.ifThen(ok, [&] {
                   r.store(v, r.at(dst, r.mul(r.to64(c), 2)), 16);
@@ -148,21 +137,13 @@ LogicalResult nvidia::buildEpCombineRecv(LayerKernels &layer,
   layer.bind(op.getGathered(), layer.epState(shape.combineRows()), {0, topK});
   unsigned state = layer.epState();
   Kernel k = layer.kernelOn(op, "ep_combine_wait", {state});
-  k.launch.work = {1, 0};
-  k.launch.block = 64;
-  Emitter &e = k.e;
-  Raw r(k);
   Value st = k.func.getArgument(0);
-  Type i32 = e.b.getI32Type();
-  Value tid = k.threadId();
-  Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
-  Value limit = r.waitLimit(st);
-  e.ifThen(e.ult(tid, e.index(ranks)), [&] {
-    Value flag = r.at(st, r.add(r.c64(int64_t(shape.layout.combineFlags())),
-                                r.mul(r.to64(tid), 16)));
-    Value late = r.spinUntil(flag, seq, limit);
-    r.ptx("fence.acq_rel.sys;");
-    e.ifThen(late, [&] { r.recordTimeout(st, tid); });
-  });
+  waitForRanks(k, st, ranks,
+               [&](Raw &r, Value q) {
+                 return r.at(st,
+                             r.add(r.c64(int64_t(shape.layout.combineFlags())),
+                                   r.mul(r.to64(q), 16)));
+               },
+               {});
   return k.finish(op);
 }

@@ -69,18 +69,11 @@ static void scanInPlace(Kernel &k, Value buffer, int64_t n) {
 /// else 0.
 static Value addIf(Emitter &e, Value cond, Value buffer, Value at,
                    Value amount) {
-  auto op = scf::IfOp::create(e.b, e.loc, TypeRange{e.b.getI32Type()}, cond,
-                              /*withElse=*/true);
-  OpBuilder::InsertionGuard guard(e.b);
-  e.b.setInsertionPointToStart(&op.getThenRegion().front());
-  scf::YieldOp::create(
-      e.b, e.loc,
-      memref::AtomicRMWOp::create(e.b, e.loc, arith::AtomicRMWKind::addi,
-                                  amount, buffer, ValueRange{at})
-          .getResult());
-  e.b.setInsertionPointToStart(&op.getElseRegion().front());
-  scf::YieldOp::create(e.b, e.loc, e.i32(0));
-  return op.getResult(0);
+  return e.valueIf(cond, e.b.getI32Type(), [&] {
+    return memref::AtomicRMWOp::create(e.b, e.loc, arith::AtomicRMWKind::addi,
+                                       amount, buffer, ValueRange{at})
+        .getResult();
+  });
 }
 
 /// The plan, a thread per token: each token's record index per rank, each
@@ -138,7 +131,9 @@ static LogicalResult buildEpDispatchPlan(LayerKernels &layer,
   Value v = vector::LoadOp::create(
       e.b, e.loc, vec, ids, {e.select(valid, t, e.index(0)), e.index(0)}, false,
       llvm::Align(std::min<int64_t>(16, rowBytes & -rowBytes)));
-  SmallVector<Value> id, owner, ok;
+  // Each choice's expert and rank (-1: none), and both as indices into
+  // the counters (0 for none).
+  SmallVector<Value> id, owner, ok, idAt, ownerAt;
   for (int64_t j = 0; j < topK; ++j) {
     id.push_back(vector::ExtractOp::create(e.b, e.loc, v, j));
     ok.push_back(e.andi(
@@ -148,6 +143,8 @@ static LogicalResult buildEpDispatchPlan(LayerKernels &layer,
     owner.push_back(
         e.select(ok[j], arith::DivUIOp::create(e.b, e.loc, id[j], e.i32(local)),
                  e.i32(-1)));
+    idAt.push_back(e.toIndex(e.select(ok[j], id[j], e.i32(0))));
+    ownerAt.push_back(e.toIndex(e.select(ok[j], owner[j], e.i32(0))));
   }
   // Per choice: the token's choices of the same rank, and those before it;
   // the first of them claims the token's record and choices there.
@@ -163,12 +160,9 @@ static LogicalResult buildEpDispatchPlan(LayerKernels &layer,
     }
     before.push_back(earlier);
     first.push_back(e.andi(ok[j], e.eq(earlier, e.i32(0))));
-    Value q = e.toIndex(e.select(ok[j], owner[j], e.i32(0)));
-    recordHere.push_back(addIf(e, first[j], records, q, e.i32(1)));
-    choiceHere.push_back(addIf(e, first[j], choices, q, same));
-    position.push_back(addIf(e, ok[j], placed,
-                             e.toIndex(e.select(ok[j], id[j], e.i32(0))),
-                             e.i32(1)));
+    recordHere.push_back(addIf(e, first[j], records, ownerAt[j], e.i32(1)));
+    choiceHere.push_back(addIf(e, first[j], choices, ownerAt[j], same));
+    position.push_back(addIf(e, ok[j], placed, idAt[j], e.i32(1)));
   }
   // No record for the ranks the token does not go to.
   e.ifThen(valid, [&] {
@@ -205,7 +199,7 @@ static LogicalResult buildEpDispatchPlan(LayerKernels &layer,
   gpu::BarrierOp::create(e.b, e.loc);
   e.ifThen(valid, [&] {
     for (int64_t j = 0; j < topK; ++j) {
-      Value q = e.toIndex(e.select(ok[j], owner[j], e.i32(0)));
+      Value q = ownerAt[j];
       e.ifThen(first[j], [&] {
         r.store(e.iadd(e.loadRaw(records, {q}), recordHere[j]),
                 shape.recordIndexSlot(r, st, t, owner[j]));
@@ -217,8 +211,7 @@ static LogicalResult buildEpDispatchPlan(LayerKernels &layer,
                         choiceHere[j2], base);
       Value back = e.iadd(e.loadRaw(choices, {q}), e.iadd(base, before[j]));
       e.storeRaw(e.select(ok[j], back, e.i32(-1)), rows, {t, e.index(j)});
-      Value x = e.toIndex(e.select(ok[j], id[j], e.i32(0)));
-      r.store(e.select(ok[j], e.iadd(e.loadRaw(placed, {x}), position[j]),
+      r.store(e.select(ok[j], e.iadd(e.loadRaw(placed, {idAt[j]}), position[j]),
                        e.i32(-1)),
               shape.positionSlot(r, st, t, e.index(j)));
     }
@@ -313,8 +306,6 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
               e.select(mineQ, e.isub(id, e.i32(q * local)), e.i32(-1));
           Value j4 = r.mul(r.to64(tid), 4);
           r.store(localId, r.at(record, r.add(r.c64(l.localIdOffset(0)), j4)));
-          r.store(arith::ConstantOp::create(e.b, e.loc, e.b.getF32FloatAttr(0)),
-                  r.at(record, r.add(r.c64(l.weightOffset(0)), j4)));
           r.store(e.select(mineQ, back, e.i32(-1)),
                   r.at(record, r.add(r.c64(l.returnOffset(0)), j4)));
           r.store(e.select(mineQ, position, e.i32(-1)),
@@ -379,9 +370,7 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
               Value at = r.mul(r.to64(q), 4);
               Value count =
                   r.at(st, r.add(r.c64(EpDeviceLayout::kSentCounts), at));
-              Value slot =
-                  r.at(r.peer(st, q), r.add(r.c64(EpDeviceLayout::kRecv),
-                                            r.mul(r.to64(self), 16)));
+              Value slot = shape.countSlot(r, r.peer(st, q), self);
               Value records = r.load(i32, count);
               r.store(records, slot);
               r.store(e.loadRaw(bases, {q}), r.at(slot, 4));
@@ -399,9 +388,8 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
           r.fenceSystem();
           Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
           for (int64_t q = 0; q < ranks; ++q)
-            r.storeVolatile(seq, r.at(r.peer(st, r.c64(q)),
-                                      r.add(r.c64(EpDeviceLayout::kRecv + 12),
-                                            r.mul(r.to64(self), 16))));
+            r.storeVolatile(
+                seq, r.at(shape.countSlot(r, r.peer(st, r.c64(q)), self), 12));
         });
       });
   return k.finish(op);
@@ -445,27 +433,20 @@ static LogicalResult buildEpDispatchWait(LayerKernels &layer,
                                          EpDispatchRecvOp op,
                                          const EpShape &shape, unsigned state) {
   Kernel k = layer.kernelOn(op, "ep_dispatch_wait", {state});
-  k.launch.work = {1, 0};
-  k.launch.block = 64;
-  Emitter &e = k.e;
-  Raw r(k);
   Value st = k.func.getArgument(0);
-  Type i32 = e.b.getI32Type();
-  Value tid = k.threadId();
-  Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
-  Value limit = r.waitLimit(st);
-  e.ifThen(e.ult(tid, e.index(shape.ranks)), [&] {
-    Value slot =
-        r.at(st, r.add(r.c64(EpDeviceLayout::kRecv), r.mul(r.to64(tid), 16)));
-    Value late = r.spinUntil(r.at(slot, 12), seq, limit);
-    r.ptx("fence.acq_rel.sys;");
-    Value n = e.select(late, e.i32(-1), r.load(i32, slot));
-    n = e.select(e.icmp(arith::CmpIPredicate::ugt, n, e.i32(shape.maxTokens)),
-                 e.i32(-1), n);
-    e.ifThen(late, [&] { r.recordTimeout(st, tid); });
-    r.store(n, r.at(st, r.add(r.c64(EpDeviceLayout::kRecvCounts),
-                              r.mul(r.to64(tid), 4))));
-  });
+  Emitter &e = k.e;
+  waitForRanks(
+      k, st, shape.ranks,
+      [&](Raw &r, Value q) { return r.at(shape.countSlot(r, st, q), 12); },
+      [&](Raw &r, Value q, Value late) {
+        Value n =
+            e.select(late, e.i32(-1), r.load(r.i32, shape.countSlot(r, st, q)));
+        n = e.select(
+            e.icmp(arith::CmpIPredicate::ugt, n, e.i32(shape.maxTokens)),
+            e.i32(-1), n);
+        r.store(n, r.at(st, r.add(r.c64(EpDeviceLayout::kRecvCounts),
+                                  r.mul(r.to64(q), 4))));
+      });
   return k.finish(op);
 }
 
@@ -514,19 +495,8 @@ struct UnpackEmitter {
   std::pair<Value, Value> splitSource(Value x) {
     return {e.divUI(x, local), e.remUI(x, local)};
   }
-  /// Rank q's choices here are at most topK a record.
-  Value sane(Value q) {
-    Value n = e.loadRaw(arrived, {q});
-    return e.icmp(
-        arith::CmpIPredicate::ule, e.loadRaw(claimed, {q}),
-        e.imul(e.select(e.icmp(arith::CmpIPredicate::slt, n, e.i32(0)),
-                        e.i32(0), n),
-               e.i32(topK)));
-  }
   Value countOf(Value q, Value ql) {
-    return e.select(sane(q),
-                    e.loadRaw(chosen, {e.iadd(e.imul(q, e.index(local)), ql)}),
-                    e.i32(0));
+    return e.loadRaw(chosen, {e.iadd(e.imul(q, e.index(local)), ql)});
   }
   /// Expert x's choices from the ranks below `below`.
   Value expertTotal(Value x, Value below) {
@@ -546,7 +516,8 @@ struct UnpackEmitter {
 } // namespace
 
 /// What the wait found, and each rank's choices per expert (head of its
-/// region), checked against its record count.
+/// region), checked against its record count: `chosen` and `claimed` hold
+/// only what can be placed.
 void UnpackEmitter::loadCounts() {
   e.ifThen(e.ult(tid, e.index(ranks)), [&] {
     e.storeRaw(r.load(i32, r.at(st, r.add(r.c64(EpDeviceLayout::kRecvCounts),
@@ -571,6 +542,31 @@ void UnpackEmitter::loadCounts() {
                                     claimed, ValueRange{q});
       },
       e.index(kCopyThreads));
+  gpu::BarrierOp::create(e.b, e.loc);
+  // A rank claiming more than topK choices a record gives nothing: no
+  // counts, no records.
+  auto insane = [&](Value q) {
+    Value n = e.loadRaw(arrived, {q});
+    return e.icmp(
+        arith::CmpIPredicate::ugt, e.loadRaw(claimed, {q}),
+        e.imul(e.select(e.icmp(arith::CmpIPredicate::slt, n, e.i32(0)),
+                        e.i32(0), n),
+               e.i32(topK)));
+  };
+  e.forEach(
+      tid, e.index(ranks * local),
+      [&](Value x) {
+        e.ifThen(insane(splitSource(x).first),
+                 [&] { e.storeRaw(e.i32(0), chosen, {x}); });
+      },
+      e.index(kCopyThreads));
+  gpu::BarrierOp::create(e.b, e.loc);
+  e.ifThen(e.ult(tid, e.index(ranks)), [&] {
+    e.ifThen(insane(tid), [&] {
+      e.storeRaw(e.i32(-1), arrived, {tid});
+      e.storeRaw(e.i32(0), claimed, {tid});
+    });
+  });
   gpu::BarrierOp::create(e.b, e.loc);
 }
 
@@ -610,7 +606,7 @@ void UnpackEmitter::layOut() {
     e.forEach(
         tid, e.index(ranks),
         [&](Value q) {
-          r.store(e.select(sane(q), e.loadRaw(claimed, {q}), e.i32(0)),
+          r.store(e.loadRaw(claimed, {q}),
                   r.at(st, r.add(r.c64(EpDeviceLayout::kReturnRows),
                                  r.mul(r.to64(q), 4))));
         },

@@ -66,20 +66,9 @@ struct Raw {
   Value load(Type type, Value p, unsigned align = 4) {
     return LLVM::LoadOp::create(b, loc, type, p, align);
   }
-  /// A load where `cond` holds, else zero: a branch the load's wait does
-  /// not have to close.
+  /// A load where `cond` holds, else zero.
   Value loadIf(Value cond, Type type, Value p, unsigned align) {
-    auto op = scf::IfOp::create(b, loc, TypeRange{type}, cond,
-                                /*withElse=*/true);
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(&op.getThenRegion().front());
-    scf::YieldOp::create(b, loc, load(type, p, align));
-    b.setInsertionPointToStart(&op.getElseRegion().front());
-    scf::YieldOp::create(
-        b, loc,
-        arith::ConstantOp::create(b, loc, cast<TypedAttr>(b.getZeroAttr(type)))
-            .getResult());
-    return op.getResult(0);
+    return e.valueIf(cond, type, [&] { return load(type, p, align); });
   }
   Value loadVolatile(Value p) {
     return LLVM::LoadOp::create(b, loc, i32, p, 4, /*isVolatile=*/true);
@@ -205,6 +194,12 @@ struct EpShape {
   const EpLayout &recv() const { return layout.recvLayout; }
   int64_t stride() const { return int64_t(recv().maxRecordBytes()); }
   int64_t header() const { return int64_t(recv().headerBytes()); }
+  /// Source `src`'s count slot in the state of its receiver `base`:
+  /// records, first return row, 0, the forward's number once all is in.
+  Value countSlot(Raw &r, Value base, Value src) const {
+    return r.at(base,
+                r.add(r.c64(EpDeviceLayout::kRecv), r.mul(r.to64(src), 16)));
+  }
   /// Where source `src`'s dispatch region starts in the state of its
   /// receiver `base`: the source's choices per local expert, then records.
   Value region(Raw &r, Value base, Value src) const {
@@ -250,6 +245,27 @@ struct EpShape {
     return int64_t(EpDeviceLayout::kRecv + recv().combineOffset());
   }
 };
+
+/// One block, a thread per rank: spins until rank q's flag (`flagOf(q)`,
+/// an i32 in `state`) carries this forward's number or the time limit
+/// passes, recording which rank it waited for; then `after(q, late)`.
+inline void waitForRanks(Kernel &k, Value state, int64_t ranks,
+                         function_ref<Value(Raw &, Value)> flagOf,
+                         function_ref<void(Raw &, Value, Value)> after) {
+  k.launch.work = {1, 0};
+  k.launch.block = 64;
+  Raw r(k);
+  Value tid = k.threadId();
+  Value seq = r.load(r.i32, r.at(state, EpDeviceLayout::kSeq));
+  Value limit = r.waitLimit(state);
+  r.e.ifThen(r.e.ult(tid, r.e.index(ranks)), [&] {
+    Value late = r.spinUntil(flagOf(r, tid), seq, limit);
+    r.ptx("fence.acq_rel.sys;");
+    r.e.ifThen(late, [&] { r.recordTimeout(state, tid); });
+    if (after)
+      after(r, tid, late);
+  });
+}
 
 /// Refuses rows the exchange cannot move: other elements than bf16 or
 /// E4M3, rows not a whole number of 16-byte vectors, too many ranks.
