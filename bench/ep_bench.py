@@ -283,26 +283,29 @@ def link(repeat):
     torch.cuda.synchronize(0)
     torch.cuda.synchronize(1)
     seconds = start.elapsed_time(end) / 1000.0 / repeat
-    # Both ways at once, as an all-to-all loads the link: each GPU copies
-    # to the other on its own stream; the slower direction's rate.
+    # Both ways at once, as an all-to-all loads the link: each direction on
+    # its own pair of streams (one a GPU), so neither waits for the other
+    # (a copy between GPUs orders itself after both current streams).
     back = torch.empty_like(x, device="cuda:1")
     into = torch.empty_like(x, device="cuda:0")
-    events = []
-    for d, (dst, src) in enumerate([(y, x), (into, back)]):
-        with torch.cuda.device(d):
-            s, e = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            events.append((s, e))
+    ways = []
+    for src, dst in ((x, y), (back, into)):
+        streams = [torch.cuda.Stream(device=d) for d in (0, 1)]
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        ways.append((src, dst, streams, start, end))
     for d in range(2):
         torch.cuda.synchronize(d)
-    for d, (dst, src) in enumerate([(y, x), (into, back)]):
-        with torch.cuda.device(d):
-            events[d][0].record()
+    for src, dst, streams, start, end in ways:
+        with torch.cuda.stream(streams[0]), torch.cuda.stream(streams[1]):
+            lead = streams[src.device.index]
+            start.record(lead)
             for _ in range(repeat):
                 dst.copy_(src, non_blocking=True)
-            events[d][1].record()
+            end.record(lead)
     for d in range(2):
         torch.cuda.synchronize(d)
-    both = max(s.elapsed_time(e) for s, e in events) / 1000.0 / repeat
+    both = max(s.elapsed_time(e) for _, _, _, s, e in ways) / 1000.0 / repeat
     return {"link": "GPU0 -> GPU1 copy, 256 MiB",
             "GB_per_s": x.numel() / seconds / 1e9,
             "GB_per_s_each_way_both_at_once": x.numel() / both / 1e9}

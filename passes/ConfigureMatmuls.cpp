@@ -268,12 +268,12 @@ struct ConfigureMatmulsPass
           MatmulConfigAttr config = choose(op, shape, tokens);
           if (!config)
             return signalPassFailure();
-          splitLeftOut |=
-              pins.splitK.value_or(1) > 1 && config.getSplitK() == 1;
+          // The decode tile takes received rows whole (chooseDecodeTile).
+          splitLeftOut |= shape.received && config.getSwapAb() &&
+                          pins.splitK.value_or(1) > 1;
           configs.push_back(config);
         }
-        // Received rows take the decode tile whole (chooseDecodeTile).
-        if (splitLeftOut && shape.received)
+        if (splitLeftOut)
           op.emitRemark() << "matmul-config split-k=" << *pins.splitK
                           << " is not applied to the rows other ranks send in "
                              "buckets of at most "

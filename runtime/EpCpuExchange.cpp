@@ -166,9 +166,9 @@ int32_t moe_ep_init(int64_t hidden, int64_t topK, int64_t experts,
   if (!shapeFits(shape, why))
     return fail(why);
 
-  listenSocket.handOn();
-  moe_transport_t *transport = joinEpGroup(config, nullptr, shape.sendBytes(),
-                                           nullptr, shape.recvBytes(), why);
+  moe_transport_t *transport =
+      joinEpGroup(config, listenSocket, nullptr, shape.sendBytes(), nullptr,
+                  shape.recvBytes(), why);
   if (!transport)
     return fail(why);
   state = State();

@@ -191,9 +191,9 @@ int32_t initProxy(int64_t stateBytes, int64_t capacity, int64_t hidden,
   }
 
   std::string why;
-  listenSocket.handOn();
-  g.transport = joinEpGroup(config, g.staging, g.stateBytes * size_t(g.ranks),
-                            g.hostState, g.stateBytes, why);
+  g.transport = joinEpGroup(config, listenSocket, g.staging,
+                            g.stateBytes * size_t(g.ranks), g.hostState,
+                            g.stateBytes, why);
   if (!g.transport) {
     release();
     return fail(why);
@@ -271,9 +271,8 @@ int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t hidden,
   }
 
   // Every rank's handle, through the transport.
-  listenSocket.handOn();
-  group.transport = joinEpGroup(config, nullptr, sizeof handle, nullptr,
-                                sizeof handle * size_t(ranks), why);
+  group.transport = joinEpGroup(config, listenSocket, nullptr, sizeof handle,
+                                nullptr, sizeof handle * size_t(ranks), why);
   if (!group.transport) {
     release();
     return fail(why);

@@ -37,7 +37,8 @@ ListenSocket::~ListenSocket() {
     ::close(fd);
 }
 
-moe_transport_t *moe::rt::joinEpGroup(const moe_ep_config_t *config, void *send,
+moe_transport_t *moe::rt::joinEpGroup(const moe_ep_config_t *config,
+                                      ListenSocket &listenSocket, void *send,
                                       size_t sendBytes, void *recv,
                                       size_t recvBytes, std::string &why) {
   moe_transport_config_t tc;
@@ -57,12 +58,11 @@ moe_transport_t *moe::rt::joinEpGroup(const moe_ep_config_t *config, void *send,
     tc.peer_timeout_ms = std::max(config->timeout_ms / 2, 200);
   moe_transport_t *transport = nullptr;
   moe_transport_status_t status = moe_transport_open(&tc, &transport);
+  // The bootstrap closes the socket; without one, `listenSocket` does.
   if (status == MOE_TRANSPORT_OK)
     status = moe_transport_bootstrap(
         transport, config->bootstrap_host ? config->bootstrap_host : "",
-        config->bootstrap_port, config->listen_fd);
-  else if (config->listen_fd >= 0)
-    ::close(config->listen_fd); // the bootstrap closes it once called
+        config->bootstrap_port, listenSocket.release());
   if (status == MOE_TRANSPORT_OK)
     return transport;
   why = "rank " + std::to_string(config->rank) +

@@ -33,8 +33,12 @@ public:
   ~ListenSocket();
   ListenSocket(const ListenSocket &) = delete;
   ListenSocket &operator=(const ListenSocket &) = delete;
-  /// joinEpGroup takes it from here.
-  void handOn() { fd = -1; }
+  /// The socket, for the bootstrap, which closes it from here on.
+  int release() {
+    int taken = fd;
+    fd = -1;
+    return taken;
+  }
 
 private:
   int fd;
@@ -42,9 +46,10 @@ private:
 
 /// Opens lib/transport for `config`'s rank on the given buffers (null: the
 /// library allocates `sendBytes` and `recvBytes`) and bootstraps it through
-/// rank 0. Null with `why` set when it cannot join. Takes `listen_fd`
-/// (closed whether it joins or not).
-moe_transport_t *joinEpGroup(const moe_ep_config_t *config, void *send,
+/// rank 0 on `listenSocket`, which is closed whether it joins or not. Null
+/// with `why` set when it cannot join.
+moe_transport_t *joinEpGroup(const moe_ep_config_t *config,
+                             ListenSocket &listenSocket, void *send,
                              size_t sendBytes, void *recv, size_t recvBytes,
                              std::string &why);
 

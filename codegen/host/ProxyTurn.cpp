@@ -129,11 +129,14 @@ LLVM::LLVMFuncOp host::addProxyTurn(ModuleOp module, ExpertParallelAttr ep) {
         fence(LLVM::AtomicOrdering::acquire);
         Value records =
             LLVM::ZExtOp::create(b, loc, i64, load32(stage, mySlot));
-        // The region always goes: its head holds the choices per expert.
+        // The region with its head (the choices per expert; with no
+        // records the receiver takes none).
         Value region = add(h.c64(regions), mul(self64, l.regionBytes()));
-        write(q, add(h.c64(q * stateBytes), region),
-              add(h.c64(int64_t(l.recordsOffset())), mul(records, stride)),
-              region, dispatchPayload);
+        ifThen(h, cmp(LLVM::ICmpPredicate::ne, records, h.c64(0)), [&] {
+          write(q, add(h.c64(q * stateBytes), region),
+                add(h.c64(int64_t(l.recordsOffset())), mul(records, stride)),
+                region, dispatchPayload);
+        });
         write(q, add(h.c64(q * stateBytes), mySlot), h.c64(12), mySlot,
               dispatchCount);
         LLVM::StoreOp::create(b, loc, seq, counter(0, q), 8);
@@ -163,19 +166,14 @@ LLVM::LLVMFuncOp host::addProxyTurn(ModuleOp module, ExpertParallelAttr ep) {
         markDone();
       });
       // Receive: raise q's flags once its writes are all in.
-      // A payload comes with every count, or (`always` off) with every
-      // count but zero.
       auto raise = [&](int64_t countId, int64_t payloadId, int64_t got,
                        int64_t gotPayload, int64_t countOffset,
-                       int64_t flagOffset, bool always) {
+                       int64_t flagOffset) {
         Value seen = LLVM::LoadOp::create(b, loc, i64, counter(got, q), 8);
         ifThen(
             h, cmp(LLVM::ICmpPredicate::ugt, arrivals(q, countId), seen), [&] {
               Value n = load32(state, h.c64(countOffset));
-              Value any =
-                  always ? LLVM::ConstantOp::create(b, loc, b.getI1Type(), 1)
-                               .getResult()
-                         : cmp(LLVM::ICmpPredicate::ne, n, h.c32(0));
+              Value any = cmp(LLVM::ICmpPredicate::ne, n, h.c32(0));
               Value payloads =
                   LLVM::LoadOp::create(b, loc, i64, counter(gotPayload, q), 8);
               Value arrived = cmp(LLVM::ICmpPredicate::ugt,
@@ -201,9 +199,9 @@ LLVM::LLVMFuncOp host::addProxyTurn(ModuleOp module, ExpertParallelAttr ep) {
             });
       };
       raise(dispatchCount, dispatchPayload, 2, 3, slots + 16 * q,
-            slots + 16 * q + 12, /*always=*/true);
+            slots + 16 * q + 12);
       raise(combineCount, combinePayload, 4, 5, flags + 16 * q + 4,
-            flags + 16 * q, /*always=*/false);
+            flags + 16 * q);
     });
   }
   LLVM::ReturnOp::create(b, loc,

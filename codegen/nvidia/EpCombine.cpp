@@ -108,9 +108,11 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
       Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
       Value self = r.load(i32, r.at(st, EpDeviceLayout::kRank));
       for (int64_t q = 0; q < ranks; ++q) {
-        // The rows this rank returned to q (the wait counted them).
-        e.storeRaw(r.load(i32, r.at(st, EpDeviceLayout::kReturnRows + 4 * q)),
-                   sent, {e.index(q)});
+        // The rows this rank returned to q (the unpack counted them).
+        e.storeRaw(
+            r.load(i32, EpShape::perRank(r, st, EpDeviceLayout::kReturnRows,
+                                         r.c64(q))),
+            sent, {e.index(q)});
         r.storeVolatile(seq,
                         r.at(r.peer(st, r.c64(q)),
                              r.add(r.c64(int64_t(shape.layout.combineFlags())),

@@ -21,7 +21,6 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "codegen/common/Numerics.h"
 #include "codegen/nvidia/EpExchange.h"
 #include "codegen/nvidia/KernelBuilder.h"
 
@@ -55,7 +54,7 @@ static void scanInPlace(Kernel &k, Value buffer, int64_t n) {
   Value in = e.ult(tid, e.index(n));
   Value at = e.select(in, tid, e.index(0));
   for (int64_t d = 1; d < n; d *= 2) {
-    Value has = e.icmp(arith::CmpIPredicate::uge, tid, e.index(d));
+    Value has = e.andi(in, e.icmp(arith::CmpIPredicate::uge, tid, e.index(d)));
     Value from = e.select(has, e.isub(at, e.index(d)), e.index(0));
     Value v = e.iadd(e.loadRaw(buffer, {at}),
                      e.select(has, e.loadRaw(buffer, {from}), e.i32(0)));
@@ -124,13 +123,16 @@ static LogicalResult buildEpDispatchPlan(LayerKernels &layer,
       [&](Value x) { e.storeRaw(e.i32(0), placed, {x}); },
       e.index(kPlanThreads));
   gpu::BarrierOp::create(e.b, e.loc);
-  // The token's choices in one vector load (a thread past the count reads
-  // row 0 and counts nothing).
+  // The token's choices in one vector load (none past the count: a rank
+  // may bring no tokens at all).
   auto vec = VectorType::get({topK}, i32);
   int64_t rowBytes = 4 * topK;
-  Value v = vector::LoadOp::create(
-      e.b, e.loc, vec, ids, {e.select(valid, t, e.index(0)), e.index(0)}, false,
-      llvm::Align(std::min<int64_t>(16, rowBytes & -rowBytes)));
+  Value v = e.valueIf(valid, vec, [&] {
+    return vector::LoadOp::create(
+               e.b, e.loc, vec, ids, {t, e.index(0)}, false,
+               llvm::Align(std::min<int64_t>(16, rowBytes & -rowBytes)))
+        .getResult();
+  });
   // Each choice's expert and rank (-1: none), and both as indices into
   // the counters (0 for none).
   SmallVector<Value> id, owner, ok, idAt, ownerAt;
@@ -175,15 +177,12 @@ static LogicalResult buildEpDispatchPlan(LayerKernels &layer,
   e.forEach(
       tid, e.index(ranks),
       [&](Value q) {
-        Value at = r.mul(r.to64(q), 4);
-        e.storeRaw(r.atomicAddRelaxed(
-                       r.at(st, r.add(r.c64(EpDeviceLayout::kSentCounts), at)),
-                       e.loadRaw(records, {q})),
-                   records, {q});
-        e.storeRaw(r.atomicAddRelaxed(
-                       r.at(st, r.add(r.c64(EpDeviceLayout::kSentChoices), at)),
-                       e.loadRaw(choices, {q})),
-                   choices, {q});
+        for (auto [counts, offset] :
+             {std::pair{records, EpDeviceLayout::kSentCounts},
+              std::pair{choices, EpDeviceLayout::kSentChoices}})
+          e.storeRaw(r.atomicAddRelaxed(EpShape::perRank(r, st, offset, q),
+                                        e.loadRaw(counts, {q})),
+                     counts, {q});
       },
       e.index(kPlanThreads));
   e.forEach(
@@ -256,46 +255,39 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
   Type i32 = e.b.getI32Type();
   Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
   Value self = r.load(i32, r.at(st, EpDeviceLayout::kRank));
-  // Where each rank's return rows start: the plan counted every choice.
-  Value bases = k.workgroupBuffer({ranks}, i32);
-  e.forEach(
-      tid, e.index(ranks),
-      [&](Value q) {
-        Value base = e.reduce(
-            e.index(0), q, {e.i32(0)},
-            [&](Value q2, ValueRange acc) -> SmallVector<Value> {
-              return {e.iadd(
-                  acc[0],
-                  r.load(i32,
-                         r.at(st, r.add(r.c64(EpDeviceLayout::kSentChoices),
-                                        r.mul(r.to64(q2), 4)))))};
-            })[0];
-        e.storeRaw(base, bases, {q});
-      },
-      e.index(kCopyThreads));
+  // Where each rank's return rows end, then start: the plan counted every
+  // choice.
+  Value sentTo = k.workgroupBuffer({ranks}, i32);
+  Value ends = k.workgroupBuffer({ranks}, i32);
+  e.ifThen(e.ult(tid, e.index(ranks)), [&] {
+    Value n =
+        r.load(i32, EpShape::perRank(r, st, EpDeviceLayout::kSentChoices, tid));
+    e.storeRaw(n, sentTo, {tid});
+    e.storeRaw(n, ends, {tid});
+  });
   gpu::BarrierOp::create(e.b, e.loc);
+  scanInPlace(k, ends, ranks);
+  auto baseOf = [&](Value q) {
+    return e.isub(e.loadRaw(ends, {q}), e.loadRaw(sentTo, {q}));
+  };
   e.ifThen(e.ult(t, k.tokens), [&] {
-    // Choice `tid`'s return row, made whole, where threads of the header
-    // read it.
-    Value j = e.minUI(tid, e.index(topK - 1));
-    Value id = e.loadRaw(ids, {t, j});
-    Value relative = e.loadRaw(rows, {t, j});
-    Value owner = e.select(
-        e.icmp(arith::CmpIPredicate::sge, relative, e.i32(0)),
-        arith::DivUIOp::create(e.b, e.loc, id, e.i32(local)), e.i32(-1));
-    Value back = e.select(
-        e.icmp(arith::CmpIPredicate::sge, owner, e.i32(0)),
-        e.iadd(relative,
-               e.loadRaw(bases,
-                         {e.toIndex(e.select(
-                             e.icmp(arith::CmpIPredicate::sge, owner, e.i32(0)),
-                             owner, e.i32(0)))})),
-        e.i32(-1));
-    Value position = r.load(i32, shape.positionSlot(r, st, t, j));
-    gpu::BarrierOp::create(e.b, e.loc);
-    e.ifThen(e.ult(tid, e.index(topK)), [&] {
-      e.storeRaw(back, rows, {t, tid});
+    // Thread j < topK: choice j's return row, made whole, and its place.
+    Value header = e.ult(tid, e.index(topK));
+    Value id = e.valueIf(header, i32, [&] { return e.loadRaw(ids, {t, tid}); });
+    Value relative = e.valueIf(header, i32, [&] {
+      return e.loadRaw(rows, {t, tid});
     });
+    Value mine =
+        e.andi(header, e.icmp(arith::CmpIPredicate::sge, relative, e.i32(0)));
+    Value owner = e.select(
+        mine, arith::DivUIOp::create(e.b, e.loc, id, e.i32(local)), e.i32(-1));
+    Value back = e.valueIf(
+        mine, i32, [&] { return e.iadd(relative, baseOf(e.toIndex(owner))); });
+    back = e.select(mine, back, e.i32(-1));
+    Value position = e.valueIf(header, i32, [&] {
+      return r.load(i32, shape.positionSlot(r, st, t, tid));
+    });
+    e.ifThen(header, [&] { e.storeRaw(back, rows, {t, tid}); });
     for (int64_t q = 0; q < ranks; ++q) {
       Value index = r.load(i32, shape.recordIndexSlot(r, st, t, q));
       e.ifThen(e.icmp(arith::CmpIPredicate::sge, index, e.i32(0)), [&] {
@@ -367,18 +359,17 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
         e.forEach(
             tid, e.index(ranks),
             [&](Value q) {
-              Value at = r.mul(r.to64(q), 4);
               Value count =
-                  r.at(st, r.add(r.c64(EpDeviceLayout::kSentCounts), at));
+                  EpShape::perRank(r, st, EpDeviceLayout::kSentCounts, q);
               Value slot = shape.countSlot(r, r.peer(st, q), self);
               Value records = r.load(i32, count);
               r.store(records, slot);
-              r.store(e.loadRaw(bases, {q}), r.at(slot, 4));
+              r.store(baseOf(q), r.at(slot, 4));
               r.store(e.i32(0), r.at(slot, 8));
               e.storeRaw(records, sent, {q});
               r.store(e.i32(0), count);
               r.store(e.i32(0),
-                      r.at(st, r.add(r.c64(EpDeviceLayout::kSentChoices), at)));
+                      EpShape::perRank(r, st, EpDeviceLayout::kSentChoices, q));
             },
             e.index(kCopyThreads));
         r.fenceSystem();
@@ -444,8 +435,7 @@ static LogicalResult buildEpDispatchWait(LayerKernels &layer,
         n = e.select(
             e.icmp(arith::CmpIPredicate::ugt, n, e.i32(shape.maxTokens)),
             e.i32(-1), n);
-        r.store(n, r.at(st, r.add(r.c64(EpDeviceLayout::kRecvCounts),
-                                  r.mul(r.to64(q), 4))));
+        r.store(n, EpShape::perRank(r, st, EpDeviceLayout::kRecvCounts, q));
       });
   return k.finish(op);
 }
@@ -498,17 +488,16 @@ struct UnpackEmitter {
   Value countOf(Value q, Value ql) {
     return e.loadRaw(chosen, {e.iadd(e.imul(q, e.index(local)), ql)});
   }
-  /// Expert x's choices from the ranks below `below`.
-  Value expertTotal(Value x, Value below) {
-    return e.reduce(e.index(0), below, {e.i32(0)},
-                    [&](Value q, ValueRange acc) -> SmallVector<Value> {
-                      return {e.iadd(acc[0], countOf(q, x))};
-                    })[0];
+  /// Where expert x's rows start: the end of the experts before it.
+  Value startOf(Value x) {
+    Value before = e.loadRaw(
+        ends, {e.select(e.eq(x, e.index(0)), x, e.isub(x, e.index(1)))});
+    return e.select(e.eq(x, e.index(0)), e.i32(0), before);
   }
 
   void loadCounts();
   void layOut();
-  std::tuple<Value, Value, Value> recordOf(Value k, Value mine);
+  std::tuple<Value, Value, Value> recordOf(Value nth, Value mine);
   void findRows(Value rowsHere, Value chunkStart, Value mine);
   void copyChunk(Value rowsHere, Value chunkStart, Value inChunk, Value mine);
   void emit();
@@ -520,9 +509,9 @@ struct UnpackEmitter {
 /// only what can be placed.
 void UnpackEmitter::loadCounts() {
   e.ifThen(e.ult(tid, e.index(ranks)), [&] {
-    e.storeRaw(r.load(i32, r.at(st, r.add(r.c64(EpDeviceLayout::kRecvCounts),
-                                          r.mul(r.to64(tid), 4)))),
-               arrived, {tid});
+    e.storeRaw(
+        r.load(i32, EpShape::perRank(r, st, EpDeviceLayout::kRecvCounts, tid)),
+        arrived, {tid});
     e.storeRaw(e.i32(0), claimed, {tid});
   });
   gpu::BarrierOp::create(e.b, e.loc);
@@ -575,28 +564,36 @@ void UnpackEmitter::loadCounts() {
 /// combine send and the proxy).
 void UnpackEmitter::layOut() {
   loadCounts();
+  // Per expert: each rank's place among its choices, and their total.
   e.forEach(
       tid, e.index(local),
-      [&](Value x) { e.storeRaw(expertTotal(x, e.index(ranks)), ends, {x}); },
+      [&](Value x) {
+        Value total = e.reduce(
+            e.index(0), e.index(ranks), {e.i32(0)},
+            [&](Value q, ValueRange acc) -> SmallVector<Value> {
+              e.storeRaw(acc[0], bases, {e.iadd(e.imul(q, e.index(local)), x)});
+              return {e.iadd(acc[0], countOf(q, x))};
+            })[0];
+        e.storeRaw(total, ends, {x});
+      },
       e.index(kCopyThreads));
   gpu::BarrierOp::create(e.b, e.loc);
   scanInPlace(k, ends, local);
   e.forEach(
       tid, e.index(ranks * local),
       [&](Value x) {
-        auto [q, ql] = splitSource(x);
-        Value total = expertTotal(ql, e.index(ranks));
-        Value start = e.isub(e.loadRaw(ends, {ql}), total);
-        e.storeRaw(e.iadd(start, expertTotal(ql, q)), bases, {x});
+        e.storeRaw(
+            e.iadd(e.loadRaw(bases, {x}), startOf(splitSource(x).second)),
+            bases, {x});
       },
       e.index(kCopyThreads));
   e.ifThen(e.eq(block, e.index(0)), [&] {
     e.forEach(
         tid, e.index(local),
         [&](Value x) {
-          Value total = expertTotal(x, e.index(ranks));
-          e.storeRaw(total, counts, {x});
-          e.storeRaw(e.isub(e.loadRaw(ends, {x}), total), offsets, {x});
+          Value start = startOf(x);
+          e.storeRaw(e.isub(e.loadRaw(ends, {x}), start), counts, {x});
+          e.storeRaw(start, offsets, {x});
         },
         e.index(kCopyThreads));
     e.ifThen(e.eq(tid, e.index(0)), [&] {
@@ -607,23 +604,22 @@ void UnpackEmitter::layOut() {
         tid, e.index(ranks),
         [&](Value q) {
           r.store(e.loadRaw(claimed, {q}),
-                  r.at(st, r.add(r.c64(EpDeviceLayout::kReturnRows),
-                                 r.mul(r.to64(q), 4))));
+                  EpShape::perRank(r, st, EpDeviceLayout::kReturnRows, q));
         },
         e.index(kCopyThreads));
   });
   gpu::BarrierOp::create(e.b, e.loc);
 }
 
-/// Record k of the block's `mine` (block b takes slots b, b + grid, ...;
+/// Record `nth` of the block's `mine` (block b takes slots b, b + grid, ...;
 /// slot p is source p / maxTokens's record p % maxTokens): its source, its
 /// address and whether it came.
-std::tuple<Value, Value, Value> UnpackEmitter::recordOf(Value k, Value mine) {
-  Value p = e.minUI(e.iadd(block, e.imul(k, e.index(kStrideBlocks))),
+std::tuple<Value, Value, Value> UnpackEmitter::recordOf(Value nth, Value mine) {
+  Value p = e.minUI(e.iadd(block, e.imul(nth, e.index(kStrideBlocks))),
                     e.index(ranks * maxTokens - 1));
   Value q = e.divUI(p, maxTokens), i = e.remUI(p, maxTokens);
   Value came =
-      e.andi(e.ult(k, mine), e.icmp(arith::CmpIPredicate::slt, e.toI32(i),
+      e.andi(e.ult(nth, mine), e.icmp(arith::CmpIPredicate::slt, e.toI32(i),
                                     e.loadRaw(arrived, {q})));
   return {q, shape.record(r, st, q, i), came};
 }
@@ -632,8 +628,12 @@ std::tuple<Value, Value, Value> UnpackEmitter::recordOf(Value k, Value mine) {
 /// (-1: none) into `rowsHere`, and where its output returns to `origin`.
 void UnpackEmitter::findRows(Value rowsHere, Value chunkStart, Value mine) {
   int64_t capacity = ranks * maxTokens * topK;
-  auto [q, record, here] =
+  // A chunk is kCopyThreads / topK records: threads past its entries
+  // (topK not dividing the block) find nothing.
+  auto [q, record, came] =
       recordOf(e.iadd(chunkStart, e.divUI(tid, topK)), mine);
+  Value inChunk = e.ult(tid, e.index(kCopyThreads / topK * topK));
+  Value here = e.andi(inChunk, came);
   Value j4 = r.mul(r.to64(e.remUI(tid, topK)), 4);
   Value x = r.loadIf(here, i32,
                      r.at(record, r.add(r.c64(l.localIdOffset(0)), j4)), 4);
@@ -649,7 +649,8 @@ void UnpackEmitter::findRows(Value rowsHere, Value chunkStart, Value mine) {
   Value row =
       e.iadd(e.loadRaw(bases, {e.iadd(e.imul(q, e.index(local)), xi)}), pos);
   ok = e.andi(ok, e.icmp(arith::CmpIPredicate::ult, row, e.i32(capacity)));
-  e.storeRaw(e.select(ok, row, e.i32(-1)), rowsHere, {tid});
+  e.ifThen(inChunk,
+           [&] { e.storeRaw(e.select(ok, row, e.i32(-1)), rowsHere, {tid}); });
   e.ifThen(ok, [&] {
     Value at = e.toIndex(row);
     e.storeRaw(e.toI32(q), origin, {at, e.index(0)});
@@ -671,11 +672,11 @@ void UnpackEmitter::copyChunk(Value rowsHere, Value chunkStart, Value inChunk,
   int64_t perThread = llvm::divideCeil(unroll * vectors, kCopyThreads);
   unsigned bytes = width * elementBytes;
   auto vec = VectorType::get({width}, element);
-  // Record k's row for choice j (-1: none), k within the chunk.
-  auto eachRow = [&](Value k, function_ref<void(Value)> body) {
+  // Record `rec`'s row for choice j (-1: none), `rec` within the chunk.
+  auto eachRow = [&](Value rec, function_ref<void(Value)> body) {
     for (int64_t j = 0; j < topK; ++j) {
       Value row =
-          e.loadRaw(rowsHere, {e.iadd(e.imul(k, e.index(topK)), e.index(j))});
+          e.loadRaw(rowsHere, {e.iadd(e.imul(rec, e.index(topK)), e.index(j))});
       e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)),
                [&] { body(e.toIndex(row)); });
     }
@@ -688,14 +689,14 @@ void UnpackEmitter::copyChunk(Value rowsHere, Value chunkStart, Value inChunk,
         SmallVector<Value> ks, cs, loaded, values;
         for (int64_t m = 0; m < perThread; ++m) {
           Value n = e.iadd(tid, e.index(m * kCopyThreads));
-          Value k =
+          Value rec =
               e.iadd(k0, e.minUI(e.divUI(n, vectors), e.index(unroll - 1)));
-          auto [q, record, here] = recordOf(e.iadd(chunkStart, k), mine);
+          auto [q, record, here] = recordOf(e.iadd(chunkStart, rec), mine);
           Value c = e.imul(e.remUI(n, vectors), e.index(width));
           Value load = e.andi(
-              e.andi(e.ult(n, e.index(unroll * vectors)), e.ult(k, inChunk)),
+              e.andi(e.ult(n, e.index(unroll * vectors)), e.ult(rec, inChunk)),
               here);
-          ks.push_back(k);
+          ks.push_back(rec);
           cs.push_back(c);
           loaded.push_back(load);
           values.push_back(r.loadIf(load, vec,
@@ -722,13 +723,13 @@ void UnpackEmitter::copyChunk(Value rowsHere, Value chunkStart, Value inChunk,
   e.forEach(
       tid, e.imul(inChunk, e.index(scales)),
       [&](Value n) {
-        Value k = e.divUI(n, scales), sc = e.remUI(n, scales);
-        auto [q, record, here] = recordOf(e.iadd(chunkStart, k), mine);
+        Value rec = e.divUI(n, scales), sc = e.remUI(n, scales);
+        auto [q, record, here] = recordOf(e.iadd(chunkStart, rec), mine);
         Value v = r.loadIf(here, scale,
                            r.at(r.at(record, shape.header() + hidden),
                                 r.mul(r.to64(sc), scaleBytes)),
                            scaleBytes);
-        eachRow(k, [&](Value at) { e.storeRaw(v, rowScales, {at, sc}); });
+        eachRow(rec, [&](Value at) { e.storeRaw(v, rowScales, {at, sc}); });
       },
       e.index(kCopyThreads));
 }

@@ -194,6 +194,11 @@ struct EpShape {
   const EpLayout &recv() const { return layout.recvLayout; }
   int64_t stride() const { return int64_t(recv().maxRecordBytes()); }
   int64_t header() const { return int64_t(recv().headerBytes()); }
+  /// Rank q's word of the per-rank control array at `offset` of `state`
+  /// (EpDeviceLayout::kSentCounts and the like).
+  static Value perRank(Raw &r, Value state, size_t offset, Value q) {
+    return r.at(state, r.add(r.c64(int64_t(offset)), r.mul(r.to64(q), 4)));
+  }
   /// Source `src`'s count slot in the state of its receiver `base`:
   /// records, first return row, 0, the forward's number once all is in.
   Value countSlot(Raw &r, Value base, Value src) const {
@@ -235,12 +240,6 @@ struct EpShape {
     return r.at(state, r.add(r.c64(int64_t(layout.expertChoices())),
                              r.mul(r.to64(x), 4)));
   }
-  /// Whether expert `id` (i32) is one of rank `q`'s.
-  Value heldBy(Emitter &e, Value id, int64_t q) const {
-    return e.andi(
-        e.icmp(arith::CmpIPredicate::sge, id, e.i32(q * localExperts)),
-        e.icmp(arith::CmpIPredicate::slt, id, e.i32((q + 1) * localExperts)));
-  }
   int64_t combineRows() const {
     return int64_t(EpDeviceLayout::kRecv + recv().combineOffset());
   }
@@ -253,7 +252,7 @@ inline void waitForRanks(Kernel &k, Value state, int64_t ranks,
                          function_ref<Value(Raw &, Value)> flagOf,
                          function_ref<void(Raw &, Value, Value)> after) {
   k.launch.work = {1, 0};
-  k.launch.block = 64;
+  k.launch.block = EpDeviceLayout::kMaxRanks;
   Raw r(k);
   Value tid = k.threadId();
   Value seq = r.load(r.i32, r.at(state, EpDeviceLayout::kSeq));
@@ -268,7 +267,8 @@ inline void waitForRanks(Kernel &k, Value state, int64_t ranks,
 }
 
 /// Refuses rows the exchange cannot move: other elements than bf16 or
-/// E4M3, rows not a whole number of 16-byte vectors, too many ranks.
+/// E4M3, rows not a whole number of 8 elements (bf16 moves in 16-byte
+/// vectors, E4M3 in 16 or 8), too many ranks.
 inline LogicalResult checkEpShape(Operation *op, int64_t hidden, Type element,
                                   int64_t ranks) {
   if (!element.isBF16() && !isa<Float8E4M3FNType>(element))

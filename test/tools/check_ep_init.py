@@ -30,6 +30,7 @@ def main():
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         fd = listener.detach()  # init's now, not this object's
+        inode = os.fstat(fd).st_ino
         fields = dict(rank=0, world_size=ranks, bootstrap_host=b"127.0.0.1",
                       bootstrap_port=0, listen_fd=fd, max_tokens=8,
                       provider=None, domain=None, timeout_ms=1000, proxy=0)
@@ -37,12 +38,13 @@ def main():
         if init(ctypes.byref(EpConfig(**fields))) == 0:
             print(f"{what}: UNEXPECTED: init took the config")
             return 1
+        # Closed, or the number taken since by something else.
         try:
-            os.fstat(fd)
-            closed = False
-            os.close(fd)
+            closed = os.fstat(fd).st_ino != inode
         except OSError:
             closed = True
+        if not closed:
+            os.close(fd)
         print(f"{what}: refused ({lib.moe_last_error().decode()}); "
               f"listen_fd {'closed' if closed else 'LEFT OPEN'}")
         status |= 0 if closed else 1
