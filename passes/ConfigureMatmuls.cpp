@@ -21,15 +21,14 @@ using namespace mlir;
 using namespace mlir::moe;
 
 namespace {
-// The sm_90a kernel: 128 rows x 256 weight rows, 128 bytes of K a stage,
-// two consumer warpgroups; each consumer warpgroup stages 64 x 64 bf16 of
-// its results in shared memory for the epilogue.
-constexpr int64_t kTileM = 128, kTileN = 256, kSliceBytes = 128;
-constexpr int64_t kWarpGroups = 2, kGroup = 8;
-constexpr int64_t kEpilogueBytes = kWarpGroups * 64 * 64 * 2;
-/// Slots for a stage's square weight-block scales, after its row scales
-/// (the emitter's layout).
-constexpr int64_t kBlockScaleSlots = 32;
+// The sm_90a kernels' tiles and shared-memory layout (the wide tile: 128
+// rows x 256 weight rows, two consumer warpgroups; the decode tile: 64-row
+// weight fragments), as the target description gives them.
+using sm90a::MatmulLayout;
+constexpr int64_t kTileM = MatmulLayout::kTileM, kTileN = MatmulLayout::kTileN;
+constexpr int64_t kSliceBytes = MatmulLayout::kSliceBytes;
+constexpr int64_t kWarpGroups = MatmulLayout::kWarpGroups, kGroup = 8;
+constexpr int64_t kSwapFragmentRows = MatmulLayout::kSwapFragmentRows;
 // Split-K: at most kMaxSplits ranges, each at least kMinSplitTiles stages
 // (on H100 a split's fixed cost, ring fill, partials and the last block's
 // sum, outweighed what shorter ranges saved; bench/RESULTS.md).
@@ -41,12 +40,9 @@ constexpr int64_t kAnyTokens = 4096;
 constexpr int64_t kPersistentKTiles = 32, kPersistentWeightElements = 32 << 20;
 // Decode tiles (swap_ab) serve buckets of at most this many tokens: the
 // weights are wgmma's 64-row fragments, an expert's rows (at most a
-// token each) its N. Two blocks share a multiprocessor, each ring at most
-// kSwapSharedBytes, and a split streams at least kSwapMinSplitTiles
-// stages.
-constexpr int64_t kSwapTokens = 64, kSwapFragmentRows = 64;
-constexpr int64_t kSwapSharedBytes = 112 * 1024, kSwapMinSplitTiles = 4;
-constexpr int64_t kSwapRegisters = 160;
+// token each) its N. Two blocks share a multiprocessor, and a split
+// streams at least kSwapMinSplitTiles stages.
+constexpr int64_t kSwapTokens = 64, kSwapMinSplitTiles = 4;
 
 /// Where `value`'s rows are made, followed back through the row-wise steps
 /// (quantize, pad, a matmul), which keep their input's: a moe.dispatch, an
@@ -109,6 +105,15 @@ struct MatmulShape {
     }
   }
   int64_t tileK() const { return kSliceBytes / elementBytes; }
+  /// The kernel's shared-memory layout for a tile of this shape, without
+  /// stages.
+  MatmulLayout layout(int64_t tileM, int64_t tileN, int64_t tileK) const {
+    MatmulLayout l;
+    l.tileM = tileM, l.tileN = tileN, l.tileK = tileK;
+    l.elementBytes = elementBytes, l.scaleK = scaleK;
+    l.columnScales = columnScales;
+    return l;
+  }
   int64_t kTiles() const { return llvm::divideCeil(k, tileK()); }
   int64_t colTiles() const {
     return llvm::divideCeil(outN, gated ? kTileN / 2 : kTileN);
@@ -316,21 +321,22 @@ ConfigureMatmulsPass::chooseDecodeTile(GroupedMatmulOp op,
   int64_t outputs = shape.gated ? std::max<int64_t>(64, shape.outBlock) : 128;
   int64_t tileN = pins.tileN.value_or(shape.gated ? 2 * outputs : outputs);
   int64_t fragments = tileN / kSwapFragmentRows;
-  // Accumulators, FP8 partials and a stage's scales within 160 registers
-  // a thread (the kernel's rule).
-  int64_t sub = shape.scaleK ? shape.tileK() / shape.scaleK : 0;
-  auto registers = [&](int64_t m) {
-    return fragments * m / 2 * (shape.scaleK ? 2 : 1) +
-           sub * (m / 4 + 2 * fragments);
-  };
-  while (tileM > 8 && registers(tileM) > kSwapRegisters)
+  // Accumulators, FP8 partials and a stage's scales within the decode
+  // tile's registers a thread (the kernel's rule).
+  bool fp8 = shape.scaleK > 0;
+  int64_t sub = fp8 ? shape.tileK() / shape.scaleK : 1;
+  while (tileM > 8 && sm90a::decodeRegisters(fragments, tileM, fp8, sub) >
+                          sm90a::kDecodeRegisters)
     tileM /= 2;
   tileM = pins.tileM.value_or(tileM);
   int64_t tileK = pins.tileK.value_or(shape.tileK());
   int64_t kTiles = llvm::divideCeil(shape.k, tileK);
-  int64_t perStage = (tileM + tileN) * kSliceBytes + 2 * 8;
-  int64_t stages = pins.stages.value_or(std::clamp<int64_t>(
-      (std::min<int64_t>(kSwapSharedBytes, sharedBytes) - 1024) / perStage, 2,
+  // Two blocks a multiprocessor.
+  MatmulLayout layout = shape.layout(tileM, tileN, tileK);
+  layout.swapAb = true;
+  int64_t stages = pins.stages.value_or(std::min<int64_t>(
+      layout.stagesWithin(
+          std::min<int64_t>(sm90a::kSharedTwoBlocks, sharedBytes), 2),
       std::max<int64_t>(kTiles, 2)));
   // Split K until the busy tiles (one per expert with rows, or per tile of
   // rows) fill the multiprocessors, where they leave more than three
@@ -396,21 +402,14 @@ MatmulConfigAttr ConfigureMatmulsPass::chooseFor(GroupedMatmulOp op,
   MatmulEpilogue epilogue = pins.epilogue.value_or(
       shape.outQuant || shape.outN % 8 != 0 ? MatmulEpilogue::Registers
                                             : MatmulEpilogue::Shared);
-  // The ring takes what shared memory is left. A stage: its operands, two
-  // mbarriers (static shared memory, which the limit counts too) and for
-  // FP8 its staged scales: f32 per-column weight scales and E8M0 row codes
-  // (MXFP8), or f32 row scales and the square weight blocks' scales.
-  int64_t stageBytes = (tileM + tileN) * tileK * shape.elementBytes;
-  int64_t perStage = stageBytes + 2 * 8;
-  if (shape.columnScales)
-    perStage += (tileK / shape.scaleK) * tileN * 4;
-  if (shape.scaleK > 0)
-    perStage += (tileK / shape.scaleK) *
-                (shape.columnScales ? tileM : (tileM + kBlockScaleSlots) * 4);
-  int64_t fixed =
-      1024 + (epilogue == MatmulEpilogue::Shared ? kEpilogueBytes : 0);
-  int64_t stages = pins.stages.value_or(
-      std::max<int64_t>((sharedBytes - fixed) / perStage, 2));
+  // The ring takes what shared memory is left beside the epilogue buffers,
+  // as the kernel lays it out (a stage: its operands, two mbarriers and
+  // for FP8 its staged scales).
+  MatmulLayout layout = shape.layout(tileM, tileN, tileK);
+  layout.warpGroups = pins.warpGroups.value_or(kWarpGroups);
+  layout.sharedEpilogue = epilogue == MatmulEpilogue::Shared;
+  int64_t stages =
+      pins.stages.value_or(layout.stagesWithin(sharedBytes, /*atLeast=*/2));
 
   // A bucket of few rows has few tiles, each streaming all of K: it splits
   // K among several blocks so the weight reads spread over the GPU.

@@ -3,6 +3,7 @@
 #ifndef MOE_PASSES_PASSES_H
 #define MOE_PASSES_PASSES_H
 
+#include "codegen/nvidia/support/Sm90a.h"
 #include "dialects/moe/MoeOps.h"
 #include "mlir/Pass/Pass.h"
 

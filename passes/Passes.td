@@ -179,9 +179,11 @@ def ConfigureMatmuls : Pass<"moe-configure-matmuls"> {
     Option<"matmulConfig", "matmul-config", "std::string", "",
            "Fields to pin on every matmul's configuration, as key=value "
            "pairs separated by commas">,
-    Option<"multiprocessors", "multiprocessors", "int64_t", "132",
+    Option<"multiprocessors", "multiprocessors", "int64_t",
+           "::sm90a::kMultiprocessors",
            "Multiprocessors of the GPU the cost model plans for">,
-    Option<"sharedBytes", "shared-bytes", "int64_t", "232448",
+    Option<"sharedBytes", "shared-bytes", "int64_t",
+           "::sm90a::kSharedPerBlock",
            "Shared memory a block may have, in bytes">
   ];
   let dependentDialects = ["::mlir::moe::MoeDialect"];
@@ -212,7 +214,8 @@ def SplitAttention : Pass<"moe-split-attention"> {
            "One group's matrix stages beside another's vector stages">,
     Option<"kvSplits", "kv-splits", "int64_t", "0",
            "Key ranges walked in parallel (0: as the shape needs)">,
-    Option<"targetBlocks", "target-blocks", "int64_t", "132",
+    Option<"targetBlocks", "target-blocks", "int64_t",
+           "::sm90a::kMultiprocessors",
            "Blocks that fill the target (its multiprocessors)">
   ];
   let dependentDialects = ["::mlir::moe::MoeDialect"];

@@ -11,7 +11,7 @@
 #include "codegen/host/Host.h"
 
 #include "codegen/cpu/Passes.h"
-#include "codegen/nvidia/Passes.h"
+#include "codegen/nvidia/passes/Passes.h"
 #include "passes/Passes.h"
 
 #include "mlir/Conversion/AffineToStandard/AffineToStandard.h"

@@ -2,6 +2,7 @@
 
 #include "runtime/moert.h"
 
+#include "codegen/nvidia/support/Sm90a.h"
 #include "runtime/CudaDriver.h"
 #include "runtime/DriverApi.h"
 
@@ -103,8 +104,9 @@ extern "C" int32_t moert_launch(void **module, const void *image,
       void *found = nullptr;
       CHECK(driver->cuModuleGetFunction(&found, loaded->handle, kernel),
             "cuModuleGetFunction");
-      // Above 48 KiB, dynamic shared memory must be asked for.
-      if (sharedBytes > 49152)
+      // Beyond what a kernel gets without opting in, dynamic shared memory
+      // must be asked for.
+      if (sharedBytes > ::sm90a::kSharedWithoutOptIn)
         CHECK(driver->cuFuncSetAttribute(found, kMaxDynamicSharedBytes,
                                          int(sharedBytes)),
               "cuFuncSetAttribute");

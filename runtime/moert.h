@@ -74,8 +74,8 @@ typedef int32_t (*moert_enqueue_fn)(void *const *args, int64_t tokens,
  * capturing `stream`. */
 int32_t moert_graph_launch(void **graphs, moert_enqueue_fn enqueue,
                            void *const *args, int32_t num_args, int64_t tokens,
-                           int64_t bucket_tokens, void *stream,
-                           void *workspace, int32_t enabled);
+                           int64_t bucket_tokens, void *stream, void *workspace,
+                           int32_t enabled);
 
 /* Captures the bucket's graph for these arguments as moert_graph_launch
  * would, without launching it. */

@@ -22,7 +22,7 @@ import sys
 SOURCE_SUFFIXES = (".cpp", ".cc", ".cxx", ".h", ".hpp", ".inc")
 CONTAINER = re.compile(
     r'^\s*(template\s*<.*>\s*)?'
-    r'(namespace|class|struct|union|enum|extern\s+"C")\b|=\s*\{$')
+    r'((namespace|class|struct|union|enum)\b|extern\s+"[^"]*")|=\s*\{$')
 CLASS = re.compile(r'^\s*(template\s*<.*>\s*)?(class|struct|union)\b')
 ACCESS = re.compile(r'^(public|protected|private)\s*:$')
 

@@ -3,7 +3,7 @@
 set -euo pipefail
 
 debs=(libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools libfabric-dev libgtest-dev
-      ninja-build lld cmake)
+      ninja-build lld cmake clang-format)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

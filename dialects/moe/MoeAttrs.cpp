@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "codegen/nvidia/support/Sm90a.h"
 #include "dialects/moe/MoeDialect.h"
 
 #include "llvm/ADT/TypeSwitch.h"
@@ -366,9 +367,10 @@ LogicalResult KernelLaunchAttr::verify(
   if (block < 1 || block > 1024)
     return emitError() << "launch of " << kernel << " has " << block
                        << " threads per block; 1 to 1024 run";
-  if (sharedBytes < 0 || sharedBytes > 227 * 1024)
+  if (sharedBytes < 0 || sharedBytes > sm90a::kSharedPerBlock)
     return emitError() << "launch of " << kernel << " asks for " << sharedBytes
-                       << " bytes of shared memory; sm_90a has 227 KiB";
+                       << " bytes of shared memory; sm_90a has "
+                       << sm90a::kSharedPerBlock / 1024 << " KiB";
   return success();
 }
 

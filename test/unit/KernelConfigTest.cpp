@@ -5,7 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "codegen/nvidia/KernelConfigs.h"
+#include "codegen/nvidia/kernels/KernelConfigs.h"
 #include "dialects/moe/MoeOps.h"
 #include "passes/Passes.h"
 
@@ -170,4 +170,141 @@ TEST_F(KernelConfigTest, DispatchPadsEachExpertsRows) {
   EXPECT_EQ(c.quantBlock, 0);
   EXPECT_EQ(c.dispatchedRows.perToken, 3);
   EXPECT_EQ(c.dispatchedRows.fixed, 10 * (c.align - 1));
+}
+
+namespace {
+/// Grouped matmuls of each encoding and epilogue the kernels have, at every
+/// plan a layer takes (any count, then decode and prefill buckets).
+const char *const kLayoutShapes[] = {
+    // bf16 gate/up: a gated tile, a shared epilogue.
+    R"(func.func @f(%x: tensor<?x2048xbf16>, %w: tensor<8x1536x2048xbf16>,
+                    %c: tensor<8xi32>, %o: tensor<9xi32>) -> tensor<?x768xbf16>
+         attributes {moe.token_buckets = array<i64: 1, 8, 64, 512>} {
+       %0 = moe.grouped_matmul %x, %w groups(%c, %o)
+           {activation = #moe.activation<kind = swiglu>}
+           : (tensor<?x2048xbf16>, tensor<8x1536x2048xbf16>, tensor<8xi32>,
+              tensor<9xi32>) -> tensor<?x768xbf16>
+       return %0 : tensor<?x768xbf16>
+     })",
+    // Dense bf16 with rows of 100 columns: the register epilogue.
+    R"(func.func @f(%x: tensor<?x512xbf16>, %w: tensor<100x512xbf16>)
+         -> tensor<?x100xbf16>
+         attributes {moe.token_buckets = array<i64: 1, 8, 64, 512>} {
+       %0 = moe.grouped_matmul %x, %w
+           : (tensor<?x512xbf16>, tensor<100x512xbf16>) -> tensor<?x100xbf16>
+       return %0 : tensor<?x100xbf16>
+     })",
+    // FP8 block-128: staged row scales and square weight-block scales.
+    R"(func.func @f(%x: tensor<?x256xf8E4M3FN>, %w: tensor<4x320x256xf8E4M3FN>,
+                    %c: tensor<4xi32>, %o: tensor<5xi32>, %sx: tensor<?x2xf32>,
+                    %sw: tensor<4x3x2xf32>) -> tensor<?x160xbf16>
+         attributes {moe.token_buckets = array<i64: 1, 8, 64, 512>} {
+       %0 = moe.grouped_matmul %x, %w groups(%c, %o) scales(%sx, %sw)
+           {activation = #moe.activation<kind = swiglu>}
+           : (tensor<?x256xf8E4M3FN>, tensor<4x320x256xf8E4M3FN>,
+              tensor<4xi32>, tensor<5xi32>, tensor<?x2xf32>,
+              tensor<4x3x2xf32>) -> tensor<?x160xbf16>
+       return %0 : tensor<?x160xbf16>
+     })",
+    // MXFP8: E8M0 row codes and per-column weight scales staged per stage.
+    R"(func.func @f(%a: tensor<?x128xf8E4M3FN>, %b: tensor<96x128xf8E4M3FN>,
+                    %sa: tensor<?x4xf8E8M0FNU>, %sb: tensor<96x4xf8E8M0FNU>)
+         -> tensor<?x96xbf16>
+         attributes {moe.token_buckets = array<i64: 1, 8, 64, 512>} {
+       %0 = moe.grouped_matmul %a, %b scales(%sa, %sb)
+           : (tensor<?x128xf8E4M3FN>, tensor<96x128xf8E4M3FN>,
+              tensor<?x4xf8E8M0FNU>, tensor<96x4xf8E8M0FNU>)
+           -> tensor<?x96xbf16>
+       return %0 : tensor<?x96xbf16>
+     })",
+    // FP8 with a quantizing epilogue.
+    R"(func.func @f(%x: tensor<?x256xf8E4M3FN>, %sx: tensor<?x2xf32>,
+                    %b: tensor<4x512x256xf8E4M3FN>, %sb: tensor<4x4x2xf32>,
+                    %c: tensor<4xi32>, %o: tensor<5xi32>)
+         -> (tensor<?x256xf8E4M3FN>, tensor<?x2xf32>)
+         attributes {moe.token_buckets = array<i64: 1, 8, 64, 512>} {
+       %0, %s = moe.grouped_matmul %x, %b groups(%c, %o) scales(%sx, %sb)
+           {activation = #moe.activation<kind = swiglu>,
+            out_quant = #moe.quant<kind = fp8_block128>}
+           : (tensor<?x256xf8E4M3FN>, tensor<4x512x256xf8E4M3FN>,
+              tensor<4xi32>, tensor<5xi32>, tensor<?x2xf32>,
+              tensor<4x4x2xf32>) -> (tensor<?x256xf8E4M3FN>, tensor<?x2xf32>)
+       return %0, %s : tensor<?x256xf8E4M3FN>, tensor<?x2xf32>
+     })",
+};
+
+/// No pins (the cost model's choices) and the pins the lit tests give
+/// moe-configure-matmuls.
+const char *const kLayoutPins[] = {
+    "",
+    "epilogue=shared",
+    "epilogue=registers",
+    "stages=3",
+    "cluster=2x1,multicast=rhs",
+    "split-k=2",
+    "persistent=true,raster=n,group=4",
+    "swap-ab=true",
+    "swap-ab=true,tile=16x128",
+    "swap-ab=false",
+};
+} // namespace
+
+// The cost model sizes each ring by the shared memory the kernel lays out
+// (sm90a::MatmulLayout): for every configuration it chooses, the kernel's
+// buffers and mbarriers fit the block (the builder accepts it), and unless
+// the stages are pinned, one stage more would not.
+TEST_F(KernelConfigTest, RingStagesFillTheSharedMemoryTheKernelAsksFor) {
+  int64_t checked = 0, decodeTiles = 0;
+  // The builder refuses some pinned configurations, saying why.
+  std::string refused;
+  context.getDiagEngine().registerHandler(
+      [&](Diagnostic &d) { refused = d.str(); });
+  for (const char *shape : kLayoutShapes) {
+    for (const char *pins : kLayoutPins) {
+      SCOPED_TRACE(std::string("pins '") + pins + "' on " + shape);
+      auto op = parse<GroupedMatmulOp>(shape);
+      PassManager pm(&context);
+      pm.addPass(createConfigureMatmuls(ConfigureMatmulsOptions{pins}));
+      // Some pins do not apply to every shape (no bucket bound for a
+      // decode tile of any count): those are the builder's errors, below.
+      if (failed(pm.run(*module)))
+        continue;
+      bool stagesPinned = StringRef(pins).contains("stages");
+      for (Attribute attr : op.getConfigsAttr()) {
+        auto config = cast<MatmulConfigAttr>(attr);
+        refused.clear();
+        FailureOr<MatmulConfig> c =
+            configureMatmul(op, TokenLinear{0, 1}, config.getTokens());
+        if (failed(c)) {
+          // Only a pin the kernel cannot honour, never the cost model's
+          // own choice, and never for want of shared memory.
+          EXPECT_NE(*pins, '\0') << refused;
+          EXPECT_EQ(refused.find("shared memory"), std::string::npos)
+              << refused;
+          continue;
+        }
+        ++checked;
+        sm90a::MatmulLayout more = *c;
+        more.stages += 1;
+        if (c->swapAb) {
+          ++decodeTiles;
+          // Two blocks a multiprocessor, up to the K stages there are.
+          EXPECT_LE(c->totalBytes(), sm90a::kSharedTwoBlocks);
+          if (!stagesPinned && c->stages < std::max<int64_t>(c->kTiles, 2)) {
+            EXPECT_GT(more.totalBytes(), sm90a::kSharedTwoBlocks)
+                << "stages " << c->stages << " at " << config.getTokens();
+          }
+          continue;
+        }
+        EXPECT_LE(c->totalBytes(), sm90a::kSharedPerBlock);
+        if (!stagesPinned) {
+          EXPECT_GT(more.totalBytes(), sm90a::kSharedPerBlock)
+              << "stages " << c->stages << " at " << config.getTokens();
+        }
+      }
+    }
+  }
+  // Every shape at every plan, less the pins that do not apply.
+  EXPECT_GT(checked, 150);
+  EXPECT_GT(decodeTiles, 40);
 }

@@ -6,8 +6,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "codegen/host/Host.h"
-#include "codegen/nvidia/Passes.h"
-#include "codegen/nvidia/Registration.h"
+#include "codegen/nvidia/passes/Passes.h"
+#include "codegen/nvidia/passes/Registration.h"
 #include "dialects/moe/MoeOps.h"
 #include "passes/Pipelines.h"
 #include "tools/moe-compile/HFConfig.h"

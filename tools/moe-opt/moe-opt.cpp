@@ -1,8 +1,8 @@
 //===- moe-opt.cpp - the moe dialect and passes, mlir-opt style -----------===//
 
 #include "codegen/cpu/Passes.h"
-#include "codegen/nvidia/Passes.h"
-#include "codegen/nvidia/Registration.h"
+#include "codegen/nvidia/passes/Passes.h"
+#include "codegen/nvidia/passes/Registration.h"
 #include "dialects/moe/MoeOps.h"
 #include "passes/Passes.h"
 #include "passes/Pipelines.h"

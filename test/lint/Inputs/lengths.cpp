@@ -43,3 +43,11 @@ Holder2Like(int x,
             int y) {
   return x + y;
 }
+
+extern "C" {
+int cEntry(int x) {
+  int y = x;
+  y += 1;
+  return y;
+}
+}

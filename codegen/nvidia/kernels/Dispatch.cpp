@@ -1,0 +1,295 @@
+//===- Dispatch.cpp - the dispatch kernels --------------------------------===//
+//
+// moe.dispatch in two kernels. The plan kernel, one block, counts each
+// expert's choices with shared-memory atomics, lays the experts out (the
+// same code as the CPU backend), and gives each choice the next row of its
+// expert, all on the device: the host never waits for the counts. The
+// scatter kernel copies each token's row to its chosen rows with 16-byte
+// vectors, scaled on the way for Llama-4's routers, and with `quant`
+// quantizes it on the way (the token's own codes too, when asked).
+//
+//===----------------------------------------------------------------------===//
+
+#include "codegen/common/Numerics.h"
+#include "codegen/nvidia/kernels/KernelConfigs.h"
+#include "codegen/nvidia/kernels/Kernels.h"
+
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::nvidia;
+
+DispatchConfig nvidia::configureDispatch(DispatchOp op, TokenLinear tokens) {
+  DispatchConfig c;
+  auto countsType = cast<RankedTensorType>(op.getTokensPerExpert().getType());
+  c.experts = countsType.getDimSize(0);
+  c.topK = cast<RankedTensorType>(op.getRows().getType()).getDimSize(1);
+  c.hidden =
+      cast<RankedTensorType>(op.getHiddenStates().getType()).getDimSize(1);
+  c.align = op.getAlign();
+  c.tokens = tokens;
+  c.dispatchedRows = {tokens.fixed * c.topK + c.experts * (c.align - 1),
+                      tokens.perToken * c.topK};
+  c.width = vectorWidth(c.hidden);
+  if (QuantAttr quant = op.getQuantAttr()) {
+    c.quantBlock = quant.getBlockSize();
+    c.lanes = c.quantBlock / c.width;
+  }
+  return c;
+}
+
+/// The plan, in one block: counts by shared-memory atomics, offsets by one
+/// thread, then each choice takes the next row of its expert. Rows within
+/// an expert are in no particular order; each row's result depends only
+/// on its token, so the layer's output does not change.
+static LogicalResult buildDispatchPlan(LayerKernels &layer, DispatchOp op,
+                                       const DispatchConfig &cfg) {
+  int64_t experts = cfg.experts, topK = cfg.topK;
+  Kernel k = layer.kernel(op, "dispatch_plan",
+                          {op.getExpertIds(), op.getTokensPerExpert(),
+                           op.getExpertOffsets(), op.getRows()});
+  k.launch.work = {1, 0};
+  k.launch.block = cfg.planThreads;
+  Emitter &e = k.e;
+  Value ids = k.view(0, layer.info(op.getExpertIds()));
+  Value counts = k.view(1, layer.info(op.getTokensPerExpert()));
+  Value offsets = k.view(2, layer.info(op.getExpertOffsets()));
+  Value rows = k.view(3, layer.info(op.getRows()));
+  Type i32 = e.b.getI32Type();
+  Value count = k.workgroupBuffer({experts}, i32);
+  Value cursor = k.workgroupBuffer({experts}, i32);
+  Value tid = k.threadId();
+  Value choices = e.imul(k.linear(cfg.tokens), topK);
+  auto isLocal = [&](Value id) {
+    return e.andi(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
+                  e.icmp(arith::CmpIPredicate::slt, id, e.i32(experts)));
+  };
+  auto at = [&](Value p) -> SmallVector<Value> {
+    return {e.divUI(p, topK), e.remUI(p, topK)};
+  };
+  auto increment = [&](Value buffer, Value id) {
+    return memref::AtomicRMWOp::create(e.b, e.loc, arith::AtomicRMWKind::addi,
+                                       e.i32(1), buffer,
+                                       ValueRange{e.toIndex(id)})
+        .getResult();
+  };
+  e.forEach(
+      tid, e.index(experts), [&](Value x) { e.storeRaw(e.i32(0), count, {x}); },
+      e.index(cfg.planThreads));
+  gpu::BarrierOp::create(e.b, e.loc);
+  e.forEach(
+      tid, choices,
+      [&](Value p) {
+        Value id = e.loadRaw(ids, at(p));
+        e.ifThen(isLocal(id), [&] { increment(count, id); });
+      },
+      e.index(cfg.planThreads));
+  gpu::BarrierOp::create(e.b, e.loc);
+  e.ifThen(e.eq(tid, e.index(0)), [&] {
+    common::layOutExperts(
+        e, experts, cfg.align, offsets,
+        [&](Value x) { return e.loadRaw(count, {x}); },
+        [&](Value x, Value offset, Value c) {
+          e.storeRaw(c, counts, {x});
+          e.storeRaw(offset, cursor, {x});
+        });
+  });
+  gpu::BarrierOp::create(e.b, e.loc);
+  e.forEach(
+      tid, choices,
+      [&](Value p) {
+        Value id = e.loadRaw(ids, at(p));
+        Value local = isLocal(id);
+        auto row = scf::IfOp::create(e.b, e.loc, TypeRange{i32}, local,
+                                     /*withElse=*/true);
+        OpBuilder::InsertionGuard guard(e.b);
+        e.b.setInsertionPointToStart(&row.getThenRegion().front());
+        scf::YieldOp::create(e.b, e.loc, increment(cursor, id));
+        e.b.setInsertionPointToStart(&row.getElseRegion().front());
+        scf::YieldOp::create(e.b, e.loc, e.i32(-1));
+        e.b.setInsertionPointAfter(row);
+        e.storeRaw(row.getResult(0), rows, at(p));
+      },
+      e.index(cfg.planThreads));
+  return k.finish(op);
+}
+
+namespace {
+/// The scatter kernel's body: a block per token copies its row to each
+/// chosen slot, bf16 or quantized on the way.
+class ScatterEmitter {
+public:
+  ScatterEmitter(LayerKernels &layer, DispatchOp op, const DispatchConfig &cfg,
+                 Kernel &k, ArrayRef<Value> buffers);
+  void emitCopies();
+  void emitQuantizedCopies();
+
+private:
+  Value scaled(Value v, Value j);
+
+  DispatchOp op;
+  const DispatchConfig &cfg;
+  Emitter &e;
+  Value hidden, rows, dispatched, scale, scales, tokenCodes, tokenScales;
+  Value t, tid;
+  Type bf16, f32;
+  VectorType vecType, f32Vec;
+};
+} // namespace
+
+ScatterEmitter::ScatterEmitter(LayerKernels &layer, DispatchOp op,
+                               const DispatchConfig &cfg, Kernel &k,
+                               ArrayRef<Value> buffers)
+    : op(op), cfg(cfg), e(k.e) {
+  hidden = k.view(0, layer.info(op.getHiddenStates()));
+  rows = k.view(1, layer.info(op.getRows()));
+  dispatched = k.view(2, layer.info(op.getDispatched()));
+  scale = op.getScale() ? k.view(3, layer.info(op.getScale())) : Value();
+  auto view = [&](Value tensor) {
+    return k.view(llvm::find(buffers, tensor) - buffers.begin(),
+                  layer.info(tensor));
+  };
+  scales = cfg.quantBlock ? view(op.getDispatchedScales()) : Value();
+  tokenCodes = op.getTokens() ? view(op.getTokens()) : Value();
+  tokenScales = op.getTokens() ? view(op.getTokenScales()) : Value();
+  t = k.blockId(gpu::Dimension::x), tid = k.threadId();
+  k.onlyIf(e.ult(t, k.linear(cfg.tokens)));
+  bf16 = e.b.getBF16Type(), f32 = e.b.getF32Type();
+  vecType = VectorType::get({cfg.width}, bf16);
+  f32Vec = VectorType::get({cfg.width}, f32);
+}
+
+Value ScatterEmitter::scaled(Value v, Value j) {
+  // The token's weight for choice j, as the row's multiplier.
+  if (!scale)
+    return v;
+  Value splat =
+      vector::BroadcastOp::create(e.b, e.loc, f32Vec, e.loadRaw(scale, {t, j}));
+  return arith::TruncFOp::create(
+             e.b, e.loc, vecType,
+             e.mul(arith::ExtFOp::create(e.b, e.loc, f32Vec, v), splat))
+      .getResult();
+}
+
+void ScatterEmitter::emitCopies() {
+  int64_t width = cfg.width;
+  e.forEach(e.index(0), e.index(cfg.topK), [&](Value j) {
+    Value row = e.loadRaw(rows, {t, j});
+    e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)), [&] {
+      Value r = e.toIndex(row);
+      e.forEach(
+          e.imul(tid, width), e.index(cfg.hidden),
+          [&](Value c) {
+            Value v =
+                vector::LoadOp::create(e.b, e.loc, vecType, hidden, {t, c},
+                                       false, vectorAlign(width, bf16));
+            vector::StoreOp::create(e.b, e.loc, scaled(v, j), dispatched,
+                                    {r, c}, false, vectorAlign(width, bf16));
+          },
+          e.index(cfg.scatterThreads * width));
+    });
+  });
+}
+
+void ScatterEmitter::emitQuantizedCopies() {
+  // A block of `bs` columns is bs / width consecutive threads' vectors,
+  // which combine their statistics by shuffles. Every thread runs every
+  // chunk (past H with zeros), so the shuffles see whole warps; a row
+  // shared by all choices (no scale) is quantized once.
+  QuantAttr quant = op.getQuantAttr();
+  int64_t bs = cfg.quantBlock, lanes = cfg.lanes, width = cfg.width;
+  int64_t h = cfg.hidden, step = cfg.scatterThreads * width;
+  Type i8 = e.b.getI8Type();
+  e.forEach(
+      e.index(0), e.index(llvm::divideCeil(h, step) * step),
+      [&](Value chunk) {
+        Value c = e.iadd(chunk, e.imul(tid, width));
+        Value valid = e.ult(c, e.index(h));
+        Value safe = e.minUI(c, e.index(h - width));
+        Value loaded =
+            vector::LoadOp::create(e.b, e.loc, vecType, hidden, {t, safe},
+                                   false, vectorAlign(width, bf16));
+        Value zeros = arith::ConstantOp::create(
+            e.b, e.loc, DenseElementsAttr::get(vecType, e.b.getZeroAttr(bf16)));
+        Value v = e.select(valid, loaded, zeros);
+        // The codes and scale of the (scaled) row's block.
+        auto quantize = [&](Value row) {
+          return quantizeVector(e, quant, row, lanes);
+        };
+        auto store = [&](Value data, Value blockScales, Value r, Value codes,
+                         Value stored) {
+          e.ifThen(valid, [&] {
+            vector::StoreOp::create(e.b, e.loc, codes, data, {r, c}, false,
+                                    vectorAlign(width, i8));
+            e.ifThen(e.eq(e.remUI(tid, lanes), e.index(0)), [&] {
+              e.storeRaw(stored, blockScales, {r, e.divUI(c, bs)});
+            });
+          });
+        };
+        std::pair<Value, Value> shared;
+        if (!scale)
+          shared = quantize(v);
+        // The token's own quantized row, for the shared experts.
+        if (tokenCodes)
+          store(tokenCodes, tokenScales, t, shared.first, shared.second);
+        e.forEach(e.index(0), e.index(cfg.topK), [&](Value j) {
+          Value row = e.loadRaw(rows, {t, j});
+          // Uniform across the block: every thread reads the same row.
+          e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)), [&] {
+            auto [codes, stored] = scale ? quantize(scaled(v, j)) : shared;
+            store(dispatched, scales, e.toIndex(row), codes, stored);
+          });
+        });
+      },
+      e.index(step));
+}
+
+/// The scatter: a block per token copies its row to each chosen slot.
+static LogicalResult buildDispatchScatter(LayerKernels &layer, DispatchOp op,
+                                          const DispatchConfig &cfg) {
+  SmallVector<Value> buffers = {op.getHiddenStates(), op.getRows(),
+                                op.getDispatched()};
+  if (op.getScale())
+    buffers.push_back(op.getScale());
+  if (cfg.quantBlock)
+    buffers.push_back(op.getDispatchedScales());
+  if (op.getTokens())
+    buffers.append({op.getTokens(), op.getTokenScales()});
+  Kernel k = layer.kernel(op, "dispatch_scatter", buffers);
+  k.launch.work = cfg.tokens;
+  k.launch.block = cfg.scatterThreads;
+  ScatterEmitter scatter(layer, op, cfg, k, buffers);
+  if (!cfg.quantBlock) {
+    scatter.emitCopies();
+    return k.finish(op);
+  }
+  if (cfg.width != 8)
+    return op->emitOpError()
+           << "quantizes rows of hidden size " << cfg.hidden
+           << " on sm_90a, which reads them in 8-element vectors: the hidden "
+              "size must be a multiple of 8";
+  scatter.emitQuantizedCopies();
+  return k.finish(op);
+}
+
+LogicalResult nvidia::buildDispatch(LayerKernels &layer, DispatchOp op) {
+  TokenLinear tokens = layer.info(op.getHiddenStates()).rows;
+  DispatchConfig cfg = configureDispatch(op, tokens);
+  // A fused step's threads share a block with a matmul's registers.
+  if (layer.fused)
+    cfg.planThreads = LayerKernels::kFusedStepThreads;
+  layer.define(op.getTokensPerExpert(), {});
+  layer.define(op.getExpertOffsets(), {});
+  layer.define(op.getRows(), tokens);
+  layer.define(op.getDispatched(), cfg.dispatchedRows);
+  if (cfg.quantBlock)
+    layer.define(op.getDispatchedScales(), cfg.dispatchedRows);
+  if (op.getTokens()) {
+    layer.define(op.getTokens(), tokens);
+    layer.define(op.getTokenScales(), tokens);
+  }
+  if (failed(buildDispatchPlan(layer, op, cfg)))
+    return failure();
+  return buildDispatchScatter(layer, op, cfg);
+}

@@ -1,0 +1,151 @@
+//===- EpCombine.cpp - returning expert outputs to their tokens' ranks ----===//
+//
+// moe.ep_combine_send and moe.ep_combine_recv on sm_90a: the rows a rank's
+// experts computed go back, over NVLink, into the states of the ranks whose
+// tokens they serve (runtime/EpLayout.h), at the return rows the dispatch
+// gave them. As in EpDispatch.cpp, the last block of the send raises each
+// peer's flag after system-scope fences, and the receiver spins on it with
+// a time limit.
+//
+//  send  every output row to its token's rank, blocks striding over rows.
+//  wait  one block: a thread per rank waits for its flag.
+//
+//===----------------------------------------------------------------------===//
+
+#include "codegen/nvidia/kernels/EpExchange.h"
+#include "codegen/nvidia/kernels/Kernels.h"
+
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::nvidia;
+using namespace mlir::moe::nvidia::ep;
+
+LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
+                                         EpCombineSendOp op) {
+  auto outType = cast<RankedTensorType>(op.getExpertOut().getType());
+  int64_t ranks = cast<RankedTensorType>(op.getSent().getType()).getDimSize(0);
+  int64_t hidden = outType.getDimSize(1);
+  if (failed(checkEpShape(op, hidden, outType.getElementType(), ranks)))
+    return failure();
+  auto recv = op.getOrigin().getDefiningOp<EpDispatchRecvOp>();
+  auto send = recv ? recv.getSent().getDefiningOp<EpDispatchSendOp>()
+                   : EpDispatchSendOp();
+  if (!send)
+    return op.emitOpError() << "must return rows that a moe.ep_dispatch_recv "
+                               "of the same function gave";
+  int64_t topK = cast<RankedTensorType>(send.getRows().getType()).getDimSize(1);
+  EpShape shape(ranks, topK, hidden, send.getLocalExperts(), layer.epMaxTokens);
+  layer.define(op.getSent(), {});
+  unsigned state = layer.epState();
+  // Each row to its token's rank, blocks striding over the rows that
+  // arrived; the last block done raises every rank's flag.
+  Kernel k = layer.kernelOn(op, "ep_combine_send",
+                            {layer.info(op.getExpertOut()).buffer,
+                             layer.info(op.getOrigin()).buffer,
+                             layer.info(recv.getExpertOffsets()).buffer,
+                             layer.info(op.getSent()).buffer, state});
+  k.launch.work = {kStrideBlocks, 0};
+  k.launch.block = kCopyThreads;
+  Emitter &e = k.e;
+  Raw r(k);
+  Value out = k.view(0, layer.info(op.getExpertOut()));
+  Value origin = k.view(1, layer.info(op.getOrigin()));
+  Value offsets = k.view(2, layer.info(recv.getExpertOffsets()));
+  Value sent = k.view(3, layer.info(op.getSent()));
+  Value st = k.func.getArgument(4);
+  Type i32 = e.b.getI32Type();
+  Value tid = k.threadId();
+  Value rows = e.toIndex(e.loadRaw(offsets, {e.index(send.getLocalExperts())}));
+  strideRows(
+      r, k.blockId(gpu::Dimension::x), rows, kLoadsInFlight,
+      [&](ArrayRef<Value> items, ArrayRef<Value> in) {
+        SmallVector<Value> dsts, sending;
+        for (auto [row, inRange] : llvm::zip_equal(items, in)) {
+          Value q = e.loadRaw(origin, {row, e.index(0)});
+          Value back = e.loadRaw(origin, {row, e.index(1)});
+          // The row came from q's record: a return row or rank outside the
+          // combine area (a corrupt record) is dropped, never written.
+          Value inBounds = e.andi(
+              e.andi(e.icmp(arith::CmpIPredicate::sge, back, e.i32(0)),
+                     e.icmp(arith::CmpIPredicate::slt, back,
+                            e.i32(shape.maxTokens * topK))),
+              e.andi(e.icmp(arith::CmpIPredicate::sge, q, e.i32(0)),
+                     e.icmp(arith::CmpIPredicate::slt, q, e.i32(ranks))));
+          inBounds = e.andi(inRange, inBounds);
+          Value qi = e.select(inBounds, q, e.i32(0));
+          Value backi = e.select(inBounds, back, e.i32(0));
+          dsts.push_back(
+              r.at(r.peer(st, qi), r.add(r.c64(shape.combineRows()),
+                                         r.mul(r.to64(backi), 2 * hidden))));
+          sending.push_back(inBounds);
+        }
+        // Every row's loads first, then the stores.
+        copyRow(
+            r, tid, hidden, r.b.getBF16Type(), [&](Value c, VectorType vec) {
+              SmallVector<Value> values;
+              for (auto [row, ok] : llvm::zip_equal(items, sending))
+                values.push_back(e.valueIf(ok, vec, [&] {
+                  return vector::LoadOp::create(
+                             e.b, e.loc, vec, out, {row, c}, false,
+                             vectorAlign(8, vec.getElementType()))
+                      .getResult();
+                }));
+              for (auto [v, dst, ok] : llvm::zip_equal(values, dsts, sending))
+                e.ifThen(ok, [&] {
+                  r.store(v, r.at(dst, r.mul(r.to64(c), 2)), 16);
+                });
+            });
+      });
+  r.fenceSystem();
+  gpu::BarrierOp::create(e.b, e.loc);
+  e.ifThen(e.eq(tid, e.index(0)), [&] {
+    Value done = r.atomicAdd(r.at(st, EpDeviceLayout::kTicket2), e.i32(1));
+    e.ifThen(e.eq(done, e.i32(kStrideBlocks - 1)), [&] {
+      r.store(e.i32(0), r.at(st, EpDeviceLayout::kTicket2));
+      r.fenceSystem();
+      Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
+      Value self = r.load(i32, r.at(st, EpDeviceLayout::kRank));
+      for (int64_t q = 0; q < ranks; ++q) {
+        // The rows this rank returned to q (the unpack counted them).
+        e.storeRaw(
+            r.load(i32, EpShape::perRank(r, st, EpDeviceLayout::kReturnRows,
+                                         r.c64(q))),
+            sent, {e.index(q)});
+        r.storeVolatile(seq,
+                        r.at(r.peer(st, r.c64(q)),
+                             r.add(r.c64(int64_t(shape.layout.combineFlags())),
+                                   r.mul(r.to64(self), 16))));
+      }
+    });
+  });
+  return k.finish(op);
+}
+
+LogicalResult nvidia::buildEpCombineRecv(LayerKernels &layer,
+                                         EpCombineRecvOp op) {
+  int64_t ranks = cast<RankedTensorType>(op.getSent().getType()).getDimSize(0);
+  auto rowsType = cast<RankedTensorType>(op.getRows().getType());
+  int64_t topK = rowsType.getDimSize(1);
+  auto gatheredType = cast<RankedTensorType>(op.getGathered().getType());
+  int64_t hidden = gatheredType.getDimSize(1);
+  auto send = op.getRows().getDefiningOp<EpDispatchSendOp>();
+  if (!send)
+    return op.emitOpError() << "must gather rows laid out by a "
+                               "moe.ep_dispatch_send of the same function";
+  EpShape shape(ranks, topK, hidden, send.getLocalExperts(), layer.epMaxTokens);
+  // The rows stay where the peers wrote them.
+  layer.bind(op.getGathered(), layer.epState(shape.combineRows()), {0, topK});
+  unsigned state = layer.epState();
+  Kernel k = layer.kernelOn(op, "ep_combine_wait", {state});
+  Value st = k.func.getArgument(0);
+  waitForRanks(k, st, ranks,
+               [&](Raw &r, Value q) {
+                 return r.at(st,
+                             r.add(r.c64(int64_t(shape.layout.combineFlags())),
+                                   r.mul(r.to64(q), 16)));
+               },
+               {});
+  return k.finish(op);
+}

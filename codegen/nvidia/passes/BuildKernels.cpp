@@ -1,0 +1,231 @@
+//===- BuildKernels.cpp - L1 moe ops to sm_90a kernels and a plan ---------===//
+//
+// Walks a layer function's L1 ops in order and hands each to its kernel
+// family; the families share the buffers of the tensors between them
+// (KernelBuilder.h) and append their launches to the plan.
+//
+//===----------------------------------------------------------------------===//
+
+#include "codegen/nvidia/passes/Passes.h"
+
+#include "codegen/nvidia/kernels/Kernels.h"
+#include "codegen/nvidia/passes/FuseLaunches.h"
+#include "runtime/EpLayout.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Verifier.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+namespace mlir::moe::nvidia {
+#define GEN_PASS_DEF_BUILDKERNELS
+#include "codegen/nvidia/passes/Passes.h.inc"
+} // namespace mlir::moe::nvidia
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::nvidia;
+
+static LogicalResult buildKernel(LayerKernels &layer, Operation *op) {
+  return TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](RouteOp o) { return buildRoute(layer, o); })
+      .Case([&](DispatchOp o) {
+        return failure(failed(o.checkOneRank()) ||
+                       failed(buildDispatch(layer, o)));
+      })
+      .Case([&](EpDispatchSendOp o) { return buildEpDispatchSend(layer, o); })
+      .Case([&](EpDispatchRecvOp o) { return buildEpDispatchRecv(layer, o); })
+      .Case([&](EpCombineSendOp o) { return buildEpCombineSend(layer, o); })
+      .Case([&](EpCombineRecvOp o) { return buildEpCombineRecv(layer, o); })
+      .Case([&](GroupedMatmulOp o) { return buildGroupedMatmul(layer, o); })
+      .Case([&](CombineOp o) { return buildCombine(layer, o); })
+      .Case([&](QuantizeOp o) { return buildQuantize(layer, o); })
+      .Case([&](DequantizeOp o) { return buildDequantize(layer, o); })
+      .Case([&](PadOp o) { return buildPad(layer, o); })
+      .Case([&](TiledAttentionOp o) { return buildAttention(layer, o); })
+      .Case([&](AttentionOp o) {
+        return o.emitOpError()
+               << "must be split first (run moe-split-attention)";
+      })
+      .Case([&](LayerOp o) {
+        return o.emitOpError()
+               << "must be decomposed first (run moe-decompose)";
+      })
+      .Default([&](Operation *other) {
+        return other->emitOpError() << "has no sm_90a kernel";
+      });
+}
+
+/// Builds `func`'s kernels for calls of at most `maxTokens` tokens (0: any)
+/// into `gpuModule`, and returns their plan.
+static FailureOr<std::unique_ptr<LaunchPlan>>
+buildPlan(func::FuncOp func, gpu::GPUModuleOp gpuModule,
+          llvm::StringSet<> &names, int64_t epMaxTokens, int64_t maxTokens) {
+  auto plan = std::make_unique<LaunchPlan>(func.getContext());
+  plan->maxTokens = maxTokens;
+  LayerKernels layer(gpuModule, *plan, names, maxTokens);
+  layer.epMaxTokens = epMaxTokens;
+  layer.expertParallel = !func.getBody().getOps<EpDispatchSendOp>().empty();
+  if (auto fused =
+          func->getAttrOfType<DenseI64ArrayAttr>(kFusedBucketsAttrName))
+    layer.fused =
+        maxTokens > 0 && llvm::is_contained(fused.asArrayRef(), maxTokens);
+  Block &body = func.getBody().front();
+  FunctionType type = func.getFunctionType();
+  // Buffer i is argument i: the inputs, then the outputs.
+  unsigned numArgs = type.getNumInputs() + type.getNumResults();
+  for (unsigned i = 0; i < numArgs; ++i)
+    plan->addArgument(i);
+  for (BlockArgument arg : body.getArguments()) {
+    auto tensor = dyn_cast<RankedTensorType>(arg.getType());
+    if (!tensor)
+      return func.emitOpError() << "takes only ranked tensors";
+    for (int64_t d = 1; d < tensor.getRank(); ++d)
+      if (tensor.isDynamicDim(d))
+        return func.emitOpError()
+               << "argument " << arg.getArgNumber()
+               << " may be dynamic only in its first (token) dimension";
+    TokenLinear rows = tensor.getRank() == 0 ? TokenLinear{}
+                       : tensor.isDynamicDim(0)
+                           ? TokenLinear{0, 1}
+                           : TokenLinear{tensor.getDimSize(0), 0};
+    layer.bind(arg, arg.getArgNumber(), rows);
+  }
+  auto ret = cast<func::ReturnOp>(body.getTerminator());
+  for (auto [i, value] : llvm::enumerate(ret.getOperands())) {
+    if (!value.getDefiningOp() || layer.isOutput(value))
+      return func.emitOpError()
+             << "must return distinct values computed by moe ops";
+    layer.bindOutput(value, type.getNumInputs() + i);
+  }
+  for (Operation &op : body.without_terminator()) {
+    if (failed(buildKernel(layer, &op)))
+      return failure();
+    if (auto route = dyn_cast<RouteOp>(op);
+        route && layer.fused && failed(buildExpertPrefetch(layer, route)))
+      return failure();
+  }
+  if (layer.fused)
+    fuseLaunches(gpuModule, *plan, names, func.getOperation());
+  return plan;
+}
+
+/// Adds what the plan decided to the function's interface (moe.interface,
+/// when moe-export-interface described it): the workspace, the buckets and
+/// an expert-parallel layer's capacity and device state.
+static LogicalResult recordLaunch(func::FuncOp func, LaunchPlanAttr plan,
+                                  ArrayRef<int64_t> buckets,
+                                  int64_t epMaxTokens) {
+  auto interface =
+      func->getAttrOfType<InterfaceAttr>(InterfaceAttr::getAttrName());
+  if (!interface)
+    return success();
+  if (interface.getTarget() != Target::SM90a)
+    return func.emitOpError()
+           << "has the interface of a "
+           << stringifyTarget(interface.getTarget())
+           << " library, but its kernels are built for sm_90a";
+  ExpertParallelAttr ep = interface.getExpertParallel();
+  if (ep) {
+    ::moe::rt::EpDeviceLayout layout{
+        ::moe::rt::EpLayout{ep.getHidden(), ep.getTopK(), ep.getExperts(),
+                            ep.getRanks(), epMaxTokens}};
+    ep = ExpertParallelAttr::get(
+        func.getContext(), ep.getRanks(), ep.getLocalExperts(), ep.getExperts(),
+        ep.getTopK(), ep.getHidden(), epMaxTokens, int64_t(layout.bytes()),
+        TokenLinear(), TokenLinear());
+  }
+  func->setAttr(InterfaceAttr::getAttrName(),
+                interface.withLaunch(plan.getWorkspaceBytes(), buckets, ep));
+  return success();
+}
+
+/// `kernel` printed with a fixed name: equal texts are equal kernels.
+static std::string fingerprint(gpu::GPUFuncOp kernel) {
+  std::string name = kernel.getName().str(), text;
+  kernel.setName("kernel");
+  llvm::raw_string_ostream os(text);
+  kernel->print(os, OpPrintingFlags().useLocalScope());
+  kernel.setName(name);
+  return text;
+}
+
+/// Builds `func`'s kernels into a new gpu.module and attaches its plan, and
+/// one plan per token bucket (moe.token_buckets, set by moe-bucketize). A
+/// bucket's kernel equal to one built before is dropped and the earlier
+/// one launched, so only what a bucket specializes is compiled twice.
+static LogicalResult buildLayer(func::FuncOp func, int64_t epMaxTokens) {
+  if (!func.getBody().hasOneBlock())
+    return func.emitOpError() << "must have a single block to be lowered";
+  ModuleOp module = func->getParentOfType<ModuleOp>();
+  OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
+  auto gpuModule = gpu::GPUModuleOp::create(
+      b, func.getLoc(), (func.getName() + "_kernels").str());
+  llvm::StringSet<> names;
+  SmallVector<std::unique_ptr<LaunchPlan>> plans;
+  SmallVector<int64_t> sizes = {0};
+  if (auto buckets =
+          func->getAttrOfType<DenseI64ArrayAttr>(kTokenBucketsAttrName))
+    llvm::append_range(sizes, buckets.asArrayRef());
+  std::map<std::string, std::string> built;
+  for (int64_t size : sizes) {
+    size_t before = std::distance(gpuModule.getOps<gpu::GPUFuncOp>().begin(),
+                                  gpuModule.getOps<gpu::GPUFuncOp>().end());
+    FailureOr<std::unique_ptr<LaunchPlan>> plan =
+        buildPlan(func, gpuModule, names, epMaxTokens, size);
+    if (failed(plan))
+      return failure();
+    std::map<std::string, std::string> renamed;
+    for (auto kernel : llvm::make_early_inc_range(
+             llvm::drop_begin(gpuModule.getOps<gpu::GPUFuncOp>(), before))) {
+      auto [it, added] =
+          built.try_emplace(fingerprint(kernel), kernel.getName().str());
+      if (added)
+        continue;
+      renamed[kernel.getName().str()] = it->second;
+      kernel.erase();
+    }
+    (*plan)->renameKernels(renamed);
+    plans.push_back(std::move(*plan));
+  }
+  if (failed(verify(gpuModule)))
+    return failure();
+  LaunchPlanAttr anyCount = plans.front()->toAttr();
+  func->setAttr(LaunchPlanAttr::getAttrName(), anyCount);
+  if (plans.size() > 1) {
+    SmallVector<Attribute> buckets;
+    for (auto &plan : llvm::drop_begin(plans))
+      buckets.push_back(plan->toAttr());
+    func->setAttr(kBucketPlansAttrName, b.getArrayAttr(buckets));
+  }
+  return recordLaunch(func, anyCount, ArrayRef(sizes).drop_front(),
+                      epMaxTokens);
+}
+
+namespace {
+struct BuildKernelsPass
+    : public nvidia::impl::BuildKernelsBase<BuildKernelsPass> {
+  using BuildKernelsBase::BuildKernelsBase;
+  LogicalResult initialize(MLIRContext *context) override {
+    // The runtime's bound on a rank's capacity (moe_ep.h's max_tokens).
+    if (epMaxTokens < 1 || epMaxTokens > (int64_t(1) << 20))
+      return emitError(UnknownLoc::get(context))
+             << "ep-max-tokens must be in [1, 2^20], not "
+             << static_cast<int64_t>(epMaxTokens);
+    return success();
+  }
+  void runOnOperation() override {
+    SmallVector<func::FuncOp> layers;
+    for (auto func : getOperation().getOps<func::FuncOp>()) {
+      bool hasMoeOps = false;
+      func.walk([&](Operation *op) {
+        hasMoeOps |= isa<MoeDialect>(op->getDialect());
+      });
+      if (hasMoeOps)
+        layers.push_back(func);
+    }
+    for (func::FuncOp func : layers)
+      if (failed(buildLayer(func, epMaxTokens)))
+        return signalPassFailure();
+  }
+};
+} // namespace
