@@ -49,6 +49,27 @@ def Decompose : Pass<"moe-decompose"> {
   let dependentDialects = ["::mlir::moe::MoeDialect"];
 }
 
+def Differentiate : Pass<"moe-differentiate", "::mlir::ModuleOp"> {
+  let summary = "Build a layer's backward from its L1 forward";
+  let description = [{
+    For each function of L1 ops that ends in a moe.combine, @f, adds
+    @f_train, the forward that also returns what the backward reads (named
+    in its `moe.saved`), and @f_backward, which takes @f's arguments, the
+    output's gradient and those saved values and returns the gradient of
+    each argument that has one (`moe.gradients` lists their argument
+    numbers): reverse mode over the L1 ops, one adjoint rule an op. The
+    forward saves the dispatched rows and each gate/up matmul's output, not
+    the activation (recomputed) nor any per-choice copy of the output; a
+    routing weight's gradient comes from the down matmul's dgrad and the
+    recomputed activation. Gradients of weights are f32. A selection-only
+    router bias (sigmoid_grouped_topk) takes none. Quantized layers, the
+    Llama-4 router and expert-parallel layers are refused with a
+    diagnostic.
+  }];
+  let dependentDialects = ["::mlir::moe::MoeDialect",
+                           "::mlir::func::FuncDialect"];
+}
+
 def FuseQuantization : Pass<"moe-fuse-quantization"> {
   let summary = "Quantize activations in the kernels that produce them";
   let description = [{

@@ -43,6 +43,8 @@ static void addLayerStages(OpPassManager &pm, const PipelineOptions &options,
   interface.layer = layer.str();
   pm.addPass(createExportInterface(interface));
   pm.addPass(createDecompose());
+  if (options.train)
+    pm.addPass(createDifferentiate());
   if (options.fuseQuantization)
     pm.addPass(createFuseQuantization());
   pm.addPass(createExpertParallel());

@@ -75,6 +75,11 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
       *this, "cuda-path",
       llvm::cl::desc("CUDA toolkit whose ptxas assembles the kernels "
                      "(default: $CUDA_HOME, else /usr/local/cuda)")};
+  Option<bool> train{
+      *this, "train",
+      llvm::cl::desc("Also build the layer's training forward and backward "
+                     "(moe-differentiate: @<layer>_train, @<layer>_backward)"),
+      llvm::cl::init(false)};
   Option<bool> fuseQuantization{
       *this, "fuse-quantization",
       llvm::cl::desc("Quantize activations in the kernels that produce them "

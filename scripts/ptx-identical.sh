@@ -74,8 +74,8 @@ else
   fi
   build "$base_src" "$base_src/build"
   build "$head_src" "$head_build"
-  base_bin=$base_src/build/tools/moe-compile/moe-compile
-  head_bin=$head_build/tools/moe-compile/moe-compile
+  base_bin=$base_src/build/bin/moe-compile
+  head_bin=$head_build/bin/moe-compile
 fi
 
 for bin in "$base_bin" "$head_bin"; do

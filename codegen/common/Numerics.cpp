@@ -176,6 +176,39 @@ Value common::activate(Emitter &e, ActivationAttr activation, Value gate,
   return e.mul(e.add(up, e.f32(1.0)), glu);
 }
 
+std::pair<Value, Value> common::activationGrad(Emitter &e,
+                                               ActivationAttr activation,
+                                               Value gate, Value up) {
+  // silu'(x) = s + x s (1 - s), s = sigmoid(x).
+  auto siluGrad = [&](Value x, Value s) {
+    return e.add(s, e.mul(x, e.mul(s, e.sub(e.f32(1.0), s))));
+  };
+  if (activation.getKind() == ActivationKind::SwiGLU) {
+    Value s = e.sigmoid(gate);
+    return {e.mul(siluGrad(gate, s), up), e.mul(gate, s)};
+  }
+  // (clamp(up) + 1) * g sigmoid(alpha g), g = min(gate, limit).
+  double limit = activation.getLimit().convertToDouble();
+  double alpha = activation.getAlpha().convertToDouble();
+  auto ole = [&](Value x, Value y) {
+    return arith::CmpFOp::create(e.b, e.loc, arith::CmpFPredicate::OLE, x, y)
+        .getResult();
+  };
+  Value g = e.minf(gate, e.f32(limit));
+  Value u = e.maxf(e.minf(up, e.f32(limit)), e.f32(-limit));
+  Value s = e.sigmoid(e.mul(g, e.f32(alpha)));
+  Value glu = e.mul(g, s);
+  // d(g s(alpha g))/dg = s + alpha g s (1 - s).
+  Value dGlu =
+      e.add(s, e.mul(e.f32(alpha), e.mul(g, e.mul(s, e.sub(e.f32(1.0), s)))));
+  Value gateGrad = e.select(ole(gate, e.f32(limit)),
+                            e.mul(e.add(u, e.f32(1.0)), dGlu), e.f32(0.0));
+  Value upInside = arith::AndIOp::create(e.b, e.loc, ole(e.f32(-limit), up),
+                                         ole(up, e.f32(limit)));
+  Value upGrad = e.select(upInside, glu, e.f32(0.0));
+  return {gateGrad, upGrad};
+}
+
 int64_t common::scaleRowsPerBlock(ArrayRef<int64_t> dataShape,
                                   ArrayRef<int64_t> scaleShape,
                                   QuantAttr scheme) {

@@ -62,6 +62,12 @@ void selectExperts(Emitter &e, RouterAttr router, int64_t experts, int64_t topK,
 /// The activation of a gate and an up value (f32).
 Value activate(Emitter &e, ActivationAttr activation, Value gate, Value up);
 
+/// The partial derivatives of activate() by its gate and by its up value
+/// (f32), where the clamps of clamped_swiglu pass no gradient outside
+/// their range (as torch.clamp: the bounds themselves pass it).
+std::pair<Value, Value> activationGrad(Emitter &e, ActivationAttr activation,
+                                       Value gate, Value up);
+
 /// One scale block of `input` (rows [firstRow, lastRow), columns
 /// [firstCol, lastCol), after index `prefix`): its scale goes to
 /// scales[prefix, rb, kb] and its E4M3 codes to `data`.

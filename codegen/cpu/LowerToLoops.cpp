@@ -53,6 +53,11 @@ public:
         .Case([&](DequantizeOp dequantize) {
           return lowerDequantize(dequantize);
         })
+        .Case([&](ActivationOp o) { return lowerActivation(o); })
+        .Case([&](ActivationGradOp o) { return lowerActivationGrad(o); })
+        .Case([&](GroupedMatmulDgradOp o) { return lowerDgrad(o); })
+        .Case([&](GroupedMatmulWgradOp o) { return lowerWgrad(o); })
+        .Case([&](RouteGradOp o) { return lowerRouteGrad(o); })
         .Case([&](EpDispatchSendOp o) { return lowerEpDispatchSend(o); })
         .Case([&](EpDispatchRecvOp o) { return lowerEpDispatchRecv(o); })
         .Case([&](EpCombineSendOp o) { return lowerEpCombineSend(o); })
@@ -119,6 +124,17 @@ private:
   LogicalResult lowerPad(PadOp op);
   LogicalResult lowerTiledAttention(TiledAttentionOp op);
   LogicalResult lowerDequantize(DequantizeOp op);
+  // Training: the adjoints moe-differentiate builds a backward from.
+  LogicalResult lowerActivation(ActivationOp op);
+  LogicalResult lowerActivationGrad(ActivationGradOp op);
+  LogicalResult lowerDgrad(GroupedMatmulDgradOp op);
+  LogicalResult lowerWgrad(GroupedMatmulWgradOp op);
+  LogicalResult lowerRouteGrad(RouteGradOp op);
+  /// Calls body(first, last, expert) for the rows of each expert of
+  /// `counts` and `offsets` (buffers), or once for rows [0, rows) with a
+  /// null expert when they are null.
+  void forEachGroup(Value counts, Value offsets, int64_t experts, Value rows,
+                    function_ref<void(Value, Value, Value)> body);
   // Expert parallelism: the bytes move through the runtime's calls
   // (runtime/moe_ep.h) over lib/transport; the arithmetic stays here.
   LogicalResult lowerEpDispatchSend(EpDispatchSendOp op);
@@ -710,6 +726,300 @@ LogicalResult FunctionLowering::lowerDequantize(DequantizeOp op) {
                  dequantizeBlock(e, data, scales, out, prefix, rb, kb, firstRow,
                                  lastRow, firstCol, lastCol);
                });
+  return success();
+}
+
+void FunctionLowering::forEachGroup(
+    Value counts, Value offsets, int64_t experts, Value rows,
+    function_ref<void(Value, Value, Value)> body) {
+  if (!counts) {
+    body(e.index(0), rows, Value());
+    return;
+  }
+  e.forEach(e.index(0), e.index(experts), [&](Value x) {
+    Value first = e.toIndex(e.loadRaw(offsets, {x}));
+    body(first, e.iadd(first, e.toIndex(e.loadRaw(counts, {x}))), x);
+  });
+}
+
+LogicalResult FunctionLowering::lowerActivation(ActivationOp op) {
+  Value input = buffer(op.getInput());
+  int64_t outN = cast<MemRefType>(input.getType()).getDimSize(1) / 2;
+  Value rows = e.dim(input, 0);
+  Value out = resultBuffer(op.getOut(), {rows});
+  e.forEach(e.index(0), rows, [&](Value r) {
+    e.forEach(e.index(0), e.index(outN), [&](Value c) {
+      Value gate = e.load(input, {r, c});
+      Value up = e.load(input, {r, e.iadd(c, e.index(outN))});
+      e.store(activate(e, op.getActivation(), gate, up), out, {r, c});
+    });
+  });
+  return success();
+}
+
+LogicalResult FunctionLowering::lowerActivationGrad(ActivationGradOp op) {
+  Value g = buffer(op.getOutGrad()), h = buffer(op.getInput());
+  int64_t outN = cast<MemRefType>(h.getType()).getDimSize(1) / 2;
+  Value rowCount = e.dim(h, 0);
+  Value dh = resultBuffer(op.getInputGrad(), {rowCount});
+  Value aw = resultBuffer(op.getWeighted(), {rowCount});
+  Value dw = Value();
+  Value rows = op.getRows() ? buffer(op.getRows()) : Value();
+  if (op.getWeightGrad())
+    dw = resultBuffer(op.getWeightGrad(), {e.dim(rows ? rows : h, 0)});
+  ActivationAttr activation = op.getActivation();
+  // One row of weight w: dh and w a stored, <g, a> returned (a rounded to
+  // bf16, as the forward's down matmul read it).
+  auto row = [&](Value r, Value w) {
+    return e.reduce(
+        e.index(0), e.index(outN), {e.f32(0.0)},
+        [&](Value c, ValueRange acc) -> SmallVector<Value> {
+          Value upCol = e.iadd(c, e.index(outN));
+          Value gate = e.load(h, {r, c}), up = e.load(h, {r, upCol});
+          Value a = arith::ExtFOp::create(
+              e.b, e.loc, e.b.getF32Type(),
+              arith::TruncFOp::create(e.b, e.loc, e.b.getBF16Type(),
+                                      activate(e, activation, gate, up))
+                  .getResult());
+          auto [dGate, dUp] = activationGrad(e, activation, gate, up);
+          Value gr = e.load(g, {r, c});
+          Value wg = e.mul(w, gr);
+          e.store(e.mul(wg, dGate), dh, {r, c});
+          e.store(e.mul(wg, dUp), dh, {r, upCol});
+          e.store(e.mul(w, a), aw, {r, c});
+          return {e.add(acc[0], e.mul(gr, a))};
+        })[0];
+  };
+  Value biasTerm = op.getBiasTerm() ? buffer(op.getBiasTerm()) : Value();
+  auto withBias = [&](Value dot, Value r) {
+    return biasTerm ? e.add(dot, e.loadRaw(biasTerm, {r, e.index(0)})) : dot;
+  };
+  if (!rows) {
+    Value gate = op.getGate() ? buffer(op.getGate()) : Value();
+    e.forEach(e.index(0), rowCount, [&](Value r) {
+      Value s = gate ? e.sigmoid(e.load(gate, {r, e.index(0)})) : e.f32(1.0);
+      Value dot = withBias(row(r, s), r);
+      // d sigmoid(x) / dx = s (1 - s).
+      if (gate)
+        e.store(e.mul(dot, e.mul(s, e.sub(e.f32(1.0), s))), dw,
+                {r, e.index(0)});
+    });
+    return success();
+  }
+  // Rows no choice maps to (alignment padding) weigh nothing.
+  Value zero =
+      arith::ConstantOp::create(e.b, e.loc, e.b.getZeroAttr(e.b.getBF16Type()));
+  e.fill(dh, zero);
+  e.fill(aw, zero);
+  Value weights = buffer(op.getWeights());
+  int64_t topK = cast<MemRefType>(rows.getType()).getDimSize(1);
+  e.forEach(e.index(0), e.dim(rows, 0), [&](Value t) {
+    e.forEach(e.index(0), e.index(topK), [&](Value j) {
+      Value r = e.loadRaw(rows, {t, j});
+      e.storeRaw(e.f32(0.0), dw, {t, j});
+      e.ifThen(e.icmp(arith::CmpIPredicate::sge, r, e.i32(0)), [&] {
+        Value ri = e.toIndex(r);
+        e.storeRaw(withBias(row(ri, e.loadRaw(weights, {t, j})), ri), dw,
+                   {t, j});
+      });
+    });
+  });
+  return success();
+}
+
+LogicalResult FunctionLowering::lowerDgrad(GroupedMatmulDgradOp op) {
+  Value dy = buffer(op.getOutGrad()), rhs = buffer(op.getRhs());
+  Value acc = op.getAcc() ? buffer(op.getAcc()) : Value();
+  auto rhsType = cast<MemRefType>(rhs.getType());
+  int64_t n = rhsType.getDimSize(rhsType.getRank() - 2);
+  int64_t k = rhsType.getDimSize(rhsType.getRank() - 1);
+  Value rowCount = e.dim(dy, 0);
+  Value out = resultBuffer(op.getOut(), {rowCount});
+  Value bias = op.getBias() ? buffer(op.getBias()) : Value();
+  Value biasDot = bias ? resultBuffer(op.getBiasDot(), {rowCount}) : Value();
+  if (biasDot)
+    e.fill(biasDot, e.f32(0.0));
+  auto start = [&](Value r, Value c) {
+    return acc ? e.load(acc, {r, c}) : e.f32(0.0);
+  };
+  Value counts =
+      op.getTokensPerExpert() ? buffer(op.getTokensPerExpert()) : Value();
+  if (counts)
+    // Rows outside every expert's segment take nothing but `acc`.
+    e.forEach(e.index(0), rowCount, [&](Value r) {
+      e.forEach(e.index(0), e.index(k), [&](Value c) {
+        e.store(start(r, c), out, {r, c});
+      });
+    });
+  forEachGroup(
+      counts, counts ? buffer(op.getExpertOffsets()) : Value(),
+      counts ? rhsType.getDimSize(0) : 0, rowCount,
+      [&](Value first, Value last, Value x) {
+        e.forEach(first, last, [&](Value r) {
+          if (biasDot) {
+            SmallVector<Value> prefix;
+            if (x)
+              prefix.push_back(x);
+            e.storeRaw(e.dot(dy, r, bias, prefix, n), biasDot, {r, e.index(0)});
+          }
+          e.forEach(e.index(0), e.index(k), [&](Value c) {
+            Value sum =
+                e.reduce(e.index(0), e.index(n), {start(r, c)},
+                         [&](Value i, ValueRange s) -> SmallVector<Value> {
+                           SmallVector<Value> index;
+                           if (x)
+                             index.push_back(x);
+                           index.append({i, c});
+                           return {e.add(s[0], e.mul(e.load(dy, {r, i}),
+                                                     e.load(rhs, index)))};
+                         })[0];
+            e.store(sum, out, {r, c});
+          });
+        });
+      });
+  return success();
+}
+
+LogicalResult FunctionLowering::lowerWgrad(GroupedMatmulWgradOp op) {
+  Value dy = buffer(op.getOutGrad());
+  Value lhs = op.getLhs() ? buffer(op.getLhs()) : Value();
+  int64_t n = cast<MemRefType>(dy.getType()).getDimSize(1);
+  auto lhsType = lhs ? cast<MemRefType>(lhs.getType()) : MemRefType();
+  int64_t k = lhsType && lhsType.getRank() == 2 ? lhsType.getDimSize(1) : 0;
+  Value out = resultBuffer(op.getOut(), {});
+  Value counts =
+      op.getTokensPerExpert() ? buffer(op.getTokensPerExpert()) : Value();
+  int64_t experts =
+      counts ? cast<MemRefType>(counts.getType()).getDimSize(0) : 0;
+  // out[x..., i (, c)] = sum over the expert's rows of dy[r, i] (x lhs).
+  auto sumRows = [&](Value first, Value last, Value x, Value i, Value c) {
+    SmallVector<Value> index;
+    if (x)
+      index.push_back(x);
+    index.push_back(i);
+    if (c)
+      index.push_back(c);
+    Value sum = e.reduce(
+        first, last, {e.f32(0.0)},
+        [&](Value r, ValueRange s) -> SmallVector<Value> {
+          Value term = e.load(dy, {r, i});
+          if (lhs)
+            term = e.mul(term, c ? e.load(lhs, {r, c}) : e.load(lhs, {r}));
+          return {e.add(s[0], term)};
+        })[0];
+    e.storeRaw(sum, out, index);
+  };
+  forEachGroup(counts, counts ? buffer(op.getExpertOffsets()) : Value(),
+               experts, e.dim(dy, 0), [&](Value first, Value last, Value x) {
+                 e.forEach(e.index(0), e.index(n), [&](Value i) {
+                   if (!k)
+                     return sumRows(first, last, x, i, Value());
+                   e.forEach(e.index(0), e.index(k),
+                             [&](Value c) { sumRows(first, last, x, i, c); });
+                 });
+               });
+  return success();
+}
+
+LogicalResult FunctionLowering::lowerRouteGrad(RouteGradOp op) {
+  RouterAttr router = op.getRouter();
+  RouterKind kind = router.getKind();
+  Value hidden = buffer(op.getHiddenStates());
+  Value weight = buffer(op.getRouterWeight());
+  Value bias = op.getBias() ? buffer(op.getBias()) : Value();
+  Value ids = buffer(op.getExpertIds()), dw = buffer(op.getWeightGrad());
+  auto weightType = cast<MemRefType>(weight.getType());
+  int64_t experts = weightType.getDimSize(0), h = weightType.getDimSize(1);
+  int64_t topK = cast<MemRefType>(ids.getType()).getDimSize(1);
+  Value tokens = e.dim(hidden, 0);
+  Value dl = resultBuffer(op.getLogitGrad(), {tokens});
+  Type f32 = e.b.getF32Type();
+  // Per token: the scores (softmax probabilities, exp of the logit less
+  // the chosen maximum, or sigmoid) over every expert, and the gradient of
+  // the chosen ones' scores.
+  Value score = e.alloc(MemRefType::get({experts}, f32));
+  Value scoreGrad = e.alloc(MemRefType::get({experts}, f32));
+  bool normalize = router.getRenormalize() || kind == RouterKind::TopKSoftmax;
+  double scaling = router.getScaling().convertToDouble();
+  e.forEach(e.index(0), tokens, [&](Value t) {
+    e.forEach(e.index(0), e.index(experts), [&](Value x) {
+      Value logit = e.dot(hidden, t, weight, {x}, h);
+      // The bias moves the logits, except where it only ranks.
+      if (bias && kind != RouterKind::SigmoidGroupedTopK)
+        logit = e.add(logit, e.load(bias, {x}));
+      e.storeRaw(logit, score, {x});
+      e.storeRaw(e.f32(0.0), scoreGrad, {x});
+    });
+    auto over = [&](int64_t n, Value init, auto term) {
+      return e.reduce(e.index(0), e.index(n), {init},
+                      [&](Value i, ValueRange acc) -> SmallVector<Value> {
+                        return {term(i, acc[0])};
+                      })[0];
+    };
+    auto chosen = [&](Value j) { return e.toIndex(e.loadRaw(ids, {t, j})); };
+    if (kind == RouterKind::SigmoidGroupedTopK) {
+      e.forEach(e.index(0), e.index(experts), [&](Value x) {
+        e.storeRaw(e.sigmoid(e.loadRaw(score, {x})), score, {x});
+      });
+    } else {
+      // Softmax over every expert, or exp less the chosen maximum.
+      Value max = kind == RouterKind::TopKSoftmax
+                      ? over(topK, e.f32(-INFINITY),
+                             [&](Value j, Value m) {
+                               return e.maxf(m, e.loadRaw(score, {chosen(j)}));
+                             })
+                      : over(experts, e.f32(-INFINITY), [&](Value x, Value m) {
+                          return e.maxf(m, e.loadRaw(score, {x}));
+                        });
+      Value sum = over(experts, e.f32(0.0), [&](Value x, Value acc) {
+        Value p = e.exp(e.sub(e.loadRaw(score, {x}), max));
+        e.storeRaw(p, score, {x});
+        return e.add(acc, p);
+      });
+      if (kind == RouterKind::SoftmaxTopK)
+        e.forEach(e.index(0), e.index(experts), [&](Value x) {
+          e.storeRaw(e.div(e.loadRaw(score, {x}), sum), score, {x});
+        });
+    }
+    // The chosen scores u_j, normalized v_j = u_j / S and scaled: the
+    // gradient of u_j is (dv_j - sum_m dv_m v_m) / S, dv = scaling dw.
+    Value total = over(topK, e.f32(0.0), [&](Value j, Value acc) {
+      return e.add(acc, e.loadRaw(score, {chosen(j)}));
+    });
+    if (kind == RouterKind::SigmoidGroupedTopK)
+      total = e.add(total, e.f32(1e-20));
+    auto dv = [&](Value j) {
+      return e.mul(e.loadRaw(dw, {t, j}), e.f32(scaling));
+    };
+    Value dot = over(topK, e.f32(0.0), [&](Value j, Value acc) {
+      return e.add(acc,
+                   e.mul(dv(j), e.div(e.loadRaw(score, {chosen(j)}), total)));
+    });
+    e.forEach(e.index(0), e.index(topK), [&](Value j) {
+      Value du = normalize ? e.div(e.sub(dv(j), dot), total) : dv(j);
+      e.storeRaw(du, scoreGrad, {chosen(j)});
+    });
+    // Through the score: softmax over every expert, exp, or sigmoid.
+    Value pDot =
+        kind == RouterKind::SoftmaxTopK
+            ? over(experts, e.f32(0.0),
+                   [&](Value x, Value acc) {
+                     return e.add(acc, e.mul(e.loadRaw(score, {x}),
+                                             e.loadRaw(scoreGrad, {x})));
+                   })
+            : Value();
+    e.forEach(e.index(0), e.index(experts), [&](Value x) {
+      Value u = e.loadRaw(score, {x}), du = e.loadRaw(scoreGrad, {x});
+      Value grad;
+      if (kind == RouterKind::SoftmaxTopK)
+        grad = e.mul(u, e.sub(du, pDot));
+      else if (kind == RouterKind::TopKSoftmax)
+        grad = e.mul(du, u);
+      else
+        grad = e.mul(du, e.mul(u, e.sub(e.f32(1.0), u)));
+      e.storeRaw(grad, dl, {t, x});
+    });
+  });
   return success();
 }
 

@@ -731,6 +731,192 @@ LogicalResult CombineOp::verify() {
 }
 
 //===----------------------------------------------------------------------===//
+// Training ops
+//===----------------------------------------------------------------------===//
+
+/// `value` [?, n] of `rows` rows.
+static LogicalResult checkRows(Operation *op, StringRef name, Value value,
+                               int64_t rows, int64_t n, StringRef meaning) {
+  return checkShape(op, name, value, {count(rows, "rows"), size(n, meaning)});
+}
+
+LogicalResult ActivationOp::verify() {
+  Operation *op = getOperation();
+  if (failed(checkShape(op, "input", getInput(),
+                        {count(kAny, "rows"), size(kAny, "N")})))
+    return failure();
+  int64_t n = shapeOf(getInput())[1];
+  if (n % 2 != 0)
+    return emitOpError() << "a gated activation needs an even N (gate "
+                            "columns, then up columns), but N is "
+                         << n;
+  return checkRows(op, "result", getOut(), shapeOf(getInput())[0], n / 2,
+                   "N / 2");
+}
+
+LogicalResult ActivationGradOp::verify() {
+  Operation *op = getOperation();
+  if (failed(requireTogether(op, getRows(), "rows", getWeights(), "weights")) ||
+      failed(checkShape(op, "input", getInput(),
+                        {count(kAny, "rows"), size(kAny, "N")})))
+    return failure();
+  int64_t rows = shapeOf(getInput())[0], n = shapeOf(getInput())[1];
+  if (n % 2 != 0)
+    return emitOpError() << "a gated activation needs an even N (gate "
+                            "columns, then up columns), but N is "
+                         << n;
+  if (getRows() && getGate())
+    return emitOpError() << "takes a row's weight from rows(rows, weights) or "
+                            "from a gate, not both";
+  if (getBiasTerm() &&
+      failed(checkRows(op, "bias_term", getBiasTerm(), rows, 1, "one")))
+    return failure();
+  if (failed(checkRows(op, "out_grad", getOutGrad(), rows, n / 2, "N / 2")) ||
+      failed(checkRows(op, "input_grad", getInputGrad(), rows, n, "N")) ||
+      failed(checkRows(op, "weighted", getWeighted(), rows, n / 2, "N / 2")))
+    return failure();
+  Value weights = getRows() ? getWeights() : getGate();
+  if (!weights) {
+    if (getWeightGrad())
+      return emitOpError() << "has no weights to give a gradient of";
+    return success();
+  }
+  if (!getWeightGrad())
+    return emitOpError() << "gives its weights' gradient as a third result";
+  if (getRows()) {
+    if (failed(checkShape(op, "rows", getRows(),
+                          {count(kAny, "tokens"), size(kAny, "top-k")})))
+      return failure();
+    ArrayRef<int64_t> choices = shapeOf(getRows());
+    if (failed(checkShape(
+            op, "weights", getWeights(),
+            {count(choices[0], "tokens"), size(choices[1], "top-k")})))
+      return failure();
+  } else if (failed(checkRows(op, "gate", getGate(), rows, 1, "one gate"))) {
+    return failure();
+  }
+  ArrayRef<int64_t> shape = shapeOf(weights);
+  return checkShape(op, "weight_grad", getWeightGrad(),
+                    {count(shape[0], getRows() ? "tokens" : "rows"),
+                     size(shape[1], getRows() ? "top-k" : "one gate")});
+}
+
+/// `tokens_per_expert` [E] and `expert_offsets` [E + 1] for `experts`.
+static LogicalResult checkGroups(Operation *op, Value counts, Value offsets,
+                                 int64_t experts) {
+  return failure(failed(checkShape(op, "tokens_per_expert", counts,
+                                   {size(experts, "experts")})) ||
+                 failed(checkShape(op, "expert_offsets", offsets,
+                                   {size(experts + 1, "experts + 1")})));
+}
+
+LogicalResult GroupedMatmulDgradOp::verify() {
+  Operation *op = getOperation();
+  bool grouped = static_cast<bool>(getTokensPerExpert());
+  if (failed(requireTogether(op, getTokensPerExpert(), "tokens_per_expert",
+                             getExpertOffsets(), "expert_offsets")) ||
+      failed(checkShape(op, "out_grad", getOutGrad(),
+                        {count(kAny, "rows"), size(kAny, "N")})))
+    return failure();
+  int64_t rows = shapeOf(getOutGrad())[0], n = shapeOf(getOutGrad())[1];
+  SmallVector<Dim> dims;
+  if (grouped)
+    dims.push_back(size(kAny, "experts"));
+  dims.append({size(n, "N"), size(kAny, "K")});
+  if (failed(checkShape(op, "rhs", getRhs(), dims)))
+    return failure();
+  if (grouped && failed(checkGroups(op, getTokensPerExpert(),
+                                    getExpertOffsets(), shapeOf(getRhs())[0])))
+    return failure();
+  if (!elementTypeOf(getRhs()).isBF16())
+    return emitOpError() << "rhs must be bf16 (quantized training takes its "
+                            "own ops), but holds "
+                         << elementTypeOf(getRhs());
+  int64_t k = shapeOf(getRhs()).back();
+  if (getAcc() && failed(checkRows(op, "acc", getAcc(), rows, k, "K")))
+    return failure();
+  if (static_cast<bool>(getBias()) != static_cast<bool>(getBiasDot()))
+    return emitOpError() << "gives the rows' dot with a bias as its second "
+                            "result exactly when it takes one";
+  if (getBias()) {
+    SmallVector<Dim> biasDims;
+    if (grouped)
+      biasDims.push_back(size(shapeOf(getRhs())[0], "experts"));
+    biasDims.push_back(size(n, "N"));
+    if (failed(checkShape(op, "bias", getBias(), biasDims)) ||
+        failed(checkRows(op, "bias_dot", getBiasDot(), rows, 1, "one")))
+      return failure();
+  }
+  return checkRows(op, "result", getOut(), rows, k, "K");
+}
+
+LogicalResult GroupedMatmulWgradOp::verify() {
+  Operation *op = getOperation();
+  bool grouped = static_cast<bool>(getTokensPerExpert());
+  if (failed(requireTogether(op, getTokensPerExpert(), "tokens_per_expert",
+                             getExpertOffsets(), "expert_offsets")) ||
+      failed(checkShape(op, "out_grad", getOutGrad(),
+                        {count(kAny, "rows"), size(kAny, "N")})))
+    return failure();
+  int64_t rows = shapeOf(getOutGrad())[0], n = shapeOf(getOutGrad())[1];
+  SmallVector<Dim> result;
+  if (grouped) {
+    auto counts = cast<RankedTensorType>(getTokensPerExpert().getType());
+    if (counts.getRank() != 1 || counts.isDynamicDim(0))
+      return emitOpError() << "tokens_per_expert must be [experts], not "
+                           << counts;
+    int64_t experts = counts.getDimSize(0);
+    if (failed(
+            checkGroups(op, getTokensPerExpert(), getExpertOffsets(), experts)))
+      return failure();
+    result.push_back(size(experts, "experts"));
+  }
+  result.push_back(size(n, "N"));
+  if (Value lhs = getLhs()) {
+    auto type = cast<RankedTensorType>(lhs.getType());
+    if (type.getRank() == 1) {
+      if (failed(checkShape(op, "lhs", lhs, {count(rows, "rows")})))
+        return failure();
+    } else {
+      if (failed(checkShape(op, "lhs", lhs,
+                            {count(rows, "rows"), size(kAny, "K")})))
+        return failure();
+      result.push_back(size(type.getDimSize(1), "K"));
+    }
+  }
+  return checkShape(op, "result", getOut(), result);
+}
+
+LogicalResult RouteGradOp::verify() {
+  Operation *op = getOperation();
+  if (failed(checkShape(op, "hidden_states", getHiddenStates(),
+                        {count(kAny, "tokens"), size(kAny, "hidden")})))
+    return failure();
+  int64_t tokens = shapeOf(getHiddenStates())[0];
+  int64_t hidden = shapeOf(getHiddenStates())[1];
+  if (failed(checkShape(op, "router_weight", getRouterWeight(),
+                        {size(kAny, "experts"), size(hidden, "hidden")})))
+    return failure();
+  int64_t experts = shapeOf(getRouterWeight())[0];
+  if ((getBias() &&
+       failed(checkShape(op, "bias", getBias(), {size(experts, "experts")}))) ||
+      failed(checkShape(op, "expert_ids", getExpertIds(),
+                        {count(tokens, "tokens"), size(kAny, "top-k")})))
+    return failure();
+  int64_t topK = shapeOf(getExpertIds())[1];
+  if (failed(checkShape(op, "weight_grad", getWeightGrad(),
+                        {count(tokens, "tokens"), size(topK, "top-k")})) ||
+      failed(checkShape(op, "result", getLogitGrad(),
+                        {count(tokens, "tokens"), size(experts, "experts")})))
+    return failure();
+  if (getRouter().getKind() == RouterKind::SigmoidScaleInput)
+    return emitOpError() << "has a sigmoid_scale_input router, whose weights "
+                            "scale the experts' input: its gradient is not "
+                            "the logits' alone";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
 // Expert-parallel ops
 //===----------------------------------------------------------------------===//
 

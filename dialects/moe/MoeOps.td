@@ -365,6 +365,159 @@ def Moe_CombineOp : Moe_Op<"combine", [Pure, AttrSizedOperandSegments]> {
 }
 
 //===----------------------------------------------------------------------===//
+// L1: training (the adjoints moe-differentiate builds the backward from)
+//===----------------------------------------------------------------------===//
+
+def Moe_ActivationOp : Moe_Op<"activation", [Pure]> {
+  let summary = "a gated activation of a row's gate and up columns";
+  let description = [{
+    `out`[r, c] = activation(`input`[r, c], `input`[r, c + N/2]) for the
+    gate columns [0, N/2) and up columns [N/2, N) of `input` [R, N], in f32
+    from bf16, rounded to bf16: the epilogue of a gated moe.grouped_matmul
+    as a step of its own, so that a training forward keeps the matmul's
+    output (the activation's input) for the backward.
+  }];
+  let arguments = (ins Moe_Activations:$input, Moe_ActivationAttr:$activation);
+  let results = (outs Moe_Activations:$out);
+  let assemblyFormat = [{
+    $input attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Moe_ActivationGradOp : Moe_Op<"activation_grad",
+                                  [Pure, AttrSizedOperandSegments]> {
+  let summary = "the backward of a gated activation and its row's weight";
+  let description = [{
+    For each row r of `input` [R, N] (the activation's input h) and
+    `out_grad` [R, N/2] (g, the gradient of the weighted row's activation
+    before its weight, as the down matmul's dgrad gives it), with the row's
+    weight w and a = activation(h) rounded to bf16 as the forward rounds it:
+    `input_grad`[r] = activation'(h) * (w g) (the gate and the up columns),
+    `weighted`[r] = w a, both rounded to bf16, and the weight's gradient
+    <g, a> in f32.
+
+    With `bias_term` [R, 1] (f32), each row's weight gradient adds it: the
+    part that comes through the bias of the matmul that follows.
+
+    The weights: with `rows(rows, weights)` ([T, k] each), the row of choice
+    (t, j) is rows[t, j] and its weight weights[t, j], whose gradient is
+    `weight_grad`[t, j]; a row no choice maps to (alignment padding) has
+    weight 0. With `gate` [R, 1] a row's weight is sigmoid(gate[r]) and
+    `weight_grad` [R, 1] the gate's gradient. With neither, every weight is
+    1 and there is no `weight_grad`.
+  }];
+  let arguments = (ins
+    Moe_Activations:$out_grad,
+    Moe_Activations:$input,
+    Optional<Moe_IndexTensor>:$rows,
+    Optional<Moe_F32Tensor>:$weights,
+    Optional<Moe_RealTensor>:$gate,
+    Optional<Moe_F32Tensor>:$bias_term,
+    Moe_ActivationAttr:$activation
+  );
+  let results = (outs Moe_Activations:$input_grad, Moe_Activations:$weighted,
+                     Optional<Moe_F32Tensor>:$weight_grad);
+  let assemblyFormat = [{
+    $out_grad `,` $input (`rows` `(` $rows^ `,` $weights `)`)?
+    (`gate` $gate^)? (`bias_term` $bias_term^)? attr-dict `:`
+    functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Moe_GroupedMatmulDgradOp : Moe_Op<"grouped_matmul_dgrad",
+                                      [Pure, AttrSizedOperandSegments]> {
+  let summary = "a grouped matmul's input gradient: rows times weights";
+  let description = [{
+    The gradient of moe.grouped_matmul's `lhs` from its result's gradient:
+    with `groups(tokens_per_expert, expert_offsets)`, rows
+    [offset[e], offset[e] + count[e]) of `out_grad` [R, N] are multiplied by
+    `rhs`[e] ([E, N, K], read along N: the forward's weights in their other
+    major order); other rows of the result are zero. Without groups `rhs` is
+    [N, K]. f32 accumulation, plus `acc` [R, K] (f32) when given; the result
+    [R, K] is bf16 or f32. With the forward's `bias` ([E, N] or [N]), the
+    second result [R, 1] (f32) is each row of `out_grad` dotted with its
+    expert's bias: what the bias adds to the gradient of a weight the
+    forward's rows were scaled by.
+  }];
+  let arguments = (ins
+    Moe_RealTensor:$out_grad,
+    Moe_RealTensor:$rhs,
+    Optional<Moe_IndexTensor>:$tokens_per_expert,
+    Optional<Moe_IndexTensor>:$expert_offsets,
+    Optional<Moe_F32Tensor>:$acc,
+    Optional<Moe_RealTensor>:$bias
+  );
+  let results = (outs Moe_RealTensor:$out, Optional<Moe_F32Tensor>:$bias_dot);
+  let assemblyFormat = [{
+    $out_grad `,` $rhs
+    (`groups` `(` $tokens_per_expert^ `,` $expert_offsets `)`)?
+    (`acc` $acc^)? (`bias` $bias^)? attr-dict `:`
+    functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Moe_GroupedMatmulWgradOp : Moe_Op<"grouped_matmul_wgrad",
+                                      [Pure, AttrSizedOperandSegments]> {
+  let summary = "a grouped matmul's weight gradient: a sum over each expert's rows";
+  let description = [{
+    The gradient of moe.grouped_matmul's `rhs` (or bias) from its result's
+    gradient `out_grad` [R, N] and its `lhs` [R, K]: with
+    `groups(tokens_per_expert, expert_offsets)`, `out`[e] = the sum over
+    expert e's rows r of out_grad[r]^T lhs[r] ([E, N, K]), a contraction
+    whose length varies per expert; without groups, over every row
+    ([N, K]). A rank-1 `lhs` [R] gives out[e] = sum of lhs[r] out_grad[r]
+    ([E, N] or [N]); no `lhs`, the sum of the rows (a bias's gradient).
+    Accumulated and returned in f32.
+  }];
+  let arguments = (ins
+    Moe_RealTensor:$out_grad,
+    Optional<Moe_RealTensor>:$lhs,
+    Optional<Moe_IndexTensor>:$tokens_per_expert,
+    Optional<Moe_IndexTensor>:$expert_offsets
+  );
+  let results = (outs Moe_F32Tensor:$out);
+  let assemblyFormat = [{
+    $out_grad (`lhs` $lhs^)?
+    (`groups` `(` $tokens_per_expert^ `,` $expert_offsets `)`)?
+    attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Moe_RouteGradOp : Moe_Op<"route_grad", [Pure]> {
+  let summary = "the router's logit gradient from its weights' gradient";
+  let description = [{
+    Recomputes moe.route's logits and scores for `hidden_states` [T, H] and
+    `router_weight` [E, H] (`bias` [E] as moe.route adds it) and gives the
+    gradient of the logits [T, E] (f32) from `weight_grad` [T, k], the
+    gradient of the weights moe.route gave for the choices `expert_ids`
+    [T, k]: the softmax's or sigmoid's Jacobian through the renormalization
+    and the scaling factor. Experts a token did not choose take a gradient
+    only through a softmax over every expert. A selection-only bias
+    (sigmoid_grouped_topk) takes none. The router weight's and the hidden
+    states' gradients are matmuls of this result.
+  }];
+  let arguments = (ins
+    Moe_Activations:$hidden_states,
+    Moe_RealTensor:$router_weight,
+    Optional<Moe_F32Tensor>:$bias,
+    Moe_IndexTensor:$expert_ids,
+    Moe_F32Tensor:$weight_grad,
+    Moe_RouterAttr:$router
+  );
+  let results = (outs Moe_F32Tensor:$logit_grad);
+  let assemblyFormat = [{
+    $hidden_states `,` $router_weight (`bias` $bias^)? `choices` `(`
+    $expert_ids `,` $weight_grad `)` attr-dict `:`
+    functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
 // L1: expert parallelism, each exchange in a send and a receive half
 //===----------------------------------------------------------------------===//
 

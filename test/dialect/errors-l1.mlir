@@ -509,3 +509,59 @@ func.func @f(%x: tensor<?x100xbf16>) {
   %p = moe.pad %x : tensor<?x100xbf16> -> tensor<?x104xf32>
   return
 }
+
+// -----
+
+func.func @f(%h: tensor<?x15xbf16>) {
+  // expected-error @+1 {{a gated activation needs an even N (gate columns, then up columns), but N is 15}}
+  %a = moe.activation %h {activation = #moe.activation<kind = swiglu>} : (tensor<?x15xbf16>) -> tensor<?x7xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%g: tensor<?x8xbf16>, %h: tensor<?x16xbf16>, %rows: tensor<?x2xi32>, %w: tensor<?x2xf32>, %gate: tensor<?x1xbf16>) {
+  // expected-error @+1 {{takes a row's weight from rows(rows, weights) or from a gate, not both}}
+  %dh, %aw, %dw = moe.activation_grad %g, %h rows(%rows, %w) gate %gate {activation = #moe.activation<kind = swiglu>} : (tensor<?x8xbf16>, tensor<?x16xbf16>, tensor<?x2xi32>, tensor<?x2xf32>, tensor<?x1xbf16>) -> (tensor<?x16xbf16>, tensor<?x8xbf16>, tensor<?x2xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%g: tensor<?x8xbf16>, %h: tensor<?x16xbf16>, %rows: tensor<?x2xi32>, %w: tensor<?x2xf32>) {
+  // expected-error @+1 {{gives its weights' gradient as a third result}}
+  %dh, %aw = moe.activation_grad %g, %h rows(%rows, %w) {activation = #moe.activation<kind = swiglu>} : (tensor<?x8xbf16>, tensor<?x16xbf16>, tensor<?x2xi32>, tensor<?x2xf32>) -> (tensor<?x16xbf16>, tensor<?x8xbf16>)
+  return
+}
+
+// -----
+
+func.func @f(%dy: tensor<?x16xbf16>, %w2: tensor<4x8x8xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>) {
+  // expected-error @+1 {{rhs dimension 1 (N) must be 16, but is 8}}
+  %d = moe.grouped_matmul_dgrad %dy, %w2 groups(%c, %o) : (tensor<?x16xbf16>, tensor<4x8x8xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<?x8xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%dy: tensor<?x16xbf16>, %w2: tensor<4x16x8xbf16>, %c: tensor<4xi32>) {
+  // expected-error @+1 {{tokens_per_expert and expert_offsets must be given together}}
+  %d = "moe.grouped_matmul_dgrad"(%dy, %w2, %c) {operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0>} : (tensor<?x16xbf16>, tensor<4x16x8xbf16>, tensor<4xi32>) -> tensor<?x8xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%dy: tensor<?x16xbf16>, %x: tensor<?x8xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>) {
+  // expected-error @+1 {{result dimension 2 (K) must be 8, but is 4}}
+  %d = moe.grouped_matmul_wgrad %dy lhs %x groups(%c, %o) : (tensor<?x16xbf16>, tensor<?x8xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<4x16x4xf32>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>, %ids: tensor<?x1xi32>, %dw: tensor<?x1xf32>) {
+  // expected-error @+1 {{has a sigmoid_scale_input router, whose weights scale the experts' input: its gradient is not the logits' alone}}
+  %dl = moe.route_grad %x, %wr choices(%ids, %dw) {router = #moe.router<kind = sigmoid_scale_input>} : (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<?x1xi32>, tensor<?x1xf32>) -> tensor<?x4xf32>
+  return
+}

@@ -157,3 +157,51 @@ func.func @expert_parallel(%x: tensor<?x64xbf16>, %ids: tensor<?x2xi32>, %w: ten
   %g = moe.ep_combine_recv %back, %rows : (tensor<2xi32>, tensor<?x2xi32>) -> tensor<?x64xbf16>
   return %g : tensor<?x64xbf16>
 }
+
+// The training ops (moe-differentiate).
+// CHECK-LABEL: func @training_ops
+// CHECK: moe.activation %{{[^ ]+}} {activation = #moe.activation<kind = swiglu>} : (tensor<?x16xbf16>) -> tensor<?x8xbf16>
+// CHECK: moe.activation_grad %{{[^ ]+}}, %{{[^ ]+}} rows(%{{[^ ]+}}, %{{[^ ]+}}) bias_term %{{[^ ]+}} {activation = #moe.activation<kind = swiglu>}
+// CHECK: moe.activation_grad %{{[^ ]+}}, %{{[^ ]+}} gate %{{[^ ]+}} {activation = #moe.activation<kind = swiglu>}
+// CHECK: moe.grouped_matmul_dgrad %{{[^ ]+}}, %{{[^ ]+}} groups(%{{[^ ]+}}, %{{[^ ]+}}) bias %{{[^ ]+}} :
+// CHECK: moe.grouped_matmul_dgrad %{{[^ ]+}}, %{{[^ ]+}} groups(%{{[^ ]+}}, %{{[^ ]+}}) acc %{{[^ ]+}} :
+// CHECK: moe.grouped_matmul_wgrad %{{[^ ]+}} lhs %{{[^ ]+}} groups(%{{[^ ]+}}, %{{[^ ]+}}) : {{.*}} -> tensor<4x8x16xf32>
+// CHECK: moe.grouped_matmul_wgrad %{{[^ ]+}} groups(%{{[^ ]+}}, %{{[^ ]+}}) : {{.*}} -> tensor<4x8xf32>
+// CHECK: moe.route_grad %{{[^ ]+}}, %{{[^ ]+}} bias %{{[^ ]+}} choices(%{{[^ ]+}}, %{{[^ ]+}}) {router = #moe.router<kind = topk_softmax>}
+func.func @training_ops(%h: tensor<?x16xbf16>, %g: tensor<?x8xbf16>,
+                        %rows: tensor<?x2xi32>, %w: tensor<?x2xf32>,
+                        %bt: tensor<?x1xf32>, %gate: tensor<?x1xbf16>,
+                        %dy: tensor<?x16xbf16>, %w2: tensor<4x16x8xbf16>,
+                        %c: tensor<4xi32>, %o: tensor<5xi32>,
+                        %b2: tensor<4x16xbf16>, %acc: tensor<?x8xf32>,
+                        %x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
+                        %br: tensor<4xf32>, %ids: tensor<?x2xi32>,
+                        %dw: tensor<?x2xf32>) {
+  %a = moe.activation %h {activation = #moe.activation<kind = swiglu>}
+      : (tensor<?x16xbf16>) -> tensor<?x8xbf16>
+  %dh, %aw, %dwr = moe.activation_grad %g, %h rows(%rows, %w) bias_term %bt
+      {activation = #moe.activation<kind = swiglu>}
+      : (tensor<?x8xbf16>, tensor<?x16xbf16>, tensor<?x2xi32>, tensor<?x2xf32>,
+         tensor<?x1xf32>) -> (tensor<?x16xbf16>, tensor<?x8xbf16>,
+                               tensor<?x2xf32>)
+  %dh2, %aw2, %dg = moe.activation_grad %g, %h gate %gate
+      {activation = #moe.activation<kind = swiglu>}
+      : (tensor<?x8xbf16>, tensor<?x16xbf16>, tensor<?x1xbf16>)
+      -> (tensor<?x16xbf16>, tensor<?x8xbf16>, tensor<?x1xf32>)
+  %gr, %bd = moe.grouped_matmul_dgrad %dy, %w2 groups(%c, %o) bias %b2
+      : (tensor<?x16xbf16>, tensor<4x16x8xbf16>, tensor<4xi32>, tensor<5xi32>,
+         tensor<4x16xbf16>) -> (tensor<?x8xbf16>, tensor<?x1xf32>)
+  %d = moe.grouped_matmul_dgrad %dy, %w2 groups(%c, %o) acc %acc
+      : (tensor<?x16xbf16>, tensor<4x16x8xbf16>, tensor<4xi32>, tensor<5xi32>,
+         tensor<?x8xf32>) -> tensor<?x8xf32>
+  %dw2 = moe.grouped_matmul_wgrad %a lhs %dy groups(%c, %o)
+      : (tensor<?x8xbf16>, tensor<?x16xbf16>, tensor<4xi32>, tensor<5xi32>)
+      -> tensor<4x8x16xf32>
+  %db = moe.grouped_matmul_wgrad %a groups(%c, %o)
+      : (tensor<?x8xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<4x8xf32>
+  %dl = moe.route_grad %x, %wr bias %br choices(%ids, %dw)
+      {router = #moe.router<kind = topk_softmax>}
+      : (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<4xf32>, tensor<?x2xi32>,
+         tensor<?x2xf32>) -> tensor<?x4xf32>
+  return
+}

@@ -1,0 +1,555 @@
+//===- Differentiate.cpp - an MoE layer's backward from its L1 forward ----===//
+//
+// Reverse mode over the L1 ops, one adjoint rule an op. For a function @f of
+// L1 ops it builds @f_train, the forward that also returns what the
+// backward reads, and @f_backward, which takes @f's arguments, the output's
+// gradient and those saved values, and returns the gradient of every
+// argument that has one. The rules (docs/architecture.md, "Training"):
+//
+//   combine      the rows' gradient is the output's gradient gathered into
+//                the expert-major layout (a dispatch of it), each row's
+//                routing weight (or the shared experts' gate) kept aside:
+//                the next rule applies it, so no per-choice copy of the
+//                output is ever saved
+//   gated down   the down matmul's dgrad, then the activation's backward
+//                with the row's weight: the gate/up output's gradient, the
+//                weight's gradient <g, activation> and the weighted
+//                activation the weight gradient reads (activation_grad)
+//   matmul       dgrad (rows x weights, their other major order) and wgrad
+//                (a sum over each expert's rows), the bias's gradient a sum
+//   dispatch     each token's gradient is the sum of its choices' rows
+//   route        the logits' gradient (route_grad), then a dgrad and a
+//                wgrad with the router weight
+//
+// The token's gradient sums every path (router, shared experts and gate in
+// f32, then the experts' rows) and is rounded to bf16 once.
+//
+// What the forward saves, and what the backward recomputes, is decided here
+// and written in the IR: @f_train's `moe.saved` names its extra results. A
+// gated matmul's activation becomes a step of its own in @f_train so that
+// its input (the gate/up output) is saved; the activation itself is
+// recomputed from it.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/ImplicitLocOpBuilder.h"
+#include "mlir/IR/OpImplementation.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+namespace mlir::moe {
+#define GEN_PASS_DEF_DIFFERENTIATE
+#include "passes/Passes.h.inc"
+} // namespace mlir::moe
+
+using namespace mlir;
+using namespace mlir::moe;
+
+namespace {
+/// A value's gradient in the backward function. `value` is the gradient
+/// itself, or, with `rows` and `weights` (or `gate`), the gradient of the
+/// rows before each is weighted by its routing weight (the sigmoid of its
+/// gate): the rule of the op that produced the rows applies the weight and
+/// gives the weight's gradient to `weightsOf` (the forward's value).
+struct Adjoint {
+  Value value;
+  Value rows, weights, gate;
+  Value weightsOf;
+  /// With `rows`: the gradient of the tokens the rows were gathered from,
+  /// and the choices' experts.
+  Value tokens, ids;
+};
+
+class Differentiator {
+public:
+  Differentiator(func::FuncOp train, func::FuncOp backward)
+      : train(train), backward(backward),
+        b(ImplicitLocOpBuilder::atBlockBegin(backward.getLoc(),
+                                             &backward.getBody().front())) {}
+
+  /// Builds the backward's body from `train`'s ops, given the output's
+  /// gradient (the backward's argument `outGrad`).
+  LogicalResult build(Value out, Value outGrad);
+
+  /// The forward values the backward reads, in argument order.
+  SmallVector<Value> saved;
+  /// The forward arguments whose gradients the backward returns, in order.
+  SmallVector<unsigned> gradOf;
+
+private:
+  LogicalResult rule(Operation *op);
+  LogicalResult combineRule(CombineOp op);
+  LogicalResult matmulRule(GroupedMatmulOp op);
+  LogicalResult gatedDownRule(GroupedMatmulOp op, ActivationOp activation,
+                              const Adjoint &adjoint);
+  LogicalResult dispatchRule(DispatchOp op);
+  LogicalResult routeRule(RouteOp op);
+
+  /// A forward value in the backward: an argument, or a saved value.
+  Value get(Value forward);
+  /// Adds `grad` to the gradient of the forward value `v`, which must not
+  /// have one yet unless it is an argument (whose parts are summed).
+  LogicalResult addGrad(Operation *op, Value v, Value grad);
+  /// `v`'s gradient from `lhs` x `rhs`, summed with its other parts in f32.
+  void addDgrad(Value v, Value lhs, Value rhs, ValueRange groups);
+  /// The gradient of the forward argument `v`, or null.
+  void setArgGrad(Value v, Value grad) { argGrads[v] = grad; }
+  /// Rows' gradient gathered into the layout `rows` (a dispatch's) gives.
+  Value gathered(Value grad, Value rows, Location loc);
+  /// The groups of a grouped matmul in the backward, empty when dense.
+  SmallVector<Value> groups(GroupedMatmulOp op);
+
+  func::FuncOp train, backward;
+  ImplicitLocOpBuilder b;
+  DenseMap<Value, Value> savedArgs;
+  DenseMap<Value, Adjoint> adjoints;
+  /// Weights whose gradient a later rule gives (combine's, deferred).
+  DenseSet<Value> pendingWeights;
+  /// Gradients of the forward's arguments: a matmul's gradient whole, and
+  /// for the tokens their parts (dgrads chained in f32, then the experts'
+  /// rows summed back).
+  DenseMap<Value, Value> argGrads;
+  DenseMap<Value, Value> tokenAcc;
+  DenseMap<Value, std::pair<Value, Value>> tokenRows;
+};
+} // namespace
+
+Value Differentiator::get(Value forward) {
+  if (auto arg = dyn_cast<BlockArgument>(forward))
+    if (arg.getOwner()->getParentOp() == train)
+      return backward.getArgument(arg.getArgNumber());
+  auto [it, added] = savedArgs.try_emplace(forward, Value());
+  if (added) {
+    saved.push_back(forward);
+    it->second = backward.getBody().front().addArgument(forward.getType(),
+                                                        forward.getLoc());
+  }
+  return it->second;
+}
+
+SmallVector<Value> Differentiator::groups(GroupedMatmulOp op) {
+  if (!op.getTokensPerExpert())
+    return {};
+  return {get(op.getTokensPerExpert()), get(op.getExpertOffsets())};
+}
+
+LogicalResult Differentiator::addGrad(Operation *op, Value v, Value grad) {
+  if (isa<BlockArgument>(v)) {
+    setArgGrad(v, grad);
+    return success();
+  }
+  if (!adjoints.try_emplace(v, Adjoint{grad}).second)
+    return op->emitOpError()
+           << "has a result used twice, which moe-differentiate does not sum";
+  return success();
+}
+
+void Differentiator::addDgrad(Value v, Value lhs, Value rhs,
+                              ValueRange groupValues) {
+  auto lhsType = cast<RankedTensorType>(lhs.getType());
+  int64_t k = cast<RankedTensorType>(rhs.getType()).getShape().back();
+  auto type = RankedTensorType::get({lhsType.getDimSize(0), k}, b.getF32Type());
+  Value acc = tokenAcc.lookup(v);
+  Value counts = groupValues.empty() ? Value() : groupValues[0];
+  Value offsets = groupValues.empty() ? Value() : groupValues[1];
+  tokenAcc[v] = GroupedMatmulDgradOp::create(b, b.getLoc(), type, Type(), lhs,
+                                             rhs, counts, offsets, acc, Value())
+                    .getOut();
+}
+
+Value Differentiator::gathered(Value grad, Value rows, Location loc) {
+  auto dispatch = rows.getDefiningOp<DispatchOp>();
+  auto gatheredOp = DispatchOp::create(
+      b, loc, get(dispatch.getDispatched()).getType(),
+      get(dispatch.getTokensPerExpert()).getType(),
+      get(dispatch.getExpertOffsets()).getType(), get(rows).getType(),
+      TypeRange{}, grad, get(dispatch.getExpertIds()), Value(),
+      dispatch.getAlign(), QuantAttr(), 1);
+  return gatheredOp.getDispatched();
+}
+
+LogicalResult Differentiator::combineRule(CombineOp op) {
+  auto it = adjoints.find(op.getOut());
+  if (it == adjoints.end())
+    return success();
+  Value grad = it->second.value;
+  if (!op.getRows().getDefiningOp<DispatchOp>())
+    return op.emitOpError() << "gathers rows that no moe.dispatch laid out";
+  Adjoint rows{gathered(grad, op.getRows(), op.getLoc())};
+  if (op.getWeights()) {
+    rows.rows = get(op.getRows());
+    rows.weights = get(op.getWeights());
+    rows.weightsOf = op.getWeights();
+    pendingWeights.insert(op.getWeights());
+    rows.tokens = grad;
+    rows.ids = get(op.getRows().getDefiningOp<DispatchOp>().getExpertIds());
+  }
+  if (failed(addGrad(op, op.getExpertOut(), Value())))
+    return failure();
+  adjoints[op.getExpertOut()] = rows;
+  if (!op.getShared())
+    return success();
+  Adjoint shared{grad};
+  if (op.getGate()) {
+    shared.gate = get(op.getGate());
+    shared.weightsOf = op.getGate();
+    pendingWeights.insert(op.getGate());
+  }
+  if (failed(addGrad(op, op.getShared(), Value())))
+    return failure();
+  adjoints[op.getShared()] = shared;
+  return success();
+}
+
+LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
+                                            ActivationOp activation,
+                                            const Adjoint &adjoint) {
+  Location loc = op.getLoc();
+  SmallVector<Value> g = groups(op);
+  Value counts = g.empty() ? Value() : g[0];
+  Value offsets = g.empty() ? Value() : g[1];
+  Value h = get(activation.getInput());
+  auto outType = cast<RankedTensorType>(activation.getOut().getType());
+  // g = dy W2 for each row, before its weight; with a bias, the weight's
+  // gradient also takes each row's dot with it.
+  bool weighted = adjoint.weights || adjoint.gate;
+  Value bias = weighted && op.getBias() ? get(op.getBias()) : Value();
+  auto dgrad = GroupedMatmulDgradOp::create(
+      b, loc, outType,
+      bias ? RankedTensorType::get({outType.getDimSize(0), 1}, b.getF32Type())
+           : Type(),
+      adjoint.value, get(op.getRhs()), counts, offsets, Value(), bias);
+  Value rowGrad = dgrad.getOut();
+  Type weightGradType;
+  if (adjoint.weights)
+    weightGradType = adjoint.weights.getType();
+  else if (adjoint.gate)
+    weightGradType = RankedTensorType::get(
+        cast<RankedTensorType>(adjoint.gate.getType()).getShape(),
+        b.getF32Type());
+  auto grads = ActivationGradOp::create(
+      b, loc, h.getType(), outType, weightGradType, rowGrad, h, adjoint.rows,
+      adjoint.weights, adjoint.gate, dgrad.getBiasDot(),
+      activation.getActivation());
+  if (adjoint.weightsOf) {
+    pendingWeights.erase(adjoint.weightsOf);
+    if (failed(addGrad(op, adjoint.weightsOf, grads.getWeightGrad())))
+      return failure();
+  }
+  // dW2 = sum of dy^T (w a): the weight moves to the activation.
+  Value rhs = op.getRhs();
+  auto rhsType = cast<RankedTensorType>(rhs.getType());
+  auto f32 = [&](ArrayRef<int64_t> shape) {
+    return RankedTensorType::get(shape, b.getF32Type());
+  };
+  setArgGrad(rhs, GroupedMatmulWgradOp::create(
+                      b, loc, f32(rhsType.getShape()), adjoint.value,
+                      grads.getWeighted(), counts, offsets));
+  if (Value bias = op.getBias()) {
+    // The bias's gradient: the sum of each row's gradient times its weight.
+    if (adjoint.gate)
+      return op.emitOpError() << "has a bias on gated shared experts, which "
+                                 "moe-differentiate does not take";
+    Value weighted = adjoint.value;
+    if (adjoint.rows)
+      weighted =
+          DispatchOp::create(b, loc, adjoint.value.getType(), counts.getType(),
+                             offsets.getType(), adjoint.rows.getType(),
+                             TypeRange{}, adjoint.tokens, adjoint.ids,
+                             adjoint.weights, 1, QuantAttr(), 1)
+              .getDispatched();
+    auto biasType = cast<RankedTensorType>(bias.getType());
+    setArgGrad(
+        bias, GroupedMatmulWgradOp::create(b, loc, f32(biasType.getShape()),
+                                           weighted, Value(), counts, offsets));
+  }
+  return addGrad(op, activation.getInput(), grads.getInputGrad());
+}
+
+LogicalResult Differentiator::matmulRule(GroupedMatmulOp op) {
+  if (op.getScheme() || op.getOutQuantAttr())
+    return op.emitOpError() << "is quantized: moe-differentiate builds the "
+                               "backward of bf16 layers";
+  if (op.getActivationAttr())
+    return op.emitOpError() << "applies its activation in its epilogue: "
+                               "moe-differentiate splits it off first";
+  auto it = adjoints.find(op.getOut());
+  if (it == adjoints.end())
+    return success();
+  Adjoint adjoint = it->second;
+  if (auto activation = op.getLhs().getDefiningOp<ActivationOp>())
+    return gatedDownRule(op, activation, adjoint);
+  if (adjoint.rows || adjoint.gate)
+    return op.emitOpError() << "multiplies rows that are weighted later but "
+                               "are not a gated activation's, which "
+                               "moe-differentiate does not take";
+  Location loc = op.getLoc();
+  SmallVector<Value> g = groups(op);
+  Value counts = g.empty() ? Value() : g[0];
+  Value offsets = g.empty() ? Value() : g[1];
+  Value grad = adjoint.value;
+  auto f32 = [&](Type type) {
+    return RankedTensorType::get(cast<RankedTensorType>(type).getShape(),
+                                 b.getF32Type());
+  };
+  setArgGrad(op.getRhs(), GroupedMatmulWgradOp::create(
+                              b, loc, f32(op.getRhs().getType()), grad,
+                              get(op.getLhs()), counts, offsets));
+  if (Value bias = op.getBias())
+    setArgGrad(bias,
+               GroupedMatmulWgradOp::create(b, loc, f32(bias.getType()), grad,
+                                            Value(), counts, offsets));
+  Value lhs = op.getLhs();
+  if (isa<BlockArgument>(lhs)) {
+    // The tokens: summed with their other gradients in f32.
+    addDgrad(lhs, grad, get(op.getRhs()), g);
+    return success();
+  }
+  return addGrad(op, lhs,
+                 GroupedMatmulDgradOp::create(b, loc, lhs.getType(), Type(),
+                                              grad, get(op.getRhs()), counts,
+                                              offsets, Value(), Value())
+                     .getOut());
+}
+
+LogicalResult Differentiator::dispatchRule(DispatchOp op) {
+  auto it = adjoints.find(op.getDispatched());
+  if (it == adjoints.end())
+    return success();
+  if (op.getScale())
+    return op.emitOpError() << "scales its rows by the routing weights (the "
+                               "Llama-4 router): moe-differentiate does not "
+                               "take that router yet";
+  if (op.getQuantAttr())
+    return op.emitOpError() << "quantizes its rows: moe-differentiate builds "
+                               "the backward of bf16 layers";
+  if (op.isExpertParallel())
+    return op.emitOpError() << "has ep_size = " << op.getEpSize()
+                            << ": moe-differentiate builds the backward of a "
+                               "layer on one rank";
+  if (!isa<BlockArgument>(op.getHiddenStates()))
+    return op.emitOpError() << "dispatches a value that is not the layer's "
+                               "input";
+  // Each token's gradient sums its choices' rows, after its other parts.
+  tokenRows[op.getHiddenStates()] = {it->second.value, get(op.getRows())};
+  return success();
+}
+
+LogicalResult Differentiator::routeRule(RouteOp op) {
+  auto it = adjoints.find(op.getWeights());
+  if (it == adjoints.end())
+    return success();
+  if (op.getRouter().getKind() == RouterKind::SigmoidScaleInput)
+    return op.emitOpError() << "has a sigmoid_scale_input router, whose "
+                               "weights scale the experts' input: "
+                               "moe-differentiate does not take it yet";
+  if (!isa<BlockArgument>(op.getHiddenStates()))
+    return op.emitOpError() << "routes a value that is not the layer's input";
+  Location loc = op.getLoc();
+  Value bias = op.getBias() ? get(op.getBias()) : Value();
+  Value hidden = get(op.getHiddenStates());
+  auto hiddenType = cast<RankedTensorType>(hidden.getType());
+  auto weightType = cast<RankedTensorType>(op.getRouterWeight().getType());
+  auto logitType = RankedTensorType::get(
+      {hiddenType.getDimSize(0), weightType.getDimSize(0)}, b.getF32Type());
+  Value logitGrad = RouteGradOp::create(
+      b, loc, logitType, hidden, get(op.getRouterWeight()), bias,
+      get(op.getExpertIds()), it->second.value, op.getRouter());
+  setArgGrad(op.getRouterWeight(),
+             GroupedMatmulWgradOp::create(
+                 b, loc,
+                 RankedTensorType::get(weightType.getShape(), b.getF32Type()),
+                 logitGrad, hidden, Value(), Value()));
+  // A bias that moves the logits takes their gradient; one that only ranks
+  // the experts (sigmoid_grouped_topk) takes none.
+  if (op.getBias() &&
+      op.getRouter().getKind() != RouterKind::SigmoidGroupedTopK)
+    setArgGrad(op.getBias(), GroupedMatmulWgradOp::create(
+                                 b, loc, op.getBias().getType(), logitGrad,
+                                 Value(), Value(), Value()));
+  addDgrad(op.getHiddenStates(), logitGrad, get(op.getRouterWeight()), {});
+  return success();
+}
+
+LogicalResult Differentiator::rule(Operation *op) {
+  b.setLoc(op->getLoc());
+  return TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](CombineOp o) { return combineRule(o); })
+      .Case([&](GroupedMatmulOp o) { return matmulRule(o); })
+      .Case([&](ActivationOp o) {
+        // Its gradient came with the down matmul's (gatedDownRule).
+        if (adjoints.count(o.getOut()) && !adjoints.count(o.getInput()))
+          return LogicalResult(o.emitOpError()
+                               << "feeds something other than a matmul, "
+                                  "which moe-differentiate does not take");
+        return success();
+      })
+      .Case([&](DispatchOp o) { return dispatchRule(o); })
+      .Case([&](RouteOp o) { return routeRule(o); })
+      .Default([&](Operation *other) -> LogicalResult {
+        return other->emitOpError()
+               << "has no adjoint rule in moe-differentiate (it builds the "
+                  "backward of bf16 MoE layers on one rank)";
+      });
+}
+
+LogicalResult Differentiator::build(Value out, Value outGrad) {
+  adjoints[out] = Adjoint{outGrad};
+  Block &body = train.getBody().front();
+  // Reverse order, except that an op whose result is a weight still to
+  // come (a later rule applies it) waits for that rule.
+  SmallVector<Operation *> waiting;
+  for (Operation &op : llvm::reverse(body.without_terminator()))
+    waiting.push_back(&op);
+  while (!waiting.empty()) {
+    SmallVector<Operation *> later;
+    for (Operation *op : waiting) {
+      if (llvm::any_of(op->getResults(),
+                       [&](Value v) { return pendingWeights.count(v); })) {
+        later.push_back(op);
+        continue;
+      }
+      if (failed(rule(op)))
+        return failure();
+    }
+    if (later.size() == waiting.size())
+      return later.front()->emitOpError()
+             << "gives a weight whose gradient no rule computes";
+    waiting = std::move(later);
+  }
+  // The tokens' gradient: every dgrad part in f32, then the experts' rows
+  // summed back into their tokens, rounded to bf16 once.
+  b.setLoc(train.getLoc());
+  SmallVector<Value> results;
+  SmallVector<Type> types;
+  for (BlockArgument arg : body.getArguments()) {
+    Value grad = argGrads.lookup(arg);
+    auto rows = tokenRows.find(arg);
+    if (rows != tokenRows.end())
+      grad = CombineOp::create(b, train.getLoc(), arg.getType(),
+                               rows->second.first, rows->second.second, Value(),
+                               tokenAcc.lookup(arg), Value());
+    else if (Value acc = tokenAcc.lookup(arg))
+      grad = acc;
+    if (!grad)
+      continue;
+    results.push_back(grad);
+    types.push_back(grad.getType());
+    gradOf.push_back(arg.getArgNumber());
+  }
+  func::ReturnOp::create(b, train.getLoc(), results);
+  SmallVector<Type> inputs(backward.getBody().front().getArgumentTypes());
+  backward.setFunctionType(b.getFunctionType(inputs, types));
+  return success();
+}
+
+/// Splits each gated matmul of `func` into the matmul and its activation.
+static void splitActivations(func::FuncOp func) {
+  SmallVector<GroupedMatmulOp> gated;
+  func.walk([&](GroupedMatmulOp op) {
+    if (op.getActivationAttr())
+      gated.push_back(op);
+  });
+  for (GroupedMatmulOp op : gated) {
+    OpBuilder b(op);
+    auto outType = cast<RankedTensorType>(op.getOut().getType());
+    auto rhsType = cast<RankedTensorType>(op.getRhs().getType());
+    auto hType = RankedTensorType::get(
+        {outType.getDimSize(0), rhsType.getDimSize(rhsType.getRank() - 2)},
+        outType.getElementType());
+    auto matmul = GroupedMatmulOp::create(
+        b, op.getLoc(), hType, Type(), op.getLhs(), op.getRhs(),
+        op.getTokensPerExpert(), op.getExpertOffsets(), op.getLhsScale(),
+        op.getRhsScale(), op.getBias(), ActivationAttr(), QuantAttr(),
+        ArrayAttr());
+    auto activation = ActivationOp::create(
+        b, op.getLoc(), outType, matmul.getOut(), op.getActivationAttr());
+    op.getOut().replaceAllUsesWith(activation.getOut());
+    op.erase();
+  }
+}
+
+/// A name for a saved value: its step (the location moe-decompose names it
+/// by) and its result's name.
+static std::string savedName(Value v) {
+  std::string name;
+  Operation *op = v.getDefiningOp();
+  if (auto step = dyn_cast<NameLoc>(op->getLoc()))
+    name = step.getName().str() + ".";
+  if (auto asmOp = dyn_cast<OpAsmOpInterface>(op))
+    asmOp.getAsmResultNames([&](Value result, StringRef text) {
+      if (result == v)
+        name += text.str();
+    });
+  if (name.empty() || name.back() == '.')
+    name += op->getName().stripDialect().str() + "." +
+            std::to_string(cast<OpResult>(v).getResultNumber());
+  return name;
+}
+
+namespace {
+struct DifferentiatePass
+    : public moe::impl::DifferentiateBase<DifferentiatePass> {
+  void runOnOperation() override {
+    SmallVector<func::FuncOp> layers;
+    getOperation().walk([&](func::FuncOp func) {
+      if (!func.getBody().empty() &&
+          !func.getBody().front().getOps<CombineOp>().empty())
+        layers.push_back(func);
+    });
+    for (func::FuncOp func : layers)
+      if (failed(differentiate(func)))
+        return signalPassFailure();
+  }
+
+  LogicalResult differentiate(func::FuncOp func) {
+    FunctionType type = func.getFunctionType();
+    if (type.getNumResults() != 1)
+      return func.emitOpError() << "returns " << type.getNumResults()
+                                << " values; moe-differentiate takes a "
+                                   "layer's one output";
+    OpBuilder b(func);
+    b.setInsertionPointAfter(func);
+    auto train = cast<func::FuncOp>(b.clone(*func));
+    train.setName((func.getName() + "_train").str());
+    splitActivations(train);
+    auto backward = func::FuncOp::create(b, func.getLoc(),
+                                         (func.getName() + "_backward").str(),
+                                         b.getFunctionType({}, {}));
+    Block *entry = backward.addEntryBlock();
+    for (Type input : type.getInputs())
+      entry->addArgument(input, func.getLoc());
+    Value outGrad = entry->addArgument(type.getResult(0), func.getLoc());
+
+    Differentiator d(train, backward);
+    auto ret = cast<func::ReturnOp>(train.getBody().front().getTerminator());
+    if (failed(d.build(ret.getOperand(0), outGrad))) {
+      train.erase();
+      backward.erase();
+      return failure();
+    }
+    // The forward returns what the backward reads, named in `moe.saved`.
+    SmallVector<Value> results(ret.getOperands());
+    SmallVector<Attribute> names;
+    for (Value v : d.saved) {
+      results.push_back(v);
+      names.push_back(b.getStringAttr(savedName(v)));
+    }
+    ret->setOperands(results);
+    train.setFunctionType(
+        b.getFunctionType(type.getInputs(), ValueRange(results).getTypes()));
+    train->setAttr("moe.saved", b.getArrayAttr(names));
+    backward->setAttr("moe.gradients",
+                      b.getDenseI64ArrayAttr(SmallVector<int64_t>(
+                          d.gradOf.begin(), d.gradOf.end())));
+    for (Operation *op : {train.getOperation(), backward.getOperation()}) {
+      op->removeAttr("moe.interface");
+      if (func->hasAttr("llvm.emit_c_interface"))
+        op->setAttr("llvm.emit_c_interface", b.getUnitAttr());
+    }
+    return success();
+  }
+};
+} // namespace

@@ -1,0 +1,157 @@
+// RUN: moe-opt %s -split-input-file --moe-decompose --moe-differentiate -verify-diagnostics | FileCheck %s
+
+// A layer with shared experts behind a gate. The training forward splits
+// each gated matmul into the matmul and its activation, and saves the
+// routing, the dispatched rows and each gate/up output (not the
+// activations, which the backward recomputes, nor any per-choice output).
+// CHECK-LABEL: func.func @layer_train
+// CHECK-SAME: moe.saved = ["route.expert_ids", "dispatch.rows", "dispatch.expert_offsets", "dispatch.tokens_per_expert", "dispatch.dispatched", "route.weights", "shared_gate.out", "shared_gate_up.out", "gate_up.out"]
+// CHECK: %[[H:.*]] = moe.grouped_matmul %dispatched, %arg2 groups(%tokens_per_expert, %expert_offsets) : {{.*}} -> tensor<?x16xbf16>
+// CHECK-NEXT: %[[A:.*]] = moe.activation %[[H]] {activation = #moe.activation<kind = swiglu>} : (tensor<?x16xbf16>) -> tensor<?x8xbf16>
+// CHECK: return %{{.*}}, %expert_ids, %rows, %expert_offsets, %tokens_per_expert, %dispatched, %weights, %out_3, %out_1, %out :
+
+// The backward: every argument has a gradient (the tokens' in bf16, the
+// weights' in f32).
+// CHECK-LABEL: func.func @layer_backward
+// CHECK-SAME: %[[X:arg0]]: tensor<?x16xbf16>, %[[WR:arg1]]: tensor<4x16xbf16>, %[[W13:arg2]]: tensor<4x16x16xbf16>, %[[W2:arg3]]: tensor<4x16x8xbf16>, %[[S13:arg4]]: tensor<16x16xbf16>, %[[S2:arg5]]: tensor<16x8xbf16>, %[[SG:arg6]]: tensor<1x16xbf16>, %[[DOUT:arg7]]: tensor<?x16xbf16>, %[[IDS:arg8]]: tensor<?x2xi32>, %[[ROWS:arg9]]: tensor<?x2xi32>, %[[OFF:arg10]]: tensor<5xi32>, %[[CNT:arg11]]: tensor<4xi32>, %[[XD:arg12]]: tensor<?x16xbf16>, %[[W:arg13]]: tensor<?x2xf32>, %[[GL:arg14]]: tensor<?x1xbf16>, %[[HS:arg15]]: tensor<?x16xbf16>, %[[H:arg16]]: tensor<?x16xbf16>)
+// CHECK-SAME: -> (tensor<?x16xbf16>, tensor<4x16xf32>, tensor<4x16x16xf32>, tensor<4x16x8xf32>, tensor<16x16xf32>, tensor<16x8xf32>, tensor<1x16xf32>)
+// CHECK-SAME: moe.gradients = array<i64: 0, 1, 2, 3, 4, 5, 6>
+// The output's gradient gathered into the experts' rows, unweighted.
+// CHECK: %[[DY:.*]], %{{.*}}, %{{.*}}, %{{.*}} = moe.dispatch %[[DOUT]], %[[IDS]]
+// The shared experts: dgrad of the down matmul, then the activation's
+// backward with the gate (its gradient, the weighted activation for the
+// wgrad), then the gate/up matmul's wgrad and dgrad (kept in f32).
+// CHECK: %[[GS:.*]] = moe.grouped_matmul_dgrad %[[DOUT]], %[[S2]] :
+// CHECK: %[[DHS:.*]], %[[AS:.*]], %[[DGL:.*]] = moe.activation_grad %[[GS]], %[[HS]] gate %[[GL]]
+// CHECK: %[[DS2:.*]] = moe.grouped_matmul_wgrad %[[DOUT]] lhs %[[AS]] :
+// CHECK: %[[DS13:.*]] = moe.grouped_matmul_wgrad %[[DHS]] lhs %[[X]] :
+// CHECK: %[[DXS:.*]] = moe.grouped_matmul_dgrad %[[DHS]], %[[S13]] : {{.*}} -> tensor<?x16xf32>
+// The routed experts, the same way with each row's routing weight.
+// CHECK: %[[G:.*]] = moe.grouped_matmul_dgrad %[[DY]], %[[W2]] groups(%[[CNT]], %[[OFF]])
+// CHECK: %[[DH:.*]], %[[AW:.*]], %[[DW:.*]] = moe.activation_grad %[[G]], %[[H]] rows(%[[ROWS]], %[[W]])
+// CHECK: %[[DW2:.*]] = moe.grouped_matmul_wgrad %[[DY]] lhs %[[AW]] groups(%[[CNT]], %[[OFF]]) : {{.*}} -> tensor<4x16x8xf32>
+// CHECK: %[[DW13:.*]] = moe.grouped_matmul_wgrad %[[DH]] lhs %[[XD]] groups(%[[CNT]], %[[OFF]]) : {{.*}} -> tensor<4x16x16xf32>
+// CHECK: %[[DXD:.*]] = moe.grouped_matmul_dgrad %[[DH]], %[[W13]] groups(%[[CNT]], %[[OFF]])
+// The router from the weights' gradient.
+// CHECK: %[[DL:.*]] = moe.route_grad %[[X]], %[[WR]] choices(%[[IDS]], %[[DW]])
+// CHECK: %[[DWR:.*]] = moe.grouped_matmul_wgrad %[[DL]] lhs %[[X]]
+// CHECK: %[[DX1:.*]] = moe.grouped_matmul_dgrad %[[DL]], %[[WR]] acc %[[DXS]]
+// The gate's logits.
+// CHECK: %[[DSG:.*]] = moe.grouped_matmul_wgrad %[[DGL]] lhs %[[X]]
+// CHECK: %[[DX2:.*]] = moe.grouped_matmul_dgrad %[[DGL]], %[[SG]] acc %[[DX1]]
+// The tokens: their choices' rows summed back, with every other part.
+// CHECK: %[[DX:.*]] = moe.combine %[[DXD]], %[[ROWS]] shared %[[DX2]]
+// CHECK: return %[[DX]], %[[DWR]], %[[DW13]], %[[DW2]], %[[DS13]], %[[DS2]], %[[DSG]] :
+func.func @layer(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
+                 %w13: tensor<4x16x16xbf16>, %w2: tensor<4x16x8xbf16>,
+                 %s13: tensor<16x16xbf16>, %s2: tensor<16x8xbf16>,
+                 %sg: tensor<1x16xbf16>) -> tensor<?x16xbf16> {
+  %out = moe.layer %x router(%wr) experts(%w13, %w2) shared(%s13, %s2, %sg)
+      {config = #moe.config<experts = 4, top_k = 2, hidden = 16,
+                            intermediate = 8, router = <kind = softmax_topk>,
+                            activation = <kind = swiglu>,
+                            shared_intermediate = 8, shared_gate = true>}
+      : (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<4x16x16xbf16>,
+         tensor<4x16x8xbf16>, tensor<16x16xbf16>, tensor<16x8xbf16>,
+         tensor<1x16xbf16>) -> tensor<?x16xbf16>
+  return %out : tensor<?x16xbf16>
+}
+
+// -----
+
+// Expert biases (GPT-OSS): the down matmul's bias adds each row's dot with
+// it to its weight's gradient, and takes the rows' gradient weighted by
+// their routing weights; the gate/up bias the sum of its rows' gradient.
+// The router bias moves the logits: it takes their gradient.
+// CHECK-LABEL: func.func @biases_backward
+// CHECK-SAME: moe.gradients = array<i64: 0, 1, 2, 3, 4, 5, 6>
+// CHECK: %[[DY:.*]], %{{.*}}, %{{.*}}, %{{.*}} = moe.dispatch %arg7, %arg8 :
+// CHECK: %[[G:.*]], %[[BD:.*]] = moe.grouped_matmul_dgrad %[[DY]], %arg4 groups({{.*}}) bias %arg6 :
+// CHECK: moe.activation_grad %[[G]], %{{.*}} rows({{.*}}) bias_term %[[BD]] {activation = #moe.activation<kind = clamped_swiglu
+// CHECK: %[[DYW:.*]], %{{.*}}, %{{.*}}, %{{.*}} = moe.dispatch %arg7, %arg8 scale %{{.*}} :
+// CHECK: moe.grouped_matmul_wgrad %[[DYW]] groups({{.*}}) : {{.*}} -> tensor<4x16xf32>
+// CHECK: moe.grouped_matmul_wgrad %{{.*}} groups({{.*}}) : {{.*}} -> tensor<4x16xf32>
+// CHECK: %[[DL:.*]] = moe.route_grad %arg0, %arg1 bias %arg2 choices
+// CHECK: moe.grouped_matmul_wgrad %[[DL]] : (tensor<?x4xf32>) -> tensor<4xf32>
+func.func @biases(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
+                  %br: tensor<4xf32>, %w13: tensor<4x16x16xbf16>,
+                  %w2: tensor<4x16x8xbf16>, %b13: tensor<4x16xbf16>,
+                  %b2: tensor<4x16xbf16>) -> tensor<?x16xbf16> {
+  %out = moe.layer %x router(%wr, %br) experts(%w13, %w2) biases(%b13, %b2)
+      {config = #moe.config<experts = 4, top_k = 2, hidden = 16,
+                            intermediate = 8, router = <kind = topk_softmax>,
+                            activation = <kind = clamped_swiglu>>}
+      : (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<4xf32>,
+         tensor<4x16x16xbf16>, tensor<4x16x8xbf16>, tensor<4x16xbf16>,
+         tensor<4x16xbf16>) -> tensor<?x16xbf16>
+  return %out : tensor<?x16xbf16>
+}
+
+// -----
+
+// DeepSeek-V3's score-correction bias only ranks the experts: it takes no
+// gradient (argument 2 has none).
+// CHECK-LABEL: func.func @selection_bias_backward
+// CHECK-SAME: moe.gradients = array<i64: 0, 1, 3, 4>
+// CHECK: moe.route_grad %arg0, %arg1 bias %arg2 choices
+// CHECK-NOT: moe.grouped_matmul_wgrad %{{[0-9]+}} : (tensor<?x4xf32>) -> tensor<4xf32>
+func.func @selection_bias(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
+                          %br: tensor<4xf32>, %w13: tensor<4x16x16xbf16>,
+                          %w2: tensor<4x16x8xbf16>) -> tensor<?x16xbf16> {
+  %out = moe.layer %x router(%wr, %br) experts(%w13, %w2)
+      {config = #moe.config<experts = 4, top_k = 2, hidden = 16,
+                            intermediate = 8,
+                            router = <kind = sigmoid_grouped_topk,
+                                      renormalize = true, scaling = 2.5>,
+                            activation = <kind = swiglu>>}
+      : (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<4xf32>,
+         tensor<4x16x16xbf16>, tensor<4x16x8xbf16>) -> tensor<?x16xbf16>
+  return %out : tensor<?x16xbf16>
+}
+
+// -----
+
+func.func @fp8(%x: tensor<?x128xbf16>, %wr: tensor<4x128xbf16>,
+               %w13: tensor<4x256x128xbf16>, %w2: tensor<4x128x128xbf16>)
+    -> tensor<?x128xbf16> {
+  // expected-error @below {{is quantized: moe-differentiate builds the backward of bf16 layers}}
+  %out = moe.layer %x router(%wr) experts(%w13, %w2)
+      {config = #moe.config<experts = 4, top_k = 2, hidden = 128,
+                            intermediate = 128, router = <kind = softmax_topk>,
+                            activation = <kind = swiglu>,
+                            quant = <kind = fp8_block128>>}
+      : (tensor<?x128xbf16>, tensor<4x128xbf16>, tensor<4x256x128xbf16>,
+         tensor<4x128x128xbf16>) -> tensor<?x128xbf16>
+  return %out : tensor<?x128xbf16>
+}
+
+// -----
+
+func.func @llama4(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
+                  %w13: tensor<4x16x16xbf16>, %w2: tensor<4x16x8xbf16>)
+    -> tensor<?x16xbf16> {
+  // expected-error @below {{scales its rows by the routing weights (the Llama-4 router): moe-differentiate does not take that router yet}}
+  %out = moe.layer %x router(%wr) experts(%w13, %w2)
+      {config = #moe.config<experts = 4, top_k = 1, hidden = 16,
+                            intermediate = 8,
+                            router = <kind = sigmoid_scale_input>,
+                            activation = <kind = swiglu>>}
+      : (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<4x16x16xbf16>,
+         tensor<4x16x8xbf16>) -> tensor<?x16xbf16>
+  return %out : tensor<?x16xbf16>
+}
+
+// -----
+
+func.func @ep(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
+              %w13: tensor<2x16x16xbf16>, %w2: tensor<2x16x8xbf16>)
+    -> tensor<?x16xbf16> {
+  // expected-error @below {{has ep_size = 2: moe-differentiate builds the backward of a layer on one rank}}
+  %out = moe.layer %x router(%wr) experts(%w13, %w2)
+      {config = #moe.config<experts = 4, top_k = 2, hidden = 16,
+                            intermediate = 8, router = <kind = softmax_topk>,
+                            activation = <kind = swiglu>, ep_size = 2>}
+      : (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<2x16x16xbf16>,
+         tensor<2x16x8xbf16>) -> tensor<?x16xbf16>
+  return %out : tensor<?x16xbf16>
+}

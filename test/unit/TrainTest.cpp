@@ -1,0 +1,347 @@
+//===- TrainTest.cpp - derived gradients vs float64 finite differences ----===//
+//
+// Each router, activation and shared-expert variant is decomposed and
+// differentiated (moe-differentiate), lowered by the CPU backend and run on
+// random inputs: its training forward, then its backward on a random output
+// gradient. Every gradient the backward returns (tokens, router weight and
+// bias, expert weights and biases, shared experts and their gate) must match
+// central differences of the float64 reference layer (test/reference) of
+// L = sum(output gradient x output), which shares no code with the compiler.
+//
+//===----------------------------------------------------------------------===//
+
+#include "passes/Passes.h"
+#include "test/reference/Layer.h"
+#include "test/unit/CpuJit.h"
+
+#include <cmath>
+#include <gtest/gtest.h>
+
+using namespace mlir;
+using namespace ::moe::test;
+using ::moe::ref::LayerConfig;
+using ::moe::ref::Router;
+
+namespace {
+struct TrainCase {
+  const char *name;
+  LayerConfig config;
+  bool routerBias = false, expertBiases = false;
+};
+
+std::string routerText(const LayerConfig &c) {
+  static const char *kinds[] = {"softmax_topk", "topk_softmax",
+                                "sigmoid_grouped_topk", "sigmoid_scale_input"};
+  std::string text = std::string("<kind = ") + kinds[int(c.router)];
+  if (c.renormalize)
+    text += ", renormalize = true";
+  if (c.nGroup > 1)
+    text += ", n_group = " + std::to_string(c.nGroup) +
+            ", topk_group = " + std::to_string(c.topkGroup);
+  if (c.scaling != 1.0)
+    text += ", scaling = " + std::to_string(c.scaling);
+  return text + ">";
+}
+
+/// The layer's arguments after the tokens, in ABI order.
+std::vector<std::pair<std::string, Input>> layerWeights(const TrainCase &tc,
+                                                        std::mt19937 &rng) {
+  const LayerConfig &c = tc.config;
+  int64_t e = c.experts, h = c.hidden, inter = c.intermediate;
+  int64_t is = c.sharedIntermediate;
+  double wScale = 1.0 / std::sqrt(double(h));
+  std::vector<std::pair<std::string, Input>> weights;
+  weights.push_back({"router_weight", randomInput(rng, {e, h}, wScale)});
+  if (tc.routerBias)
+    weights.push_back({"router_bias", randomInput(rng, {e}, 0.3, true)});
+  weights.push_back({"w13", randomInput(rng, {e, 2 * inter, h}, wScale)});
+  weights.push_back(
+      {"w2", randomInput(rng, {e, h, inter}, 1.0 / std::sqrt(double(inter)))});
+  if (tc.expertBiases) {
+    weights.push_back({"w13_bias", randomInput(rng, {e, 2 * inter}, 0.3)});
+    weights.push_back({"w2_bias", randomInput(rng, {e, h}, 0.3)});
+  }
+  if (is > 0) {
+    weights.push_back({"shared_w13", randomInput(rng, {2 * is, h}, wScale)});
+    weights.push_back(
+        {"shared_w2", randomInput(rng, {h, is}, 1.0 / std::sqrt(double(is)))});
+    if (c.sharedGate)
+      weights.push_back({"shared_gate", randomInput(rng, {1, h}, wScale)});
+  }
+  return weights;
+}
+
+std::string layerSource(const TrainCase &tc,
+                        const std::vector<std::pair<std::string, Input>> &ws) {
+  const LayerConfig &c = tc.config;
+  std::string h = std::to_string(c.hidden);
+  std::string out = "tensor<?x" + h + "xbf16>";
+  std::string args = "%hidden_states: " + out, types = out;
+  for (auto &[name, in] : ws) {
+    args += ", %" + name + ": " + tensorType(in.shape, in.isF32, false);
+    types += ", " + tensorType(in.shape, in.isF32, false);
+  }
+  int64_t is = c.sharedIntermediate;
+  std::string layer =
+      "%out = moe.layer %hidden_states router(%router_weight" +
+      std::string(tc.routerBias ? ", %router_bias" : "") +
+      ") experts(%w13, %w2)" +
+      (tc.expertBiases ? " biases(%w13_bias, %w2_bias)" : "") +
+      (is > 0 ? std::string(" shared(%shared_w13, %shared_w2") +
+                    (c.sharedGate ? ", %shared_gate)" : ")")
+              : "") +
+      " {config = #moe.config<experts = " + std::to_string(c.experts) +
+      ", top_k = " + std::to_string(c.topK) + ", hidden = " + h +
+      ", intermediate = " + std::to_string(c.intermediate) +
+      ", router = " + routerText(c) + ", activation = " +
+      (c.clampedSwiGLU
+           ? "<kind = clamped_swiglu, alpha = " + std::to_string(c.alpha) +
+                 ", limit = " + std::to_string(c.limit) + ">"
+           : std::string("<kind = swiglu>")) +
+      (is > 0 ? ", shared_intermediate = " + std::to_string(is) : "") +
+      (c.sharedGate ? ", shared_gate = true" : "") + ">} : (" + types +
+      ") -> " + out;
+  return "func.func @layer(" + args + ") -> " + out +
+         " attributes {llvm.emit_c_interface} {\n  " + layer +
+         "\n  return %out : " + out + "\n}\n";
+}
+
+/// What moe-differentiate made of the layer: the training forward's saved
+/// values (names and types) and the backward's gradients (argument numbers
+/// and types).
+struct Derived {
+  std::vector<std::string> savedNames;
+  std::vector<RankedTensorType> savedTypes;
+  std::vector<int64_t> gradientOf;
+  std::vector<RankedTensorType> gradientTypes;
+};
+
+std::optional<Derived> derive(MLIRContext &context, const std::string &source) {
+  OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(source, &context);
+  if (!module)
+    return std::nullopt;
+  PassManager pm(&context);
+  mlir::moe::PipelineOptions options;
+  options.train = true;
+  options.stopAfter = mlir::moe::Stop::L1;
+  mlir::moe::buildCpuPipeline(pm, options);
+  if (failed(pm.run(*module)))
+    return std::nullopt;
+  auto train = module->lookupSymbol<func::FuncOp>("layer_train");
+  auto backward = module->lookupSymbol<func::FuncOp>("layer_backward");
+  if (!train || !backward)
+    return std::nullopt;
+  Derived d;
+  for (Attribute name : train->getAttrOfType<ArrayAttr>("moe.saved"))
+    d.savedNames.push_back(cast<StringAttr>(name).str());
+  for (Type t : train.getFunctionType().getResults().drop_front())
+    d.savedTypes.push_back(cast<RankedTensorType>(t));
+  for (int64_t i :
+       backward->getAttrOfType<DenseI64ArrayAttr>("moe.gradients").asArrayRef())
+    d.gradientOf.push_back(i);
+  for (Type t : backward.getFunctionType().getResults())
+    d.gradientTypes.push_back(cast<RankedTensorType>(t));
+  return d;
+}
+
+/// A buffer of `type` for `tokens` tokens: rows of the dispatched layout
+/// (tokens x top-k on the CPU, whose experts' rows are not aligned) for the
+/// experts' matmuls' operands and results, else a row a token.
+struct Owned {
+  std::vector<uint8_t> bytes;
+  std::vector<int64_t> shape;
+  Type element;
+};
+Owned allocate(RankedTensorType type, int64_t rows) {
+  Owned o{{}, {}, type.getElementType()};
+  int64_t n = 1;
+  for (int64_t d : type.getShape()) {
+    o.shape.push_back(ShapedType::isDynamic(d) ? rows : d);
+    n *= o.shape.back();
+  }
+  // Poisoned: 0xFF bytes are NaN in bf16 and f32.
+  o.bytes.assign(n * ((type.getElementTypeBitWidth() + 7) / 8), 0xFF);
+  return o;
+}
+double element(const Owned &o, int64_t i) {
+  if (o.element.isF32()) {
+    float f;
+    std::memcpy(&f, &o.bytes[4 * i], 4);
+    return f;
+  }
+  uint16_t v;
+  std::memcpy(&v, &o.bytes[2 * i], 2);
+  return fromBF16(v);
+}
+
+std::vector<double> *slotOf(::moe::ref::LayerTensors &t,
+                            const std::string &name) {
+  return name == "hidden_states"   ? &t.hiddenStates
+         : name == "router_weight" ? &t.routerWeight
+         : name == "router_bias"   ? &t.routerBias
+         : name == "w13"           ? &t.w13
+         : name == "w2"            ? &t.w2
+         : name == "w13_bias"      ? &t.w13Bias
+         : name == "w2_bias"       ? &t.w2Bias
+         : name == "shared_w13"    ? &t.sharedW13
+         : name == "shared_w2"     ? &t.sharedW2
+                                   : &t.sharedGate;
+}
+
+class CpuTrainTest : public ::testing::TestWithParam<TrainCase> {};
+} // namespace
+
+TEST_P(CpuTrainTest, GradientsMatchFloat64FiniteDifferences) {
+  const TrainCase &tc = GetParam();
+  const LayerConfig &c = tc.config;
+  int64_t h = c.hidden;
+  std::mt19937 rng(4321);
+  auto weights = layerWeights(tc, rng);
+  std::string source = layerSource(tc, weights);
+
+  DialectRegistry registry;
+  MLIRContext context(registry);
+  context.loadDialect<mlir::moe::MoeDialect, func::FuncDialect>();
+  std::optional<Derived> derived = derive(context, source);
+  ASSERT_TRUE(derived) << source;
+  mlir::moe::PipelineOptions options;
+  options.train = true;
+  auto engine = compile(source, options);
+  ASSERT_TRUE(engine) << source;
+
+  // No tokens: every weight's gradient is zero, and nothing is read.
+  for (int64_t tokens : {6, 0}) {
+    Input hidden = randomInput(rng, {tokens, h}, 1.0);
+    Input outGrad = randomInput(rng, {tokens, h}, 1.0);
+    std::vector<Buffer> inputs = {{hidden.bf16.data(), hidden.shape}};
+    for (auto &[name, in] : weights)
+      inputs.push_back({in.isF32 ? static_cast<void *>(in.f32.data())
+                                 : static_cast<void *>(in.bf16.data()),
+                        in.shape});
+
+    // The training forward: the output, then what it saves.
+    std::vector<uint16_t> output(tokens * h, 0x7FC0);
+    std::vector<Owned> saved;
+    for (size_t i = 0; i < derived->savedTypes.size(); ++i) {
+      const std::string &name = derived->savedNames[i];
+      bool perRow = name.rfind("dispatch.dispatched", 0) == 0 ||
+                    name.rfind("gate_up.", 0) == 0;
+      saved.push_back(
+          allocate(derived->savedTypes[i], perRow ? tokens * c.topK : tokens));
+    }
+    std::vector<Buffer> trainArgs = inputs;
+    trainArgs.push_back({output.data(), {tokens, h}});
+    for (Owned &o : saved)
+      trainArgs.push_back({o.bytes.data(), o.shape});
+    ASSERT_TRUE(call(*engine, "layer_train", trainArgs));
+
+    // The backward: the inputs, the output's gradient, the saved values, then
+    // a gradient for each argument that has one.
+    std::vector<Buffer> backwardArgs = inputs;
+    backwardArgs.push_back({outGrad.bf16.data(), outGrad.shape});
+    for (Owned &o : saved)
+      backwardArgs.push_back({o.bytes.data(), o.shape});
+    std::vector<Owned> grads;
+    for (RankedTensorType type : derived->gradientTypes)
+      grads.push_back(allocate(type, tokens));
+    for (Owned &o : grads)
+      backwardArgs.push_back({o.bytes.data(), o.shape});
+    ASSERT_TRUE(call(*engine, "layer_backward", backwardArgs));
+
+    // The float64 reference's L = sum(dout x out) at perturbed inputs.
+    std::vector<std::string> names = {"hidden_states"};
+    ::moe::ref::LayerTensors t;
+    t.hiddenStates = hidden.values;
+    for (auto &[name, in] : weights) {
+      names.push_back(name);
+      *slotOf(t, name) = in.values;
+    }
+    auto loss = [&]() {
+      std::vector<double> out = ::moe::ref::referenceLayer(c, t, tokens);
+      double sum = 0.0;
+      for (int64_t i = 0; i < tokens * h; ++i)
+        sum += out[i] * outGrad.values[i];
+      return sum;
+    };
+    // A selection-only bias has no gradient; every other argument has one.
+    bool biasRanksOnly = c.router == Router::SigmoidGroupedTopK;
+    EXPECT_EQ(derived->gradientOf.size(),
+              names.size() - (tc.routerBias && biasRanksOnly ? 1 : 0));
+    for (size_t g = 0; g < grads.size(); ++g) {
+      const std::string &name = names[derived->gradientOf[g]];
+      std::vector<double> &values = *slotOf(t, name);
+      int64_t n = values.size();
+      // Every element of small tensors, an even sample of large ones.
+      int64_t stride = std::max<int64_t>(1, n / 256);
+      double diff = 0.0, norm = 0.0;
+      for (int64_t i = 0; i < n; i += stride) {
+        double got = element(grads[g], i);
+        ASSERT_TRUE(std::isfinite(got)) << name << "[" << i << "] not written";
+        double saved = values[i], eps = 1e-6;
+        values[i] = saved + eps;
+        double up = loss();
+        values[i] = saved - eps;
+        double down = loss();
+        values[i] = saved;
+        double expected = (up - down) / (2 * eps);
+        diff += (got - expected) * (got - expected);
+        norm += expected * expected;
+      }
+      double relative = std::sqrt(diff / std::max(norm, 1e-30));
+      // bf16: the backward rounds its row gradients and the activations it
+      // recomputes to bf16 (each within 2^-9 relative) and the forward it
+      // differentiates rounds its own steps the same way; sums are f32.
+      EXPECT_LT(relative, 2e-2) << tc.name << ": gradient of " << name;
+      std::printf("%s, %ld tokens: gradient of %s, relative error %.2e\n",
+                  tc.name, static_cast<long>(tokens), name.c_str(), relative);
+      if (tokens == 0) {
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(element(grads[g], i), 0.0) << name << "[" << i << "]";
+      }
+    }
+  }
+}
+
+static LayerConfig trainConfig(Router router, int64_t experts, int64_t topK) {
+  LayerConfig c;
+  c.router = router;
+  c.experts = experts;
+  c.topK = topK;
+  c.hidden = 32;
+  c.intermediate = 16;
+  return c;
+}
+
+static std::vector<TrainCase> trainCases() {
+  std::vector<TrainCase> all;
+  LayerConfig mixtral = trainConfig(Router::SoftmaxTopK, 8, 2);
+  mixtral.renormalize = true;
+  all.push_back({"mixtral", mixtral});
+  LayerConfig qwen2 = trainConfig(Router::SoftmaxTopK, 8, 4);
+  qwen2.sharedIntermediate = 24;
+  qwen2.sharedGate = true;
+  all.push_back({"qwen2_moe", qwen2});
+  LayerConfig deepseek = trainConfig(Router::SigmoidGroupedTopK, 16, 4);
+  deepseek.renormalize = true;
+  deepseek.nGroup = 4;
+  deepseek.topkGroup = 2;
+  deepseek.scaling = 2.5;
+  deepseek.sharedIntermediate = 16;
+  all.push_back({"deepseek_v3", deepseek, /*routerBias=*/true});
+  LayerConfig gptOss = trainConfig(Router::TopKSoftmax, 8, 4);
+  gptOss.clampedSwiGLU = true;
+  gptOss.limit = 0.75; // small enough that clamping happens
+  all.push_back({"gpt_oss", gptOss, true, /*expertBiases=*/true});
+  // Odd sizes: 3 experts, hidden 40, intermediate 20, no renormalization.
+  LayerConfig odd = trainConfig(Router::SoftmaxTopK, 3, 2);
+  odd.hidden = 40;
+  odd.intermediate = 20;
+  all.push_back({"odd", odd});
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layers, CpuTrainTest,
+                         ::testing::ValuesIn(trainCases()),
+                         [](const auto &info) {
+                           return std::string(info.param.name);
+                         });
