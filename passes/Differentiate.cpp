@@ -35,6 +35,7 @@
 #include "passes/Passes.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/IRMapping.h"
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 #include "mlir/IR/OpImplementation.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -64,8 +65,9 @@ struct Adjoint {
 
 class Differentiator {
 public:
-  Differentiator(func::FuncOp train, func::FuncOp backward)
-      : train(train), backward(backward),
+  Differentiator(func::FuncOp train, func::FuncOp backward,
+                 bool recomputeGateUp)
+      : recomputeGateUp(recomputeGateUp), train(train), backward(backward),
         b(ImplicitLocOpBuilder::atBlockBegin(backward.getLoc(),
                                              &backward.getBody().front())) {}
 
@@ -89,6 +91,9 @@ private:
 
   /// A forward value in the backward: an argument, or a saved value.
   Value get(Value forward);
+  /// The gate/up output `forward` computed again in the backward from what
+  /// its matmul reads.
+  Value recomputed(Value forward);
   /// Adds `grad` to the gradient of the forward value `v`, which must not
   /// have one yet unless it is an argument (whose parts are summed).
   LogicalResult addGrad(Operation *op, Value v, Value grad);
@@ -101,8 +106,10 @@ private:
   /// The groups of a grouped matmul in the backward, empty when dense.
   SmallVector<Value> groups(GroupedMatmulOp op);
 
+  bool recomputeGateUp;
   func::FuncOp train, backward;
   ImplicitLocOpBuilder b;
+  DenseMap<Value, Value> recomputedValues;
   DenseMap<Value, Value> savedArgs;
   DenseMap<Value, Adjoint> adjoints;
   /// Weights whose gradient a later rule gives (combine's, deferred).
@@ -112,9 +119,22 @@ private:
   /// rows summed back).
   DenseMap<Value, Value> argGrads;
   DenseMap<Value, Value> tokenAcc;
-  DenseMap<Value, std::pair<Value, Value>> tokenRows;
+  /// The tokens' gradient from the rows: rows' gradient, rows, weights.
+  DenseMap<Value, std::tuple<Value, Value, Value>> tokenRows;
 };
 } // namespace
+
+Value Differentiator::recomputed(Value forward) {
+  Value &again = recomputedValues[forward];
+  if (!again) {
+    auto matmul = forward.getDefiningOp<GroupedMatmulOp>();
+    IRMapping map;
+    for (Value operand : matmul->getOperands())
+      map.map(operand, get(operand));
+    again = b.clone(*matmul, map)->getResult(0);
+  }
+  return again;
+}
 
 Value Differentiator::get(Value forward) {
   if (auto arg = dyn_cast<BlockArgument>(forward))
@@ -210,7 +230,8 @@ LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
   SmallVector<Value> g = groups(op);
   Value counts = g.empty() ? Value() : g[0];
   Value offsets = g.empty() ? Value() : g[1];
-  Value h = get(activation.getInput());
+  Value h = recomputeGateUp ? recomputed(activation.getInput())
+                            : get(activation.getInput());
   auto outType = cast<RankedTensorType>(activation.getOut().getType());
   // g = dy W2 for each row, before its weight; with a bias, the weight's
   // gradient also takes each row's dot with it.
@@ -318,10 +339,6 @@ LogicalResult Differentiator::dispatchRule(DispatchOp op) {
   auto it = adjoints.find(op.getDispatched());
   if (it == adjoints.end())
     return success();
-  if (op.getScale())
-    return op.emitOpError() << "scales its rows by the routing weights (the "
-                               "Llama-4 router): moe-differentiate does not "
-                               "take that router yet";
   if (op.getQuantAttr())
     return op.emitOpError() << "quantizes its rows: moe-differentiate builds "
                                "the backward of bf16 layers";
@@ -332,19 +349,25 @@ LogicalResult Differentiator::dispatchRule(DispatchOp op) {
   if (!isa<BlockArgument>(op.getHiddenStates()))
     return op.emitOpError() << "dispatches a value that is not the layer's "
                                "input";
-  // Each token's gradient sums its choices' rows, after its other parts.
-  tokenRows[op.getHiddenStates()] = {it->second.value, get(op.getRows())};
-  return success();
+  // Each token's gradient sums its choices' rows (each times the weight
+  // that scaled it in), after its other parts.
+  Value rowGrad = it->second.value;
+  Value scale = op.getScale() ? get(op.getScale()) : Value();
+  tokenRows[op.getHiddenStates()] = {rowGrad, get(op.getRows()), scale};
+  if (!scale)
+    return success();
+  // A weight that scaled the token in (Llama-4) takes the dot of its row's
+  // gradient and the token.
+  Value weightGrad =
+      GatherDotOp::create(b, op.getLoc(), scale.getType(), rowGrad,
+                          get(op.getHiddenStates()), get(op.getRows()));
+  return addGrad(op, op.getScale(), weightGrad);
 }
 
 LogicalResult Differentiator::routeRule(RouteOp op) {
   auto it = adjoints.find(op.getWeights());
   if (it == adjoints.end())
     return success();
-  if (op.getRouter().getKind() == RouterKind::SigmoidScaleInput)
-    return op.emitOpError() << "has a sigmoid_scale_input router, whose "
-                               "weights scale the experts' input: "
-                               "moe-differentiate does not take it yet";
   if (!isa<BlockArgument>(op.getHiddenStates()))
     return op.emitOpError() << "routes a value that is not the layer's input";
   Location loc = op.getLoc();
@@ -428,9 +451,10 @@ LogicalResult Differentiator::build(Value out, Value outGrad) {
     Value grad = argGrads.lookup(arg);
     auto rows = tokenRows.find(arg);
     if (rows != tokenRows.end())
-      grad = CombineOp::create(b, train.getLoc(), arg.getType(),
-                               rows->second.first, rows->second.second, Value(),
-                               tokenAcc.lookup(arg), Value());
+      grad = CombineOp::create(
+          b, train.getLoc(), arg.getType(), std::get<0>(rows->second),
+          std::get<1>(rows->second), std::get<2>(rows->second),
+          tokenAcc.lookup(arg), Value());
     else if (Value acc = tokenAcc.lookup(arg))
       grad = acc;
     if (!grad)
@@ -492,6 +516,8 @@ static std::string savedName(Value v) {
 namespace {
 struct DifferentiatePass
     : public moe::impl::DifferentiateBase<DifferentiatePass> {
+  using DifferentiateBase::DifferentiateBase;
+
   void runOnOperation() override {
     SmallVector<func::FuncOp> layers;
     getOperation().walk([&](func::FuncOp func) {
@@ -523,7 +549,7 @@ struct DifferentiatePass
       entry->addArgument(input, func.getLoc());
     Value outGrad = entry->addArgument(type.getResult(0), func.getLoc());
 
-    Differentiator d(train, backward);
+    Differentiator d(train, backward, recompute);
     auto ret = cast<func::ReturnOp>(train.getBody().front().getTerminator());
     if (failed(d.build(ret.getOperand(0), outGrad))) {
       train.erase();

@@ -62,10 +62,15 @@ def Differentiate : Pass<"moe-differentiate", "::mlir::ModuleOp"> {
     the activation (recomputed) nor any per-choice copy of the output; a
     routing weight's gradient comes from the down matmul's dgrad and the
     recomputed activation. Gradients of weights are f32. A selection-only
-    router bias (sigmoid_grouped_topk) takes none. Quantized layers, the
-    Llama-4 router and expert-parallel layers are refused with a
-    diagnostic.
+    router bias (sigmoid_grouped_topk) takes none. Quantized and
+    expert-parallel layers are refused with a diagnostic. With `recompute`, the backward computes each gate/up output
+    again from the dispatched rows instead: less memory, one more matmul.
   }];
+  let options = [
+    Option<"recompute", "recompute", "bool", "false",
+           "Recompute each gate/up matmul's output in the backward rather "
+           "than save it">
+  ];
   let dependentDialects = ["::mlir::moe::MoeDialect",
                            "::mlir::func::FuncDialect"];
 }

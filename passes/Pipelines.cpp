@@ -43,8 +43,11 @@ static void addLayerStages(OpPassManager &pm, const PipelineOptions &options,
   interface.layer = layer.str();
   pm.addPass(createExportInterface(interface));
   pm.addPass(createDecompose());
-  if (options.train)
-    pm.addPass(createDifferentiate());
+  if (options.train) {
+    DifferentiateOptions differentiate;
+    differentiate.recompute = options.trainRecompute;
+    pm.addPass(createDifferentiate(differentiate));
+  }
   if (options.fuseQuantization)
     pm.addPass(createFuseQuantization());
   pm.addPass(createExpertParallel());

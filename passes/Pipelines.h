@@ -80,6 +80,11 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
       llvm::cl::desc("Also build the layer's training forward and backward "
                      "(moe-differentiate: @<layer>_train, @<layer>_backward)"),
       llvm::cl::init(false)};
+  Option<bool> trainRecompute{
+      *this, "train-recompute",
+      llvm::cl::desc("With train: the backward recomputes each gate/up "
+                     "matmul's output rather than the forward saving it"),
+      llvm::cl::init(false)};
   Option<bool> fuseQuantization{
       *this, "fuse-quantization",
       llvm::cl::desc("Quantize activations in the kernels that produce them "

@@ -58,6 +58,7 @@ public:
         .Case([&](GroupedMatmulDgradOp o) { return lowerDgrad(o); })
         .Case([&](GroupedMatmulWgradOp o) { return lowerWgrad(o); })
         .Case([&](RouteGradOp o) { return lowerRouteGrad(o); })
+        .Case([&](GatherDotOp o) { return lowerGatherDot(o); })
         .Case([&](EpDispatchSendOp o) { return lowerEpDispatchSend(o); })
         .Case([&](EpDispatchRecvOp o) { return lowerEpDispatchRecv(o); })
         .Case([&](EpCombineSendOp o) { return lowerEpCombineSend(o); })
@@ -130,6 +131,7 @@ private:
   LogicalResult lowerDgrad(GroupedMatmulDgradOp op);
   LogicalResult lowerWgrad(GroupedMatmulWgradOp op);
   LogicalResult lowerRouteGrad(RouteGradOp op);
+  LogicalResult lowerGatherDot(GatherDotOp op);
   /// Calls body(first, last, expert) for the rows of each expert of
   /// `counts` and `offsets` (buffers), or once for rows [0, rows) with a
   /// null expert when they are null.
@@ -957,7 +959,8 @@ LogicalResult FunctionLowering::lowerRouteGrad(RouteGradOp op) {
                       })[0];
     };
     auto chosen = [&](Value j) { return e.toIndex(e.loadRaw(ids, {t, j})); };
-    if (kind == RouterKind::SigmoidGroupedTopK) {
+    if (kind == RouterKind::SigmoidGroupedTopK ||
+        kind == RouterKind::SigmoidScaleInput) {
       e.forEach(e.index(0), e.index(experts), [&](Value x) {
         e.storeRaw(e.sigmoid(e.loadRaw(score, {x})), score, {x});
       });
@@ -1018,6 +1021,32 @@ LogicalResult FunctionLowering::lowerRouteGrad(RouteGradOp op) {
       else
         grad = e.mul(du, e.mul(u, e.sub(e.f32(1.0), u)));
       e.storeRaw(grad, dl, {t, x});
+    });
+  });
+  return success();
+}
+
+LogicalResult FunctionLowering::lowerGatherDot(GatherDotOp op) {
+  Value values = buffer(op.getRowValues()), tokens = buffer(op.getTokens());
+  Value rows = buffer(op.getRows());
+  int64_t h = cast<MemRefType>(tokens.getType()).getDimSize(1);
+  int64_t topK = cast<MemRefType>(rows.getType()).getDimSize(1);
+  Value count = e.dim(rows, 0);
+  Value out = resultBuffer(op.getOut(), {count});
+  e.forEach(e.index(0), count, [&](Value t) {
+    e.forEach(e.index(0), e.index(topK), [&](Value j) {
+      Value r = e.loadRaw(rows, {t, j});
+      e.storeRaw(e.f32(0.0), out, {t, j});
+      e.ifThen(e.icmp(arith::CmpIPredicate::sge, r, e.i32(0)), [&] {
+        Value ri = e.toIndex(r);
+        Value dot =
+            e.reduce(e.index(0), e.index(h), {e.f32(0.0)},
+                     [&](Value c, ValueRange acc) -> SmallVector<Value> {
+                       return {e.add(acc[0], e.mul(e.load(values, {ri, c}),
+                                                   e.load(tokens, {t, c})))};
+                     })[0];
+        e.storeRaw(dot, out, {t, j});
+      });
     });
   });
   return success();

@@ -909,11 +909,23 @@ LogicalResult RouteGradOp::verify() {
       failed(checkShape(op, "result", getLogitGrad(),
                         {count(tokens, "tokens"), size(experts, "experts")})))
     return failure();
-  if (getRouter().getKind() == RouterKind::SigmoidScaleInput)
-    return emitOpError() << "has a sigmoid_scale_input router, whose weights "
-                            "scale the experts' input: its gradient is not "
-                            "the logits' alone";
   return success();
+}
+
+LogicalResult GatherDotOp::verify() {
+  Operation *op = getOperation();
+  if (failed(checkShape(op, "tokens", getTokens(),
+                        {count(kAny, "tokens"), size(kAny, "hidden")})))
+    return failure();
+  int64_t tokens = shapeOf(getTokens())[0], hidden = shapeOf(getTokens())[1];
+  if (failed(checkShape(op, "row_values", getRowValues(),
+                        {count(kAny, "rows"), size(hidden, "hidden")})) ||
+      failed(checkShape(op, "rows", getRows(),
+                        {count(tokens, "tokens"), size(kAny, "top-k")})))
+    return failure();
+  return checkShape(
+      op, "result", getOut(),
+      {count(tokens, "tokens"), size(shapeOf(getRows())[1], "top-k")});
 }
 
 //===----------------------------------------------------------------------===//

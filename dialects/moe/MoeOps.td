@@ -487,6 +487,24 @@ def Moe_GroupedMatmulWgradOp : Moe_Op<"grouped_matmul_wgrad",
   let hasVerifier = 1;
 }
 
+def Moe_GatherDotOp : Moe_Op<"gather_dot", [Pure]> {
+  let summary = "each choice's row dotted with its token";
+  let description = [{
+    `out`[t, j] = the dot product of `row_values`[rows[t, j]] ([R, H]) and
+    `tokens`[t] ([T, H]), in f32; 0 where rows[t, j] < 0. The gradient of a
+    routing weight that scaled a token into its row (the Llama-4 router),
+    from the row's gradient.
+  }];
+  let arguments = (ins Moe_RealTensor:$row_values, Moe_RealTensor:$tokens,
+                       Moe_IndexTensor:$rows);
+  let results = (outs Moe_F32Tensor:$out);
+  let assemblyFormat = [{
+    $row_values `,` $tokens `rows` $rows attr-dict `:`
+    functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
 def Moe_RouteGradOp : Moe_Op<"route_grad", [Pure]> {
   let summary = "the router's logit gradient from its weights' gradient";
   let description = [{
@@ -497,8 +515,9 @@ def Moe_RouteGradOp : Moe_Op<"route_grad", [Pure]> {
     [T, k]: the softmax's or sigmoid's Jacobian through the renormalization
     and the scaling factor. Experts a token did not choose take a gradient
     only through a softmax over every expert. A selection-only bias
-    (sigmoid_grouped_topk) takes none. The router weight's and the hidden
-    states' gradients are matmuls of this result.
+    (sigmoid_grouped_topk) takes none; sigmoid_scale_input's weight is the
+    sigmoid of the chosen logit. The router weight's and the hidden states'
+    gradients are matmuls of this result.
   }];
   let arguments = (ins
     Moe_Activations:$hidden_states,

@@ -560,8 +560,8 @@ func.func @f(%dy: tensor<?x16xbf16>, %x: tensor<?x8xbf16>, %c: tensor<4xi32>, %o
 
 // -----
 
-func.func @f(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>, %ids: tensor<?x1xi32>, %dw: tensor<?x1xf32>) {
-  // expected-error @+1 {{has a sigmoid_scale_input router, whose weights scale the experts' input: its gradient is not the logits' alone}}
-  %dl = moe.route_grad %x, %wr choices(%ids, %dw) {router = #moe.router<kind = sigmoid_scale_input>} : (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<?x1xi32>, tensor<?x1xf32>) -> tensor<?x4xf32>
+func.func @f(%v: tensor<?x16xbf16>, %x: tensor<?x8xbf16>, %rows: tensor<?x2xi32>) {
+  // expected-error @+1 {{row_values dimension 1 (hidden) must be 8, but is 16}}
+  %d = moe.gather_dot %v, %x rows %rows : (tensor<?x16xbf16>, tensor<?x8xbf16>, tensor<?x2xi32>) -> tensor<?x2xf32>
   return
 }

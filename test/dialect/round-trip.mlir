@@ -168,6 +168,7 @@ func.func @expert_parallel(%x: tensor<?x64xbf16>, %ids: tensor<?x2xi32>, %w: ten
 // CHECK: moe.grouped_matmul_wgrad %{{[^ ]+}} lhs %{{[^ ]+}} groups(%{{[^ ]+}}, %{{[^ ]+}}) : {{.*}} -> tensor<4x8x16xf32>
 // CHECK: moe.grouped_matmul_wgrad %{{[^ ]+}} groups(%{{[^ ]+}}, %{{[^ ]+}}) : {{.*}} -> tensor<4x8xf32>
 // CHECK: moe.route_grad %{{[^ ]+}}, %{{[^ ]+}} bias %{{[^ ]+}} choices(%{{[^ ]+}}, %{{[^ ]+}}) {router = #moe.router<kind = topk_softmax>}
+// CHECK: moe.gather_dot %{{[^ ]+}}, %{{[^ ]+}} rows %{{[^ ]+}} : (tensor<?x16xbf16>, tensor<?x16xbf16>, tensor<?x2xi32>) -> tensor<?x2xf32>
 func.func @training_ops(%h: tensor<?x16xbf16>, %g: tensor<?x8xbf16>,
                         %rows: tensor<?x2xi32>, %w: tensor<?x2xf32>,
                         %bt: tensor<?x1xf32>, %gate: tensor<?x1xbf16>,
@@ -203,5 +204,7 @@ func.func @training_ops(%h: tensor<?x16xbf16>, %g: tensor<?x8xbf16>,
       {router = #moe.router<kind = topk_softmax>}
       : (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<4xf32>, tensor<?x2xi32>,
          tensor<?x2xf32>) -> tensor<?x4xf32>
+  %gd = moe.gather_dot %dy, %x rows %ids
+      : (tensor<?x16xbf16>, tensor<?x16xbf16>, tensor<?x2xi32>) -> tensor<?x2xf32>
   return
 }

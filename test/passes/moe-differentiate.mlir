@@ -127,10 +127,18 @@ func.func @fp8(%x: tensor<?x128xbf16>, %wr: tensor<4x128xbf16>,
 
 // -----
 
+// Llama-4: the routing weight scales each token into its row. The tokens'
+// gradient sums their rows' gradients times those weights, and a weight's
+// gradient is its row's gradient dotted with the token; the router's is
+// the sigmoid's.
+// CHECK-LABEL: func.func @llama4_backward
+// CHECK: %[[DXD:.*]] = moe.grouped_matmul_dgrad %{{.*}}, %arg2 groups
+// CHECK: %[[DW:.*]] = moe.gather_dot %[[DXD]], %arg0 rows %[[ROWS:arg[0-9]+]] :
+// CHECK: moe.route_grad %arg0, %arg1 choices(%{{.*}}, %[[DW]]) {router = #moe.router<kind = sigmoid_scale_input>}
+// CHECK: moe.combine %[[DXD]], %[[ROWS]] weights %[[W:arg[0-9]+]] shared
 func.func @llama4(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
                   %w13: tensor<4x16x16xbf16>, %w2: tensor<4x16x8xbf16>)
     -> tensor<?x16xbf16> {
-  // expected-error @below {{scales its rows by the routing weights (the Llama-4 router): moe-differentiate does not take that router yet}}
   %out = moe.layer %x router(%wr) experts(%w13, %w2)
       {config = #moe.config<experts = 4, top_k = 1, hidden = 16,
                             intermediate = 8,
@@ -153,5 +161,28 @@ func.func @ep(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
                             activation = <kind = swiglu>, ep_size = 2>}
       : (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<2x16x16xbf16>,
          tensor<2x16x8xbf16>) -> tensor<?x16xbf16>
+  return %out : tensor<?x16xbf16>
+}
+
+// -----
+
+// With recompute, the forward saves no gate/up output: the backward
+// multiplies the saved dispatched rows again.
+// RUN: moe-opt %s -split-input-file --moe-decompose --moe-differentiate=recompute=true -verify-diagnostics | FileCheck %s --check-prefix=RECOMPUTE
+// RECOMPUTE-LABEL: func.func @recompute_train
+// RECOMPUTE-SAME: moe.saved = ["route.expert_ids", "dispatch.rows", "dispatch.expert_offsets", "dispatch.tokens_per_expert", "dispatch.dispatched", "route.weights"]
+// RECOMPUTE-LABEL: func.func @recompute_backward
+// RECOMPUTE: %[[H:.*]] = moe.grouped_matmul %arg{{[0-9]+}}, %arg2 groups(%arg{{[0-9]+}}, %arg{{[0-9]+}}) : {{.*}} -> tensor<?x16xbf16>
+// RECOMPUTE-NEXT: %[[G:.*]] = moe.grouped_matmul_dgrad
+// RECOMPUTE-NEXT: moe.activation_grad %[[G]], %[[H]] rows
+func.func @recompute(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
+                     %w13: tensor<4x16x16xbf16>, %w2: tensor<4x16x8xbf16>)
+    -> tensor<?x16xbf16> {
+  %out = moe.layer %x router(%wr) experts(%w13, %w2)
+      {config = #moe.config<experts = 4, top_k = 2, hidden = 16,
+                            intermediate = 8, router = <kind = softmax_topk>,
+                            activation = <kind = swiglu>>}
+      : (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<4x16x16xbf16>,
+         tensor<4x16x8xbf16>) -> tensor<?x16xbf16>
   return %out : tensor<?x16xbf16>
 }

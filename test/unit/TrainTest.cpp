@@ -116,13 +116,15 @@ struct Derived {
   std::vector<RankedTensorType> gradientTypes;
 };
 
-std::optional<Derived> derive(MLIRContext &context, const std::string &source) {
+std::optional<Derived> derive(MLIRContext &context, const std::string &source,
+                              bool recompute) {
   OwningOpRef<ModuleOp> module = parseSourceString<ModuleOp>(source, &context);
   if (!module)
     return std::nullopt;
   PassManager pm(&context);
   mlir::moe::PipelineOptions options;
   options.train = true;
+  options.trainRecompute = recompute;
   options.stopAfter = mlir::moe::Stop::L1;
   mlir::moe::buildCpuPipeline(pm, options);
   if (failed(pm.run(*module)))
@@ -188,6 +190,61 @@ std::vector<double> *slotOf(::moe::ref::LayerTensors &t,
                                    : &t.sharedGate;
 }
 
+/// A compiled layer's training forward and backward on `inputs` (tokens
+/// first) and the output's gradient: the gradients the backward returns.
+struct Trained {
+  Derived derived;
+  std::unique_ptr<ExecutionEngine> engine;
+
+  /// Derives and compiles `source`; false (with the error printed) on
+  /// failure.
+  bool build(MLIRContext &context, const std::string &source, bool recompute) {
+    std::optional<Derived> d = derive(context, source, recompute);
+    if (!d)
+      return false;
+    derived = *d;
+    mlir::moe::PipelineOptions options;
+    options.train = true;
+    options.trainRecompute = recompute;
+    engine = compile(source, options);
+    return static_cast<bool>(engine);
+  }
+
+  std::vector<Owned> run(const std::vector<Buffer> &inputs, Buffer outGrad,
+                         int64_t tokens, int64_t topK, int64_t hidden) {
+    std::vector<uint16_t> output(tokens * hidden, 0x7FC0);
+    std::vector<Owned> saved;
+    for (size_t i = 0; i < derived.savedTypes.size(); ++i) {
+      const std::string &name = derived.savedNames[i];
+      bool perRow = name.rfind("dispatch.dispatched", 0) == 0 ||
+                    name.rfind("gate_up.", 0) == 0;
+      saved.push_back(
+          allocate(derived.savedTypes[i], perRow ? tokens * topK : tokens));
+    }
+    // The training forward: the output, then what it saves.
+    std::vector<Buffer> trainArgs = inputs;
+    trainArgs.push_back({output.data(), {tokens, hidden}});
+    for (Owned &o : saved)
+      trainArgs.push_back({o.bytes.data(), o.shape});
+    std::vector<Owned> grads;
+    if (!call(*engine, "layer_train", trainArgs))
+      return grads;
+    // The backward: the inputs, the output's gradient, the saved values,
+    // then a gradient for each argument that has one.
+    std::vector<Buffer> backwardArgs = inputs;
+    backwardArgs.push_back(outGrad);
+    for (Owned &o : saved)
+      backwardArgs.push_back({o.bytes.data(), o.shape});
+    for (RankedTensorType type : derived.gradientTypes)
+      grads.push_back(allocate(type, tokens));
+    for (Owned &o : grads)
+      backwardArgs.push_back({o.bytes.data(), o.shape});
+    if (!call(*engine, "layer_backward", backwardArgs))
+      grads.clear();
+    return grads;
+  }
+};
+
 class CpuTrainTest : public ::testing::TestWithParam<TrainCase> {};
 } // namespace
 
@@ -202,12 +259,11 @@ TEST_P(CpuTrainTest, GradientsMatchFloat64FiniteDifferences) {
   DialectRegistry registry;
   MLIRContext context(registry);
   context.loadDialect<mlir::moe::MoeDialect, func::FuncDialect>();
-  std::optional<Derived> derived = derive(context, source);
-  ASSERT_TRUE(derived) << source;
-  mlir::moe::PipelineOptions options;
-  options.train = true;
-  auto engine = compile(source, options);
-  ASSERT_TRUE(engine) << source;
+  // The gate/up outputs saved, and recomputed in the backward.
+  Trained saving, recomputing;
+  ASSERT_TRUE(saving.build(context, source, /*recompute=*/false)) << source;
+  ASSERT_TRUE(recomputing.build(context, source, /*recompute=*/true)) << source;
+  const Derived *derived = &saving.derived;
 
   // No tokens: every weight's gradient is zero, and nothing is read.
   for (int64_t tokens : {6, 0}) {
@@ -218,35 +274,14 @@ TEST_P(CpuTrainTest, GradientsMatchFloat64FiniteDifferences) {
       inputs.push_back({in.isF32 ? static_cast<void *>(in.f32.data())
                                  : static_cast<void *>(in.bf16.data()),
                         in.shape});
-
-    // The training forward: the output, then what it saves.
-    std::vector<uint16_t> output(tokens * h, 0x7FC0);
-    std::vector<Owned> saved;
-    for (size_t i = 0; i < derived->savedTypes.size(); ++i) {
-      const std::string &name = derived->savedNames[i];
-      bool perRow = name.rfind("dispatch.dispatched", 0) == 0 ||
-                    name.rfind("gate_up.", 0) == 0;
-      saved.push_back(
-          allocate(derived->savedTypes[i], perRow ? tokens * c.topK : tokens));
-    }
-    std::vector<Buffer> trainArgs = inputs;
-    trainArgs.push_back({output.data(), {tokens, h}});
-    for (Owned &o : saved)
-      trainArgs.push_back({o.bytes.data(), o.shape});
-    ASSERT_TRUE(call(*engine, "layer_train", trainArgs));
-
-    // The backward: the inputs, the output's gradient, the saved values, then
-    // a gradient for each argument that has one.
-    std::vector<Buffer> backwardArgs = inputs;
-    backwardArgs.push_back({outGrad.bf16.data(), outGrad.shape});
-    for (Owned &o : saved)
-      backwardArgs.push_back({o.bytes.data(), o.shape});
-    std::vector<Owned> grads;
-    for (RankedTensorType type : derived->gradientTypes)
-      grads.push_back(allocate(type, tokens));
-    for (Owned &o : grads)
-      backwardArgs.push_back({o.bytes.data(), o.shape});
-    ASSERT_TRUE(call(*engine, "layer_backward", backwardArgs));
+    Buffer dout{outGrad.bf16.data(), outGrad.shape};
+    std::vector<Owned> grads = saving.run(inputs, dout, tokens, c.topK, h);
+    ASSERT_EQ(grads.size(), derived->gradientTypes.size());
+    // Recomputing computes the same gate/up outputs: the same gradients.
+    std::vector<Owned> again = recomputing.run(inputs, dout, tokens, c.topK, h);
+    ASSERT_EQ(again.size(), grads.size());
+    for (size_t g = 0; g < grads.size(); ++g)
+      EXPECT_EQ(again[g].bytes, grads[g].bytes) << "gradient " << g;
 
     // The float64 reference's L = sum(dout x out) at perturbed inputs.
     std::vector<std::string> names = {"hidden_states"};
@@ -332,6 +367,10 @@ static std::vector<TrainCase> trainCases() {
   gptOss.clampedSwiGLU = true;
   gptOss.limit = 0.75; // small enough that clamping happens
   all.push_back({"gpt_oss", gptOss, true, /*expertBiases=*/true});
+  // Llama-4: the routing weight scales the expert's input.
+  LayerConfig llama4 = trainConfig(Router::SigmoidScaleInput, 8, 1);
+  llama4.sharedIntermediate = 16;
+  all.push_back({"llama4", llama4});
   // Odd sizes: 3 experts, hidden 40, intermediate 20, no renormalization.
   LayerConfig odd = trainConfig(Router::SoftmaxTopK, 3, 2);
   odd.hidden = 40;
