@@ -417,26 +417,38 @@ LogicalResult TiledAttentionOp::verify() {
 // RouteOp
 //===----------------------------------------------------------------------===//
 
-LogicalResult RouteOp::verify() {
-  Operation *op = getOperation();
-  if (failed(checkShape(op, "hidden_states", getHiddenStates(),
+/// A router's operands and the choices it gives or takes: hidden_states
+/// [T, H], router_weight [E, H], bias [E], `choicesName` [T, k] (i32) and
+/// `weightsName` [T, k] (f32). Sets T, E and k.
+static LogicalResult checkRouter(Operation *op, Value hidden, Value weight,
+                                 Value bias, Value ids, Value weights,
+                                 StringRef weightsName, int64_t &tokens,
+                                 int64_t &experts, int64_t &topK) {
+  if (failed(checkShape(op, "hidden_states", hidden,
                         {count(kAny, "tokens"), size(kAny, "hidden")})))
     return failure();
-  int64_t tokens = shapeOf(getHiddenStates())[0];
-  int64_t hidden = shapeOf(getHiddenStates())[1];
-  if (failed(checkShape(op, "router_weight", getRouterWeight(),
-                        {size(kAny, "experts"), size(hidden, "hidden")})))
+  tokens = shapeOf(hidden)[0];
+  if (failed(checkShape(
+          op, "router_weight", weight,
+          {size(kAny, "experts"), size(shapeOf(hidden)[1], "hidden")})))
     return failure();
-  int64_t experts = shapeOf(getRouterWeight())[0];
-  if (getBias() &&
-      failed(checkShape(op, "bias", getBias(), {size(experts, "experts")})))
-    return failure();
-  if (failed(checkShape(op, "expert_ids", getExpertIds(),
+  experts = shapeOf(weight)[0];
+  if ((bias &&
+       failed(checkShape(op, "bias", bias, {size(experts, "experts")}))) ||
+      failed(checkShape(op, "expert_ids", ids,
                         {count(tokens, "tokens"), size(kAny, "top-k")})))
     return failure();
-  int64_t topK = shapeOf(getExpertIds())[1];
-  if (failed(checkShape(op, "weights", getWeights(),
-                        {count(tokens, "tokens"), size(topK, "top-k")})))
+  topK = shapeOf(ids)[1];
+  return checkShape(op, weightsName, weights,
+                    {count(tokens, "tokens"), size(topK, "top-k")});
+}
+
+LogicalResult RouteOp::verify() {
+  Operation *op = getOperation();
+  int64_t tokens, experts, topK;
+  if (failed(checkRouter(op, getHiddenStates(), getRouterWeight(), getBias(),
+                         getExpertIds(), getWeights(), "weights", tokens,
+                         experts, topK)))
     return failure();
   if (getLogits() &&
       failed(checkShape(op, "logits", getLogits(),
@@ -810,15 +822,25 @@ static LogicalResult checkGroups(Operation *op, Value counts, Value offsets,
                                    {size(experts + 1, "experts + 1")})));
 }
 
+/// A matmul gradient's groups (both or neither) and `out_grad` [R, N].
+static LogicalResult checkGradRows(Operation *op, Value counts, Value offsets,
+                                   Value outGrad, int64_t &rows, int64_t &n) {
+  if (failed(requireTogether(op, counts, "tokens_per_expert", offsets,
+                             "expert_offsets")) ||
+      failed(checkShape(op, "out_grad", outGrad,
+                        {count(kAny, "rows"), size(kAny, "N")})))
+    return failure();
+  rows = shapeOf(outGrad)[0], n = shapeOf(outGrad)[1];
+  return success();
+}
+
 LogicalResult GroupedMatmulDgradOp::verify() {
   Operation *op = getOperation();
   bool grouped = static_cast<bool>(getTokensPerExpert());
-  if (failed(requireTogether(op, getTokensPerExpert(), "tokens_per_expert",
-                             getExpertOffsets(), "expert_offsets")) ||
-      failed(checkShape(op, "out_grad", getOutGrad(),
-                        {count(kAny, "rows"), size(kAny, "N")})))
+  int64_t rows, n;
+  if (failed(checkGradRows(op, getTokensPerExpert(), getExpertOffsets(),
+                           getOutGrad(), rows, n)))
     return failure();
-  int64_t rows = shapeOf(getOutGrad())[0], n = shapeOf(getOutGrad())[1];
   SmallVector<Dim> dims;
   if (grouped)
     dims.push_back(size(kAny, "experts"));
@@ -853,12 +875,10 @@ LogicalResult GroupedMatmulDgradOp::verify() {
 LogicalResult GroupedMatmulWgradOp::verify() {
   Operation *op = getOperation();
   bool grouped = static_cast<bool>(getTokensPerExpert());
-  if (failed(requireTogether(op, getTokensPerExpert(), "tokens_per_expert",
-                             getExpertOffsets(), "expert_offsets")) ||
-      failed(checkShape(op, "out_grad", getOutGrad(),
-                        {count(kAny, "rows"), size(kAny, "N")})))
+  int64_t rows, n;
+  if (failed(checkGradRows(op, getTokensPerExpert(), getExpertOffsets(),
+                           getOutGrad(), rows, n)))
     return failure();
-  int64_t rows = shapeOf(getOutGrad())[0], n = shapeOf(getOutGrad())[1];
   SmallVector<Dim> result;
   if (grouped) {
     auto counts = cast<RankedTensorType>(getTokensPerExpert().getType());
@@ -889,27 +909,13 @@ LogicalResult GroupedMatmulWgradOp::verify() {
 
 LogicalResult RouteGradOp::verify() {
   Operation *op = getOperation();
-  if (failed(checkShape(op, "hidden_states", getHiddenStates(),
-                        {count(kAny, "tokens"), size(kAny, "hidden")})))
+  int64_t tokens, experts, topK;
+  if (failed(checkRouter(op, getHiddenStates(), getRouterWeight(), getBias(),
+                         getExpertIds(), getWeightGrad(), "weight_grad", tokens,
+                         experts, topK)))
     return failure();
-  int64_t tokens = shapeOf(getHiddenStates())[0];
-  int64_t hidden = shapeOf(getHiddenStates())[1];
-  if (failed(checkShape(op, "router_weight", getRouterWeight(),
-                        {size(kAny, "experts"), size(hidden, "hidden")})))
-    return failure();
-  int64_t experts = shapeOf(getRouterWeight())[0];
-  if ((getBias() &&
-       failed(checkShape(op, "bias", getBias(), {size(experts, "experts")}))) ||
-      failed(checkShape(op, "expert_ids", getExpertIds(),
-                        {count(tokens, "tokens"), size(kAny, "top-k")})))
-    return failure();
-  int64_t topK = shapeOf(getExpertIds())[1];
-  if (failed(checkShape(op, "weight_grad", getWeightGrad(),
-                        {count(tokens, "tokens"), size(topK, "top-k")})) ||
-      failed(checkShape(op, "result", getLogitGrad(),
-                        {count(tokens, "tokens"), size(experts, "experts")})))
-    return failure();
-  return success();
+  return checkShape(op, "result", getLogitGrad(),
+                    {count(tokens, "tokens"), size(experts, "experts")});
 }
 
 LogicalResult GatherDotOp::verify() {

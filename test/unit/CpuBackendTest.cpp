@@ -10,6 +10,7 @@
 #include "passes/Passes.h"
 #include "passes/Pipelines.h"
 #include "test/unit/CpuJit.h"
+#include "test/unit/Layers.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "test/reference/Layer.h"
@@ -34,89 +35,19 @@ using ::moe::ref::Router;
 using namespace ::moe::test;
 
 namespace {
-struct Case {
-  const char *name;
-  LayerConfig config;
-  bool routerBias = false, expertBiases = false;
-  /// The config's quant scheme, e.g. "<kind = mxfp8>"; empty for bf16.
-  std::string quant = "";
-};
+class CpuBackendTest : public ::testing::TestWithParam<LayerCase> {};
 
-class CpuBackendTest : public ::testing::TestWithParam<Case> {};
-
-std::string routerText(const LayerConfig &c) {
-  static const char *kinds[] = {"softmax_topk", "topk_softmax",
-                                "sigmoid_grouped_topk", "sigmoid_scale_input"};
-  std::string text = std::string("<kind = ") + kinds[int(c.router)];
-  if (c.renormalize)
-    text += ", renormalize = true";
-  if (c.nGroup > 1)
-    text += ", n_group = " + std::to_string(c.nGroup) +
-            ", topk_group = " + std::to_string(c.topkGroup);
-  if (c.scaling != 1.0)
-    text += ", scaling = " + std::to_string(c.scaling);
-  return text + ">";
-}
 } // namespace
 
 TEST_P(CpuBackendTest, MatchesTheFloat64Reference) {
-  const Case &tc = GetParam();
+  const LayerCase &tc = GetParam();
   const LayerConfig &c = tc.config;
-  int64_t e = c.experts, h = c.hidden, inter = c.intermediate;
-  int64_t is = c.sharedIntermediate;
+  int64_t h = c.hidden;
 
   // The layer, its arguments in ABI order.
   std::mt19937 rng(1234);
-  double wScale = 1.0 / std::sqrt(double(h));
-  std::vector<std::pair<std::string, Input>> weights;
-  weights.push_back({"router_weight", randomInput(rng, {e, h}, wScale)});
-  if (tc.routerBias)
-    weights.push_back({"router_bias", randomInput(rng, {e}, 0.3, true)});
-  weights.push_back({"w13", randomInput(rng, {e, 2 * inter, h}, wScale)});
-  weights.push_back(
-      {"w2", randomInput(rng, {e, h, inter}, 1.0 / std::sqrt(double(inter)))});
-  if (tc.expertBiases) {
-    weights.push_back({"w13_bias", randomInput(rng, {e, 2 * inter}, 0.3)});
-    weights.push_back({"w2_bias", randomInput(rng, {e, h}, 0.3)});
-  }
-  if (is > 0) {
-    weights.push_back({"shared_w13", randomInput(rng, {2 * is, h}, wScale)});
-    weights.push_back(
-        {"shared_w2", randomInput(rng, {h, is}, 1.0 / std::sqrt(double(is)))});
-    if (c.sharedGate)
-      weights.push_back({"shared_gate", randomInput(rng, {1, h}, wScale)});
-  }
-  std::string args = "%hidden_states: tensor<?x" + std::to_string(h) + "xbf16>";
-  std::string types = "tensor<?x" + std::to_string(h) + "xbf16>";
-  for (auto &[name, in] : weights) {
-    args += ", %" + name + ": " + tensorType(in.shape, in.isF32, false);
-    types += ", " + tensorType(in.shape, in.isF32, false);
-  }
-  std::string out = "tensor<?x" + std::to_string(h) + "xbf16>";
-  std::string layer =
-      "%out = moe.layer %hidden_states router(%router_weight" +
-      std::string(tc.routerBias ? ", %router_bias" : "") +
-      ") experts(%w13, %w2)" +
-      (tc.expertBiases ? " biases(%w13_bias, %w2_bias)" : "") +
-      (is > 0 ? std::string(" shared(%shared_w13, %shared_w2") +
-                    (c.sharedGate ? ", %shared_gate)" : ")")
-              : "") +
-      " {config = #moe.config<experts = " + std::to_string(e) +
-      ", top_k = " + std::to_string(c.topK) +
-      ", hidden = " + std::to_string(h) +
-      ", intermediate = " + std::to_string(inter) +
-      ", router = " + routerText(c) + ", activation = " +
-      (c.clampedSwiGLU
-           ? "<kind = clamped_swiglu, alpha = " + std::to_string(c.alpha) +
-                 ", limit = " + std::to_string(c.limit) + ">"
-           : std::string("<kind = swiglu>")) +
-      (is > 0 ? ", shared_intermediate = " + std::to_string(is) : "") +
-      (c.sharedGate ? ", shared_gate = true" : "") +
-      (tc.quant.empty() ? "" : ", quant = " + tc.quant) + ">} : (" + types +
-      ") -> " + out;
-  std::string source = "func.func @layer(" + args + ") -> " + out +
-                       " attributes {llvm.emit_c_interface} {\n  " + layer +
-                       "\n  return %out : " + out + "\n}\n";
+  std::vector<std::pair<std::string, Input>> weights = layerWeights(tc, rng);
+  std::string source = layerSource(tc, weights);
 
   auto engine = compile(source);
   ASSERT_TRUE(engine) << source;
@@ -136,16 +67,7 @@ TEST_P(CpuBackendTest, MatchesTheFloat64Reference) {
     ::moe::ref::LayerTensors t;
     t.hiddenStates = hidden.values;
     for (auto &[name, in] : weights) {
-      std::vector<double> *slot = name == "router_weight" ? &t.routerWeight
-                                  : name == "router_bias" ? &t.routerBias
-                                  : name == "w13"         ? &t.w13
-                                  : name == "w2"          ? &t.w2
-                                  : name == "w13_bias"    ? &t.w13Bias
-                                  : name == "w2_bias"     ? &t.w2Bias
-                                  : name == "shared_w13"  ? &t.sharedW13
-                                  : name == "shared_w2"   ? &t.sharedW2
-                                                          : &t.sharedGate;
-      *slot = in.values;
+      *referenceSlot(t, name) = in.values;
     }
     std::vector<double> expected = ::moe::ref::referenceLayer(c, t, tokens);
     double diff = 0.0, norm = 0.0;
@@ -171,43 +93,14 @@ TEST_P(CpuBackendTest, MatchesTheFloat64Reference) {
   }
 }
 
-static LayerConfig config(Router router, int64_t experts, int64_t topK) {
-  LayerConfig c;
-  c.router = router;
-  c.experts = experts;
-  c.topK = topK;
-  c.hidden = 64;
-  c.intermediate = 32;
-  return c;
-}
-
-static std::vector<Case> cases() {
-  std::vector<Case> all;
-  LayerConfig mixtral = config(Router::SoftmaxTopK, 8, 2);
-  mixtral.renormalize = true;
-  all.push_back({"mixtral", mixtral});
-  LayerConfig qwen2 = config(Router::SoftmaxTopK, 16, 4);
-  qwen2.sharedIntermediate = 48;
-  qwen2.sharedGate = true;
-  all.push_back({"qwen2_moe", qwen2});
-  LayerConfig deepseek = config(Router::SigmoidGroupedTopK, 16, 4);
-  deepseek.renormalize = true;
-  deepseek.nGroup = 4;
-  deepseek.topkGroup = 2;
-  deepseek.scaling = 2.5;
-  deepseek.sharedIntermediate = 32;
-  all.push_back({"deepseek_v3", deepseek, /*routerBias=*/true});
-  LayerConfig gptOss = config(Router::TopKSoftmax, 8, 4);
-  gptOss.clampedSwiGLU = true;
-  gptOss.limit = 0.75; // small enough that clamping happens
-  all.push_back({"gpt_oss", gptOss, true, /*expertBiases=*/true});
-  LayerConfig llama4 = config(Router::SigmoidScaleInput, 8, 1);
-  llama4.sharedIntermediate = 32;
-  all.push_back({"llama4", llama4});
-  all.push_back({"mixtral_mxfp8", mixtral, false, false, "<kind = mxfp8>"});
-  all.push_back({"qwen2_moe_mxfp8_ceil", qwen2, false, false,
+static std::vector<LayerCase> cases() {
+  std::vector<LayerCase> all = modelLayers();
+  LayerCase mixtral = all[0], qwen2 = all[1], deepseek = all[2];
+  all.push_back(
+      {"mixtral_mxfp8", mixtral.config, false, false, "<kind = mxfp8>"});
+  all.push_back({"qwen2_moe_mxfp8_ceil", qwen2.config, false, false,
                  "<kind = mxfp8, rounding = ceil>"});
-  all.push_back({"deepseek_v3_fp8_block128", deepseek, true, false,
+  all.push_back({"deepseek_v3_fp8_block128", deepseek.config, true, false,
                  "<kind = fp8_block128>"});
   return all;
 }

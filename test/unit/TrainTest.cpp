@@ -13,6 +13,7 @@
 #include "passes/Passes.h"
 #include "test/reference/Layer.h"
 #include "test/unit/CpuJit.h"
+#include "test/unit/Layers.h"
 
 #include <cmath>
 #include <gtest/gtest.h>
@@ -23,89 +24,6 @@ using ::moe::ref::LayerConfig;
 using ::moe::ref::Router;
 
 namespace {
-struct TrainCase {
-  const char *name;
-  LayerConfig config;
-  bool routerBias = false, expertBiases = false;
-};
-
-std::string routerText(const LayerConfig &c) {
-  static const char *kinds[] = {"softmax_topk", "topk_softmax",
-                                "sigmoid_grouped_topk", "sigmoid_scale_input"};
-  std::string text = std::string("<kind = ") + kinds[int(c.router)];
-  if (c.renormalize)
-    text += ", renormalize = true";
-  if (c.nGroup > 1)
-    text += ", n_group = " + std::to_string(c.nGroup) +
-            ", topk_group = " + std::to_string(c.topkGroup);
-  if (c.scaling != 1.0)
-    text += ", scaling = " + std::to_string(c.scaling);
-  return text + ">";
-}
-
-/// The layer's arguments after the tokens, in ABI order.
-std::vector<std::pair<std::string, Input>> layerWeights(const TrainCase &tc,
-                                                        std::mt19937 &rng) {
-  const LayerConfig &c = tc.config;
-  int64_t e = c.experts, h = c.hidden, inter = c.intermediate;
-  int64_t is = c.sharedIntermediate;
-  double wScale = 1.0 / std::sqrt(double(h));
-  std::vector<std::pair<std::string, Input>> weights;
-  weights.push_back({"router_weight", randomInput(rng, {e, h}, wScale)});
-  if (tc.routerBias)
-    weights.push_back({"router_bias", randomInput(rng, {e}, 0.3, true)});
-  weights.push_back({"w13", randomInput(rng, {e, 2 * inter, h}, wScale)});
-  weights.push_back(
-      {"w2", randomInput(rng, {e, h, inter}, 1.0 / std::sqrt(double(inter)))});
-  if (tc.expertBiases) {
-    weights.push_back({"w13_bias", randomInput(rng, {e, 2 * inter}, 0.3)});
-    weights.push_back({"w2_bias", randomInput(rng, {e, h}, 0.3)});
-  }
-  if (is > 0) {
-    weights.push_back({"shared_w13", randomInput(rng, {2 * is, h}, wScale)});
-    weights.push_back(
-        {"shared_w2", randomInput(rng, {h, is}, 1.0 / std::sqrt(double(is)))});
-    if (c.sharedGate)
-      weights.push_back({"shared_gate", randomInput(rng, {1, h}, wScale)});
-  }
-  return weights;
-}
-
-std::string layerSource(const TrainCase &tc,
-                        const std::vector<std::pair<std::string, Input>> &ws) {
-  const LayerConfig &c = tc.config;
-  std::string h = std::to_string(c.hidden);
-  std::string out = "tensor<?x" + h + "xbf16>";
-  std::string args = "%hidden_states: " + out, types = out;
-  for (auto &[name, in] : ws) {
-    args += ", %" + name + ": " + tensorType(in.shape, in.isF32, false);
-    types += ", " + tensorType(in.shape, in.isF32, false);
-  }
-  int64_t is = c.sharedIntermediate;
-  std::string layer =
-      "%out = moe.layer %hidden_states router(%router_weight" +
-      std::string(tc.routerBias ? ", %router_bias" : "") +
-      ") experts(%w13, %w2)" +
-      (tc.expertBiases ? " biases(%w13_bias, %w2_bias)" : "") +
-      (is > 0 ? std::string(" shared(%shared_w13, %shared_w2") +
-                    (c.sharedGate ? ", %shared_gate)" : ")")
-              : "") +
-      " {config = #moe.config<experts = " + std::to_string(c.experts) +
-      ", top_k = " + std::to_string(c.topK) + ", hidden = " + h +
-      ", intermediate = " + std::to_string(c.intermediate) +
-      ", router = " + routerText(c) + ", activation = " +
-      (c.clampedSwiGLU
-           ? "<kind = clamped_swiglu, alpha = " + std::to_string(c.alpha) +
-                 ", limit = " + std::to_string(c.limit) + ">"
-           : std::string("<kind = swiglu>")) +
-      (is > 0 ? ", shared_intermediate = " + std::to_string(is) : "") +
-      (c.sharedGate ? ", shared_gate = true" : "") + ">} : (" + types +
-      ") -> " + out;
-  return "func.func @layer(" + args + ") -> " + out +
-         " attributes {llvm.emit_c_interface} {\n  " + layer +
-         "\n  return %out : " + out + "\n}\n";
-}
-
 /// What moe-differentiate made of the layer: the training forward's saved
 /// values (names and types) and the backward's gradients (argument numbers
 /// and types).
@@ -176,20 +94,6 @@ double element(const Owned &o, int64_t i) {
   return fromBF16(v);
 }
 
-std::vector<double> *slotOf(::moe::ref::LayerTensors &t,
-                            const std::string &name) {
-  return name == "hidden_states"   ? &t.hiddenStates
-         : name == "router_weight" ? &t.routerWeight
-         : name == "router_bias"   ? &t.routerBias
-         : name == "w13"           ? &t.w13
-         : name == "w2"            ? &t.w2
-         : name == "w13_bias"      ? &t.w13Bias
-         : name == "w2_bias"       ? &t.w2Bias
-         : name == "shared_w13"    ? &t.sharedW13
-         : name == "shared_w2"     ? &t.sharedW2
-                                   : &t.sharedGate;
-}
-
 /// A compiled layer's training forward and backward on `inputs` (tokens
 /// first) and the output's gradient: the gradients the backward returns.
 struct Trained {
@@ -245,11 +149,11 @@ struct Trained {
   }
 };
 
-class CpuTrainTest : public ::testing::TestWithParam<TrainCase> {};
+class CpuTrainTest : public ::testing::TestWithParam<LayerCase> {};
 } // namespace
 
 TEST_P(CpuTrainTest, GradientsMatchFloat64FiniteDifferences) {
-  const TrainCase &tc = GetParam();
+  const LayerCase &tc = GetParam();
   const LayerConfig &c = tc.config;
   int64_t h = c.hidden;
   std::mt19937 rng(4321);
@@ -289,7 +193,7 @@ TEST_P(CpuTrainTest, GradientsMatchFloat64FiniteDifferences) {
     t.hiddenStates = hidden.values;
     for (auto &[name, in] : weights) {
       names.push_back(name);
-      *slotOf(t, name) = in.values;
+      *referenceSlot(t, name) = in.values;
     }
     auto loss = [&]() {
       std::vector<double> out = ::moe::ref::referenceLayer(c, t, tokens);
@@ -304,7 +208,7 @@ TEST_P(CpuTrainTest, GradientsMatchFloat64FiniteDifferences) {
               names.size() - (tc.routerBias && biasRanksOnly ? 1 : 0));
     for (size_t g = 0; g < grads.size(); ++g) {
       const std::string &name = names[derived->gradientOf[g]];
-      std::vector<double> &values = *slotOf(t, name);
+      std::vector<double> &values = *referenceSlot(t, name);
       int64_t n = values.size();
       // Every element of small tensors, an even sample of large ones.
       int64_t stride = std::max<int64_t>(1, n / 256);
@@ -337,44 +241,11 @@ TEST_P(CpuTrainTest, GradientsMatchFloat64FiniteDifferences) {
   }
 }
 
-static LayerConfig trainConfig(Router router, int64_t experts, int64_t topK) {
-  LayerConfig c;
-  c.router = router;
-  c.experts = experts;
-  c.topK = topK;
-  c.hidden = 32;
-  c.intermediate = 16;
-  return c;
-}
-
-static std::vector<TrainCase> trainCases() {
-  std::vector<TrainCase> all;
-  LayerConfig mixtral = trainConfig(Router::SoftmaxTopK, 8, 2);
-  mixtral.renormalize = true;
-  all.push_back({"mixtral", mixtral});
-  LayerConfig qwen2 = trainConfig(Router::SoftmaxTopK, 8, 4);
-  qwen2.sharedIntermediate = 24;
-  qwen2.sharedGate = true;
-  all.push_back({"qwen2_moe", qwen2});
-  LayerConfig deepseek = trainConfig(Router::SigmoidGroupedTopK, 16, 4);
-  deepseek.renormalize = true;
-  deepseek.nGroup = 4;
-  deepseek.topkGroup = 2;
-  deepseek.scaling = 2.5;
-  deepseek.sharedIntermediate = 16;
-  all.push_back({"deepseek_v3", deepseek, /*routerBias=*/true});
-  LayerConfig gptOss = trainConfig(Router::TopKSoftmax, 8, 4);
-  gptOss.clampedSwiGLU = true;
-  gptOss.limit = 0.75; // small enough that clamping happens
-  all.push_back({"gpt_oss", gptOss, true, /*expertBiases=*/true});
-  // Llama-4: the routing weight scales the expert's input.
-  LayerConfig llama4 = trainConfig(Router::SigmoidScaleInput, 8, 1);
-  llama4.sharedIntermediate = 16;
-  all.push_back({"llama4", llama4});
+static std::vector<LayerCase> trainCases() {
+  std::vector<LayerCase> all = modelLayers();
   // Odd sizes: 3 experts, hidden 40, intermediate 20, no renormalization.
-  LayerConfig odd = trainConfig(Router::SoftmaxTopK, 3, 2);
-  odd.hidden = 40;
-  odd.intermediate = 20;
+  ::moe::ref::LayerConfig odd;
+  odd.experts = 3, odd.topK = 2, odd.hidden = 40, odd.intermediate = 20;
   all.push_back({"odd", odd});
   return all;
 }
