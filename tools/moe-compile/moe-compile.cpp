@@ -284,6 +284,12 @@ int main(int argc, char **argv) {
                  << "\n";
     return 1;
   }
+  if (options.train && emit == Emit::SharedLibrary) {
+    llvm::errs() << "moe-compile: --train builds the layer's training forward "
+                    "and backward as L1 ops (--emit=l1); a library does not "
+                    "export them yet\n";
+    return 1;
+  }
   if ((emit == Emit::Kernels || emit == Emit::PTX) && target != Target::SM90a) {
     llvm::errs() << "moe-compile: --emit=kernels and --emit=ptx need a GPU "
                     "target (--target=sm_90a)\n";
