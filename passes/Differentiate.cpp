@@ -59,8 +59,9 @@ struct Adjoint {
   Value rows, weights, gate;
   Value weightsOf;
   /// With `rows`: the gradient of the tokens the rows were gathered from,
-  /// and the choices' experts.
+  /// the choices' experts and the layout's alignment.
   Value tokens, ids;
+  uint64_t align = 1;
 };
 
 class Differentiator {
@@ -99,8 +100,9 @@ private:
   LogicalResult addGrad(Operation *op, Value v, Value grad);
   /// `v`'s gradient from `lhs` x `rhs`, summed with its other parts in f32.
   void addDgrad(Value v, Value lhs, Value rhs, ValueRange groups);
-  /// The gradient of the forward argument `v`, or null.
-  void setArgGrad(Value v, Value grad) { argGrads[v] = grad; }
+  /// Sets the gradient of the forward argument `v` (a weight), which one
+  /// op may read only: two gradients would have to be summed.
+  LogicalResult setArgGrad(Operation *op, Value v, Value grad);
   /// Rows' gradient gathered into the layout `rows` (a dispatch's) gives.
   Value gathered(Value grad, Value rows, Location loc);
   /// The groups of a grouped matmul in the backward, empty when dense.
@@ -123,6 +125,14 @@ private:
   DenseMap<Value, std::tuple<Value, Value, Value>> tokenRows;
 };
 } // namespace
+
+LogicalResult Differentiator::setArgGrad(Operation *op, Value v, Value grad) {
+  if (!argGrads.try_emplace(v, grad).second)
+    return op->emitOpError()
+           << "reads a weight another step reads too, "
+              "whose gradients moe-differentiate does not sum";
+  return success();
+}
 
 Value Differentiator::recomputed(Value forward) {
   Value &again = recomputedValues[forward];
@@ -156,10 +166,8 @@ SmallVector<Value> Differentiator::groups(GroupedMatmulOp op) {
 }
 
 LogicalResult Differentiator::addGrad(Operation *op, Value v, Value grad) {
-  if (isa<BlockArgument>(v)) {
-    setArgGrad(v, grad);
-    return success();
-  }
+  if (isa<BlockArgument>(v))
+    return setArgGrad(op, v, grad);
   if (!adjoints.try_emplace(v, Adjoint{grad}).second)
     return op->emitOpError()
            << "has a result used twice, which moe-differentiate does not sum";
@@ -197,7 +205,12 @@ LogicalResult Differentiator::combineRule(CombineOp op) {
   Value grad = it->second.value;
   if (!op.getRows().getDefiningOp<DispatchOp>())
     return op.emitOpError() << "gathers rows that no moe.dispatch laid out";
+  if (isa<BlockArgument>(op.getExpertOut()) ||
+      (op.getShared() && isa<BlockArgument>(op.getShared())))
+    return op.emitOpError() << "combines an argument of the layer, whose "
+                               "gradient moe-differentiate does not give";
   Adjoint rows{gathered(grad, op.getRows(), op.getLoc())};
+  rows.align = op.getRows().getDefiningOp<DispatchOp>().getAlign();
   if (op.getWeights()) {
     rows.rows = get(op.getRows());
     rows.weights = get(op.getWeights());
@@ -265,26 +278,33 @@ LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
   auto f32 = [&](ArrayRef<int64_t> shape) {
     return RankedTensorType::get(shape, b.getF32Type());
   };
-  setArgGrad(rhs, GroupedMatmulWgradOp::create(
-                      b, loc, f32(rhsType.getShape()), adjoint.value,
-                      grads.getWeighted(), counts, offsets));
+  Value rhsGrad = GroupedMatmulWgradOp::create(
+      b, loc, f32(rhsType.getShape()), adjoint.value, grads.getWeighted(),
+      counts, offsets);
+  if (failed(setArgGrad(op, rhs, rhsGrad)))
+    return failure();
   if (Value bias = op.getBias()) {
     // The bias's gradient: the sum of each row's gradient times its weight.
     if (adjoint.gate)
       return op.emitOpError() << "has a bias on gated shared experts, which "
                                  "moe-differentiate does not take";
     Value weighted = adjoint.value;
+    if (adjoint.rows && !counts)
+      return op.emitOpError() << "has a bias but no experts' groups for rows "
+                                 "that a combine weighs, which "
+                                 "moe-differentiate does not take";
     if (adjoint.rows)
       weighted =
           DispatchOp::create(b, loc, adjoint.value.getType(), counts.getType(),
                              offsets.getType(), adjoint.rows.getType(),
                              TypeRange{}, adjoint.tokens, adjoint.ids,
-                             adjoint.weights, 1, QuantAttr(), 1)
+                             adjoint.weights, adjoint.align, QuantAttr(), 1)
               .getDispatched();
     auto biasType = cast<RankedTensorType>(bias.getType());
-    setArgGrad(
-        bias, GroupedMatmulWgradOp::create(b, loc, f32(biasType.getShape()),
-                                           weighted, Value(), counts, offsets));
+    Value biasGrad = GroupedMatmulWgradOp::create(
+        b, loc, f32(biasType.getShape()), weighted, Value(), counts, offsets);
+    if (failed(setArgGrad(op, bias, biasGrad)))
+      return failure();
   }
   return addGrad(op, activation.getInput(), grads.getInputGrad());
 }
@@ -300,8 +320,13 @@ LogicalResult Differentiator::matmulRule(GroupedMatmulOp op) {
   if (it == adjoints.end())
     return success();
   Adjoint adjoint = it->second;
-  if (auto activation = op.getLhs().getDefiningOp<ActivationOp>())
+  if (auto activation = op.getLhs().getDefiningOp<ActivationOp>()) {
+    if (!activation.getOut().hasOneUse())
+      return activation.emitOpError()
+             << "feeds more than its down matmul, which moe-differentiate "
+                "does not take";
     return gatedDownRule(op, activation, adjoint);
+  }
   if (adjoint.rows || adjoint.gate)
     return op.emitOpError() << "multiplies rows that are weighted later but "
                                "are not a gated activation's, which "
@@ -315,13 +340,17 @@ LogicalResult Differentiator::matmulRule(GroupedMatmulOp op) {
     return RankedTensorType::get(cast<RankedTensorType>(type).getShape(),
                                  b.getF32Type());
   };
-  setArgGrad(op.getRhs(), GroupedMatmulWgradOp::create(
-                              b, loc, f32(op.getRhs().getType()), grad,
-                              get(op.getLhs()), counts, offsets));
-  if (Value bias = op.getBias())
-    setArgGrad(bias,
-               GroupedMatmulWgradOp::create(b, loc, f32(bias.getType()), grad,
-                                            Value(), counts, offsets));
+  Value rhsGrad =
+      GroupedMatmulWgradOp::create(b, loc, f32(op.getRhs().getType()), grad,
+                                   get(op.getLhs()), counts, offsets);
+  if (failed(setArgGrad(op, op.getRhs(), rhsGrad)))
+    return failure();
+  if (Value bias = op.getBias()) {
+    Value biasGrad = GroupedMatmulWgradOp::create(
+        b, loc, f32(bias.getType()), grad, Value(), counts, offsets);
+    if (failed(setArgGrad(op, bias, biasGrad)))
+      return failure();
+  }
   Value lhs = op.getLhs();
   if (isa<BlockArgument>(lhs)) {
     // The tokens: summed with their other gradients in f32.
@@ -380,18 +409,20 @@ LogicalResult Differentiator::routeRule(RouteOp op) {
   Value logitGrad = RouteGradOp::create(
       b, loc, logitType, hidden, get(op.getRouterWeight()), bias,
       get(op.getExpertIds()), it->second.value, op.getRouter());
-  setArgGrad(op.getRouterWeight(),
-             GroupedMatmulWgradOp::create(
-                 b, loc,
-                 RankedTensorType::get(weightType.getShape(), b.getF32Type()),
-                 logitGrad, hidden, Value(), Value()));
+  Value weightGrad = GroupedMatmulWgradOp::create(
+      b, loc, RankedTensorType::get(weightType.getShape(), b.getF32Type()),
+      logitGrad, hidden, Value(), Value());
+  if (failed(setArgGrad(op, op.getRouterWeight(), weightGrad)))
+    return failure();
   // A bias that moves the logits takes their gradient; one that only ranks
   // the experts (sigmoid_grouped_topk) takes none.
   if (op.getBias() &&
-      op.getRouter().getKind() != RouterKind::SigmoidGroupedTopK)
-    setArgGrad(op.getBias(), GroupedMatmulWgradOp::create(
-                                 b, loc, op.getBias().getType(), logitGrad,
-                                 Value(), Value(), Value()));
+      op.getRouter().getKind() != RouterKind::SigmoidGroupedTopK) {
+    Value biasGrad = GroupedMatmulWgradOp::create(
+        b, loc, op.getBias().getType(), logitGrad, Value(), Value(), Value());
+    if (failed(setArgGrad(op, op.getBias(), biasGrad)))
+      return failure();
+  }
   addDgrad(op.getHiddenStates(), logitGrad, get(op.getRouterWeight()), {});
   return success();
 }
@@ -421,21 +452,27 @@ LogicalResult Differentiator::rule(Operation *op) {
 LogicalResult Differentiator::build(Value out, Value outGrad) {
   adjoints[out] = Adjoint{outGrad};
   Block &body = train.getBody().front();
-  // Reverse order, except that an op whose result is a weight still to
-  // come (a later rule applies it) waits for that rule.
+  // Reverse order: an op's rule runs once every op reading its results
+  // has run, and a weight whose gradient a later rule gives (combine's)
+  // waits for that rule.
+  DenseSet<Operation *> done = {body.getTerminator()};
   SmallVector<Operation *> waiting;
   for (Operation &op : llvm::reverse(body.without_terminator()))
     waiting.push_back(&op);
   while (!waiting.empty()) {
     SmallVector<Operation *> later;
     for (Operation *op : waiting) {
-      if (llvm::any_of(op->getResults(),
-                       [&](Value v) { return pendingWeights.count(v); })) {
+      bool ready = llvm::all_of(
+          op->getUsers(), [&](Operation *user) { return done.contains(user); });
+      if (!ready || llvm::any_of(op->getResults(), [&](Value v) {
+            return pendingWeights.contains(v);
+          })) {
         later.push_back(op);
         continue;
       }
       if (failed(rule(op)))
         return failure();
+      done.insert(op);
     }
     if (later.size() == waiting.size())
       return later.front()->emitOpError()

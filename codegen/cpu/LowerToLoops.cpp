@@ -958,7 +958,16 @@ LogicalResult FunctionLowering::lowerRouteGrad(RouteGradOp op) {
                         return {term(i, acc[0])};
                       })[0];
     };
-    auto chosen = [&](Value j) { return e.toIndex(e.loadRaw(ids, {t, j})); };
+    // An id outside [0, E) (never a route's) reads and adds nothing: it is
+    // taken as expert 0 with no gradient.
+    auto validId = [&](Value j) {
+      Value id = e.loadRaw(ids, {t, j});
+      return e.andi(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
+                    e.icmp(arith::CmpIPredicate::slt, id, e.i32(experts)));
+    };
+    auto chosen = [&](Value j) {
+      return e.toIndex(e.select(validId(j), e.loadRaw(ids, {t, j}), e.i32(0)));
+    };
     if (kind == RouterKind::SigmoidGroupedTopK ||
         kind == RouterKind::SigmoidScaleInput) {
       e.forEach(e.index(0), e.index(experts), [&](Value x) {
@@ -987,12 +996,14 @@ LogicalResult FunctionLowering::lowerRouteGrad(RouteGradOp op) {
     // The chosen scores u_j, normalized v_j = u_j / S and scaled: the
     // gradient of u_j is (dv_j - sum_m dv_m v_m) / S, dv = scaling dw.
     Value total = over(topK, e.f32(0.0), [&](Value j, Value acc) {
-      return e.add(acc, e.loadRaw(score, {chosen(j)}));
+      return e.add(
+          acc, e.select(validId(j), e.loadRaw(score, {chosen(j)}), e.f32(0.0)));
     });
     if (kind == RouterKind::SigmoidGroupedTopK)
       total = e.add(total, e.f32(1e-20));
     auto dv = [&](Value j) {
-      return e.mul(e.loadRaw(dw, {t, j}), e.f32(scaling));
+      return e.select(validId(j), e.mul(e.loadRaw(dw, {t, j}), e.f32(scaling)),
+                      e.f32(0.0));
     };
     Value dot = over(topK, e.f32(0.0), [&](Value j, Value acc) {
       return e.add(acc,
@@ -1000,7 +1011,7 @@ LogicalResult FunctionLowering::lowerRouteGrad(RouteGradOp op) {
     });
     e.forEach(e.index(0), e.index(topK), [&](Value j) {
       Value du = normalize ? e.div(e.sub(dv(j), dot), total) : dv(j);
-      e.storeRaw(du, scoreGrad, {chosen(j)});
+      e.ifThen(validId(j), [&] { e.storeRaw(du, scoreGrad, {chosen(j)}); });
     });
     // Through the score: softmax over every expert, exp, or sigmoid.
     Value pDot =

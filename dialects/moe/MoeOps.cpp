@@ -850,9 +850,9 @@ LogicalResult GroupedMatmulDgradOp::verify() {
   if (grouped && failed(checkGroups(op, getTokensPerExpert(),
                                     getExpertOffsets(), shapeOf(getRhs())[0])))
     return failure();
-  if (!elementTypeOf(getRhs()).isBF16())
-    return emitOpError() << "rhs must be bf16 (quantized training takes its "
-                            "own ops), but holds "
+  if (!isa<BFloat16Type, Float32Type>(elementTypeOf(getRhs())))
+    return emitOpError() << "rhs must be bf16 or f32 (quantized training "
+                            "takes its own ops), but holds "
                          << elementTypeOf(getRhs());
   int64_t k = shapeOf(getRhs()).back();
   if (getAcc() && failed(checkRows(op, "acc", getAcc(), rows, k, "K")))
@@ -914,6 +914,10 @@ LogicalResult RouteGradOp::verify() {
                          getExpertIds(), getWeightGrad(), "weight_grad", tokens,
                          experts, topK)))
     return failure();
+  if (topK > experts)
+    return emitOpError() << "top-k (" << topK
+                         << ") must not exceed the number of experts ("
+                         << experts << ")";
   return checkShape(op, "result", getLogitGrad(),
                     {count(tokens, "tokens"), size(experts, "experts")});
 }
