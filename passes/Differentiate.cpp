@@ -97,6 +97,8 @@ private:
   Value recomputed(Value forward);
   /// Adds `grad` to the gradient of the forward value `v`, which must not
   /// have one yet unless it is an argument (whose parts are summed).
+  /// `v`'s adjoint (an op's result, which has none yet).
+  LogicalResult addAdjoint(Operation *op, Value v, const Adjoint &adjoint);
   LogicalResult addGrad(Operation *op, Value v, Value grad);
   /// `v`'s gradient from `lhs` x `rhs`, summed with its other parts in f32.
   void addDgrad(Value v, Value lhs, Value rhs, ValueRange groups);
@@ -168,7 +170,12 @@ SmallVector<Value> Differentiator::groups(GroupedMatmulOp op) {
 LogicalResult Differentiator::addGrad(Operation *op, Value v, Value grad) {
   if (isa<BlockArgument>(v))
     return setArgGrad(op, v, grad);
-  if (!adjoints.try_emplace(v, Adjoint{grad}).second)
+  return addAdjoint(op, v, Adjoint{grad});
+}
+
+LogicalResult Differentiator::addAdjoint(Operation *op, Value v,
+                                         const Adjoint &adjoint) {
+  if (!adjoints.try_emplace(v, adjoint).second)
     return op->emitOpError()
            << "has a result used twice, which moe-differentiate does not sum";
   return success();
@@ -219,9 +226,8 @@ LogicalResult Differentiator::combineRule(CombineOp op) {
     rows.tokens = grad;
     rows.ids = get(op.getRows().getDefiningOp<DispatchOp>().getExpertIds());
   }
-  if (failed(addGrad(op, op.getExpertOut(), Value())))
+  if (failed(addAdjoint(op, op.getExpertOut(), rows)))
     return failure();
-  adjoints[op.getExpertOut()] = rows;
   if (!op.getShared())
     return success();
   Adjoint shared{grad};
@@ -230,10 +236,7 @@ LogicalResult Differentiator::combineRule(CombineOp op) {
     shared.weightsOf = op.getGate();
     pendingWeights.insert(op.getGate());
   }
-  if (failed(addGrad(op, op.getShared(), Value())))
-    return failure();
-  adjoints[op.getShared()] = shared;
-  return success();
+  return addAdjoint(op, op.getShared(), shared);
 }
 
 LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,

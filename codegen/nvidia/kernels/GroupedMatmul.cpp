@@ -421,17 +421,10 @@ private:
 void MatmulEmitter::emitViews(ArrayRef<Value> buffers,
                               ArrayRef<unsigned> indices,
                               const TensorInfo &partials) {
-  auto view = [&](Value tensor) {
-    return k.view(llvm::find(buffers, tensor) - buffers.begin(),
-                  layer.info(tensor));
-  };
-  out = view(op.getOut());
-  counts = c.grouped ? view(op.getTokensPerExpert()) : Value();
-  offsets = c.grouped ? view(op.getExpertOffsets()) : Value();
-  bias = op.getBias() ? view(op.getBias()) : Value();
-  lhsScale = enc.fp8() ? view(op.getLhsScale()) : Value();
-  rhsScale = enc.fp8() ? view(op.getRhsScale()) : Value();
-  outScale = c.outBlock ? view(op.getOutScale()) : Value();
+  MatmulViews views(layer, op, c, k, buffers);
+  out = views.out, counts = views.counts, offsets = views.offsets;
+  bias = views.bias, lhsScale = views.lhsScale, rhsScale = views.rhsScale;
+  outScale = views.outScale;
   unsigned firstMap = indices.size();
   descA = k.tensorMap(firstMap, mapType(c.tileM));
   descB = k.tensorMap(firstMap + 1, mapType(c.tileN / 2));

@@ -129,6 +129,22 @@ nvgpu::TensorMapDescriptorType nvidia::matmulMapType(MLIRContext *ctx,
       nvgpu::TensorMapInterleaveKind::INTERLEAVE_NONE);
 }
 
+MatmulViews::MatmulViews(LayerKernels &layer, GroupedMatmulOp op,
+                         const MatmulConfig &c, Kernel &k,
+                         ArrayRef<Value> buffers) {
+  auto view = [&](Value tensor) {
+    return k.view(llvm::find(buffers, tensor) - buffers.begin(),
+                  layer.info(tensor));
+  };
+  out = view(op.getOut());
+  counts = c.grouped ? view(op.getTokensPerExpert()) : Value();
+  offsets = c.grouped ? view(op.getExpertOffsets()) : Value();
+  bias = op.getBias() ? view(op.getBias()) : Value();
+  lhsScale = c.enc.fp8() ? view(op.getLhsScale()) : Value();
+  rhsScale = c.enc.fp8() ? view(op.getRhsScale()) : Value();
+  outScale = c.outBlock ? view(op.getOutScale()) : Value();
+}
+
 SmallVector<Value> nvidia::splitPartialAt(Kernel &k, TokenLinear rows,
                                           Value split, Value row, Value wr) {
   Emitter &e = k.e;

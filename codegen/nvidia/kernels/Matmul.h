@@ -28,6 +28,14 @@ SmallVector<Value> findTile(Emitter &e, Value tid, Value counts, Value offsets,
 Value countTiles(Emitter &e, Value tid, Value counts, int64_t experts,
                  int64_t tileM);
 
+/// The views of a grouped matmul kernel's tensor parameters, `buffers`
+/// being the op's tensors in parameter order (null where the op has none).
+struct MatmulViews {
+  MatmulViews(LayerKernels &layer, GroupedMatmulOp op, const MatmulConfig &c,
+              Kernel &k, ArrayRef<Value> buffers);
+  Value out, counts, offsets, bias, lhsScale, rhsScale, outScale;
+};
+
 /// The descriptor type of a TMA map of K-major tiles of `rows` x 128 bytes
 /// (`element` is bf16 or i8 for E4M3), 128-byte swizzled.
 nvgpu::TensorMapDescriptorType matmulMapType(MLIRContext *ctx, Type element,
