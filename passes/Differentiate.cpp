@@ -553,6 +553,62 @@ static std::string savedName(Value v) {
   return name;
 }
 
+/// The rows of `v`'s leading dimension for a call of T tokens: fixed for
+/// a static size; a dispatched layout's bound, T x top-k rows plus each
+/// expert's alignment padding; else the rows of the operand it follows
+/// (a step's first operand with a dynamic leading dimension).
+static FailureOr<TokenLinear> rowsOf(Value v) {
+  auto type = cast<RankedTensorType>(v.getType());
+  if (!type.isDynamicDim(0))
+    return TokenLinear{type.getDimSize(0), 0};
+  Operation *op = v.getDefiningOp();
+  if (!op)
+    return TokenLinear{0, 1};
+  if (auto dispatch = dyn_cast<DispatchOp>(op);
+      dispatch && v != dispatch.getRows()) {
+    auto ids = cast<RankedTensorType>(dispatch.getExpertIds().getType());
+    auto counts =
+        cast<RankedTensorType>(dispatch.getTokensPerExpert().getType());
+    FailureOr<TokenLinear> tokens = rowsOf(dispatch.getHiddenStates());
+    if (failed(tokens))
+      return failure();
+    TokenLinear rows = *tokens * ids.getDimSize(1);
+    rows.fixed += counts.getDimSize(0) * (int64_t(dispatch.getAlign()) - 1);
+    return rows;
+  }
+  for (Value operand : op->getOperands())
+    if (auto t = dyn_cast<RankedTensorType>(operand.getType());
+        t && t.getRank() > 0 && t.isDynamicDim(0))
+      return rowsOf(operand);
+  return op->emitOpError() << "gives a saved value whose rows follow from "
+                              "no operand";
+}
+
+/// The training part of `func`'s interface: what @f_train saves and the
+/// gradients @f_backward returns, named after their arguments.
+static FailureOr<TrainingAttr> trainingInterface(InterfaceAttr interface,
+                                                 ArrayRef<Value> saved,
+                                                 ArrayRef<StringRef> savedNames,
+                                                 ArrayRef<unsigned> gradOf,
+                                                 TypeRange gradTypes) {
+  MLIRContext *context = interface.getContext();
+  SmallVector<Attribute> savedAttrs, gradients;
+  for (auto [v, name] : llvm::zip(saved, savedNames)) {
+    FailureOr<TokenLinear> rows = rowsOf(v);
+    if (failed(rows))
+      return failure();
+    savedAttrs.push_back(SavedAttr::get(
+        context, name, cast<RankedTensorType>(v.getType()), *rows));
+  }
+  SmallVector<ArgumentAttr> args = interface.getArgList();
+  for (auto [arg, type] : llvm::zip(gradOf, gradTypes))
+    gradients.push_back(ArgumentAttr::get(context, args[arg].getName(),
+                                          cast<RankedTensorType>(type),
+                                          /*output=*/true));
+  return TrainingAttr::get(context, ArrayAttr::get(context, savedAttrs),
+                           ArrayAttr::get(context, gradients));
+}
+
 namespace {
 struct DifferentiatePass
     : public moe::impl::DifferentiateBase<DifferentiatePass> {
@@ -610,6 +666,19 @@ struct DifferentiatePass
     backward->setAttr("moe.gradients",
                       b.getDenseI64ArrayAttr(SmallVector<int64_t>(
                           d.gradOf.begin(), d.gradOf.end())));
+    // A layer compiled into a library exports both (#moe.training).
+    if (auto interface =
+            func->getAttrOfType<InterfaceAttr>(InterfaceAttr::getAttrName())) {
+      SmallVector<StringRef> savedNames = llvm::map_to_vector(
+          names, [](Attribute a) { return cast<StringAttr>(a).getValue(); });
+      FailureOr<TrainingAttr> training =
+          trainingInterface(interface, d.saved, savedNames, d.gradOf,
+                            backward.getFunctionType().getResults());
+      if (failed(training))
+        return failure();
+      func->setAttr(InterfaceAttr::getAttrName(),
+                    interface.withTraining(*training));
+    }
     for (Operation *op : {train.getOperation(), backward.getOperation()}) {
       op->removeAttr("moe.interface");
       if (func->hasAttr("llvm.emit_c_interface"))

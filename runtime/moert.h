@@ -84,6 +84,32 @@ int32_t moert_graph_prepare(void **graphs, moert_enqueue_fn enqueue,
                             int64_t bucket_tokens, void *stream,
                             void *workspace);
 
+/* Training (a library built with moe-compile --train). The saved buffer a
+ * training forward fills starts with a header naming the layer (`layer`, a
+ * digest of its description) and the token count; begin writes it, after
+ * checking the buffer is there. */
+int32_t moert_saved_begin(void *saved, int64_t tokens, int64_t layer);
+/* Nonzero (with the reason in moert_last_error) unless `saved` holds what
+ * this layer's training forward wrote for `tokens` tokens and `flags` are
+ * the backward's (MOERT_GRAD_*). */
+int32_t moert_backward_check(const void *saved, int64_t tokens, int64_t layer,
+                             int32_t flags);
+/* A gradient's flags: add into the caller's buffer rather than overwrite
+ * it; weight gradients in bf16 rather than f32. */
+#define MOERT_GRAD_ACCUMULATE 1
+#define MOERT_GRAD_BF16 2
+/* Set by generated code on a gradient the backward computes in bf16. */
+#define MOERT_GRAD_SOURCE_BF16 4
+/* Where the backward writes gradient `dst` (`bytes` as it computes it,
+ * `mode` its flags): `dst` itself where the caller's dtype is the
+ * backward's and nothing is added, else scratch memory; null (with the
+ * reason in moert_last_error) if that cannot be had. */
+void *moert_grad_target(void *dst, int64_t bytes, int32_t mode);
+/* Moves a gradient from its target into `dst` (converted to the caller's
+ * dtype, added where asked) and frees the scratch; `count` elements; a null
+ * `dst` (a gradient not asked for) takes nothing. */
+void moert_grad_finish(void *dst, void *target, int64_t count, int32_t mode);
+
 /* What the last failing call on this thread said. */
 const char *moert_last_error(void);
 /* Sets it (for the expert-parallel runtime, runtime/moe_ep.h). */

@@ -3,38 +3,54 @@
 // moe_<name>_forward(void *const *args, int64_t tokens) calls the lowered
 // layer with one row-major buffer per argument (outputs last) whose token
 // dimension is `tokens`. An expert-parallel layer's forward runs between
-// moe_ep_begin and moe_ep_end (runtime/moe_ep.h).
+// moe_ep_begin and moe_ep_end (runtime/moe_ep.h). A library built for
+// training also calls its training forward, with the saved tensors in the
+// caller's buffer, and its backward, each gradient moved into the caller's
+// buffer by the runtime where the caller asks for another dtype or a sum.
 //
 //===----------------------------------------------------------------------===//
 
 #include "codegen/host/Host.h"
 #include "codegen/host/HostBuilder.h"
 
+#include "llvm/Support/xxhash.h"
+
 using namespace mlir;
 using namespace mlir::moe;
 using host::HostBuilder;
 
-/// The lowered layer's operands: each buffer as a memref descriptor
-/// (pointer twice, offset 0, sizes, row-major strides; only the leading
-/// size is dynamic).
+/// Appends the memref descriptor of row-major `data` of `shape` (pointer
+/// twice, offset 0, sizes, strides), its dynamic leading size `rows`.
+static void appendDescriptor(HostBuilder &h, SmallVectorImpl<Value> &operands,
+                             Value data, ArrayRef<int64_t> shape, Value rows) {
+  operands.append({data, data, h.c64(0)});
+  for (int64_t size : shape)
+    operands.push_back(ShapedType::isDynamic(size) ? rows : h.c64(size));
+  SmallVector<int64_t> strides(shape.size(), 1);
+  for (int64_t d = int64_t(shape.size()) - 2; d >= 0; --d)
+    strides[d] = strides[d + 1] * shape[d + 1];
+  for (int64_t stride : strides)
+    operands.push_back(h.c64(stride));
+}
+
+/// Pointer `i` of the array `argv`.
+static Value element(HostBuilder &h, Value argv, int64_t i) {
+  Value slot = LLVM::GEPOp::create(h.b, h.loc, h.ptr, h.ptr, argv,
+                                   ArrayRef<LLVM::GEPArg>{int32_t(i)});
+  return LLVM::LoadOp::create(h.b, h.loc, h.ptr, slot);
+}
+
+/// The lowered layer's operands: each buffer as a memref descriptor (only
+/// the leading size is dynamic), outputs too unless `inputsOnly`.
 static SmallVector<Value> memrefOperands(HostBuilder &h,
                                          InterfaceAttr interface, Value argv,
-                                         Value tokens) {
+                                         Value tokens,
+                                         bool inputsOnly = false) {
   SmallVector<Value> operands;
-  for (auto [i, arg] : llvm::enumerate(interface.getArgList())) {
-    Value slot = LLVM::GEPOp::create(h.b, h.loc, h.ptr, h.ptr, argv,
-                                     ArrayRef<LLVM::GEPArg>{int32_t(i)});
-    Value data = LLVM::LoadOp::create(h.b, h.loc, h.ptr, slot);
-    operands.append({data, data, h.c64(0)});
-    ArrayRef<int64_t> shape = arg.getType().getShape();
-    for (int64_t size : shape)
-      operands.push_back(ShapedType::isDynamic(size) ? tokens : h.c64(size));
-    SmallVector<int64_t> strides(shape.size(), 1);
-    for (int64_t d = int64_t(shape.size()) - 2; d >= 0; --d)
-      strides[d] = strides[d + 1] * shape[d + 1];
-    for (int64_t stride : strides)
-      operands.push_back(h.c64(stride));
-  }
+  for (auto [i, arg] : llvm::enumerate(interface.getArgList()))
+    if (!inputsOnly || !arg.getOutput())
+      appendDescriptor(h, operands, element(h, argv, i),
+                       arg.getType().getShape(), tokens);
   return operands;
 }
 
@@ -70,5 +86,138 @@ LogicalResult host::addEntryPoints(ModuleOp module, InterfaceAttr interface) {
   h.check(h.call(RuntimeImport::moe_ep_begin, {entry->getArgument(1)}));
   LLVM::CallOp::create(b, h.loc, layer, operands);
   LLVM::ReturnOp::create(b, h.loc, h.call(RuntimeImport::moe_ep_end, {}));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Training
+//===----------------------------------------------------------------------===//
+
+/// The lowered function `name` of `module`, called with `operands`.
+static LogicalResult callLowered(HostBuilder &h, ModuleOp module,
+                                 StringRef name, ValueRange operands) {
+  auto fn = module.lookupSymbol<LLVM::LLVMFuncOp>(name);
+  if (!fn)
+    return module.emitError() << "no lowered function '" << name << "'";
+  if (fn.getNumArguments() != operands.size())
+    return fn.emitOpError()
+           << "takes " << fn.getNumArguments()
+           << " values, but its buffers give " << operands.size();
+  fn.setLinkage(LLVM::Linkage::Internal);
+  LLVM::CallOp::create(h.b, h.loc, fn, operands);
+  return success();
+}
+
+/// An exported function `symbol` of `params` returning a status, its
+/// entry block ready and a failure block returning the status.
+static LLVM::LLVMFuncOp addStatusEntry(OpBuilder &b, HostBuilder &h,
+                                       ModuleOp module, StringRef symbol,
+                                       ArrayRef<Type> params) {
+  b.setInsertionPointToEnd(module.getBody());
+  auto fn = LLVM::LLVMFuncOp::create(
+      b, h.loc, symbol, LLVM::LLVMFunctionType::get(h.i32, params));
+  Block *entry = fn.addEntryBlock(b);
+  h.failure = b.createBlock(&fn.getBody(), {}, {h.i32}, {h.loc});
+  LLVM::ReturnOp::create(b, h.loc, h.failure->getArgument(0));
+  b.setInsertionPointToEnd(entry);
+  return fn;
+}
+
+/// The descriptors of the saved tensors inside `saved`.
+static void appendSaved(HostBuilder &h, SmallVectorImpl<Value> &operands,
+                        TrainingAttr training, Value saved, Value tokens) {
+  for (auto [i, tensor] : llvm::enumerate(training.getSavedList()))
+    appendDescriptor(
+        h, operands,
+        h.offset(saved, h.linear(training.getSavedOffset(i), tokens)),
+        tensor.getType().getShape(), h.linear(tensor.getRows(), tokens));
+}
+
+LogicalResult host::addTrainingEntryPoints(ModuleOp module,
+                                           InterfaceAttr interface) {
+  TrainingAttr training = interface.getTraining();
+  OpBuilder b(module.getContext());
+  HostBuilder h(b, module.getLoc());
+  // The saved buffer's header names the layer by a digest of its
+  // description.
+  Value layer;
+  auto layerId = [&] {
+    return h.c64(int64_t(llvm::xxh3_64bits(host::infoJson(interface))));
+  };
+
+  // saved_size(tokens): the header and every saved tensor's slice.
+  b.setInsertionPointToEnd(module.getBody());
+  auto size =
+      LLVM::LLVMFuncOp::create(b, h.loc, interface.getSymbol("saved_size"),
+                               LLVM::LLVMFunctionType::get(h.i64, {h.i64}));
+  b.setInsertionPointToStart(size.addEntryBlock(b));
+  LLVM::ReturnOp::create(
+      b, h.loc, h.linear(training.getSavedBytes(), size.getArgument(0)));
+
+  // forward_train(args, tokens, saved): the header, then the training
+  // forward writing the outputs and the saved tensors.
+  auto forward =
+      addStatusEntry(b, h, module, interface.getSymbol("forward_train"),
+                     {h.ptr, h.i64, h.ptr});
+  Value tokens = forward.getArgument(1), saved = forward.getArgument(2);
+  layer = layerId();
+  h.check(h.call(RuntimeImport::moert_saved_begin, {saved, tokens, layer}));
+  SmallVector<Value> operands =
+      memrefOperands(h, interface, forward.getArgument(0), tokens);
+  appendSaved(h, operands, training, saved, tokens);
+  if (failed(callLowered(h, module, (interface.getName() + "_train").str(),
+                         operands)))
+    return failure();
+  LLVM::ReturnOp::create(b, h.loc, h.c32(0));
+
+  // backward(args, tokens, output_grad, saved, grads, flags).
+  auto backward = addStatusEntry(b, h, module, interface.getSymbol("backward"),
+                                 {h.ptr, h.i64, h.ptr, h.ptr, h.ptr, h.i32});
+  tokens = backward.getArgument(1);
+  saved = backward.getArgument(3);
+  Value grads = backward.getArgument(4), flags = backward.getArgument(5);
+  layer = layerId();
+  h.check(h.call(RuntimeImport::moert_backward_check,
+                 {saved, tokens, layer, flags}));
+  operands = memrefOperands(h, interface, backward.getArgument(0), tokens,
+                            /*inputsOnly=*/true);
+  // The output's gradient, shaped as the output.
+  for (ArgumentAttr arg : interface.getArgList())
+    if (arg.getOutput()) {
+      appendDescriptor(h, operands, backward.getArgument(2),
+                       arg.getType().getShape(), tokens);
+      break;
+    }
+  appendSaved(h, operands, training, saved, tokens);
+  // Each gradient into the caller's buffer, or scratch the runtime moves
+  // it from (a dtype or an accumulation the caller asks for).
+  SmallVector<std::tuple<Value, Value, Value, Value>> moves;
+  for (auto [i, grad] : llvm::enumerate(training.getGradientList())) {
+    RankedTensorType type = grad.getType();
+    Value count = h.c64(1);
+    for (int64_t d : type.getShape())
+      count = LLVM::MulOp::create(b, h.loc, count,
+                                  ShapedType::isDynamic(d) ? tokens : h.c64(d));
+    int64_t width = type.getElementTypeBitWidth() / 8;
+    Value mode = type.getElementType().isBF16()
+                     ? LLVM::OrOp::create(b, h.loc, flags, h.c32(4)).getResult()
+                     : flags;
+    Value dst = element(h, grads, i);
+    Value target =
+        h.call(RuntimeImport::moert_grad_target,
+               {dst, LLVM::MulOp::create(b, h.loc, count, h.c64(width)), mode});
+    Value null = LLVM::ZeroOp::create(b, h.loc, h.ptr);
+    Value missing =
+        LLVM::ICmpOp::create(b, h.loc, LLVM::ICmpPredicate::eq, target, null);
+    h.check(LLVM::ZExtOp::create(b, h.loc, h.i32, missing));
+    appendDescriptor(h, operands, target, type.getShape(), tokens);
+    moves.emplace_back(dst, target, count, mode);
+  }
+  if (failed(callLowered(h, module, (interface.getName() + "_backward").str(),
+                         operands)))
+    return failure();
+  for (auto [dst, target, count, mode] : moves)
+    h.call(RuntimeImport::moert_grad_finish, {dst, target, count, mode});
+  LLVM::ReturnOp::create(b, h.loc, h.c32(0));
   return success();
 }

@@ -45,6 +45,10 @@ std::string infoJson(InterfaceAttr interface);
 /// its lowered layer function.
 LogicalResult addEntryPoints(ModuleOp module, InterfaceAttr interface);
 
+/// Adds the CPU training forward, saved size and backward of a library
+/// built for training to `module`, around its lowered functions.
+LogicalResult addTrainingEntryPoints(ModuleOp module, InterfaceAttr interface);
+
 /// Adds to `host` the GPU forward carrying out the launch plans of the
 /// layer function in `module` with the kernels of its cubin, and its
 /// workspace size, set_graphs and warmup.

@@ -112,6 +112,40 @@ static llvm::json::Object expertParallelJson(InterfaceAttr interface) {
   return object;
 }
 
+static llvm::json::Object linearJson(TokenLinear l) {
+  return llvm::json::Object{{"base", l.fixed}, {"per_token", l.perToken}};
+}
+
+/// A training library's forward, backward and saved buffer.
+static llvm::json::Object trainingJson(InterfaceAttr interface) {
+  TrainingAttr training = interface.getTraining();
+  llvm::json::Array saved, gradients;
+  for (auto [i, tensor] : llvm::enumerate(training.getSavedList()))
+    saved.push_back(llvm::json::Object{
+        {"name", tensor.getName()},
+        {"dtype", dtypeName(tensor.getType().getElementType())},
+        {"shape", llvm::json::Array(llvm::map_range(
+                      tensor.getType().getShape(),
+                      [](int64_t d) {
+                        return ShapedType::isDynamic(d) ? int64_t(-1) : d;
+                      }))},
+        {"rows", linearJson(tensor.getRows())},
+        {"offset", linearJson(training.getSavedOffset(i))}});
+  for (ArgumentAttr grad : training.getGradientList())
+    gradients.push_back(llvm::json::Object{
+        {"name", grad.getName()},
+        {"dtype", dtypeName(grad.getType().getElementType())},
+        {"shape", llvm::json::Array(shapeOf(grad))}});
+  return llvm::json::Object{
+      {"forward", interface.getSymbol("forward_train")},
+      {"backward", interface.getSymbol("backward")},
+      {"saved_size", interface.getSymbol("saved_size")},
+      {"saved_bytes", linearJson(training.getSavedBytes())},
+      {"saved", std::move(saved)},
+      {"gradients", std::move(gradients)},
+      {"flags", llvm::json::Object{{"accumulate", 1}, {"bf16", 2}}}};
+}
+
 std::string host::infoJson(InterfaceAttr interface) {
   llvm::json::Array args;
   for (ArgumentAttr arg : interface.getArgList())
@@ -129,6 +163,8 @@ std::string host::infoJson(InterfaceAttr interface) {
                           {"args", std::move(args)}};
   if (interface.getExpertParallel())
     info["ep"] = expertParallelJson(interface);
+  if (interface.getTraining())
+    info["training"] = trainingJson(interface);
   if (gpu) {
     TokenLinear workspace = interface.getWorkspace();
     info["workspace"] = llvm::json::Object{{"base", workspace.fixed},
@@ -201,6 +237,30 @@ static void printExpertParallel(llvm::raw_ostream &os,
   os << "\n";
 }
 
+static void printTraining(llvm::raw_ostream &os, InterfaceAttr interface) {
+  bool gpu = interface.getTarget() == Target::SM90a;
+  os << "/* Training (moe_layer_info()'s training). forward_train is the "
+        "forward that\n * also writes what the backward reads into `saved`, "
+        "saved_size(tokens)\n * bytes the caller owns. backward takes the "
+        "forward's args (its outputs\n * are not read), the output's "
+        "gradient and that saved buffer, and writes\n * grads[i] for each "
+        "gradient training.gradients lists, in order: the\n * tokens' "
+        "gradient in bf16, each weight's in f32, or bf16 with flag 2;\n * "
+        "flag 1 adds to what grads[i] holds. A null grads[i] is not "
+        "written.\n * The backward refuses a saved buffer another layer, "
+        "another token\n * count or no training forward wrote. Nonzero: see "
+        "moe_last_error(). */\n"
+     << "int32_t " << interface.getSymbol("forward_train")
+     << "(void *const *args, int64_t tokens,"
+     << (gpu ? " void *stream,\n    void *workspace," : "")
+     << " void *saved);\n"
+     << "int64_t " << interface.getSymbol("saved_size") << "(int64_t tokens);\n"
+     << "int32_t " << interface.getSymbol("backward")
+     << "(void *const *args, int64_t tokens,\n    const void *output_grad, "
+        "const void *saved, void *const *grads,\n    int32_t flags"
+     << (gpu ? ", void *stream, void *workspace" : "") << ");\n\n";
+}
+
 std::string host::headerText(InterfaceAttr interface) {
   std::string guard = ("MOE_" + interface.getName().upper() + "_H");
   std::string text;
@@ -226,6 +286,8 @@ std::string host::headerText(InterfaceAttr interface) {
     printBuckets(os, interface);
   if (interface.getExpertParallel())
     printExpertParallel(os, interface);
+  if (interface.getTraining())
+    printTraining(os, interface);
   os << "/* The arguments above as JSON. */\n"
      << "const char *" << interface.getSymbol("layer_info") << "(void);\n\n"
      << "#ifdef __cplusplus\n}\n#endif\n\n#endif\n";
@@ -307,6 +369,15 @@ static LogicalResult addEntries(ModuleOp host, ModuleOp module,
   if (failed(gpu ? host::addLaunchEntryPoints(host, module, interface)
                  : host::addEntryPoints(host, interface)))
     return failure();
+  if (interface.getTraining()) {
+    if (gpu)
+      return module.emitError()
+             << "a GPU library built for training is not supported yet: "
+                "the backward's steps have no sm_90a kernels (build it "
+                "with --target=cpu)";
+    if (failed(host::addTrainingEntryPoints(host, interface)))
+      return failure();
+  }
   if (interface.getExpertParallel())
     addExpertParallelEntries(host, interface);
   if (StringRef lastError = interface.getSymbol("last_error");
@@ -315,7 +386,8 @@ static LogicalResult addEntries(ModuleOp host, ModuleOp module,
     // stay inside the library).
     addForwarder(
         host, lastError, {},
-        gpu ? RuntimeImport::moert_last_error
+        gpu || !interface.getExpertParallel()
+            ? RuntimeImport::moert_last_error
             : RuntimeImport::moe_ep_last_error,
         [](HostBuilder &, ValueRange) { return SmallVector<Value>(); });
   addLayerInfo(host, interface);
@@ -348,7 +420,8 @@ static FailureOr<LinkLine> linkLine(ModuleOp module, InterfaceAttr interface,
     line.archives.push_back(archive("libmoe_ep.a"));
     line.libraries = {"fabric", "pthread"};
   }
-  if (gpu)
+  // A training library's saved buffer and gradients are the runtime's.
+  if (gpu || interface.getTraining())
     line.archives.push_back(runtimeArchive.str());
   if (interface.getExpertParallel())
     line.archives.push_back(archive("libmoe_transport.a"));

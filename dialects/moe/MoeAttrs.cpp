@@ -426,9 +426,15 @@ SmallVector<KernelLaunchAttr> LaunchPlanAttr::getLaunchList() const {
   return listOf<KernelLaunchAttr>(getLaunches());
 }
 
-TokenLinear PlanBufferAttr::getSliceBytes() const {
+/// `bytes` with each term rounded up to 256, so that slices laid end to end
+/// each start 256-byte aligned for any token count.
+static TokenLinear alignedSlice(TokenLinear bytes) {
   auto alignUp = [](int64_t x) { return (x + 255) / 256 * 256; };
-  return {alignUp(getBytes().fixed), alignUp(getBytes().perToken)};
+  return {alignUp(bytes.fixed), alignUp(bytes.perToken)};
+}
+
+TokenLinear PlanBufferAttr::getSliceBytes() const {
+  return alignedSlice(getBytes());
 }
 
 TokenLinear LaunchPlanAttr::getWorkspaceBytes() const {
@@ -527,11 +533,74 @@ ExpertParallelAttr ExpertParallelAttr::forLayer(ConfigAttr config) {
              /*maxTokens=*/0, /*stateBytes=*/0, TokenLinear(), TokenLinear());
 }
 
+LogicalResult SavedAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                StringRef name, RankedTensorType type,
+                                TokenLinear rows) {
+  if (name.empty())
+    return emitError() << "a saved tensor needs a name";
+  if (type.getRank() == 0 ||
+      llvm::any_of(type.getShape().drop_front(), ShapedType::isDynamic))
+    return emitError() << "saved tensor '" << name
+                       << "' may be dynamic only in its leading dimension";
+  if (rows.fixed < 0 || rows.perToken < 0)
+    return emitError() << "saved tensor '" << name
+                       << "' has a negative row count";
+  if (!type.isDynamicDim(0) &&
+      (rows.perToken != 0 || rows.fixed != type.getDimSize(0)))
+    return emitError() << "saved tensor '" << name << "' has "
+                       << type.getDimSize(0) << " rows, not those its rows "
+                       << "give";
+  return success();
+}
+
+TokenLinear SavedAttr::getSliceBytes() const {
+  int64_t rowBytes = (getType().getElementTypeBitWidth() + 7) / 8;
+  for (int64_t size : getType().getShape().drop_front())
+    rowBytes *= size;
+  // 16 bytes a token keeps every slice 16-byte aligned at any token count
+  // without the 256 a token a workspace slice takes (a saved buffer lives
+  // from the forward to the backward).
+  TokenLinear bytes = getRows() * rowBytes;
+  return {alignedSlice(bytes).fixed, (bytes.perToken + 15) / 16 * 16};
+}
+
+LogicalResult TrainingAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                   ArrayAttr saved, ArrayAttr gradients) {
+  if (!llvm::all_of(saved, llvm::IsaPred<SavedAttr>))
+    return emitError() << "training saved values must be #moe.saved values";
+  if (gradients.empty() ||
+      !llvm::all_of(gradients, llvm::IsaPred<ArgumentAttr>))
+    return emitError() << "training gradients must be #moe.argument values";
+  return success();
+}
+
+SmallVector<SavedAttr> TrainingAttr::getSavedList() const {
+  return listOf<SavedAttr>(getSaved());
+}
+
+SmallVector<ArgumentAttr> TrainingAttr::getGradientList() const {
+  return listOf<ArgumentAttr>(getGradients());
+}
+
+TokenLinear TrainingAttr::getSavedOffset(unsigned i) const {
+  TokenLinear offset{kHeaderBytes, 0};
+  for (Attribute attr : getSaved().getValue().take_front(i)) {
+    auto saved = cast<SavedAttr>(attr);
+    offset.fixed += saved.getSliceBytes().fixed;
+    offset.perToken += saved.getSliceBytes().perToken;
+  }
+  return offset;
+}
+
+TokenLinear TrainingAttr::getSavedBytes() const {
+  return getSavedOffset(getSaved().size());
+}
+
 LogicalResult InterfaceAttr::verify(
     function_ref<InFlightDiagnostic()> emitError, StringRef name, Target target,
     ArrayAttr args, ConfigAttr config, TokenLinear workspace,
     ArrayRef<int64_t> tokenBuckets, ExpertParallelAttr expertParallel,
-    DictionaryAttr symbols) {
+    TrainingAttr training, DictionaryAttr symbols) {
   if (name.empty() || llvm::isDigit(name[0]) ||
       !llvm::all_of(name, [](char c) { return llvm::isAlnum(c) || c == '_'; }))
     return emitError() << "interface name '" << name
@@ -557,9 +626,9 @@ LogicalResult InterfaceAttr::verify(
     return emitError() << "workspace bytes must not be negative";
   // The symbols follow from the rest: a library exports exactly these.
   if (symbols != exportedSymbols(symbols.getContext(), name, target,
-                                 tokenBuckets, expertParallel))
+                                 tokenBuckets, expertParallel, bool(training)))
     return emitError() << "interface symbols must be those of its name, "
-                          "target, buckets and ranks";
+                          "target, buckets, ranks and training";
   return success();
 }
 
@@ -576,13 +645,19 @@ InterfaceAttr
 InterfaceAttr::withLaunch(TokenLinear workspace, ArrayRef<int64_t> tokenBuckets,
                           ExpertParallelAttr expertParallel) const {
   return get(getContext(), getName(), getTarget(), getArgs(), getConfig(),
-             workspace, tokenBuckets, expertParallel);
+             workspace, tokenBuckets, expertParallel, getTraining());
 }
 
-DictionaryAttr
-InterfaceAttr::exportedSymbols(MLIRContext *context, StringRef name,
-                               Target target, ArrayRef<int64_t> tokenBuckets,
-                               ExpertParallelAttr expertParallel) {
+InterfaceAttr InterfaceAttr::withTraining(TrainingAttr training) const {
+  return get(getContext(), getName(), getTarget(), getArgs(), getConfig(),
+             getWorkspace(), getTokenBuckets(), getExpertParallel(), training);
+}
+
+DictionaryAttr InterfaceAttr::exportedSymbols(MLIRContext *context,
+                                              StringRef name, Target target,
+                                              ArrayRef<int64_t> tokenBuckets,
+                                              ExpertParallelAttr expertParallel,
+                                              bool training) {
   bool gpu = target == Target::SM90a;
   SmallVector<NamedAttribute> symbols;
   auto add = [&](StringRef role, const Twine &symbol) {
@@ -594,13 +669,18 @@ InterfaceAttr::exportedSymbols(MLIRContext *context, StringRef name,
   auto own = [&](StringRef role) { add(role, "moe_" + name + "_" + role); };
   own("forward");
   add("layer_info", "moe_layer_info");
-  if (gpu || expertParallel)
+  if (gpu || expertParallel || training)
     add("last_error", "moe_last_error");
   if (gpu)
     own("workspace_size");
   if (gpu && !tokenBuckets.empty()) {
     own("set_graphs");
     own("warmup");
+  }
+  if (training) {
+    own("forward_train");
+    own("saved_size");
+    own("backward");
   }
   if (expertParallel) {
     own("ep_init");

@@ -501,6 +501,55 @@ def Moe_ExpertParallelAttr : Moe_Attr<"ExpertParallel", "expert_parallel"> {
   }];
 }
 
+def Moe_SavedAttr : Moe_Attr<"Saved", "saved"> {
+  let summary = "one tensor a training forward saves for the backward";
+  let description = [{
+    The value of the training forward's step `name` (the name its
+    `moe.saved` gives), of `type`, whose leading dimension holds `rows`
+    rows for a call of T tokens (the token count, a dispatched layout's
+    rows, or a fixed count). It lives in the caller's saved buffer in a
+    16-byte aligned slice of its own.
+  }];
+  let parameters = (ins
+    StringRefParameter<"the step that computed it">:$name,
+    "::mlir::RankedTensorType":$type,
+    Moe_TokenLinearParameter:$rows
+  );
+  let extraClassDeclaration = [{
+    /// Its bytes for T tokens, the fixed term rounded up to 256 and the
+    /// per-token one to 16 (the slice it takes in the saved buffer, which
+    /// starts 16-byte aligned at any token count).
+    TokenLinear getSliceBytes() const;
+  }];
+  let genVerifyDecl = 1;
+}
+
+def Moe_TrainingAttr : Moe_Attr<"Training", "training"> {
+  let summary = "what a layer library built for training also exports";
+  let description = [{
+    moe-differentiate's training forward (`@<layer>_train`) and backward
+    (`@<layer>_backward`) as the library offers them: the tensors the
+    forward saves, in the order the backward reads them, and the gradient
+    of each argument that has one (an `#moe.argument` named after it, of
+    the type the backward computes it in), in the backward's order.
+  }];
+  let parameters = (ins
+    "::mlir::ArrayAttr":$saved,
+    "::mlir::ArrayAttr":$gradients
+  );
+  let extraClassDeclaration = [{
+    ::llvm::SmallVector<SavedAttr> getSavedList() const;
+    ::llvm::SmallVector<ArgumentAttr> getGradientList() const;
+    /// The saved buffer's header (the token count and the layer it came
+    /// from), before the first tensor.
+    static constexpr int64_t kHeaderBytes = 256;
+    /// Where saved tensor `i` starts, and the whole buffer, for T tokens.
+    TokenLinear getSavedOffset(unsigned i) const;
+    TokenLinear getSavedBytes() const;
+  }];
+  let genVerifyDecl = 1;
+}
+
 def Moe_InterfaceAttr : Moe_Attr<"Interface", "interface"> {
   let summary = "what a compiled layer exports";
   let description = [{
@@ -509,10 +558,11 @@ def Moe_InterfaceAttr : Moe_Attr<"Interface", "interface"> {
     (outputs last), the layer's configuration where it is a layer, the
     workspace a GPU forward needs (`fixed + per_token * T` bytes for T
     tokens), the token buckets whose graphs it replays, what its
-    expert-parallel ranks agree on, and every exported symbol by role.
+    expert-parallel ranks agree on, the training forward and backward of a
+    library built for training, and every exported symbol by role.
     moe-export-interface attaches it as `moe.interface` to the layer
-    function; the target's kernel builder adds what its launch plan
-    decides. The host code, the header and the description JSON are
+    function; moe-differentiate adds the training part and the target's
+    kernel builder what its launch plan decides. The host code, the header and the description JSON are
     rendered from it alone.
   }];
   let parameters = (ins
@@ -524,6 +574,8 @@ def Moe_InterfaceAttr : Moe_Attr<"Interface", "interface"> {
     Moe_CountListParameter:$token_buckets,
     OptionalParameter<"::mlir::moe::ExpertParallelAttr",
                       "expert-parallel ranks">:$expert_parallel,
+    OptionalParameter<"::mlir::moe::TrainingAttr",
+                      "the training forward and backward">:$training,
     "::mlir::DictionaryAttr":$symbols
   );
   let builders = [
@@ -532,28 +584,32 @@ def Moe_InterfaceAttr : Moe_Attr<"Interface", "interface"> {
                      "::mlir::ArrayAttr":$args, "ConfigAttr":$config,
                      "TokenLinear":$workspace,
                      "::llvm::ArrayRef<int64_t>":$tokenBuckets,
-                     "ExpertParallelAttr":$expertParallel), [{
+                     "ExpertParallelAttr":$expertParallel,
+                     CArg<"TrainingAttr", "{}">:$training), [{
       return $_get($_ctxt, name, target, args, config, workspace,
-                   tokenBuckets, expertParallel,
+                   tokenBuckets, expertParallel, training,
                    exportedSymbols($_ctxt, name, target, tokenBuckets,
-                                   expertParallel));
+                                   expertParallel, bool(training)));
     }]>
   ];
   let extraClassDeclaration = [{
     ::llvm::SmallVector<ArgumentAttr> getArgList() const;
     /// The exported symbol of `role` (forward, layer_info, last_error,
     /// workspace_size, set_graphs, warmup, ep_init, ep_finalize,
-    /// ep_status), or empty if the library has none.
+    /// ep_status, forward_train, saved_size, backward), or empty if the
+    /// library has none.
     ::llvm::StringRef getSymbol(::llvm::StringRef role) const;
     /// This interface with what a GPU launch plan decided.
     InterfaceAttr withLaunch(TokenLinear workspace,
                              ::llvm::ArrayRef<int64_t> tokenBuckets,
                              ExpertParallelAttr expertParallel) const;
+    /// This interface with the training forward and backward.
+    InterfaceAttr withTraining(TrainingAttr training) const;
     /// Every symbol a library of this shape exports, by role.
     static ::mlir::DictionaryAttr
     exportedSymbols(::mlir::MLIRContext *context, ::llvm::StringRef name,
                     Target target, ::llvm::ArrayRef<int64_t> tokenBuckets,
-                    ExpertParallelAttr expertParallel);
+                    ExpertParallelAttr expertParallel, bool training);
     /// The name a layer function's interface is attached under.
     static ::llvm::StringRef getAttrName() { return "moe.interface"; }
   }];

@@ -179,19 +179,21 @@ class Layer:
             self._workspace[key] = workspace
         return workspace
 
-    def check(self, tensors):
-        """Raises unless `tensors` match the ABI's names, dtypes and shapes."""
+    def check(self, tensors, inputs_only=False):
+        """Raises unless `tensors` match the ABI's names, dtypes and shapes
+        (its inputs alone with `inputs_only`); returns the token count."""
         import torch
         dtypes = {"BF16": torch.bfloat16, "F32": torch.float32,
                   "F8_E4M3": torch.float8_e4m3fn, "I32": torch.int32,
                   "F8_E8M0": torch.uint8}
-        if len(tensors) != len(self.args):
-            raise LayerError(f"{len(self.args)} tensors expected, "
+        args = [a for a in self.args if not (inputs_only and a["output"])]
+        if len(tensors) != len(args):
+            raise LayerError(f"{len(args)} tensors expected, "
                              f"{len(tensors)} given")
         tokens = tensors[0].shape[0]
         gpu = self.target != "cpu"
         device = tensors[0].device
-        for arg, t in zip(self.args, tensors):
+        for arg, t in zip(args, tensors):
             if (t.device != device) or (t.is_cuda != gpu):
                 raise LayerError(f"{arg['name']}: on {t.device}; a "
                                  f"{self.target} layer takes all its tensors "
@@ -250,6 +252,124 @@ class Layer:
             raise LayerError(f"{self.info['forward']} failed: {why}")
         outputs = tensors[len(tensors) - self.num_outputs:]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    # Training (a library built with moe-compile --train).
+
+    @property
+    def training(self):
+        """The library's training part of its info (None unless built with
+        --train): saved tensors, gradients and entry points."""
+        return self.info.get("training")
+
+    def _training_entry(self, role, argtypes):
+        if not self.training:
+            raise LayerError(f"{self.info['name']}: the library was not "
+                             f"built for training (moe-compile --train)")
+        fn = getattr(self.lib, self.training[role])
+        fn.restype = ctypes.c_int32
+        fn.argtypes = argtypes
+        return fn
+
+    def saved_size(self, tokens):
+        """Bytes of the buffer forward_train saves into, for `tokens`."""
+        if not self.training:
+            self._training_entry("saved_size", [])  # raises
+        size = self.training["saved_bytes"]
+        return size["base"] + size["per_token"] * tokens
+
+    def forward_train(self, *tensors, saved):
+        """forward() that also writes what the backward reads into `saved`
+        (uint8, saved_size(tokens) bytes, contiguous); CPU layers."""
+        fn = self._training_entry("forward", [ctypes.c_void_p,
+                                              ctypes.c_int64,
+                                              ctypes.c_void_p])
+        tokens = self.check(tensors)
+        self._check_saved(saved, tokens, tensors[0].device)
+        pointers = (ctypes.c_void_p * len(tensors))(
+            *[t.data_ptr() for t in tensors])
+        if fn(pointers, tokens, saved.data_ptr()) != 0:
+            raise LayerError(f"{self.training['forward']} failed: "
+                             f"{self._last_error()}")
+
+    def _check_saved(self, saved, tokens, device):
+        import torch
+        need = self.saved_size(tokens)
+        if saved is None or not isinstance(saved, torch.Tensor):
+            raise LayerError("the saved tensors are missing: pass the buffer "
+                             "forward_train wrote")
+        if saved.dtype != torch.uint8 or saved.numel() < need or \
+                not saved.is_contiguous() or saved.device != device:
+            raise LayerError(f"the saved buffer must be {need} contiguous "
+                             f"uint8 bytes on {device} for {tokens} tokens; "
+                             f"it is {saved.numel()} {saved.dtype} on "
+                             f"{saved.device}")
+
+    def gradient_shapes(self, tokens):
+        """(name, torch dtype, shape) of each gradient the backward gives,
+        in order."""
+        import torch
+        dtypes = {"BF16": torch.bfloat16, "F32": torch.float32}
+        return [(g["name"], dtypes[g["dtype"]],
+                 [tokens if d < 0 else d for d in g["shape"]])
+                for g in self.training["gradients"]]
+
+    def backward(self, tensors, output_grad, saved, grads, accumulate=False,
+                 bf16=False):
+        """The layer's backward. `tensors`: the forward's inputs (outputs
+        may be left out); `output_grad`: the output's gradient, bf16;
+        `saved`: what forward_train wrote; `grads`: a tensor (or None, not
+        wanted) for each gradient of gradient_shapes(), written in order
+        (weights' in f32, or bf16 with `bf16`; added to with
+        `accumulate`)."""
+        import torch
+        fn = self._training_entry("backward", [
+            ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32])
+        inputs = [a for a in self.args if not a["output"]]
+        if len(tensors) != len(inputs):
+            raise LayerError(f"the backward takes the forward's "
+                             f"{len(inputs)} inputs; {len(tensors)} given")
+        tokens = self.check(tensors, inputs_only=True)
+        device = tensors[0].device
+        out = next(a for a in self.args if a["output"])
+        shape = [tokens if d < 0 else d for d in out["shape"]]
+        if not isinstance(output_grad, torch.Tensor) or \
+                list(output_grad.shape) != shape or \
+                output_grad.dtype != torch.bfloat16 or \
+                not output_grad.is_contiguous() or \
+                output_grad.device != device:
+            raise LayerError(f"the output's gradient must be bf16 {shape} "
+                             f"contiguous on {device}; it is "
+                             + (f"{output_grad.dtype} "
+                                f"{list(output_grad.shape)} on "
+                                f"{output_grad.device}"
+                                if isinstance(output_grad, torch.Tensor)
+                                else type(output_grad).__name__))
+        self._check_saved(saved, tokens, device)
+        expected = self.gradient_shapes(tokens)
+        if len(grads) != len(expected):
+            raise LayerError(f"{len(expected)} gradients expected "
+                             f"({', '.join(n for n, *_ in expected)}); "
+                             f"{len(grads)} given")
+        for g, (name, dtype, gshape) in zip(grads, expected):
+            if g is None:
+                continue
+            want = torch.bfloat16 if bf16 else dtype
+            if list(g.shape) != gshape or g.dtype != want or \
+                    not g.is_contiguous() or g.device != device:
+                raise LayerError(f"the gradient of {name} must be {want} "
+                                 f"{gshape} contiguous on {device}; it is "
+                                 f"{g.dtype} {list(g.shape)} on {g.device}")
+        args = list(tensors) + [None] * self.num_outputs
+        pointers = (ctypes.c_void_p * len(args))(
+            *[t.data_ptr() if t is not None else None for t in args])
+        grad_pointers = (ctypes.c_void_p * len(grads))(
+            *[g.data_ptr() if g is not None else None for g in grads])
+        flags = (1 if accumulate else 0) | (2 if bf16 else 0)
+        if fn(pointers, tokens, output_grad.data_ptr(), saved.data_ptr(),
+              grad_pointers, flags) != 0:
+            raise LayerError(f"{self.training['backward']} failed: "
+                             f"{self._last_error()}")
 
     @property
     def num_outputs(self):

@@ -95,14 +95,26 @@ _PROVENANCE = ("transformers_version", "_name_or_path")
 
 
 def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None,
-                  quant=None, ep_size=1, router_logits=False):
+                  quant=None, ep_size=1, router_logits=False, train=False):
     """The path of a library for `config` (a HF config dict), compiled by
     moe-compile or found in the cache (key: config and options; an entry a
     different compiler built is rebuilt, and taken as it is where no
     compiler is found). `quant`: None (as the config says), "fp8-block128"
     or "mxfp8"; `ep_size`: expert-parallel ranks; `router_logits`: the
-    layer also outputs its router logits."""
+    layer also outputs its router logits; `train`: the library also holds
+    the layer's training forward and backward (moe-compile --train)."""
     options = [f"--target={target}"]
+    if train:
+        if target != "cpu":
+            raise LayerError(f"training with target={target!r} is not "
+                             f"supported yet: the backward runs on the CPU "
+                             f"backend (target='cpu')")
+        if quant is not None or ep_size != 1 or router_logits:
+            raise LayerError("training takes bf16 layers on one rank, "
+                             "without router logits (quant, expert "
+                             "parallelism and router logits are not "
+                             "differentiated yet)")
+        options.append("--train")
     if quant is not None:
         if quant not in QUANTS:
             raise LayerError(f"quant={quant!r}: one of "
@@ -231,6 +243,78 @@ def _(hidden_states, weights, layer_id):
                                     dtype=torch.float32))
 
 
+@torch.library.custom_op("moe_compiler::moe_forward_train", mutates_args=())
+def moe_forward_train(hidden_states: torch.Tensor, weights: list[torch.Tensor],
+                      layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training forward of a layer built for training: the output and
+    the saved buffer (uint8) its backward reads."""
+    layer = _layers[layer_id]
+    x = hidden_states.contiguous()
+    out = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    saved = torch.empty(layer.saved_size(x.shape[0]), dtype=torch.uint8,
+                        device=x.device)
+    layer.forward_train(x, *weights, out, saved=saved)
+    return out, saved
+
+
+@moe_forward_train.register_fake
+def _(hidden_states, weights, layer_id):
+    layer = _layers[layer_id]
+    return (hidden_states.new_empty(hidden_states.shape, dtype=torch.bfloat16),
+            hidden_states.new_empty(layer.saved_size(hidden_states.shape[0]),
+                                    dtype=torch.uint8))
+
+
+@torch.library.custom_op("moe_compiler::moe_backward", mutates_args=())
+def moe_backward(output_grad: torch.Tensor, hidden_states: torch.Tensor,
+                 weights: list[torch.Tensor], saved: torch.Tensor,
+                 layer_id: int) -> list[torch.Tensor]:
+    """The layer's backward: the gradients its info lists, in order (the
+    tokens' bf16, the weights' f32)."""
+    layer = _layers[layer_id]
+    x = hidden_states.contiguous()
+    grads = [torch.empty(shape, dtype=dtype, device=x.device)
+             for _, dtype, shape in layer.gradient_shapes(x.shape[0])]
+    layer.backward([x, *weights], output_grad.contiguous(), saved, grads)
+    return grads
+
+
+@moe_backward.register_fake
+def _(output_grad, hidden_states, weights, saved, layer_id):
+    layer = _layers[layer_id]
+    return [hidden_states.new_empty(shape, dtype=dtype) for _, dtype, shape
+            in layer.gradient_shapes(hidden_states.shape[0])]
+
+
+def _train_setup(ctx, inputs, output):
+    hidden_states, weights, layer_id = inputs
+    ctx.save_for_backward(hidden_states, output[1], *weights)
+    ctx.layer_id = layer_id
+    ctx.set_materialize_grads(True)
+
+
+def _train_backward(ctx, output_grad, saved_grad):
+    hidden_states, saved, *weights = ctx.saved_tensors
+    layer = _layers[ctx.layer_id]
+    grads = torch.ops.moe_compiler.moe_backward(
+        output_grad.to(torch.bfloat16), hidden_states, weights, saved,
+        ctx.layer_id)
+    by_name = dict(zip((g["name"] for g in layer.training["gradients"]),
+                       grads))
+    names = [a["name"] for a in layer.args
+             if not a["output"] and a["name"] != "hidden_states"]
+    d_hidden = by_name.get("hidden_states")
+    if d_hidden is not None:
+        d_hidden = d_hidden.to(hidden_states.dtype)
+    d_weights = [by_name[n].to(w.dtype) if n in by_name else None
+                 for n, w in zip(names, weights)]
+    return d_hidden, d_weights, None
+
+
+moe_forward_train.register_autograd(_train_backward,
+                                    setup_context=_train_setup)
+
+
 def _finalize_on_destroy():
     """torch.distributed.destroy_process_group finalizes the expert-parallel
     layers started over the group it destroys (before the group goes)."""
@@ -333,15 +417,39 @@ def quantize_once(tensors, quant, config):
     return out
 
 
+class _NoBackward(torch.autograd.Function):
+    """The output of a layer not built for training, in a graph that wants
+    gradients: its backward raises."""
+
+    @staticmethod
+    def forward(ctx, out, hidden_states):
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise LayerError("backward through a compiled MoE layer that was not "
+                         "built for training (MoE.from_pretrained(..., "
+                         "train=True), or patch(model, target='cpu'))")
+
+
 class MoE(torch.nn.Module):
     """One compiled MoE layer and its weights on a device."""
 
-    def __init__(self, library, tensors, device=None, layer=None):
+    def __init__(self, library, tensors, device=None, layer=None,
+                 trainable=False, train_layer=None, weights=None):
         """`library`: a layer compiled by moe-compile (or `layer`, a Layer
         several modules share); `tensors`: its weights by argument name
-        (numpy arrays or torch tensors)."""
+        (numpy arrays or torch tensors). `trainable`: the weights are
+        nn.Parameters a backward reaches; `train_layer`: the Layer (or a
+        function giving it, called on the first forward that needs it) of a
+        library built for training, where `library` is not. `weights`: a
+        function giving the weights (in the ABI's order) at each forward,
+        instead of `tensors` held here."""
         super().__init__()
         self.layer = layer if layer is not None else Layer.open(library)
+        self._train_layer = train_layer
+        self._train_id = None
+        self._weights_fn = weights
         gpu = self.layer.target != "cpu"
         device = torch.device(device if device is not None else
                               ("cuda" if gpu else "cpu"))
@@ -349,6 +457,11 @@ class MoE(torch.nn.Module):
                            if a["name"] == "hidden_states")
         names = [a["name"] for a in self.layer.args
                  if not a["output"] and a["name"] != "hidden_states"]
+        self._names = names
+        self.layer_id = next(_ids)
+        _layers[self.layer_id] = self.layer
+        if weights is not None:
+            return
         missing = [n for n in names if n not in tensors]
         if missing:
             raise LayerError(f"weights missing: {', '.join(missing)}")
@@ -356,7 +469,6 @@ class MoE(torch.nn.Module):
         if extra:
             raise LayerError(f"weights the layer does not take: "
                              f"{', '.join(extra)}")
-        self._names = names
         for arg in self.layer.args:
             if arg["name"] not in tensors:
                 continue
@@ -364,26 +476,30 @@ class MoE(torch.nn.Module):
             if not isinstance(value, torch.Tensor):
                 value = _to_torch(value)
             value = value.to(device=device, dtype=_TORCH_DTYPES[arg["dtype"]])
-            self.register_buffer(arg["name"], value.contiguous())
+            if trainable and value.is_floating_point():
+                self.register_parameter(
+                    arg["name"], torch.nn.Parameter(value.contiguous()))
+            else:
+                self.register_buffer(arg["name"], value.contiguous())
         outputs = [torch.empty([0] + a["shape"][1:],
                                dtype=_TORCH_DTYPES[a["dtype"]], device=device)
                    for a in self.layer.args if a["output"]]
         self.layer.check([torch.empty(0, self.hidden, dtype=torch.bfloat16,
                                       device=device)] +
-                         [getattr(self, n) for n in names] + outputs)
-        self.layer_id = next(_ids)
-        _layers[self.layer_id] = self.layer
+                         [getattr(self, n).detach() for n in names] + outputs)
 
     @classmethod
     def from_pretrained(cls, checkpoint, layer, target="sm_90a", device=None,
                         library=None, cache_dir=None, compiler=None,
-                        quant=None, ep_group=None, ep_timeout_ms=0):
+                        quant=None, ep_group=None, ep_timeout_ms=0,
+                        train=False):
         """Layer `layer` of a HuggingFace checkpoint folder. `library`: a
         layer already compiled from its config.json (else compiled here, or
         found in the cache). `quant`: "fp8-block128" or "mxfp8" quantizes
         bf16 expert weights once, here. `ep_group`: a torch.distributed
         group (or "env") whose ranks split the experts; every rank calls
-        this, and keeps only its experts' weights."""
+        this, and keeps only its experts' weights. `train`: the weights are
+        nn.Parameters and the library is built for training too."""
         start = time.time()
         _progress(f"reading layer {layer} of {checkpoint} ...")
         weights = load_layer(checkpoint, layer, progress=_progress)
@@ -393,7 +509,7 @@ class MoE(torch.nn.Module):
         ranks = ep_size_of(ep_group)
         if library is None:
             library = compile_layer(weights.config, target, cache_dir,
-                                    compiler, quant, ranks)
+                                    compiler, quant, ranks, train=train)
         shared = Layer.open(library)
         tensors = quantize_once(weights.tensors, quant, weights.config)
         if ranks > 1:
@@ -402,16 +518,73 @@ class MoE(torch.nn.Module):
             rank = start_expert_parallel(shared, ep_group, device,
                                          timeout_ms=ep_timeout_ms)
             tensors = local_experts(tensors, rank, ranks)
-        return cls(library, tensors, device, layer=shared)
+        return cls(library, tensors, device, layer=shared, trainable=train)
+
+    def weights(self):
+        """The layer's weights in the ABI's order, as the forward takes
+        them."""
+        if self._weights_fn is not None:
+            return self._weights_fn()
+        return [getattr(self, n) for n in self._names]
+
+    def _training_layer(self):
+        """The id of the library built for training, compiled on first use
+        where it was given as a function."""
+        if self._train_id is not None:
+            return self._train_id
+        layer = self._train_layer
+        if layer is None and self.layer.training:
+            layer = self.layer
+        if callable(layer) and not isinstance(layer, Layer):
+            layer = layer()
+        if layer is None:
+            raise LayerError("a gradient is asked for, but the layer was not "
+                             "built for training (MoE.from_pretrained(..., "
+                             "train=True), or patch(model, target='cpu'); "
+                             "under torch.no_grad() the forward needs none)")
+        self._train_layer = layer
+        if layer is self.layer:
+            self._train_id = self.layer_id
+        else:
+            self._train_id = next(_ids)
+            _layers[self._train_id] = layer
+        return self._train_id
+
+    @staticmethod
+    def _wants_grad(flat, weights):
+        return torch.is_grad_enabled() and (
+            flat.requires_grad or any(w.requires_grad for w in weights))
 
     def forward(self, hidden_states):
-        """hidden_states: [tokens, H] or [batch, seq, H], bf16."""
-        if self.router_logits:
-            return self.forward_with_logits(hidden_states)[0]
+        """hidden_states: [tokens, H] or [batch, seq, H], bf16. With
+        gradients asked for (a weight or the input requiring them, outside
+        torch.no_grad()) the training forward runs, and backward() reaches
+        the weights and the input."""
         flat = self._flat(hidden_states)
-        out = torch.ops.moe_compiler.moe_forward(
-            flat, [getattr(self, n) for n in self._names], self.layer_id)
+        weights = self.weights()
+        wants_grad = self._wants_grad(flat, weights)
+        if wants_grad and self.trainable:
+            out, _ = torch.ops.moe_compiler.moe_forward_train(
+                flat, weights, self._training_layer())
+            return out.reshape(hidden_states.shape)
+        with torch.no_grad():
+            if self.router_logits:
+                out, _ = torch.ops.moe_compiler.moe_forward_logits(
+                    flat, weights, self.layer_id)
+            else:
+                out = torch.ops.moe_compiler.moe_forward(flat, weights,
+                                                         self.layer_id)
+        if wants_grad:
+            # A backward through this forward would miss the layer: it
+            # says so rather than train without it.
+            out = _NoBackward.apply(out, flat)
         return out.reshape(hidden_states.shape)
+
+    @property
+    def trainable(self):
+        """Whether a backward can run: the library is built for training,
+        or one that is was given."""
+        return self._train_layer is not None or bool(self.layer.training)
 
     def _flat(self, hidden_states):
         """[tokens, H] bf16 of hidden_states' rows."""
@@ -431,7 +604,12 @@ class MoE(torch.nn.Module):
         router_logits=True))."""
         if not self.router_logits:
             raise LayerError("the layer was compiled without router logits")
-        out, logits = torch.ops.moe_compiler.moe_forward_logits(
-            self._flat(hidden_states),
-            [getattr(self, n) for n in self._names], self.layer_id)
+        flat, weights = self._flat(hidden_states), self.weights()
+        with torch.no_grad():
+            out, logits = torch.ops.moe_compiler.moe_forward_logits(
+                flat, weights, self.layer_id)
+        if self._wants_grad(flat, weights):
+            # Router logits take no gradient yet: a backward through this
+            # forward says so.
+            out = _NoBackward.apply(out, flat)
         return out.reshape(hidden_states.shape), logits

@@ -17,7 +17,8 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from .checkpoint import Checkpoint, CheckpointError, load_layer, text_config
+from .checkpoint import (Checkpoint, CheckpointError, _fp8_block128,
+                         load_layer, text_config)
 from .layer import Layer, LayerError
 from .module import (MoE, compile_layer, ep_size_of, local_experts,
                      quantize_once, start_expert_parallel, _progress)
@@ -80,21 +81,140 @@ class _BlockTensors(Checkpoint):
         return _numpy(tensor)
 
 
-class CompiledMoeBlock(torch.nn.Module):
-    """A compiled layer in the place of a transformers MoE block."""
+def _cat_gate_up(t, dim):
+    """GPT-OSS's interleaved gate/up columns (gate at even, up at odd) as
+    gate, then up."""
+    index = torch.arange(t.shape[dim], device=t.device)
+    order = torch.cat([index[0::2], index[1::2]])
+    return t.index_select(dim, order)
 
-    def __init__(self, moe, returns, replaced):
+
+def _experts(p, names, fused):
+    """w13 [E, 2I, H] and w2 [E, H, I] from fused experts (gate_up_proj
+    [E, 2I, H], down_proj [E, H, I]) or per-expert Linear weights."""
+    if fused[0] in p:
+        return {"w13": p[fused[0]], "w2": p[fused[1]]}
+    gate, up, down = names
+    count = sum(1 for n in p if n.startswith("experts.") and
+                n.endswith("." + down.split(".")[-1] + ".weight"))
+    return {"w13": torch.stack([torch.cat([p[gate.format(e) + ".weight"],
+                                           p[up.format(e) + ".weight"]])
+                                for e in range(count)]),
+            "w2": torch.stack([p[down.format(e) + ".weight"]
+                               for e in range(count)])}
+
+
+def _shared(p, prefix):
+    return {"shared_w13": torch.cat([p[prefix + ".gate_proj.weight"],
+                                     p[prefix + ".up_proj.weight"]]),
+            "shared_w2": p[prefix + ".down_proj.weight"]}
+
+
+def pack_block(kind, p):
+    """A bf16 block's tensors `p` (its parameters and buffers by name) as
+    the layer's arguments, with torch operations a backward goes through:
+    the same layout moe_compiler.checkpoint reads from files."""
+    per_expert = ("experts.{}.gate_proj", "experts.{}.up_proj",
+                  "experts.{}.down_proj")
+    fused = ("experts.gate_up_proj", "experts.down_proj")
+    if kind == "mixtral":
+        out = {"router_weight": p["gate.weight"]}
+        out.update(_experts(p, ("experts.{}.w1", "experts.{}.w3",
+                                "experts.{}.w2"), fused))
+        return out
+    if kind in ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3",
+                "kimi_k2"):
+        out = {"router_weight": p["gate.weight"]}
+        if "gate.e_score_correction_bias" in p:
+            out["router_bias"] = p["gate.e_score_correction_bias"]
+        out.update(_experts(p, per_expert, fused))
+        if "shared_expert.gate_proj.weight" in p:
+            out.update(_shared(p, "shared_expert"))
+            out["shared_gate"] = p["shared_expert_gate.weight"]
+        if "shared_experts.gate_proj.weight" in p:
+            out.update(_shared(p, "shared_experts"))
+        return out
+    if kind == "gpt_oss":
+        # x @ gate_up_proj [E, H, 2I], gate and up columns interleaved.
+        return {"router_weight": p["router.weight"],
+                "router_bias": p["router.bias"],
+                "w13": _cat_gate_up(p["experts.gate_up_proj"], 2)
+                .transpose(1, 2),
+                "w2": p["experts.down_proj"].transpose(1, 2),
+                "w13_bias": _cat_gate_up(p["experts.gate_up_proj_bias"], 1),
+                "w2_bias": p["experts.down_proj_bias"]}
+    if kind == "llama4_text":
+        out = {"router_weight": p["router.weight"],
+               "w13": p["experts.gate_up_proj"].transpose(1, 2),
+               "w2": p["experts.down_proj"].transpose(1, 2)}
+        out.update(_shared(p, "shared_expert"))
+        return out
+    raise LayerError(f"model type {kind!r} has no trainable packing")
+
+
+class CompiledMoeBlock(torch.nn.Module):
+    """A compiled layer in the place of a transformers MoE block.
+
+    A trainable block (bf16 weights on one rank, as patch(target="cpu")
+    gives) keeps the block's own parameters and buffers under their own
+    names, so the model's state_dict is the unpatched model's, an optimizer
+    trains them, and each forward hands the layer views of them
+    (pack_block); a forward that needs gradients runs the training
+    forward, whose backward reaches them."""
+
+    def __init__(self, moe, returns, replaced, block=None, kind=None):
         super().__init__()
         self.moe = moe
         self.returns = returns
         self.replaced = replaced  # the class name of the block it replaces
+        self._kind = kind
+        if block is not None:
+            for name, child in list(block.named_children()):
+                self.add_module(name, child)
+            for name, param in list(block.named_parameters(recurse=False)):
+                self.register_parameter(name, param)
+            for name, buf in list(block.named_buffers(recurse=False)):
+                self.register_buffer(name, buf)
+            self.moe._weights_fn = self._packed
+
+    def _packed(self):
+        """The layer's weights from the block's own tensors, in the ABI's
+        dtypes and order; under torch.no_grad() packed once and kept while
+        no tensor changes."""
+        tensors = dict(self.named_parameters())
+        tensors.update(self.named_buffers())
+        tensors = {n: t for n, t in tensors.items()
+                   if not n.startswith("moe.")}
+        grad = torch.is_grad_enabled() and any(
+            t.requires_grad for t in tensors.values())
+        key = tuple((id(t), t._version) for t in tensors.values())
+        cached = getattr(self, "_packed_cache", None)
+        if not grad and cached is not None and cached[0] == key:
+            return cached[1]
+        packed = pack_block(self._kind, tensors)
+        args = {a["name"]: a for a in self.moe.layer.args}
+        dtypes = {"BF16": torch.bfloat16, "F32": torch.float32}
+        weights = [packed[n].to(dtypes[args[n]["dtype"]]).contiguous()
+                   for n in self.moe._names]
+        self._packed_cache = None if grad else (key, weights)
+        return weights
 
     def forward(self, hidden_states):
         logits = None
-        if self.moe.router_logits:
+        if self._kind is not None and torch.is_grad_enabled() and (
+                hidden_states.requires_grad or
+                any(p.requires_grad for p in self.parameters())):
+            # The training forward: router logits take no gradient yet.
+            if _router_logits_wanted():
+                raise LayerError("router logits (output_router_logits, the "
+                                 "auxiliary loss) take no gradient yet; "
+                                 "train without them")
+            out = self.moe(hidden_states).to(hidden_states.dtype)
+        elif self.moe.router_logits:
             out, logits = self.moe.forward_with_logits(hidden_states)
             logits = logits.to(hidden_states.dtype)  # as the HF router's
             _record_router_logits(logits)
+            out = out.to(hidden_states.dtype)
         else:
             out = self.moe(hidden_states)
         out = out.to(hidden_states.dtype)
@@ -108,6 +228,17 @@ class CompiledMoeBlock(torch.nn.Module):
 
     def extra_repr(self):
         return f"replaces {self.replaced}, layer {self.moe.layer.info['name']}"
+
+
+def _router_logits_wanted():
+    if torch.compiler.is_compiling():
+        return False
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:
+        return False
+    collected = _active_collector.get()
+    return collected is not None and "router_logits" in collected
 
 
 def _record_router_logits(logits):
@@ -225,6 +356,17 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
     library = None
     shared = None
     rank = 0
+    # What can train keeps the model's own parameters: bf16 weights on one
+    # rank of the backend whose library has a backward (the CPU's).
+    trainable = target == "cpu" and quant is None and ranks == 1 and \
+        not _fp8_block128(config)
+    train_layer = []
+
+    def train_library():
+        if not train_layer:
+            train_layer.append(Layer.open(compile_layer(
+                config, target, cache_dir, compiler, train=True)))
+        return train_layer[0]
     for (name, index, parent, attribute, block), device in zip(blocks,
                                                                devices):
         try:
@@ -246,9 +388,19 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
         tensors = quantize_once(weights.tensors, quant, config)
         if ranks > 1:
             tensors = local_experts(tensors, rank, ranks)
-        moe = MoE(library, tensors, device, layer=shared)
-        setattr(parent, attribute,
-                CompiledMoeBlock(moe, BLOCKS[kind][1], type(block).__name__))
+        if trainable:
+            # The block's own tensors stay; the layer reads them each
+            # forward. The training library is compiled on first use.
+            moe = MoE(library, None, device, layer=shared,
+                      train_layer=train_library, weights=lambda: [])
+            replacement = CompiledMoeBlock(moe, BLOCKS[kind][1],
+                                           type(block).__name__, block, kind)
+            replacement._packed()  # checks the block's tensors now
+        else:
+            moe = MoE(library, tensors, device, layer=shared)
+            replacement = CompiledMoeBlock(moe, BLOCKS[kind][1],
+                                           type(block).__name__)
+        setattr(parent, attribute, replacement)
         del block, weights, tensors
     _progress(f"patched {len(blocks)} {BLOCKS[kind][0]} blocks")
     return model

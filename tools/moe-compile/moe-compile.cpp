@@ -284,10 +284,11 @@ int main(int argc, char **argv) {
                  << "\n";
     return 1;
   }
-  if (options.train && emit == Emit::SharedLibrary) {
-    llvm::errs() << "moe-compile: --train builds the layer's training forward "
-                    "and backward as L1 ops (--emit=l1); a library does not "
-                    "export them yet\n";
+  if (options.train && target == Target::SM90a && emit != Emit::L1) {
+    llvm::errs() << "moe-compile: --train builds a CPU library "
+                    "(--target=cpu) or the L1 ops of either target "
+                    "(--emit=l1); the backward's steps have no sm_90a "
+                    "kernels yet\n";
     return 1;
   }
   if ((emit == Emit::Kernels || emit == Emit::PTX) && target != Target::SM90a) {

@@ -1,0 +1,312 @@
+#!/usr/bin/env python3
+"""Training through moe_compiler.patch on tiny random-weight transformers
+models (Inputs/hf-models.json, 2 decoder layers), on the CPU backend.
+
+  check_train.py grads [MODEL...]
+      each patched block's backward (input, router, every expert weight,
+      biases, shared experts) against the HF block's in float32 (its
+      grouped matmul takes no float64; the C++ checks run float64), on the
+      same bf16 weights and input; tokens at a routing near-tie left out.
+  check_train.py parity [MODEL...] [--steps N]
+      a 2-layer model trains N steps (AdamW, a fixed synthetic task, the
+      same seed and data) patched and unpatched: the losses per step.
+  check_train.py api MODEL
+      state_dict keys, an optimizer made after patch, a checkpoint saved
+      after training loaded into the unpatched model, gradient
+      accumulation, activation checkpointing, and the bad inputs the
+      backward refuses.
+"""
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import tempfile
+
+import torch
+import moe_compiler
+from moe_compiler import LayerError
+from check_patch import MODELS, blocks, build, first
+
+
+def patched(name, cache, seed=0):
+    model = build(name, seed=seed)
+    moe_compiler.patch(model, target="cpu", cache_dir=cache)
+    return model
+
+
+def near_ties(block, kind, x):
+    """Tokens whose top-k choice is within a hair of the next expert: the
+    two sides may route them differently."""
+    router = getattr(block, "gate", None) or getattr(block, "router")
+    weight = router.weight.double()
+    logits = x.double() @ weight.T
+    if getattr(router, "bias", None) is not None:
+        logits = logits + router.bias.double()
+    if hasattr(router, "e_score_correction_bias"):
+        logits = logits.sigmoid() + router.e_score_correction_bias.double()
+    k = block.moe.layer.info["config"]["top_k"] if hasattr(block, "moe") \
+        else None
+    top = logits.topk(k + 1, dim=-1).values
+    gap = top[:, k - 1] - top[:, k]
+    return gap < 1e-2 * logits.abs().max()
+
+
+def check_grads(args):
+    names = args.models or list(json.load(open(MODELS)))
+    for name in names:
+        model = build(name)
+        reference = copy.deepcopy(model).float()
+        moe_compiler.patch(model, target="cpu", cache_dir=args.cache)
+        hidden = model.config.hidden_size
+        gen = torch.Generator().manual_seed(2)
+        for (i, ours), (_, theirs) in zip(blocks(model), blocks(reference)):
+            x = torch.randn(3, 7, hidden, generator=gen).to(torch.bfloat16)
+            flat = x.reshape(-1, hidden)
+            keep = ~near_ties(ours, name, flat.float())
+            dy = torch.randn(3, 7, hidden, generator=gen).to(torch.bfloat16)
+            dy = dy * keep.reshape(3, 7, 1)
+            xo = x.clone().requires_grad_(True)
+            first(ours(xo)).reshape(3, 7, hidden).backward(dy)
+            xr = x.float().requires_grad_(True)
+            first(theirs(xr)).reshape(3, 7, hidden).backward(dy.float())
+            worst, report = 0.0, []
+            pairs = [("hidden_states", xo.grad, xr.grad)]
+            theirs_params = dict(theirs.named_parameters())
+            for pname, p in ours.named_parameters():
+                if pname.startswith("moe."):
+                    continue
+                q = theirs_params[pname]
+                if q.grad is None and p.grad is None:
+                    continue
+                pairs.append((pname, p.grad, q.grad))
+            for pname, got, want in pairs:
+                if got is None or want is None:
+                    report.append(f"{pname}: "
+                                  f"{'missing' if got is None else 'extra'}")
+                    worst = math.inf
+                    continue
+                g, w = got.double(), want.double()
+                if pname == "hidden_states":
+                    g = g.reshape(-1, hidden)[keep]
+                    w = w.reshape(-1, hidden)[keep]
+                error = ((g - w).norm() / max(w.norm(), 1e-30)).item()
+                worst = max(worst, error)
+                report.append(f"{pname} {error:.1e}")
+            verdict = "ok" if worst <= args.bound else "FAILED"
+            print(f"{name} layer {i}: {len(pairs)} gradients, worst relative "
+                  f"error {worst:.1e} (bound {args.bound:g}) {verdict}")
+            if verdict != "ok":
+                print("   " + "; ".join(report))
+            ours.zero_grad()
+        sys.stdout.flush()
+
+
+def task(model, steps, seed=3, batch=4, length=16):
+    """Token batches of a fixed synthetic task: each sequence repeats a
+    short random pattern, so the next token is learnable."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    for _ in range(steps):
+        period = 4
+        pattern = torch.randint(0, vocab, (batch, period), generator=gen)
+        yield pattern.repeat(1, length // period)
+
+
+def train(model, steps, lr=1e-4):
+    """AdamW over four fixed batches in turn; the loss of each step."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    batches = list(task(model, 4))
+    losses = []
+    for step in range(steps):
+        ids = batches[step % len(batches)]
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def check_parity(args):
+    names = args.models or list(json.load(open(MODELS)))
+    for name in names:
+        theirs = train(build(name), args.steps)
+        ours = train(patched(name, args.cache), args.steps)
+        gaps = [abs(a - b) / abs(b) for a, b in zip(ours, theirs)]
+        worst = max(gaps)
+        end = gaps[-1]
+        ok = worst <= 0.01 and end <= 0.005
+        print(f"{name}: {args.steps} steps, loss {theirs[0]:.3f} -> "
+              f"{theirs[-1]:.3f} unpatched, {ours[0]:.3f} -> {ours[-1]:.3f} "
+              f"patched; worst step {worst:.2%} (bound 1%), last "
+              f"{end:.2%} (bound 0.5%) {'ok' if ok else 'FAILED'}")
+        sys.stdout.flush()
+
+
+def refused(what, call):
+    try:
+        call()
+    except LayerError as e:
+        print(f"{what}: refused: {str(e).splitlines()[0]}")
+        return
+    print(f"{what}: NOT refused")
+
+
+def check_api(args):
+    name = args.models[0]
+    model = build(name)
+    keys = list(model.state_dict())
+    shapes = {k: (tuple(v.shape), v.dtype) for k, v in
+              model.state_dict().items()}
+    shapes_before = {k: v.clone() for k, v in model.state_dict().items()}
+    moe_compiler.patch(model, target="cpu", cache_dir=args.cache)
+    after = {k: (tuple(v.shape), v.dtype) for k, v in
+             model.state_dict().items()}
+    print(f"state_dict after patch: "
+          f"{'the same keys, shapes and dtypes' if after == shapes else 'CHANGED'}"
+          f" ({len(keys)} tensors)")
+
+    # Trained after patch, saved, loaded into the unpatched model: the
+    # same logits as the patched model's (under no_grad).
+    losses = train(model, 5)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "model.pt")
+        torch.save(model.state_dict(), path)
+        fresh = build(name, seed=7)
+        fresh.load_state_dict(torch.load(path))
+    ids = next(iter(task(model, 1, seed=11)))
+    model.eval()
+    fresh.eval()
+    with torch.no_grad():
+        a = model(ids).logits.double()
+        b = fresh(ids).logits.double()
+    error = ((a - b).norm() / b.norm()).item()
+    trained = dict(model.state_dict())
+    same = all(torch.equal(t, trained[k]) for k, t in
+               fresh.state_dict().items())
+    moved = not torch.equal(trained[keys[-1]], shapes_before[keys[-1]])
+    print(f"trained 5 steps (loss {losses[0]:.3f} -> {losses[-1]:.3f}), "
+          f"saved, loaded into the unpatched model: "
+          f"{'every tensor as trained' if same else 'TENSORS DIFFER'}, "
+          f"logits off the patched model's by {error:.1e} "
+          f"{'ok' if same and moved and error < 5e-2 else 'FAILED'}")
+
+    # Gradient accumulation: two micro-batches' gradients add up to what
+    # each gives alone.
+    model.train()
+    x1, x2 = list(task(model, 2, seed=5))
+    grads = []
+    for batches in ([x1], [x2], [x1, x2]):
+        model.zero_grad()
+        for ids in batches:
+            model(ids, labels=ids).loss.backward()
+        grads.append({k: p.grad.double().clone() for k, p in
+                      model.named_parameters() if p.grad is not None})
+    worst = max(((grads[2][k] - grads[0][k] - grads[1][k]).norm() /
+                 max((grads[0][k] + grads[1][k]).norm(), 1e-30)).item()
+                for k in grads[2])
+    print(f"gradient accumulation over 2 micro-batches: worst relative error "
+          f"{worst:.1e} {'ok' if worst < 2e-2 else 'FAILED'}")
+
+    # Activation checkpointing around each decoder layer: the same
+    # gradients, bit for bit.
+    model.zero_grad()
+    model(x1, labels=x1).loss.backward()
+    plain = {k: p.grad.clone() for k, p in model.named_parameters()
+             if p.grad is not None}
+    model.zero_grad()
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": False})
+    model(x1, labels=x1).loss.backward()
+    model.gradient_checkpointing_disable()
+    same = all(torch.equal(plain[k], p.grad) for k, p in
+               model.named_parameters() if k in plain)
+    print(f"activation checkpointing: gradients "
+          f"{'bit-identical' if same else 'DIFFER'}")
+
+    # The backward's bad inputs, through the layer's own API.
+    block = blocks(model)[0][1]
+    layer = block.moe._train_layer
+    hidden = model.config.hidden_size
+    weights = [w.detach() for w in block.moe.weights()]
+    x = torch.randn(5, hidden).to(torch.bfloat16)
+    out = torch.empty(5, hidden, dtype=torch.bfloat16)
+    saved = torch.empty(layer.saved_size(5), dtype=torch.uint8)
+    layer.forward_train(x, *weights, out, saved=saved)
+    dy = torch.randn(5, hidden).to(torch.bfloat16)
+    grads = [torch.empty(s, dtype=d) for _, d, s in layer.gradient_shapes(5)]
+    layer.backward([x, *weights], dy, saved, grads)
+    print(f"backward on 5 tokens: {len(grads)} gradients, all finite: "
+          f"{all(bool(torch.isfinite(g).all()) for g in grads)}")
+    refused("a backward without its saved tensors",
+            lambda: layer.backward([x, *weights], dy, None, grads))
+    grads4 = [torch.empty(s, dtype=d) for _, d, s in
+              layer.gradient_shapes(4)]
+    refused("a backward of 4 tokens on 5 tokens' saved tensors",
+            lambda: layer.backward([x[:4], *weights], dy[:4], saved, grads4))
+    unwritten = torch.zeros_like(saved)
+    refused("a saved buffer no training forward wrote",
+            lambda: layer.backward([x, *weights], dy, unwritten, grads))
+    refused("an output gradient of the wrong dtype",
+            lambda: layer.backward([x, *weights], dy.float(), saved, grads))
+    bad = list(grads)
+    bad[1] = torch.empty(3, 3)
+    refused("a weight gradient of the wrong shape",
+            lambda: layer.backward([x, *weights], dy, saved, bad))
+    bad[1] = grads[1].to(torch.float16)
+    refused("a weight gradient of the wrong dtype",
+            lambda: layer.backward([x, *weights], dy, saved, bad))
+    inference = block.moe.layer
+    refused("a library not built for training",
+            lambda: inference.backward([x, *weights], dy, saved, grads))
+    # The C entry point itself, past the Python checks.
+    import ctypes
+    fn = getattr(layer.lib, layer.training["backward"])
+    fn.restype = ctypes.c_int32
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]
+    args = (ctypes.c_void_p * (len(weights) + 2))(
+        x.data_ptr(), *[w.data_ptr() for w in weights], None)
+    gp = (ctypes.c_void_p * len(grads))(*[g.data_ptr() for g in grads])
+    for what, call_saved, tokens, flags in (
+            ("null saved buffer", None, 5, 0),
+            ("4 tokens", saved.data_ptr(), 4, 0),
+            ("flags 8", saved.data_ptr(), 5, 8)):
+        status = fn(args, tokens, dy.data_ptr(), call_saved, gp, flags)
+        print(f"C backward, {what}: status {status}: "
+              f"{layer._last_error()}")
+    # Overwrite, accumulate, bf16: f32 grads twice with accumulate are twice
+    # one overwrite; bf16 ones their rounding.
+    once = [torch.zeros(s, dtype=d) for _, d, s in layer.gradient_shapes(5)]
+    layer.backward([x, *weights], dy, saved, once)
+    twice = [g.clone() for g in once]
+    layer.backward([x, *weights], dy, saved, twice, accumulate=True)
+    halves = [torch.empty(s, dtype=torch.bfloat16)
+              for _, d, s in layer.gradient_shapes(5)]
+    layer.backward([x, *weights], dy, saved, halves, bf16=True)
+    doubled = all(torch.equal(t, (2 * o.float()).to(o.dtype))
+                  for t, o in zip(twice[1:], once[1:]))
+    rounded = all(torch.equal(h, o.to(torch.bfloat16))
+                  for h, o in zip(halves, once))
+    print(f"accumulate: {'twice the overwrite' if doubled else 'WRONG'}; "
+          f"bf16: {'the f32 gradients rounded' if rounded else 'WRONG'}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["grads", "parity", "api"])
+    parser.add_argument("models", nargs="*")
+    parser.add_argument("--cache", required=True)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--bound", type=float, default=2e-2)
+    args = parser.parse_intermixed_args()
+    torch.manual_seed(0)
+    {"grads": check_grads, "parity": check_parity, "api": check_api}[
+        args.mode](args)
+
+
+if __name__ == "__main__":
+    main()
