@@ -140,10 +140,7 @@ LogicalResult host::addTrainingEntryPoints(ModuleOp module,
   HostBuilder h(b, module.getLoc());
   // The saved buffer's header names the layer by a digest of its
   // description.
-  Value layer;
-  auto layerId = [&] {
-    return h.c64(int64_t(llvm::xxh3_64bits(host::infoJson(interface))));
-  };
+  int64_t layerId = int64_t(llvm::xxh3_64bits(host::infoJson(interface)));
 
   // saved_size(tokens): the header and every saved tensor's slice.
   b.setInsertionPointToEnd(module.getBody());
@@ -160,8 +157,8 @@ LogicalResult host::addTrainingEntryPoints(ModuleOp module,
       addStatusEntry(b, h, module, interface.getSymbol("forward_train"),
                      {h.ptr, h.i64, h.ptr});
   Value tokens = forward.getArgument(1), saved = forward.getArgument(2);
-  layer = layerId();
-  h.check(h.call(RuntimeImport::moert_saved_begin, {saved, tokens, layer}));
+  h.check(h.call(RuntimeImport::moert_saved_begin,
+                 {saved, tokens, h.c64(layerId)}));
   SmallVector<Value> operands =
       memrefOperands(h, interface, forward.getArgument(0), tokens);
   appendSaved(h, operands, training, saved, tokens);
@@ -176,9 +173,8 @@ LogicalResult host::addTrainingEntryPoints(ModuleOp module,
   tokens = backward.getArgument(1);
   saved = backward.getArgument(3);
   Value grads = backward.getArgument(4), flags = backward.getArgument(5);
-  layer = layerId();
   h.check(h.call(RuntimeImport::moert_backward_check,
-                 {saved, tokens, layer, flags}));
+                 {saved, tokens, h.c64(layerId), flags}));
   operands = memrefOperands(h, interface, backward.getArgument(0), tokens,
                             /*inputsOnly=*/true);
   // The output's gradient, shaped as the output.

@@ -48,8 +48,8 @@ static StringRef dtypeName(Type type) {
 }
 
 /// An argument's sizes, -1 for the token count.
-static SmallVector<int64_t> shapeOf(ArgumentAttr arg) {
-  return llvm::map_to_vector(arg.getType().getShape(), [](int64_t size) {
+static SmallVector<int64_t> shapeOf(RankedTensorType type) {
+  return llvm::map_to_vector(type.getShape(), [](int64_t size) {
     return ShapedType::isDynamic(size) ? int64_t(-1) : size;
   });
 }
@@ -89,6 +89,11 @@ static llvm::json::Value configJson(ConfigAttr config) {
   return object;
 }
 
+/// `base + per_token * T` as JSON.
+static llvm::json::Object linearJson(TokenLinear l) {
+  return llvm::json::Object{{"base", l.fixed}, {"per_token", l.perToken}};
+}
+
 static llvm::json::Object expertParallelJson(InterfaceAttr interface) {
   ExpertParallelAttr ep = interface.getExpertParallel();
   llvm::json::Object object{{"ranks", ep.getRanks()},
@@ -112,10 +117,6 @@ static llvm::json::Object expertParallelJson(InterfaceAttr interface) {
   return object;
 }
 
-static llvm::json::Object linearJson(TokenLinear l) {
-  return llvm::json::Object{{"base", l.fixed}, {"per_token", l.perToken}};
-}
-
 /// A training library's forward, backward and saved buffer.
 static llvm::json::Object trainingJson(InterfaceAttr interface) {
   TrainingAttr training = interface.getTraining();
@@ -124,18 +125,14 @@ static llvm::json::Object trainingJson(InterfaceAttr interface) {
     saved.push_back(llvm::json::Object{
         {"name", tensor.getName()},
         {"dtype", dtypeName(tensor.getType().getElementType())},
-        {"shape", llvm::json::Array(llvm::map_range(
-                      tensor.getType().getShape(),
-                      [](int64_t d) {
-                        return ShapedType::isDynamic(d) ? int64_t(-1) : d;
-                      }))},
+        {"shape", llvm::json::Array(shapeOf(tensor.getType()))},
         {"rows", linearJson(tensor.getRows())},
         {"offset", linearJson(training.getSavedOffset(i))}});
   for (ArgumentAttr grad : training.getGradientList())
     gradients.push_back(llvm::json::Object{
         {"name", grad.getName()},
         {"dtype", dtypeName(grad.getType().getElementType())},
-        {"shape", llvm::json::Array(shapeOf(grad))}});
+        {"shape", llvm::json::Array(shapeOf(grad.getType()))}});
   return llvm::json::Object{
       {"forward", interface.getSymbol("forward_train")},
       {"backward", interface.getSymbol("backward")},
@@ -152,7 +149,7 @@ std::string host::infoJson(InterfaceAttr interface) {
     args.push_back(
         llvm::json::Object{{"name", arg.getName()},
                            {"dtype", dtypeName(arg.getType().getElementType())},
-                           {"shape", llvm::json::Array(shapeOf(arg))},
+                           {"shape", llvm::json::Array(shapeOf(arg.getType()))},
                            {"output", arg.getOutput()}});
   bool gpu = interface.getTarget() == Target::SM90a;
   llvm::json::Object info{{"abi_version", 1},
@@ -166,9 +163,7 @@ std::string host::infoJson(InterfaceAttr interface) {
   if (interface.getTraining())
     info["training"] = trainingJson(interface);
   if (gpu) {
-    TokenLinear workspace = interface.getWorkspace();
-    info["workspace"] = llvm::json::Object{{"base", workspace.fixed},
-                                           {"per_token", workspace.perToken}};
+    info["workspace"] = linearJson(interface.getWorkspace());
     info["workspace_size"] = interface.getSymbol("workspace_size");
   }
   if (!interface.getTokenBuckets().empty()) {
@@ -273,7 +268,7 @@ std::string host::headerText(InterfaceAttr interface) {
   for (auto [i, arg] : llvm::enumerate(interface.getArgList())) {
     os << " *   args[" << i << "] " << arg.getName() << " "
        << dtypeName(arg.getType().getElementType()) << " [";
-    llvm::interleave(shapeOf(arg), os, ", ");
+    llvm::interleave(shapeOf(arg.getType()), os, ", ");
     os << "]" << (arg.getOutput() ? " (output)" : "") << "\n";
   }
   printForward(os, interface);

@@ -528,20 +528,13 @@ class MoE(torch.nn.Module):
         return [getattr(self, n) for n in self._names]
 
     def _training_layer(self):
-        """The id of the library built for training, compiled on first use
-        where it was given as a function."""
+        """The id of the library built for training (self.trainable),
+        compiled on first use where it was given as a function."""
         if self._train_id is not None:
             return self._train_id
-        layer = self._train_layer
-        if layer is None and self.layer.training:
-            layer = self.layer
-        if callable(layer) and not isinstance(layer, Layer):
+        layer = self._train_layer or self.layer
+        if not isinstance(layer, Layer):
             layer = layer()
-        if layer is None:
-            raise LayerError("a gradient is asked for, but the layer was not "
-                             "built for training (MoE.from_pretrained(..., "
-                             "train=True), or patch(model, target='cpu'); "
-                             "under torch.no_grad() the forward needs none)")
         self._train_layer = layer
         if layer is self.layer:
             self._train_id = self.layer_id
