@@ -5,6 +5,11 @@
 // that (H 100 in bf16, I 40 in FP8), both operands get zero columns up to
 // the next multiple; a remark says what that copies per call.
 //
+// The kernel reads its weights K-major. A backward's dgrad (bf16 rows
+// times bf16 weights read along N, into bf16) becomes that matmul on the
+// weights transposed (moe.transpose), a copy of the weights per call, until
+// the kernel reads a transposed operand itself.
+//
 //===----------------------------------------------------------------------===//
 
 #include "passes/Passes.h"
@@ -34,9 +39,37 @@ static int64_t bytesOf(RankedTensorType type) {
   return n;
 }
 
+/// `op` as a grouped matmul on its weights transposed, where it is one:
+/// bf16 throughout, with neither `acc` nor `bias`.
+static void dgradAsMatmul(GroupedMatmulDgradOp op) {
+  auto type = [](Value v) { return cast<RankedTensorType>(v.getType()); };
+  if (op.getAcc() || op.getBias() ||
+      !type(op.getOutGrad()).getElementType().isBF16() ||
+      !type(op.getRhs()).getElementType().isBF16() ||
+      !type(op.getOut()).getElementType().isBF16())
+    return;
+  OpBuilder b(op);
+  RankedTensorType rhs = type(op.getRhs());
+  SmallVector<int64_t> shape(rhs.getShape());
+  std::swap(shape[shape.size() - 1], shape[shape.size() - 2]);
+  Value weights =
+      TransposeOp::create(b, op.getLoc(), rhs.clone(shape), op.getRhs());
+  auto matmul = GroupedMatmulOp::create(
+      b, op.getLoc(), op.getOut().getType(), Type(), op.getOutGrad(), weights,
+      op.getTokensPerExpert(), op.getExpertOffsets(), Value(), Value(), Value(),
+      ActivationAttr(), QuantAttr(), ArrayAttr());
+  op.getOut().replaceAllUsesWith(matmul.getOut());
+  op.erase();
+}
+
 namespace {
 struct LegalizePass : public moe::impl::LegalizeBase<LegalizePass> {
   void runOnOperation() override {
+    SmallVector<GroupedMatmulDgradOp> dgrads;
+    getOperation()->walk(
+        [&](GroupedMatmulDgradOp op) { dgrads.push_back(op); });
+    for (GroupedMatmulDgradOp op : dgrads)
+      dgradAsMatmul(op);
     getOperation()->walk([&](GroupedMatmulOp op) {
       auto lhsType = cast<RankedTensorType>(op.getLhs().getType());
       auto rhsType = cast<RankedTensorType>(op.getRhs().getType());

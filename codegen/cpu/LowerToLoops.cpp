@@ -45,6 +45,7 @@ public:
         .Case([&](CombineOp combine) { return lowerCombine(combine); })
         .Case([&](QuantizeOp quantize) { return lowerQuantize(quantize); })
         .Case([&](PadOp pad) { return lowerPad(pad); })
+        .Case([&](TransposeOp o) { return lowerTranspose(o); })
         .Case([&](TiledAttentionOp o) { return lowerTiledAttention(o); })
         .Case([&](AttentionOp o) {
           return o.emitOpError()
@@ -123,6 +124,7 @@ private:
   LogicalResult lowerCombine(CombineOp op);
   LogicalResult lowerQuantize(QuantizeOp op);
   LogicalResult lowerPad(PadOp op);
+  LogicalResult lowerTranspose(TransposeOp op);
   LogicalResult lowerTiledAttention(TiledAttentionOp op);
   LogicalResult lowerDequantize(DequantizeOp op);
   // Training: the adjoints moe-differentiate builds a backward from.
@@ -530,6 +532,28 @@ LogicalResult FunctionLowering::lowerQuantize(QuantizeOp op) {
                  quantizeBlock(e, scheme, input, data, scales, prefix, rb, kb,
                                firstRow, lastRow, firstCol, lastCol);
                });
+  return success();
+}
+
+LogicalResult FunctionLowering::lowerTranspose(TransposeOp op) {
+  Value input = buffer(op.getInput());
+  Value out = resultBuffer(op.getResult(), dynamicSizes(op.getResult(), input));
+  int64_t rank = cast<MemRefType>(input.getType()).getRank();
+  SmallVector<Value> ivs;
+  std::function<void(int64_t)> nest = [&](int64_t d) {
+    if (d == rank) {
+      SmallVector<Value> to(ivs);
+      std::swap(to[rank - 1], to[rank - 2]);
+      e.storeRaw(e.loadRaw(input, ivs), out, to);
+      return;
+    }
+    e.forEach(e.index(0), e.dim(input, d), [&](Value i) {
+      ivs.push_back(i);
+      nest(d + 1);
+      ivs.pop_back();
+    });
+  };
+  nest(0);
   return success();
 }
 

@@ -587,6 +587,28 @@ LogicalResult QuantizeOp::verify() {
                          getScales(), getScheme());
 }
 
+LogicalResult TransposeOp::verify() {
+  auto in = cast<RankedTensorType>(getInput().getType());
+  auto out = cast<RankedTensorType>(getResult().getType());
+  if (in.getElementType() != out.getElementType())
+    return emitOpError() << "must keep the element type: "
+                         << in.getElementType() << " becomes "
+                         << out.getElementType();
+  int64_t rank = in.getRank();
+  if (rank < 2 || out.getRank() != rank)
+    return emitOpError() << "takes and gives the same rank of at least 2, "
+                            "not "
+                         << rank << " and " << out.getRank();
+  if (in.isDynamicDim(rank - 1) || in.isDynamicDim(rank - 2))
+    return emitOpError() << "swaps static dimensions only";
+  SmallVector<int64_t> swapped(in.getShape());
+  std::swap(swapped[rank - 1], swapped[rank - 2]);
+  if (ArrayRef<int64_t>(swapped) != out.getShape())
+    return emitOpError() << "must give " << in.clone(swapped) << ", not "
+                         << out;
+  return success();
+}
+
 LogicalResult PadOp::verify() {
   auto in = cast<RankedTensorType>(getInput().getType());
   auto out = cast<RankedTensorType>(getResult().getType());

@@ -251,6 +251,21 @@ def Moe_PadOp : Moe_Op<"pad", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Moe_TransposeOp : Moe_Op<"transpose", [Pure]> {
+  let summary = "the last two dimensions swapped";
+  let description = [{
+    `result`[..., j, i] = `input`[..., i, j]: a matrix (or a stack of them,
+    one per expert) in its other major order. moe-legalize gives sm_90a's
+    matmul kernel, which reads its weights K-major, a dgrad's weights so.
+  }];
+  let arguments = (ins RankedTensorOf<[BF16, F8E4M3FN, F32]>:$input);
+  let results = (outs RankedTensorOf<[BF16, F8E4M3FN, F32]>:$result);
+  let assemblyFormat = [{
+    $input attr-dict `:` type($input) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
 def Moe_GroupedMatmulOp : Moe_Op<"grouped_matmul",
                                  [Pure, AttrSizedOperandSegments]> {
   let summary = "one matmul per expert over its rows, with an epilogue";

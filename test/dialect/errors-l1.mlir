@@ -512,6 +512,30 @@ func.func @f(%x: tensor<?x100xbf16>) {
 
 // -----
 
+func.func @f(%w: tensor<4x64x32xbf16>) {
+  // expected-error @+1 {{must give 'tensor<4x32x64xbf16>', not 'tensor<4x64x32xbf16>'}}
+  %t = moe.transpose %w : tensor<4x64x32xbf16> -> tensor<4x64x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x32xbf16>) {
+  // expected-error @+1 {{swaps static dimensions only}}
+  %t = moe.transpose %x : tensor<?x32xbf16> -> tensor<32x?xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%w: tensor<64x32xbf16>) {
+  // expected-error @+1 {{must keep the element type: 'bf16' becomes 'f32'}}
+  %t = moe.transpose %w : tensor<64x32xbf16> -> tensor<32x64xf32>
+  return
+}
+
+// -----
+
 func.func @f(%h: tensor<?x15xbf16>) {
   // expected-error @+1 {{a gated activation needs an even N (gate columns, then up columns), but N is 15}}
   %a = moe.activation %h {activation = #moe.activation<kind = swiglu>} : (tensor<?x15xbf16>) -> tensor<?x7xbf16>

@@ -89,6 +89,13 @@ func.func @dispatch(%x: tensor<?x64xbf16>, %ids: tensor<?x2xi32>, %w: tensor<?x2
   return
 }
 
+// CHECK-LABEL: func @transpose
+// CHECK: moe.transpose %{{[^ ,)]+}} : tensor<4x64x40xbf16> -> tensor<4x40x64xbf16>
+func.func @transpose(%w: tensor<4x64x40xbf16>) -> tensor<4x40x64xbf16> {
+  %0 = moe.transpose %w : tensor<4x64x40xbf16> -> tensor<4x40x64xbf16>
+  return %0 : tensor<4x40x64xbf16>
+}
+
 // CHECK-LABEL: func @pad
 // CHECK: moe.pad %{{[^ ,)]+}} : tensor<?x100xbf16> -> tensor<?x104xbf16>
 // CHECK: moe.pad %{{[^ ,)]+}} : tensor<4x64x40xf8E4M3FN> -> tensor<4x64x48xf8E4M3FN>

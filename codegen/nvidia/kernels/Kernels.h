@@ -31,6 +31,7 @@ LogicalResult buildCombine(LayerKernels &layer, CombineOp op);
 LogicalResult buildQuantize(LayerKernels &layer, QuantizeOp op);
 LogicalResult buildDequantize(LayerKernels &layer, DequantizeOp op);
 LogicalResult buildPad(LayerKernels &layer, PadOp op);
+LogicalResult buildTranspose(LayerKernels &layer, TransposeOp op);
 LogicalResult buildAttention(LayerKernels &layer, TiledAttentionOp op);
 LogicalResult buildEpDispatchSend(LayerKernels &layer, EpDispatchSendOp op);
 LogicalResult buildEpDispatchRecv(LayerKernels &layer, EpDispatchRecvOp op);

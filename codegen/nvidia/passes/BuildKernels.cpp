@@ -41,6 +41,7 @@ static LogicalResult buildKernel(LayerKernels &layer, Operation *op) {
       .Case([&](QuantizeOp o) { return buildQuantize(layer, o); })
       .Case([&](DequantizeOp o) { return buildDequantize(layer, o); })
       .Case([&](PadOp o) { return buildPad(layer, o); })
+      .Case([&](TransposeOp o) { return buildTranspose(layer, o); })
       .Case([&](TiledAttentionOp o) { return buildAttention(layer, o); })
       .Case([&](AttentionOp o) {
         return o.emitOpError()
