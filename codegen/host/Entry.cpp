@@ -13,6 +13,8 @@
 #include "codegen/host/Host.h"
 #include "codegen/host/HostBuilder.h"
 
+#include "runtime/moert.h"
+
 #include "llvm/Support/xxhash.h"
 
 using namespace mlir;
@@ -195,9 +197,11 @@ LogicalResult host::addTrainingEntryPoints(ModuleOp module,
       count = LLVM::MulOp::create(b, h.loc, count,
                                   ShapedType::isDynamic(d) ? tokens : h.c64(d));
     int64_t width = type.getElementTypeBitWidth() / 8;
-    Value mode = type.getElementType().isBF16()
-                     ? LLVM::OrOp::create(b, h.loc, flags, h.c32(4)).getResult()
-                     : flags;
+    Value mode =
+        type.getElementType().isBF16()
+            ? LLVM::OrOp::create(b, h.loc, flags, h.c32(MOERT_GRAD_SOURCE_BF16))
+                  .getResult()
+            : flags;
     Value dst = element(h, grads, i);
     Value target =
         h.call(RuntimeImport::moert_grad_target,
