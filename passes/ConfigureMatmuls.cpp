@@ -45,11 +45,12 @@ constexpr int64_t kPersistentKTiles = 32, kPersistentWeightElements = 32 << 20;
 constexpr int64_t kSwapTokens = 64, kSwapMinSplitTiles = 4;
 
 /// Where `value`'s rows are made, followed back through the row-wise steps
-/// (quantize, pad, a matmul), which keep their input's: a moe.dispatch, an
-/// expert-parallel receive, or null (the tokens themselves).
+/// (quantize, pad, a matmul), which keep their input's: a moe.dispatch, a
+/// moe.scatter (the backward's), an expert-parallel receive, or null (the
+/// tokens themselves).
 Operation *rowSource(Value value) {
   Operation *def = value.getDefiningOp();
-  if (!def || isa<DispatchOp, EpDispatchRecvOp>(def))
+  if (!def || isa<DispatchOp, ScatterOp, EpDispatchRecvOp>(def))
     return def;
   for (Value operand : def->getOperands()) {
     auto t = dyn_cast<RankedTensorType>(operand.getType());
@@ -64,7 +65,20 @@ TokenLinear rowsOf(Value value) {
   auto type = cast<RankedTensorType>(value.getType());
   if (!type.isDynamicDim(0))
     return {type.getDimSize(0), 0};
-  auto dispatch = dyn_cast_or_null<DispatchOp>(rowSource(value));
+  Operation *source = rowSource(value);
+  if (auto scatter = dyn_cast_or_null<ScatterOp>(source)) {
+    TokenLinear tokens = rowsOf(scatter.getSource());
+    int64_t topK =
+        cast<RankedTensorType>(scatter.getRows().getType()).getDimSize(1);
+    int64_t experts =
+        cast<RankedTensorType>(scatter.getExpertOffsets().getType())
+            .getDimSize(0) -
+        1;
+    int64_t align = static_cast<int64_t>(scatter.getAlign());
+    return {tokens.fixed * topK + experts * (align - 1),
+            tokens.perToken * topK};
+  }
+  auto dispatch = dyn_cast_or_null<DispatchOp>(source);
   if (!dispatch)
     return {0, 1};
   TokenLinear tokens = rowsOf(dispatch.getHiddenStates());

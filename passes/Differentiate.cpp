@@ -59,8 +59,8 @@ struct Adjoint {
   Value rows, weights, gate;
   Value weightsOf;
   /// With `rows`: the gradient of the tokens the rows were gathered from,
-  /// the choices' experts and the layout's alignment.
-  Value tokens, ids;
+  /// where the layout's experts start and its alignment.
+  Value tokens, offsets;
   uint64_t align = 1;
 };
 
@@ -105,8 +105,9 @@ private:
   /// Sets the gradient of the forward argument `v` (a weight), which one
   /// op may read only: two gradients would have to be summed.
   LogicalResult setArgGrad(Operation *op, Value v, Value grad);
-  /// Rows' gradient gathered into the layout `rows` (a dispatch's) gives.
-  Value gathered(Value grad, Value rows, Location loc);
+  /// Tokens' gradient laid out as the dispatch that gave `rows` laid out
+  /// its tokens: where it put them, not where a new dispatch would.
+  Value scattered(Value grad, Value rows, Location loc);
   /// The groups of a grouped matmul in the backward, empty when dense.
   SmallVector<Value> groups(GroupedMatmulOp op);
 
@@ -194,15 +195,13 @@ void Differentiator::addDgrad(Value v, Value lhs, Value rhs,
                     .getOut();
 }
 
-Value Differentiator::gathered(Value grad, Value rows, Location loc) {
+Value Differentiator::scattered(Value grad, Value rows, Location loc) {
   auto dispatch = rows.getDefiningOp<DispatchOp>();
-  auto gatheredOp = DispatchOp::create(
-      b, loc, get(dispatch.getDispatched()).getType(),
-      get(dispatch.getTokensPerExpert()).getType(),
-      get(dispatch.getExpertOffsets()).getType(), get(rows).getType(),
-      TypeRange{}, grad, get(dispatch.getExpertIds()), Value(),
-      dispatch.getAlign(), QuantAttr(), 1);
-  return gatheredOp.getDispatched();
+  auto type = cast<RankedTensorType>(dispatch.getDispatched().getType());
+  Value rowsArg = get(rows);
+  Value offsets = get(dispatch.getExpertOffsets());
+  return ScatterOp::create(b, loc, type, grad, rowsArg, offsets, Value(),
+                           dispatch.getAlign());
 }
 
 LogicalResult Differentiator::combineRule(CombineOp op) {
@@ -216,7 +215,7 @@ LogicalResult Differentiator::combineRule(CombineOp op) {
       (op.getShared() && isa<BlockArgument>(op.getShared())))
     return op.emitOpError() << "combines an argument of the layer, whose "
                                "gradient moe-differentiate does not give";
-  Adjoint rows{gathered(grad, op.getRows(), op.getLoc())};
+  Adjoint rows{scattered(grad, op.getRows(), op.getLoc())};
   rows.align = op.getRows().getDefiningOp<DispatchOp>().getAlign();
   if (op.getWeights()) {
     rows.rows = get(op.getRows());
@@ -224,7 +223,8 @@ LogicalResult Differentiator::combineRule(CombineOp op) {
     rows.weightsOf = op.getWeights();
     pendingWeights.insert(op.getWeights());
     rows.tokens = grad;
-    rows.ids = get(op.getRows().getDefiningOp<DispatchOp>().getExpertIds());
+    rows.offsets =
+        get(op.getRows().getDefiningOp<DispatchOp>().getExpertOffsets());
   }
   if (failed(addAdjoint(op, op.getExpertOut(), rows)))
     return failure();
@@ -297,12 +297,9 @@ LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
                                  "that a combine weighs, which "
                                  "moe-differentiate does not take";
     if (adjoint.rows)
-      weighted =
-          DispatchOp::create(b, loc, adjoint.value.getType(), counts.getType(),
-                             offsets.getType(), adjoint.rows.getType(),
-                             TypeRange{}, adjoint.tokens, adjoint.ids,
-                             adjoint.weights, adjoint.align, QuantAttr(), 1)
-              .getDispatched();
+      weighted = ScatterOp::create(
+          b, loc, adjoint.value.getType(), adjoint.tokens, adjoint.rows,
+          adjoint.offsets, adjoint.weights, adjoint.align);
     auto biasType = cast<RankedTensorType>(bias.getType());
     Value biasGrad = GroupedMatmulWgradOp::create(
         b, loc, f32(biasType.getShape()), weighted, Value(), counts, offsets);

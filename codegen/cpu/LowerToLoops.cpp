@@ -60,6 +60,7 @@ public:
         .Case([&](GroupedMatmulWgradOp o) { return lowerWgrad(o); })
         .Case([&](RouteGradOp o) { return lowerRouteGrad(o); })
         .Case([&](GatherDotOp o) { return lowerGatherDot(o); })
+        .Case([&](ScatterOp o) { return lowerScatter(o); })
         .Case([&](EpDispatchSendOp o) { return lowerEpDispatchSend(o); })
         .Case([&](EpDispatchRecvOp o) { return lowerEpDispatchRecv(o); })
         .Case([&](EpCombineSendOp o) { return lowerEpCombineSend(o); })
@@ -134,6 +135,7 @@ private:
   LogicalResult lowerWgrad(GroupedMatmulWgradOp op);
   LogicalResult lowerRouteGrad(RouteGradOp op);
   LogicalResult lowerGatherDot(GatherDotOp op);
+  LogicalResult lowerScatter(ScatterOp op);
   /// Calls body(first, last, expert) for the rows of each expert of
   /// `counts` and `offsets` (buffers), or once for rows [0, rows) with a
   /// null expert when they are null.
@@ -1081,6 +1083,36 @@ LogicalResult FunctionLowering::lowerGatherDot(GatherDotOp op) {
                                                    e.load(tokens, {t, c})))};
                      })[0];
         e.storeRaw(dot, out, {t, j});
+      });
+    });
+  });
+  return success();
+}
+
+LogicalResult FunctionLowering::lowerScatter(ScatterOp op) {
+  Value source = buffer(op.getSource()), rows = buffer(op.getRows());
+  Value offsets = buffer(op.getExpertOffsets());
+  Value scale = op.getScale() ? buffer(op.getScale()) : Value();
+  int64_t h = cast<MemRefType>(source.getType()).getDimSize(1);
+  int64_t topK = cast<MemRefType>(rows.getType()).getDimSize(1);
+  int64_t experts = cast<MemRefType>(offsets.getType()).getDimSize(0) - 1;
+  Value total = e.toIndex(e.loadRaw(offsets, {e.index(experts)}));
+  Value out = resultBuffer(op.getOut(), {total});
+  e.fill(out, arith::ConstantOp::create(e.b, e.loc,
+                                        e.b.getZeroAttr(e.b.getBF16Type())));
+  e.forEach(e.index(0), e.dim(source, 0), [&](Value t) {
+    e.forEach(e.index(0), e.index(topK), [&](Value j) {
+      Value row = e.loadRaw(rows, {t, j});
+      e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)), [&] {
+        Value r = e.toIndex(row);
+        e.forEach(e.index(0), e.index(h), [&](Value c) {
+          if (!scale) {
+            e.storeRaw(e.loadRaw(source, {t, c}), out, {r, c});
+            return;
+          }
+          e.store(e.mul(e.load(source, {t, c}), e.load(scale, {t, j})), out,
+                  {r, c});
+        });
       });
     });
   });

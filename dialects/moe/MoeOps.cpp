@@ -944,6 +944,32 @@ LogicalResult RouteGradOp::verify() {
                     {count(tokens, "tokens"), size(experts, "experts")});
 }
 
+LogicalResult ScatterOp::verify() {
+  Operation *op = getOperation();
+  if (getAlign() < 1)
+    return emitOpError() << "align must be at least 1, but is " << getAlign();
+  if (failed(checkShape(op, "source", getSource(),
+                        {count(kAny, "tokens"), size(kAny, "hidden")})))
+    return failure();
+  int64_t tokens = shapeOf(getSource())[0], hidden = shapeOf(getSource())[1];
+  if (failed(checkShape(op, "rows", getRows(),
+                        {count(tokens, "tokens"), size(kAny, "top-k")})))
+    return failure();
+  if (getScale() && failed(checkShape(op, "scale", getScale(),
+                                      {count(tokens, "tokens"),
+                                       size(shapeOf(getRows())[1], "top-k")})))
+    return failure();
+  if (failed(checkShape(op, "expert_offsets", getExpertOffsets(),
+                        {size(kAny, "experts + 1")})))
+    return failure();
+  if (shapeOf(getExpertOffsets())[0] < 2)
+    return emitOpError() << "has expert_offsets of "
+                         << shapeOf(getExpertOffsets())[0]
+                         << " entries: one an expert and one more";
+  return checkShape(op, "out", getOut(),
+                    {count(kAny, "rows"), size(hidden, "hidden")});
+}
+
 LogicalResult GatherDotOp::verify() {
   Operation *op = getOperation();
   if (failed(checkShape(op, "tokens", getTokens(),

@@ -139,8 +139,10 @@ def Moe_DispatchOp : Moe_Op<"dispatch", [Pure]> {
   let summary = "scatter tokens into an expert-major buffer";
   let description = [{
     Copies each token of `hidden_states` [T, H] once for each of its
-    `expert_ids` [T, k] into `dispatched` [R, H], expert by expert and, within
-    an expert, in token order. Each expert's rows start at a multiple of
+    `expert_ids` [T, k] into `dispatched` [R, H], expert by expert; within
+    an expert in token order on the CPU backend, in any order on sm_90a
+    (no result of the layer depends on it; `rows` says where each choice
+    went, which moe.scatter follows). Each expert's rows start at a multiple of
     `align`; rows between experts are zero. `tokens_per_expert` [E] counts the
     rows of each expert, `expert_offsets` [E + 1] gives where each starts
     (the last entry is R) and `rows` [T, k] where each (token, choice) went,
@@ -498,6 +500,33 @@ def Moe_GroupedMatmulWgradOp : Moe_Op<"grouped_matmul_wgrad",
     $out_grad (`lhs` $lhs^)?
     (`groups` `(` $tokens_per_expert^ `,` $expert_offsets `)`)?
     attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Moe_ScatterOp : Moe_Op<"scatter", [Pure]> {
+  let summary = "each token copied to the rows a dispatch gave it";
+  let description = [{
+    `out`[rows[t, j]] = `source`[t] ([T, H]) for each choice j of each token
+    t with rows[t, j] >= 0, times `scale`[t, j] (rounded to bf16) when
+    given. `out` has `expert_offsets`[E] rows; rows no choice names are
+    zero. The backward lays a gradient out as the forward's moe.dispatch
+    laid its tokens, from the `rows` and `expert_offsets` that dispatch
+    gave: a backend may order an expert's rows freely, so a second
+    dispatch of the same choices need not place them alike. `align` is
+    that dispatch's, which bounds the rows (T x k + E x (align - 1)).
+  }];
+  let arguments = (ins
+    Moe_Activations:$source,
+    Moe_IndexTensor:$rows,
+    Moe_IndexTensor:$expert_offsets,
+    Optional<Moe_F32Tensor>:$scale,
+    DefaultValuedAttr<I64Attr, "1">:$align
+  );
+  let results = (outs Moe_Activations:$out);
+  let assemblyFormat = [{
+    $source `,` $rows `offsets` $expert_offsets (`scale` $scale^)? attr-dict
+    `:` functional-type(operands, results)
   }];
   let hasVerifier = 1;
 }

@@ -512,6 +512,51 @@ func.func @f(%x: tensor<?x100xbf16>) {
 
 // -----
 
+func.func @f(%g: tensor<?x64xbf16>, %rows: tensor<?x2xi32>, %off: tensor<9xi32>) {
+  // expected-error @+1 {{out dimension 1 (hidden) must be 64, but is 32}}
+  %0 = moe.scatter %g, %rows offsets %off
+      : (tensor<?x64xbf16>, tensor<?x2xi32>, tensor<9xi32>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%g: tensor<8x64xbf16>, %rows: tensor<4x2xi32>, %off: tensor<9xi32>) {
+  // expected-error @+1 {{rows dimension 0 (tokens) must be 8, but is 4}}
+  %0 = moe.scatter %g, %rows offsets %off
+      : (tensor<8x64xbf16>, tensor<4x2xi32>, tensor<9xi32>) -> tensor<?x64xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%g: tensor<?x64xbf16>, %rows: tensor<?x2xi32>, %off: tensor<1xi32>) {
+  // expected-error @+1 {{has expert_offsets of 1 entries: one an expert and one more}}
+  %0 = moe.scatter %g, %rows offsets %off
+      : (tensor<?x64xbf16>, tensor<?x2xi32>, tensor<1xi32>) -> tensor<?x64xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%g: tensor<?x64xbf16>, %rows: tensor<?x2xi32>, %off: tensor<9xi32>, %w: tensor<?x4xf32>) {
+  // expected-error @+1 {{scale dimension 1 (top-k) must be 2, but is 4}}
+  %0 = moe.scatter %g, %rows offsets %off scale %w
+      : (tensor<?x64xbf16>, tensor<?x2xi32>, tensor<9xi32>, tensor<?x4xf32>) -> tensor<?x64xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%g: tensor<?x64xbf16>, %rows: tensor<?x2xi32>, %off: tensor<9xi32>) {
+  // expected-error @+1 {{align must be at least 1, but is 0}}
+  %0 = moe.scatter %g, %rows offsets %off {align = 0}
+      : (tensor<?x64xbf16>, tensor<?x2xi32>, tensor<9xi32>) -> tensor<?x64xbf16>
+  return
+}
+
+// -----
+
 func.func @f(%w: tensor<4x64x32xbf16>) {
   // expected-error @+1 {{must give 'tensor<4x32x64xbf16>', not 'tensor<4x64x32xbf16>'}}
   %t = moe.transpose %w : tensor<4x64x32xbf16> -> tensor<4x64x32xbf16>

@@ -89,6 +89,18 @@ func.func @dispatch(%x: tensor<?x64xbf16>, %ids: tensor<?x2xi32>, %w: tensor<?x2
   return
 }
 
+// CHECK-LABEL: func @scatter
+// CHECK: moe.scatter %{{[^ ,)]+}}, %{{[^ ,)]+}} offsets %{{[^ ,)]+}} : (tensor<?x64xbf16>, tensor<?x2xi32>, tensor<9xi32>) -> tensor<?x64xbf16>
+// CHECK: moe.scatter %{{[^ ,)]+}}, %{{[^ ,)]+}} offsets %{{[^ ,)]+}} scale %{{[^ ,)]+}} {align = 128 : i64}
+func.func @scatter(%g: tensor<?x64xbf16>, %rows: tensor<?x2xi32>,
+                   %off: tensor<9xi32>, %w: tensor<?x2xf32>) {
+  %0 = moe.scatter %g, %rows offsets %off
+      : (tensor<?x64xbf16>, tensor<?x2xi32>, tensor<9xi32>) -> tensor<?x64xbf16>
+  %1 = moe.scatter %g, %rows offsets %off scale %w {align = 128}
+      : (tensor<?x64xbf16>, tensor<?x2xi32>, tensor<9xi32>, tensor<?x2xf32>) -> tensor<?x64xbf16>
+  return
+}
+
 // CHECK-LABEL: func @transpose
 // CHECK: moe.transpose %{{[^ ,)]+}} : tensor<4x64x40xbf16> -> tensor<4x40x64xbf16>
 func.func @transpose(%w: tensor<4x64x40xbf16>) -> tensor<4x40x64xbf16> {

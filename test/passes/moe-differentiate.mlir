@@ -5,19 +5,20 @@
 // routing, the dispatched rows and each gate/up output (not the
 // activations, which the backward recomputes, nor any per-choice output).
 // CHECK-LABEL: func.func @layer_train
-// CHECK-SAME: moe.saved = ["route.expert_ids", "dispatch.rows", "dispatch.expert_offsets", "dispatch.tokens_per_expert", "dispatch.dispatched", "route.weights", "shared_gate.out", "shared_gate_up.out", "gate_up.out"]
+// CHECK-SAME: moe.saved = ["dispatch.rows", "dispatch.expert_offsets", "route.weights", "shared_gate.out", "shared_gate_up.out", "dispatch.tokens_per_expert", "gate_up.out", "dispatch.dispatched", "route.expert_ids"]
 // CHECK: %[[H:.*]] = moe.grouped_matmul %dispatched, %arg2 groups(%tokens_per_expert, %expert_offsets) : {{.*}} -> tensor<?x16xbf16>
 // CHECK-NEXT: %[[A:.*]] = moe.activation %[[H]] {activation = #moe.activation<kind = swiglu>} : (tensor<?x16xbf16>) -> tensor<?x8xbf16>
-// CHECK: return %{{.*}}, %expert_ids, %rows, %expert_offsets, %tokens_per_expert, %dispatched, %weights, %out_3, %out_1, %out :
+// CHECK: return %{{.*}}, %rows, %expert_offsets, %weights, %out_3, %out_1, %tokens_per_expert, %out, %dispatched, %expert_ids :
 
 // The backward: every argument has a gradient (the tokens' in bf16, the
 // weights' in f32).
 // CHECK-LABEL: func.func @layer_backward
-// CHECK-SAME: %[[X:arg0]]: tensor<?x16xbf16>, %[[WR:arg1]]: tensor<4x16xbf16>, %[[W13:arg2]]: tensor<4x16x16xbf16>, %[[W2:arg3]]: tensor<4x16x8xbf16>, %[[S13:arg4]]: tensor<16x16xbf16>, %[[S2:arg5]]: tensor<16x8xbf16>, %[[SG:arg6]]: tensor<1x16xbf16>, %[[DOUT:arg7]]: tensor<?x16xbf16>, %[[IDS:arg8]]: tensor<?x2xi32>, %[[ROWS:arg9]]: tensor<?x2xi32>, %[[OFF:arg10]]: tensor<5xi32>, %[[CNT:arg11]]: tensor<4xi32>, %[[XD:arg12]]: tensor<?x16xbf16>, %[[W:arg13]]: tensor<?x2xf32>, %[[GL:arg14]]: tensor<?x1xbf16>, %[[HS:arg15]]: tensor<?x16xbf16>, %[[H:arg16]]: tensor<?x16xbf16>)
+// CHECK-SAME: %[[X:arg0]]: tensor<?x16xbf16>, %[[WR:arg1]]: tensor<4x16xbf16>, %[[W13:arg2]]: tensor<4x16x16xbf16>, %[[W2:arg3]]: tensor<4x16x8xbf16>, %[[S13:arg4]]: tensor<16x16xbf16>, %[[S2:arg5]]: tensor<16x8xbf16>, %[[SG:arg6]]: tensor<1x16xbf16>, %[[DOUT:arg7]]: tensor<?x16xbf16>, %[[ROWS:arg8]]: tensor<?x2xi32>, %[[OFF:arg9]]: tensor<5xi32>, %[[W:arg10]]: tensor<?x2xf32>, %[[GL:arg11]]: tensor<?x1xbf16>, %[[HS:arg12]]: tensor<?x16xbf16>, %[[CNT:arg13]]: tensor<4xi32>, %[[H:arg14]]: tensor<?x16xbf16>, %[[XD:arg15]]: tensor<?x16xbf16>, %[[IDS:arg16]]: tensor<?x2xi32>)
 // CHECK-SAME: -> (tensor<?x16xbf16>, tensor<4x16xf32>, tensor<4x16x16xf32>, tensor<4x16x8xf32>, tensor<16x16xf32>, tensor<16x8xf32>, tensor<1x16xf32>)
 // CHECK-SAME: moe.gradients = array<i64: 0, 1, 2, 3, 4, 5, 6>
-// The output's gradient gathered into the experts' rows, unweighted.
-// CHECK: %[[DY:.*]], %{{.*}}, %{{.*}}, %{{.*}} = moe.dispatch %[[DOUT]], %[[IDS]]
+// The output's gradient laid out in the experts' rows where the forward's
+// dispatch put their tokens, unweighted.
+// CHECK: %[[DY:.*]] = moe.scatter %[[DOUT]], %[[ROWS]] offsets %[[OFF]] :
 // The shared experts: dgrad of the down matmul, then the activation's
 // backward with the gate (its gradient, the weighted activation for the
 // wgrad), then the gate/up matmul's wgrad and dgrad (kept in f32).
@@ -65,10 +66,10 @@ func.func @layer(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
 // The router bias moves the logits: it takes their gradient.
 // CHECK-LABEL: func.func @biases_backward
 // CHECK-SAME: moe.gradients = array<i64: 0, 1, 2, 3, 4, 5, 6>
-// CHECK: %[[DY:.*]], %{{.*}}, %{{.*}}, %{{.*}} = moe.dispatch %arg7, %arg8 :
+// CHECK: %[[DY:.*]] = moe.scatter %arg7, %[[ROWS:arg[0-9]+]] offsets %[[OFF:arg[0-9]+]] :
 // CHECK: %[[G:.*]], %[[BD:.*]] = moe.grouped_matmul_dgrad %[[DY]], %arg4 groups({{.*}}) bias %arg6 :
 // CHECK: moe.activation_grad %[[G]], %{{.*}} rows({{.*}}) bias_term %[[BD]] {activation = #moe.activation<kind = clamped_swiglu
-// CHECK: %[[DYW:.*]], %{{.*}}, %{{.*}}, %{{.*}} = moe.dispatch %arg7, %arg8 scale %{{.*}} :
+// CHECK: %[[DYW:.*]] = moe.scatter %arg7, %[[ROWS]] offsets %[[OFF]] scale %{{.*}} :
 // CHECK: moe.grouped_matmul_wgrad %[[DYW]] groups({{.*}}) : {{.*}} -> tensor<4x16xf32>
 // CHECK: moe.grouped_matmul_wgrad %{{.*}} groups({{.*}}) : {{.*}} -> tensor<4x16xf32>
 // CHECK: %[[DL:.*]] = moe.route_grad %arg0, %arg1 bias %arg2 choices
@@ -170,7 +171,7 @@ func.func @ep(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
 // multiplies the saved dispatched rows again.
 // RUN: moe-opt %s -split-input-file --moe-decompose --moe-differentiate=recompute=true -verify-diagnostics | FileCheck %s --check-prefix=RECOMPUTE
 // RECOMPUTE-LABEL: func.func @recompute_train
-// RECOMPUTE-SAME: moe.saved = ["route.expert_ids", "dispatch.rows", "dispatch.expert_offsets", "dispatch.tokens_per_expert", "dispatch.dispatched", "route.weights"]
+// RECOMPUTE-SAME: moe.saved = ["dispatch.rows", "dispatch.expert_offsets", "route.weights", "dispatch.tokens_per_expert", "dispatch.dispatched", "route.expert_ids"]
 // RECOMPUTE-LABEL: func.func @recompute_backward
 // RECOMPUTE: %[[H:.*]] = moe.grouped_matmul %arg{{[0-9]+}}, %arg2 groups(%arg{{[0-9]+}}, %arg{{[0-9]+}}) : {{.*}} -> tensor<?x16xbf16>
 // RECOMPUTE-NEXT: %[[G:.*]] = moe.grouped_matmul_dgrad

@@ -160,10 +160,12 @@ ScatterEmitter::ScatterEmitter(LayerKernels &layer, DispatchOp op,
   f32Vec = VectorType::get({cfg.width}, f32);
 }
 
-Value ScatterEmitter::scaled(Value v, Value j) {
-  // The token's weight for choice j, as the row's multiplier.
+/// Row t of `hidden` times `scale`[t, j] (when given), rounded to bf16.
+static Value scaledRow(Emitter &e, Value v, Value scale, Value t, Value j) {
   if (!scale)
     return v;
+  auto vecType = cast<VectorType>(v.getType());
+  auto f32Vec = VectorType::get(vecType.getShape(), e.b.getF32Type());
   Value splat =
       vector::BroadcastOp::create(e.b, e.loc, f32Vec, e.loadRaw(scale, {t, j}));
   return arith::TruncFOp::create(
@@ -172,24 +174,39 @@ Value ScatterEmitter::scaled(Value v, Value j) {
       .getResult();
 }
 
-void ScatterEmitter::emitCopies() {
-  int64_t width = cfg.width;
-  e.forEach(e.index(0), e.index(cfg.topK), [&](Value j) {
+/// Block t copies token t of `hidden` to each of its rows in `out` (those
+/// >= 0), `threads` threads of `width`-element vectors.
+static void copyToRows(Emitter &e, Value hidden, Value rows, Value out,
+                       Value scale, Value t, Value tid, int64_t topK, int64_t h,
+                       int64_t width, int64_t threads) {
+  Type bf16 = e.b.getBF16Type();
+  auto vecType = VectorType::get({width}, bf16);
+  e.forEach(e.index(0), e.index(topK), [&](Value j) {
     Value row = e.loadRaw(rows, {t, j});
     e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)), [&] {
       Value r = e.toIndex(row);
       e.forEach(
-          e.imul(tid, width), e.index(cfg.hidden),
+          e.imul(tid, width), e.index(h),
           [&](Value c) {
             Value v =
                 vector::LoadOp::create(e.b, e.loc, vecType, hidden, {t, c},
                                        false, vectorAlign(width, bf16));
-            vector::StoreOp::create(e.b, e.loc, scaled(v, j), dispatched,
-                                    {r, c}, false, vectorAlign(width, bf16));
+            vector::StoreOp::create(e.b, e.loc, scaledRow(e, v, scale, t, j),
+                                    out, {r, c}, false,
+                                    vectorAlign(width, bf16));
           },
-          e.index(cfg.scatterThreads * width));
+          e.index(threads * width));
     });
   });
+}
+
+Value ScatterEmitter::scaled(Value v, Value j) {
+  return scaledRow(e, v, scale, t, j);
+}
+
+void ScatterEmitter::emitCopies() {
+  copyToRows(e, hidden, rows, dispatched, scale, t, tid, cfg.topK, cfg.hidden,
+             cfg.width, cfg.scatterThreads);
 }
 
 void ScatterEmitter::emitQuantizedCopies() {
@@ -292,4 +309,36 @@ LogicalResult nvidia::buildDispatch(LayerKernels &layer, DispatchOp op) {
   if (failed(buildDispatchPlan(layer, op, cfg)))
     return failure();
   return buildDispatchScatter(layer, op, cfg);
+}
+
+LogicalResult nvidia::buildScatter(LayerKernels &layer, ScatterOp op) {
+  // Rows between experts would need zeros that no choice writes.
+  if (op.getAlign() != 1)
+    return op.emitOpError()
+           << "aligns expert rows to " << op.getAlign()
+           << ", which sm_90a's scatter does not take: it writes only the "
+              "rows the choices name, so an aligned layout's padding would "
+              "be left unwritten";
+  TokenLinear tokens = layer.info(op.getSource()).rows;
+  auto rowsType = cast<RankedTensorType>(op.getRows().getType());
+  int64_t topK = rowsType.getDimSize(1);
+  int64_t h = cast<RankedTensorType>(op.getSource().getType()).getDimSize(1);
+  layer.define(op.getOut(), tokens * topK);
+  SmallVector<Value> buffers = {op.getSource(), op.getRows(), op.getOut()};
+  if (op.getScale())
+    buffers.push_back(op.getScale());
+  DispatchConfig cfg;
+  Kernel k = layer.kernel(op, "scatter", buffers);
+  k.launch.work = tokens;
+  k.launch.block = cfg.scatterThreads;
+  Emitter &e = k.e;
+  Value source = k.view(0, layer.info(op.getSource()));
+  Value rows = k.view(1, layer.info(op.getRows()));
+  Value out = k.view(2, layer.info(op.getOut()));
+  Value scale = op.getScale() ? k.view(3, layer.info(op.getScale())) : Value();
+  Value t = k.blockId(gpu::Dimension::x);
+  k.onlyIf(e.ult(t, k.linear(tokens)));
+  copyToRows(e, source, rows, out, scale, t, k.threadId(), topK, h,
+             vectorWidth(h), cfg.scatterThreads);
+  return k.finish(op);
 }

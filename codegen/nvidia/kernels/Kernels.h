@@ -26,6 +26,7 @@ LogicalResult buildExpertPrefetch(LayerKernels &layer, RouteOp route);
 // The kernel families, one file each.
 LogicalResult buildRoute(LayerKernels &layer, RouteOp op);
 LogicalResult buildDispatch(LayerKernels &layer, DispatchOp op);
+LogicalResult buildScatter(LayerKernels &layer, ScatterOp op);
 LogicalResult buildGroupedMatmul(LayerKernels &layer, GroupedMatmulOp op);
 LogicalResult buildCombine(LayerKernels &layer, CombineOp op);
 LogicalResult buildQuantize(LayerKernels &layer, QuantizeOp op);

@@ -42,6 +42,7 @@ static LogicalResult buildKernel(LayerKernels &layer, Operation *op) {
       .Case([&](DequantizeOp o) { return buildDequantize(layer, o); })
       .Case([&](PadOp o) { return buildPad(layer, o); })
       .Case([&](TransposeOp o) { return buildTranspose(layer, o); })
+      .Case([&](ScatterOp o) { return buildScatter(layer, o); })
       .Case([&](TiledAttentionOp o) { return buildAttention(layer, o); })
       .Case([&](AttentionOp o) {
         return o.emitOpError()
