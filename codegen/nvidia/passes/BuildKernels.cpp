@@ -37,6 +37,9 @@ static LogicalResult buildKernel(LayerKernels &layer, Operation *op) {
       .Case([&](EpCombineSendOp o) { return buildEpCombineSend(layer, o); })
       .Case([&](EpCombineRecvOp o) { return buildEpCombineRecv(layer, o); })
       .Case([&](GroupedMatmulOp o) { return buildGroupedMatmul(layer, o); })
+      .Case([&](GroupedMatmulWgradOp o) {
+        return buildGroupedMatmulWgrad(layer, o);
+      })
       .Case([&](CombineOp o) { return buildCombine(layer, o); })
       .Case([&](QuantizeOp o) { return buildQuantize(layer, o); })
       .Case([&](DequantizeOp o) { return buildDequantize(layer, o); })

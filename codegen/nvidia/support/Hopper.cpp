@@ -45,20 +45,31 @@ Value moe::nvidia::wgmmaKMajor(OpBuilder &b, Location loc, Type fragment,
                                Value acc, Value a, Value bDesc, int64_t n,
                                int64_t k, NVVM::WGMMATypes type,
                                bool accumulate) {
+  return wgmma(b, loc, fragment, acc, a, bDesc, n, k, type, accumulate,
+               /*aMNMajor=*/false, /*bMNMajor=*/false);
+}
+
+Value moe::nvidia::wgmma(OpBuilder &b, Location loc, Type fragment, Value acc,
+                         Value a, Value bDesc, int64_t n, int64_t k,
+                         NVVM::WGMMATypes type, bool accumulate, bool aMNMajor,
+                         bool bMNMajor) {
   MLIRContext *ctx = b.getContext();
   auto types = [&](NVVM::WGMMATypes t) {
     return NVVM::WGMMATypesAttr::get(ctx, t);
   };
   auto one = NVVM::WGMMAScaleInAttr::get(ctx, NVVM::WGMMAScaleIn::one);
+  // K-major is NVVM's `row` for A and `col` for B (PTX's imm-trans 0).
+  auto layout = [&](bool transposed, NVVM::MMALayout kMajor,
+                    NVVM::MMALayout mnMajor) {
+    return NVVM::MMALayoutAttr::get(ctx, transposed ? mnMajor : kMajor);
+  };
   return NVVM::WgmmaMmaAsyncOp::create(
       b, loc, fragment, acc, a, bDesc, NVVM::MMAShapeAttr::get(ctx, 64, n, k),
       types(type), types(type), types(NVVM::WGMMATypes::f32),
       NVVM::WGMMAScaleOutAttr::get(ctx, accumulate ? NVVM::WGMMAScaleOut::one
                                                    : NVVM::WGMMAScaleOut::zero),
-      one, one,
-      // Both operands K-major: NVVM's `col` for B is PTX's imm-trans-b 0.
-      NVVM::MMALayoutAttr::get(ctx, NVVM::MMALayout::row),
-      NVVM::MMALayoutAttr::get(ctx, NVVM::MMALayout::col),
+      one, one, layout(aMNMajor, NVVM::MMALayout::row, NVVM::MMALayout::col),
+      layout(bMNMajor, NVVM::MMALayout::col, NVVM::MMALayout::row),
       NVVM::MMAIntOverflowAttr());
 }
 

@@ -36,6 +36,12 @@ Value wgmmaKMajor(OpBuilder &b, Location loc, Type fragment, Value acc, Value a,
                   Value bDesc, int64_t n, int64_t k, NVVM::WGMMATypes type,
                   bool accumulate);
 
+/// The same with either operand MN-major (transposed): bf16 only, both
+/// from shared memory.
+Value wgmma(OpBuilder &b, Location loc, Type fragment, Value acc, Value a,
+            Value bDesc, int64_t n, int64_t k, NVVM::WGMMATypes type,
+            bool accumulate, bool aMNMajor, bool bMNMajor);
+
 /// `fragment` (an LLVM struct of f32) itself, through an empty volatile asm
 /// that reads and writes each register: LLVM may not move arithmetic on it
 /// across, so reads stay after the wgmma wait that precedes it.

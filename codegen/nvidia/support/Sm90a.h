@@ -175,6 +175,31 @@ struct AttentionLayout {
   }
 };
 
+/// A weight-gradient (K-grouped) matmul block: dW tile [tileM, tileN] =
+/// sum over an expert's rows of dY[rows, tileM columns]^T X[rows, tileN
+/// columns]. A stage holds `kSlabRows` rows of both operands, each as
+/// 64-column chunks of kSlabRows swizzled 128-byte rows (MN-major for
+/// wgmma): tileM / 64 chunks of dY, then tileN / 64 of X. After the
+/// 1024-byte alignment: [stages] x stageBytes(). The mbarriers are static.
+struct WgradLayout {
+  static constexpr int64_t kTileM = 128, kWarpGroups = 2, kSlabRows = 64;
+  static constexpr int64_t kChunkColumns = kTmaSwizzleBytes / 2;
+  static constexpr int64_t kChunkBytes = kSlabRows * kTmaSwizzleBytes;
+  int64_t tileM = kTileM, tileN = 256, stages = 0;
+
+  int64_t aChunks() const { return tileM / kChunkColumns; }
+  int64_t bChunks() const { return tileN / kChunkColumns; }
+  int64_t stageBytes() const { return (aChunks() + bChunks()) * kChunkBytes; }
+  int64_t sharedBytes() const { return stages * stageBytes() + kSwizzleAlign; }
+  int64_t barrierBytes() const { return 2 * stages * kMbarrierBytes; }
+  /// As many stages as fit a block, at most `maxStages`.
+  void fit(int64_t maxStages) {
+    int64_t fits =
+        (kSharedPerBlock - kSwizzleAlign) / (stageBytes() + 2 * kMbarrierBytes);
+    stages = fits < maxStages ? fits : maxStages;
+  }
+};
+
 /// Registers a decode-tile consumer thread keeps: `fragments` m64 x `tileM`
 /// accumulators, as many FP8 partials, and for each of a stage's `sub`
 /// scale blocks its rows' and weight rows' scales.
