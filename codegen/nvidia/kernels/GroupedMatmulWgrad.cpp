@@ -68,6 +68,56 @@ static LogicalResult checkWgrad(GroupedMatmulWgradOp op) {
   return success();
 }
 
+/// The block's tile (f32 fragment `result` of warpgroup g) into `out`
+/// ([E, N, K], or [N, K] without an expert), rows below N and columns
+/// below K only.
+struct TilePlace {
+  Value tid, g, mTile, nTile, expert;
+};
+static void storeTile(Emitter &e, Value result, const TilePlace &at, Value out,
+                      const Layout &l, int64_t n, int64_t kDim) {
+  OpBuilder &b = e.b;
+  Location loc = e.loc;
+  Type f32 = b.getF32Type();
+  Value tid = at.tid, g = at.g, mTile = at.mTile, nTile = at.nTile;
+  Value expert = at.expert, outView = out;
+  bool grouped = cast<MemRefType>(out.getType()).getRank() == 3;
+  // Fragment element i of lane l in warp w is row 16 w + l / 4 + 8 ((i / 2)
+  // % 2), column 8 (i / 4) + 2 (l % 4) + i % 2: pairs of columns.
+  Value warp = e.remUI(e.divUI(tid, 32), 4), lane = e.remUI(tid, 32);
+  Value rowBase =
+      e.iadd(e.iadd(e.imul(mTile, l.tileM), e.imul(g, sm90a::kWgmmaM)),
+             e.iadd(e.imul(warp, 16), e.divUI(lane, 4)));
+  Value colBase =
+      e.iadd(e.imul(nTile, l.tileN), e.imul(e.remUI(lane, 4), e.index(2)));
+  auto pairType = VectorType::get({2}, f32);
+  for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
+    Value row = e.iadd(rowBase, e.index(rowHalf * 8));
+    e.ifThen(e.ult(row, e.index(n)), [&] {
+      for (int64_t i = 0; i < l.tileN / 2; i += 2) {
+        if ((i / 2) % 2 != rowHalf)
+          continue;
+        Value col = e.iadd(colBase, e.index((i / 4) * 8));
+        auto field = [&](int64_t j) -> Value {
+          return LLVM::ExtractValueOp::create(b, loc, result,
+                                              ArrayRef<int64_t>{j});
+        };
+        Value pair = vector::FromElementsOp::create(
+            b, loc, pairType, ValueRange{field(i), field(i + 1)});
+        // K is a multiple of 8: a pair starts in bounds or not at all.
+        e.ifThen(e.ult(col, e.index(kDim)), [&] {
+          SmallVector<Value> index;
+          if (grouped)
+            index.push_back(expert);
+          index.append({row, col});
+          vector::StoreOp::create(b, loc, pair, outView, index, false,
+                                  vectorAlign(2, f32));
+        });
+      }
+    });
+  }
+}
+
 LogicalResult nvidia::buildGroupedMatmulWgrad(LayerKernels &layer,
                                               GroupedMatmulWgradOp op) {
   if (failed(checkWgrad(op)))
@@ -258,40 +308,7 @@ LogicalResult nvidia::buildGroupedMatmulWgrad(LayerKernels &layer,
   NVVM::WgmmaWaitGroupSyncOp::create(b, loc, 0);
   Value result = fenceFragment(b, loc, loop.getResult(0));
 
-  // Fragment element i of lane l in warp w is row 16 w + l / 4 + 8 ((i / 2)
-  // % 2), column 8 (i / 4) + 2 (l % 4) + i % 2: pairs of columns.
-  Value warp = e.remUI(e.divUI(tid, 32), 4), lane = e.remUI(tid, 32);
-  Value rowBase =
-      e.iadd(e.iadd(e.imul(mTile, l.tileM), e.imul(g, sm90a::kWgmmaM)),
-             e.iadd(e.imul(warp, 16), e.divUI(lane, 4)));
-  Value colBase =
-      e.iadd(e.imul(nTile, l.tileN), e.imul(e.remUI(lane, 4), e.index(2)));
-  auto pairType = VectorType::get({2}, f32);
-  for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
-    Value row = e.iadd(rowBase, e.index(rowHalf * 8));
-    e.ifThen(e.ult(row, e.index(n)), [&] {
-      for (int64_t i = 0; i < l.tileN / 2; i += 2) {
-        if ((i / 2) % 2 != rowHalf)
-          continue;
-        Value col = e.iadd(colBase, e.index((i / 4) * 8));
-        auto field = [&](int64_t j) -> Value {
-          return LLVM::ExtractValueOp::create(b, loc, result,
-                                              ArrayRef<int64_t>{j});
-        };
-        Value pair = vector::FromElementsOp::create(
-            b, loc, pairType, ValueRange{field(i), field(i + 1)});
-        // K is a multiple of 8: a pair starts in bounds or not at all.
-        e.ifThen(e.ult(col, e.index(kDim)), [&] {
-          SmallVector<Value> index;
-          if (grouped)
-            index.push_back(expert);
-          index.append({row, col});
-          vector::StoreOp::create(b, loc, pair, outView, index, false,
-                                  vectorAlign(2, f32));
-        });
-      }
-    });
-  }
+  storeTile(e, result, {tid, g, mTile, nTile, expert}, outView, l, n, kDim);
   b.setInsertionPointAfter(roles);
   return k.finish(op);
 }
