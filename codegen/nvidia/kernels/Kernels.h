@@ -28,6 +28,8 @@ LogicalResult buildRoute(LayerKernels &layer, RouteOp op);
 LogicalResult buildDispatch(LayerKernels &layer, DispatchOp op);
 LogicalResult buildScatter(LayerKernels &layer, ScatterOp op);
 LogicalResult buildGroupedMatmul(LayerKernels &layer, GroupedMatmulOp op);
+LogicalResult buildActivation(LayerKernels &layer, ActivationOp op);
+LogicalResult buildActivationGrad(LayerKernels &layer, ActivationGradOp op);
 LogicalResult buildGroupedMatmulWgrad(LayerKernels &layer,
                                       GroupedMatmulWgradOp op);
 LogicalResult buildCombine(LayerKernels &layer, CombineOp op);

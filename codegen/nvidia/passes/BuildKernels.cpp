@@ -37,6 +37,8 @@ static LogicalResult buildKernel(LayerKernels &layer, Operation *op) {
       .Case([&](EpCombineSendOp o) { return buildEpCombineSend(layer, o); })
       .Case([&](EpCombineRecvOp o) { return buildEpCombineRecv(layer, o); })
       .Case([&](GroupedMatmulOp o) { return buildGroupedMatmul(layer, o); })
+      .Case([&](ActivationOp o) { return buildActivation(layer, o); })
+      .Case([&](ActivationGradOp o) { return buildActivationGrad(layer, o); })
       .Case([&](GroupedMatmulWgradOp o) {
         return buildGroupedMatmulWgrad(layer, o);
       })

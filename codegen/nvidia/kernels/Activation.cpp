@@ -1,0 +1,166 @@
+//===- Activation.cpp - the training forward's and backward's activations -===//
+//
+// moe.activation (a gated matmul's epilogue as a step of its own, so the
+// training forward keeps its input) and moe.activation_grad (its backward
+// with the row's routing weight) as elementwise kernels, with the CPU
+// backend's arithmetic (common::activate, common::activationGrad) so both
+// backends round alike. The forward: a block per row. The backward: a warp
+// per token (its choices' rows one after another) or per row (shared
+// experts), whose lanes sum the weight's gradient <g, a> and combine it by
+// shuffles.
+//
+//===----------------------------------------------------------------------===//
+
+#include "codegen/common/Numerics.h"
+#include "codegen/nvidia/kernels/Kernels.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::nvidia;
+
+static constexpr int64_t kThreads = 128, kWarps = kThreads / 32;
+
+LogicalResult nvidia::buildActivation(LayerKernels &layer, ActivationOp op) {
+  TokenLinear rows = layer.info(op.getInput()).rows;
+  int64_t outN = cast<RankedTensorType>(op.getOut().getType()).getDimSize(1);
+  layer.define(op.getOut(), rows);
+  Kernel k = layer.kernel(op, "activation", {op.getInput(), op.getOut()});
+  k.launch.work = rows;
+  k.launch.block = kThreads;
+  Emitter &e = k.e;
+  Value input = k.view(0, layer.info(op.getInput()));
+  Value out = k.view(1, layer.info(op.getOut()));
+  Value r = k.blockId(gpu::Dimension::x);
+  k.onlyIf(e.ult(r, k.linear(rows)));
+  e.forEach(
+      k.threadId(), e.index(outN),
+      [&](Value c) {
+        Value gate = e.load(input, {r, c});
+        Value up = e.load(input, {r, e.iadd(c, e.index(outN))});
+        e.store(common::activate(e, op.getActivation(), gate, up), out, {r, c});
+      },
+      e.index(kThreads));
+  return k.finish(op);
+}
+
+namespace {
+/// One warp's part of moe.activation_grad: a row's dh and w a stored, and
+/// the weight's gradient <g, a> summed over the warp.
+struct RowGrad {
+  ActivationGradOp op;
+  Emitter &e;
+  Value g, h, dh, aw, lane;
+  int64_t outN;
+
+  /// Row `r` of weight `w`; every lane gets the sum.
+  Value row(Value r, Value w) {
+    ActivationAttr activation = op.getActivation();
+    Value partial = e.reduce(
+        lane, e.index(outN), {e.f32(0.0)},
+        [&](Value c, ValueRange acc) -> SmallVector<Value> {
+          Value upCol = e.iadd(c, e.index(outN));
+          Value gate = e.load(h, {r, c}), up = e.load(h, {r, upCol});
+          // a as the forward rounded it for the down matmul.
+          Value a = arith::ExtFOp::create(
+              e.b, e.loc, e.b.getF32Type(),
+              arith::TruncFOp::create(e.b, e.loc, e.b.getBF16Type(),
+                                      common::activate(e, activation, gate, up))
+                  .getResult());
+          auto [dGate, dUp] = common::activationGrad(e, activation, gate, up);
+          Value gr = e.load(g, {r, c});
+          Value wg = e.mul(w, gr);
+          e.store(e.mul(wg, dGate), dh, {r, c});
+          e.store(e.mul(wg, dUp), dh, {r, upCol});
+          e.store(e.mul(w, a), aw, {r, c});
+          return {e.add(acc[0], e.mul(gr, a))};
+        },
+        e.index(32))[0];
+    for (int64_t offset = 16; offset > 0; offset /= 2)
+      partial =
+          e.add(partial, gpu::ShuffleOp::create(e.b, e.loc, partial, offset, 32,
+                                                gpu::ShuffleMode::XOR)
+                             .getShuffleResult());
+    return partial;
+  }
+};
+} // namespace
+
+LogicalResult nvidia::buildActivationGrad(LayerKernels &layer,
+                                          ActivationGradOp op) {
+  TokenLinear rowCount = layer.info(op.getInput()).rows;
+  // A warp per token (routed experts) or per row.
+  TokenLinear units = op.getRows() ? layer.info(op.getRows()).rows : rowCount;
+  layer.define(op.getInputGrad(), rowCount);
+  layer.define(op.getWeighted(), rowCount);
+  if (op.getWeightGrad())
+    layer.define(op.getWeightGrad(), units);
+  SmallVector<Value> buffers = {op.getOutGrad(), op.getInput(),
+                                op.getInputGrad(), op.getWeighted()};
+  for (Value v : {op.getWeightGrad(), op.getRows(), op.getWeights(),
+                  op.getGate(), op.getBiasTerm()})
+    if (v)
+      buffers.push_back(v);
+  Kernel k = layer.kernel(op, "activation_grad", buffers);
+  k.launch.work = units;
+  k.launch.perBlock = kWarps;
+  k.launch.block = kThreads;
+  Emitter &e = k.e;
+  auto view = [&](Value v) {
+    if (!v)
+      return Value();
+    return k.view(llvm::find(buffers, v) - buffers.begin(), layer.info(v));
+  };
+  Value tid = k.threadId();
+  Value unit =
+      e.iadd(e.imul(k.blockId(gpu::Dimension::x), kWarps), e.divUI(tid, 32));
+  Value lane = e.remUI(tid, 32);
+  RowGrad grad{op,
+               e,
+               view(op.getOutGrad()),
+               view(op.getInput()),
+               view(op.getInputGrad()),
+               view(op.getWeighted()),
+               lane,
+               cast<RankedTensorType>(op.getOutGrad().getType()).getDimSize(1)};
+  Value dw = view(op.getWeightGrad()), biasTerm = view(op.getBiasTerm());
+  auto withBias = [&](Value dot, Value r) {
+    return biasTerm ? e.add(dot, e.loadRaw(biasTerm, {r, e.index(0)})) : dot;
+  };
+  Value first = e.eq(lane, e.index(0));
+  // Warps past the units have nothing to do; no barrier follows.
+  e.ifThen(e.ult(unit, k.linear(units)), [&] {
+    if (!op.getRows()) {
+      Value gate = view(op.getGate());
+      Value s = gate ? e.sigmoid(e.load(gate, {unit, e.index(0)})) : e.f32(1.0);
+      Value dot = withBias(grad.row(unit, s), unit);
+      // d sigmoid(x) / dx = s (1 - s).
+      if (gate)
+        e.ifThen(first, [&] {
+          e.store(e.mul(dot, e.mul(s, e.sub(e.f32(1.0), s))), dw,
+                  {unit, e.index(0)});
+        });
+      return;
+    }
+    Value rows = view(op.getRows()), weights = view(op.getWeights());
+    int64_t topK = cast<RankedTensorType>(op.getRows().getType()).getDimSize(1);
+    e.forEach(e.index(0), e.index(topK), [&](Value j) {
+      Value r = e.loadRaw(rows, {unit, j});
+      auto valid = scf::IfOp::create(
+          e.b, e.loc, TypeRange{e.b.getF32Type()},
+          e.icmp(arith::CmpIPredicate::sge, r, e.i32(0)), /*withElse=*/true);
+      {
+        OpBuilder::InsertionGuard guard(e.b);
+        e.b.setInsertionPointToStart(&valid.getThenRegion().front());
+        Value ri = e.toIndex(r);
+        scf::YieldOp::create(
+            e.b, e.loc,
+            withBias(grad.row(ri, e.loadRaw(weights, {unit, j})), ri));
+        e.b.setInsertionPointToStart(&valid.getElseRegion().front());
+        scf::YieldOp::create(e.b, e.loc, e.f32(0.0));
+      }
+      if (dw)
+        e.ifThen(first, [&] { e.storeRaw(valid.getResult(0), dw, {unit, j}); });
+    });
+  });
+  return k.finish(op);
+}
