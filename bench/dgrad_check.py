@@ -12,6 +12,8 @@ operands, and the weight transpose it takes on sm_90a timed alone.
         one call checked against float64, then timed beside the peer; one
         JSON line per result
 
+Two shapes are also compiled with an f32 result.
+
 The shapes are the dgrads of the training peers' layers (bench/train_peer.py)
 at 4096 tokens (16384 for Mixtral): each layer's down (dY times w2) and
 gate/up (dH times w13) dgrad, rows spread evenly over the experts; and an
@@ -40,10 +42,15 @@ SHAPES = {
 ODD_COUNTS = [50, 0, 77]
 
 
-def function(name, e, n, k):
+# Shapes also compiled with an f32 result (a backward whose input gradient
+# sums several parts takes them in f32).
+F32_SHAPES = ("qwen3_up", "odd")
+
+
+def function(name, e, n, k, out_type="bf16"):
     dy, w = f"tensor<?x{n}xbf16>", f"tensor<{e}x{n}x{k}xbf16>"
     c, o, out = f"tensor<{e}xi32>", f"tensor<{e + 1}xi32>", \
-        f"tensor<?x{k}xbf16>"
+        f"tensor<?x{k}x{out_type}>"
     return (f"func.func @{name}(%dy: {dy} {{moe.name = \"out_grad\"}}, "
             f"%w: {w} {{moe.name = \"rhs\"}}, "
             f"%c: {c} {{moe.name = \"counts\"}}, "
@@ -64,11 +71,13 @@ def prepare(out_dir):
     compile_ = os.path.join(ROOT, "build", "bin", "moe-compile")
     os.makedirs(out_dir, exist_ok=True)
     for shape, (e, m, n, k) in SHAPES.items():
-        for name, text in ((f"dgrad_{shape}", function(f"dgrad_{shape}", e,
-                                                       n, k)),
-                           (f"transpose_{shape}",
-                            transpose_function(f"transpose_{shape}", e, n,
-                                               k))):
+        texts = [(f"dgrad_{shape}", function(f"dgrad_{shape}", e, n, k)),
+                 (f"transpose_{shape}",
+                  transpose_function(f"transpose_{shape}", e, n, k))]
+        if shape in F32_SHAPES:
+            texts.append((f"dgrad32_{shape}",
+                          function(f"dgrad32_{shape}", e, n, k, "f32")))
+        for name, text in texts:
             src = os.path.join(out_dir, name + ".mlir")
             with open(src, "w") as f:
                 f.write(text)
@@ -115,6 +124,25 @@ def run(lib_dir, only=None):
         failed |= not ok
         emit(what="check", shape=shape, rel_error=err, bf16_rounding=floor,
              ok=ok)
+        if shape in F32_SHAPES:
+            # An f32 result: only the f32 sums' rounding separates it from
+            # float64.
+            layer32 = Layer(os.path.join(lib_dir, f"libdgrad32_{shape}.so"))
+            out32 = torch.full((rows, k), float("nan"), dtype=torch.float32,
+                               device=dev)
+            args32 = [dy, w, counts, offsets, out32]
+            layer32.forward(*args32)
+            torch.cuda.synchronize()
+            err32 = ((out32.double() - ref).norm() / ref.norm()).item()
+            ok32 = bool(torch.isfinite(out32).all()) and err32 <= 1e-5
+            failed |= not ok32
+            emit(what="check", shape=shape, out="f32", rel_error=err32,
+                 ok=ok32)
+            if m > 0:
+                us32 = bench(lambda: layer32.forward(*args32), 20)
+                emit(what="time", shape=shape,
+                     kernel="transpose + matmul, f32 out", us=us32,
+                     tflops=2.0 * rows * n * k / us32 / 1e6)
         if m < 0:
             continue
         flops = 2.0 * rows * n * k

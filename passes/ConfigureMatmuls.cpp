@@ -110,6 +110,8 @@ struct MatmulShape {
     outQuant = static_cast<bool>(op.getOutQuantAttr());
     outBlock = outQuant ? op.getOutQuantAttr().getBlockSize() : 0;
     outN = gated ? n / 2 : n;
+    outF32 =
+        cast<RankedTensorType>(op.getOut().getType()).getElementType().isF32();
     rows = rowsOf(op.getLhs());
     if (auto recv =
             dyn_cast_or_null<EpDispatchRecvOp>(rowSource(op.getLhs()))) {
@@ -134,6 +136,8 @@ struct MatmulShape {
   }
 
   bool grouped = false, gated = false, outQuant = false, columnScales = false;
+  /// An f32 result (a backward's dgrad): stored from the registers.
+  bool outF32 = false;
   // Rows from every rank (this many): a bucket (this rank's tokens) does
   // not bound them.
   int64_t received = 0, topK = 1;
@@ -410,12 +414,13 @@ MatmulConfigAttr ConfigureMatmulsPass::chooseFor(GroupedMatmulOp op,
   int64_t tileK = pins.tileK.value_or(shape.tileK());
   int64_t kTiles = llvm::divideCeil(shape.k, tileK);
 
-  // The epilogue stages its results in shared memory, in 16-byte pieces of
-  // a row: rows must be 16-byte aligned, and a quantizing epilogue works
-  // on the registers' blocks.
+  // The epilogue stages its bf16 results in shared memory, in 16-byte
+  // pieces of a row: rows must be 16-byte aligned, and a quantizing
+  // epilogue works on the registers' blocks.
   MatmulEpilogue epilogue = pins.epilogue.value_or(
-      shape.outQuant || shape.outN % 8 != 0 ? MatmulEpilogue::Registers
-                                            : MatmulEpilogue::Shared);
+      shape.outQuant || shape.outF32 || shape.outN % 8 != 0
+          ? MatmulEpilogue::Registers
+          : MatmulEpilogue::Shared);
   // The ring takes what shared memory is left beside the epilogue buffers,
   // as the kernel lays it out (a stage: its operands, two mbarriers and
   // for FP8 its staged scales).

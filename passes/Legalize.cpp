@@ -40,13 +40,12 @@ static int64_t bytesOf(RankedTensorType type) {
 }
 
 /// `op` as a grouped matmul on its weights transposed, where it is one:
-/// bf16 throughout, with neither `acc` nor `bias`.
+/// bf16 operands, a bf16 or f32 result, neither `acc` nor `bias`.
 static void dgradAsMatmul(GroupedMatmulDgradOp op) {
   auto type = [](Value v) { return cast<RankedTensorType>(v.getType()); };
   if (op.getAcc() || op.getBias() ||
       !type(op.getOutGrad()).getElementType().isBF16() ||
-      !type(op.getRhs()).getElementType().isBF16() ||
-      !type(op.getOut()).getElementType().isBF16())
+      !type(op.getRhs()).getElementType().isBF16())
     return;
   OpBuilder b(op);
   RankedTensorType rhs = type(op.getRhs());

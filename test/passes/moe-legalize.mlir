@@ -47,14 +47,18 @@ func.func @fine(%x: tensor<?x64xbf16>, %rw: tensor<4x64xbf16>, %w13: tensor<4x12
 
 // -----
 
-// A dgrad in bf16 becomes the matmul on its weights transposed (the kernel
-// reads weights K-major); one with an f32 accumulator stays as it is.
+// A dgrad of bf16 operands becomes the matmul on its weights transposed
+// (the kernel reads weights K-major), with a bf16 or an f32 result; one
+// with an f32 accumulator stays as it is.
 // CHECK-LABEL: func @dgrad
 // CHECK: %[[WT:.*]] = moe.transpose %arg1 : tensor<4x64x32xbf16> -> tensor<4x32x64xbf16>
 // CHECK: moe.grouped_matmul %arg0, %[[WT]] groups(%arg2, %arg3) : {{.*}} -> tensor<?x32xbf16>
 // CHECK: moe.grouped_matmul_dgrad %arg0, %arg1 groups(%arg2, %arg3) acc
-func.func @dgrad(%dy: tensor<?x64xbf16>, %w: tensor<4x64x32xbf16>, %counts: tensor<4xi32>, %offsets: tensor<5xi32>, %acc: tensor<?x32xf32>) -> (tensor<?x32xbf16>, tensor<?x32xf32>) {
+// CHECK: %[[WT2:.*]] = moe.transpose %arg1 : tensor<4x64x32xbf16> -> tensor<4x32x64xbf16>
+// CHECK: moe.grouped_matmul %arg0, %[[WT2]] groups(%arg2, %arg3) : {{.*}} -> tensor<?x32xf32>
+func.func @dgrad(%dy: tensor<?x64xbf16>, %w: tensor<4x64x32xbf16>, %counts: tensor<4xi32>, %offsets: tensor<5xi32>, %acc: tensor<?x32xf32>) -> (tensor<?x32xbf16>, tensor<?x32xf32>, tensor<?x32xf32>) {
   %0 = moe.grouped_matmul_dgrad %dy, %w groups(%counts, %offsets) : (tensor<?x64xbf16>, tensor<4x64x32xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<?x32xbf16>
   %1 = moe.grouped_matmul_dgrad %dy, %w groups(%counts, %offsets) acc %acc : (tensor<?x64xbf16>, tensor<4x64x32xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x32xf32>) -> tensor<?x32xf32>
-  return %0, %1 : tensor<?x32xbf16>, tensor<?x32xf32>
+  %2 = moe.grouped_matmul_dgrad %dy, %w groups(%counts, %offsets) : (tensor<?x64xbf16>, tensor<4x64x32xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<?x32xf32>
+  return %0, %1, %2 : tensor<?x32xbf16>, tensor<?x32xf32>, tensor<?x32xf32>
 }
