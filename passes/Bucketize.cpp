@@ -47,7 +47,10 @@ struct BucketizePass : public moe::impl::BucketizeBase<BucketizePass> {
       bool moeOps = false;
       func.walk(
           [&](Operation *op) { moeOps |= isa<MoeDialect>(op->getDialect()); });
-      if (!moeOps || func.isExternal())
+      // A training step (moe-differentiate's) runs at one count, the
+      // caller's batch: its kernels take any count, with no graphs.
+      if (!moeOps || func.isExternal() || func->hasAttr("moe.saved") ||
+          func->hasAttr("moe.gradients"))
         return;
       bool dynamic = llvm::any_of(func.getArgumentTypes(), [](Type t) {
         auto tensor = dyn_cast<RankedTensorType>(t);

@@ -10,6 +10,7 @@
 
 #include "runtime/moert.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -116,4 +117,44 @@ extern "C" void moert_grad_finish(void *dst, void *target, int64_t count,
     }
   }
   std::free(target);
+}
+
+namespace {
+bool misaligned(const void *p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 != 0;
+}
+} // namespace
+
+extern "C" int32_t moert_device_saved_check(const void *saved, int64_t tokens) {
+  if (!saved || misaligned(saved))
+    return fail("the training step needs the saved buffer (saved_size(" +
+                std::to_string(tokens) +
+                ") bytes of device memory, 16-byte aligned); it is " +
+                (saved ? "not aligned" : "null"));
+  return 0;
+}
+
+extern "C" int32_t moert_device_backward_check(const void *output_grad,
+                                               void *const *grads,
+                                               const char *kinds,
+                                               int64_t tokens, int32_t flags) {
+  if (flags != 0)
+    return fail("backward flags " + std::to_string(flags) +
+                ": the GPU backward overwrites each gradient in the dtype it "
+                "computes it (training.gradients); add or convert it on the "
+                "caller's side, with flags 0");
+  if ((tokens > 0 && !output_grad) || misaligned(output_grad))
+    return fail("the output's gradient is null or not 16-byte aligned");
+  size_t count = std::strlen(kinds);
+  if (count > 0 && !grads)
+    return fail("grads is null; the GPU backward writes every gradient");
+  for (size_t i = 0; i < count; ++i) {
+    // A token-sized gradient of no tokens has nothing to write.
+    bool written = kinds[i] == 'w' || (kinds[i] == 't' && tokens > 0);
+    if ((written && !grads[i]) || misaligned(grads[i]))
+      return fail("grads[" + std::to_string(i) +
+                  "] is null or not 16-byte aligned; the GPU backward "
+                  "writes every gradient");
+  }
+  return 0;
 }

@@ -110,6 +110,15 @@ void *moert_grad_target(void *dst, int64_t bytes, int32_t mode);
  * `dst` (a gradient not asked for) takes nothing. */
 void moert_grad_finish(void *dst, void *target, int64_t count, int32_t mode);
 
+/* A GPU training call's checks: the saved buffer (device memory) must be
+ * there and 16-byte aligned; the backward's output gradient (when tokens >
+ * 0) and each of its gradients too (`kinds` a letter each, as
+ * moert_check_call's), and `flags` must be 0 (the GPU backward writes each
+ * gradient in the dtype it computes it, over what the buffer held). */
+int32_t moert_device_saved_check(const void *saved, int64_t tokens);
+int32_t moert_device_backward_check(const void *output_grad, void *const *grads,
+                                    const char *kinds, int64_t tokens,
+                                    int32_t flags);
 /* What the last failing call on this thread said. */
 const char *moert_last_error(void);
 /* Sets it (for the expert-parallel runtime, runtime/moe_ep.h). */

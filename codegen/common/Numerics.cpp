@@ -24,6 +24,128 @@ std::pair<Value, Value> common::expertScore(Emitter &e, RouterKind kind,
   return {s, choice};
 }
 
+void common::routeGrad(Emitter &e, RouterAttr router, int64_t experts,
+                       int64_t topK, Value score, Value scoreGrad, Value ids,
+                       Value dw, Value dl, Value t, ExpertThreads threads) {
+  auto inOrder = [&](function_ref<void(Value)> body) {
+    e.forEach(e.index(0), e.index(experts), body);
+  };
+  auto fold = [&](Value init, function_ref<Value(Value)> term, bool isMax) {
+    return e.reduce(e.index(0), e.index(experts), {init},
+                    [&](Value x, ValueRange acc) -> SmallVector<Value> {
+                      Value v = term(x);
+                      return {isMax ? e.maxf(acc[0], v) : e.add(acc[0], v)};
+                    })[0];
+  };
+  auto alone = [](function_ref<void()> step) { step(); };
+  using ForExperts = function_ref<void(function_ref<void(Value)>)>;
+  using Reduce = function_ref<Value(Value, function_ref<Value(Value)>, bool)>;
+  ForExperts forExperts =
+      threads.forExperts ? threads.forExperts : ForExperts(inOrder);
+  Reduce reduce = threads.reduce ? threads.reduce : Reduce(fold);
+  auto single = threads.single
+                    ? threads.single
+                    : function_ref<void(function_ref<void()>)>(alone);
+  RouterKind kind = router.getKind();
+  bool normalize = router.getRenormalize() || kind == RouterKind::TopKSoftmax;
+  double scaling = router.getScaling().convertToDouble();
+  auto overChoices = [&](Value init, auto term) {
+    return e.reduce(e.index(0), e.index(topK), {init},
+                    [&](Value j, ValueRange acc) -> SmallVector<Value> {
+                      return {term(j, acc[0])};
+                    })[0];
+  };
+  // An id outside [0, E) (never a route's) reads and adds nothing: it is
+  // taken as expert 0 with no gradient.
+  auto validId = [&](Value j) {
+    Value id = e.loadRaw(ids, {t, j});
+    return e.andi(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
+                  e.icmp(arith::CmpIPredicate::slt, id, e.i32(experts)));
+  };
+  auto chosen = [&](Value j) {
+    return e.toIndex(e.select(validId(j), e.loadRaw(ids, {t, j}), e.i32(0)));
+  };
+  // The scores: sigmoid, softmax over every expert, or exp less the chosen
+  // maximum.
+  if (kind == RouterKind::SigmoidGroupedTopK ||
+      kind == RouterKind::SigmoidScaleInput) {
+    forExperts([&](Value x) {
+      e.storeRaw(e.sigmoid(e.loadRaw(score, {x})), score, {x});
+    });
+  } else {
+    Value max =
+        kind == RouterKind::TopKSoftmax
+            ? overChoices(e.f32(-INFINITY),
+                          [&](Value j, Value m) {
+                            return e.maxf(m, e.loadRaw(score, {chosen(j)}));
+                          })
+            : reduce(
+                  e.f32(-INFINITY),
+                  [&](Value x) { return e.loadRaw(score, {x}); },
+                  /*isMax=*/true);
+    Value sum = reduce(
+        e.f32(0.0),
+        [&](Value x) {
+          Value p = e.exp(e.sub(e.loadRaw(score, {x}), max));
+          e.storeRaw(p, score, {x});
+          return p;
+        },
+        /*isMax=*/false);
+    forExperts([&](Value x) {
+      Value p = e.loadRaw(score, {x});
+      e.storeRaw(kind == RouterKind::SoftmaxTopK ? e.div(p, sum) : p, score,
+                 {x});
+      e.storeRaw(e.f32(0.0), scoreGrad, {x});
+    });
+  }
+  if (kind == RouterKind::SigmoidGroupedTopK ||
+      kind == RouterKind::SigmoidScaleInput)
+    forExperts([&](Value x) { e.storeRaw(e.f32(0.0), scoreGrad, {x}); });
+  // The chosen scores u_j, normalized v_j = u_j / S and scaled: the
+  // gradient of u_j is (dv_j - sum_m dv_m v_m) / S, dv = scaling dw.
+  Value total = overChoices(e.f32(0.0), [&](Value j, Value acc) {
+    return e.add(
+        acc, e.select(validId(j), e.loadRaw(score, {chosen(j)}), e.f32(0.0)));
+  });
+  if (kind == RouterKind::SigmoidGroupedTopK)
+    total = e.add(total, e.f32(1e-20));
+  auto dv = [&](Value j) {
+    return e.select(validId(j), e.mul(e.loadRaw(dw, {t, j}), e.f32(scaling)),
+                    e.f32(0.0));
+  };
+  Value dot = overChoices(e.f32(0.0), [&](Value j, Value acc) {
+    return e.add(acc,
+                 e.mul(dv(j), e.div(e.loadRaw(score, {chosen(j)}), total)));
+  });
+  single([&] {
+    e.forEach(e.index(0), e.index(topK), [&](Value j) {
+      Value du = normalize ? e.div(e.sub(dv(j), dot), total) : dv(j);
+      e.ifThen(validId(j), [&] { e.storeRaw(du, scoreGrad, {chosen(j)}); });
+    });
+  });
+  // Through the score: softmax over every expert, exp, or sigmoid.
+  Value pDot = kind == RouterKind::SoftmaxTopK
+                   ? reduce(
+                         e.f32(0.0),
+                         [&](Value x) {
+                           return e.mul(e.loadRaw(score, {x}),
+                                        e.loadRaw(scoreGrad, {x}));
+                         },
+                         /*isMax=*/false)
+                   : Value();
+  forExperts([&](Value x) {
+    Value u = e.loadRaw(score, {x}), du = e.loadRaw(scoreGrad, {x});
+    Value grad;
+    if (kind == RouterKind::SoftmaxTopK)
+      grad = e.mul(u, e.sub(du, pDot));
+    else if (kind == RouterKind::TopKSoftmax)
+      grad = e.mul(du, u);
+    else
+      grad = e.mul(du, e.mul(u, e.sub(e.f32(1.0), u)));
+    e.storeRaw(grad, dl, {t, x});
+  });
+}
+
 void common::selectExperts(Emitter &e, RouterAttr router, int64_t experts,
                            int64_t topK, const RouteScratch &scratch, Value ids,
                            Value weights, Value t, SelectThreads threads) {

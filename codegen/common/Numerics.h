@@ -59,6 +59,26 @@ void selectExperts(Emitter &e, RouterAttr router, int64_t experts, int64_t topK,
                    const RouteScratch &scratch, Value ids, Value weights,
                    Value t, SelectThreads threads = {});
 
+/// How a target shares a token's route gradient among threads. Every thread
+/// runs routeGrad. `forExperts` runs a body for every expert, split among
+/// the threads, and makes its writes visible to all; `reduce` folds a term
+/// of every expert (a sum, or a maximum where `isMax`) and gives every
+/// thread the result; `single` runs a step once and makes its writes
+/// visible. All null: one thread does everything, experts in order.
+struct ExpertThreads {
+  function_ref<void(function_ref<void(Value)>)> forExperts = nullptr;
+  function_ref<Value(Value, function_ref<Value(Value)>, bool)> reduce = nullptr;
+  function_ref<void(function_ref<void()>)> single = nullptr;
+};
+
+/// moe.route_grad for token `t`: `score` ([experts] f32) holds routerLogit's
+/// values on entry and the scores on exit, `scoreGrad` ([experts] f32) is
+/// scratch; ids[t, :] are the choices, dw[t, :] their weights' gradient,
+/// and the logits' gradient goes to dl[t, :].
+void routeGrad(Emitter &e, RouterAttr router, int64_t experts, int64_t topK,
+               Value score, Value scoreGrad, Value ids, Value dw, Value dl,
+               Value t, ExpertThreads threads = {});
+
 /// The activation of a gate and an up value (f32).
 Value activate(Emitter &e, ActivationAttr activation, Value gate, Value up);
 

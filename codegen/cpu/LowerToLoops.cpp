@@ -951,7 +951,6 @@ LogicalResult FunctionLowering::lowerWgrad(GroupedMatmulWgradOp op) {
 
 LogicalResult FunctionLowering::lowerRouteGrad(RouteGradOp op) {
   RouterAttr router = op.getRouter();
-  RouterKind kind = router.getKind();
   Value hidden = buffer(op.getHiddenStates());
   Value weight = buffer(op.getRouterWeight());
   Value bias = op.getBias() ? buffer(op.getBias()) : Value();
@@ -962,103 +961,18 @@ LogicalResult FunctionLowering::lowerRouteGrad(RouteGradOp op) {
   Value tokens = e.dim(hidden, 0);
   Value dl = resultBuffer(op.getLogitGrad(), {tokens});
   Type f32 = e.b.getF32Type();
-  // Per token: the scores (softmax probabilities, exp of the logit less
-  // the chosen maximum, or sigmoid) over every expert, and the gradient of
-  // the chosen ones' scores.
+  // Per token: the logits, then the scores and their gradient in place.
   Value score = e.alloc(MemRefType::get({experts}, f32));
   Value scoreGrad = e.alloc(MemRefType::get({experts}, f32));
-  bool normalize = router.getRenormalize() || kind == RouterKind::TopKSoftmax;
-  double scaling = router.getScaling().convertToDouble();
   e.forEach(e.index(0), tokens, [&](Value t) {
     e.forEach(e.index(0), e.index(experts), [&](Value x) {
       Value logit = e.dot(hidden, t, weight, {x}, h);
-      // The bias moves the logits, except where it only ranks.
-      if (bias && kind != RouterKind::SigmoidGroupedTopK)
-        logit = e.add(logit, e.load(bias, {x}));
-      e.storeRaw(logit, score, {x});
-      e.storeRaw(e.f32(0.0), scoreGrad, {x});
+      Value b = bias ? e.load(bias, {x}) : Value();
+      e.storeRaw(common::routerLogit(e, router.getKind(), logit, b), score,
+                 {x});
     });
-    auto over = [&](int64_t n, Value init, auto term) {
-      return e.reduce(e.index(0), e.index(n), {init},
-                      [&](Value i, ValueRange acc) -> SmallVector<Value> {
-                        return {term(i, acc[0])};
-                      })[0];
-    };
-    // An id outside [0, E) (never a route's) reads and adds nothing: it is
-    // taken as expert 0 with no gradient.
-    auto validId = [&](Value j) {
-      Value id = e.loadRaw(ids, {t, j});
-      return e.andi(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
-                    e.icmp(arith::CmpIPredicate::slt, id, e.i32(experts)));
-    };
-    auto chosen = [&](Value j) {
-      return e.toIndex(e.select(validId(j), e.loadRaw(ids, {t, j}), e.i32(0)));
-    };
-    if (kind == RouterKind::SigmoidGroupedTopK ||
-        kind == RouterKind::SigmoidScaleInput) {
-      e.forEach(e.index(0), e.index(experts), [&](Value x) {
-        e.storeRaw(e.sigmoid(e.loadRaw(score, {x})), score, {x});
-      });
-    } else {
-      // Softmax over every expert, or exp less the chosen maximum.
-      Value max = kind == RouterKind::TopKSoftmax
-                      ? over(topK, e.f32(-INFINITY),
-                             [&](Value j, Value m) {
-                               return e.maxf(m, e.loadRaw(score, {chosen(j)}));
-                             })
-                      : over(experts, e.f32(-INFINITY), [&](Value x, Value m) {
-                          return e.maxf(m, e.loadRaw(score, {x}));
-                        });
-      Value sum = over(experts, e.f32(0.0), [&](Value x, Value acc) {
-        Value p = e.exp(e.sub(e.loadRaw(score, {x}), max));
-        e.storeRaw(p, score, {x});
-        return e.add(acc, p);
-      });
-      if (kind == RouterKind::SoftmaxTopK)
-        e.forEach(e.index(0), e.index(experts), [&](Value x) {
-          e.storeRaw(e.div(e.loadRaw(score, {x}), sum), score, {x});
-        });
-    }
-    // The chosen scores u_j, normalized v_j = u_j / S and scaled: the
-    // gradient of u_j is (dv_j - sum_m dv_m v_m) / S, dv = scaling dw.
-    Value total = over(topK, e.f32(0.0), [&](Value j, Value acc) {
-      return e.add(
-          acc, e.select(validId(j), e.loadRaw(score, {chosen(j)}), e.f32(0.0)));
-    });
-    if (kind == RouterKind::SigmoidGroupedTopK)
-      total = e.add(total, e.f32(1e-20));
-    auto dv = [&](Value j) {
-      return e.select(validId(j), e.mul(e.loadRaw(dw, {t, j}), e.f32(scaling)),
-                      e.f32(0.0));
-    };
-    Value dot = over(topK, e.f32(0.0), [&](Value j, Value acc) {
-      return e.add(acc,
-                   e.mul(dv(j), e.div(e.loadRaw(score, {chosen(j)}), total)));
-    });
-    e.forEach(e.index(0), e.index(topK), [&](Value j) {
-      Value du = normalize ? e.div(e.sub(dv(j), dot), total) : dv(j);
-      e.ifThen(validId(j), [&] { e.storeRaw(du, scoreGrad, {chosen(j)}); });
-    });
-    // Through the score: softmax over every expert, exp, or sigmoid.
-    Value pDot =
-        kind == RouterKind::SoftmaxTopK
-            ? over(experts, e.f32(0.0),
-                   [&](Value x, Value acc) {
-                     return e.add(acc, e.mul(e.loadRaw(score, {x}),
-                                             e.loadRaw(scoreGrad, {x})));
-                   })
-            : Value();
-    e.forEach(e.index(0), e.index(experts), [&](Value x) {
-      Value u = e.loadRaw(score, {x}), du = e.loadRaw(scoreGrad, {x});
-      Value grad;
-      if (kind == RouterKind::SoftmaxTopK)
-        grad = e.mul(u, e.sub(du, pDot));
-      else if (kind == RouterKind::TopKSoftmax)
-        grad = e.mul(du, u);
-      else
-        grad = e.mul(du, e.mul(u, e.sub(e.f32(1.0), u)));
-      e.storeRaw(grad, dl, {t, x});
-    });
+    common::routeGrad(e, router, experts, topK, score, scoreGrad, ids, dw, dl,
+                      t);
   });
   return success();
 }

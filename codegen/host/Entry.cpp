@@ -135,6 +135,18 @@ static void appendSaved(HostBuilder &h, SmallVectorImpl<Value> &operands,
         tensor.getType().getShape(), h.linear(tensor.getRows(), tokens));
 }
 
+void host::addSavedSize(ModuleOp module, InterfaceAttr interface) {
+  OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
+  HostBuilder h(b, module.getLoc());
+  auto size =
+      LLVM::LLVMFuncOp::create(b, h.loc, interface.getSymbol("saved_size"),
+                               LLVM::LLVMFunctionType::get(h.i64, {h.i64}));
+  b.setInsertionPointToStart(size.addEntryBlock(b));
+  LLVM::ReturnOp::create(
+      b, h.loc,
+      h.linear(interface.getTraining().getSavedBytes(), size.getArgument(0)));
+}
+
 LogicalResult host::addTrainingEntryPoints(ModuleOp module,
                                            InterfaceAttr interface) {
   TrainingAttr training = interface.getTraining();
@@ -144,14 +156,7 @@ LogicalResult host::addTrainingEntryPoints(ModuleOp module,
   // description.
   int64_t layerId = int64_t(llvm::xxh3_64bits(host::infoJson(interface)));
 
-  // saved_size(tokens): the header and every saved tensor's slice.
-  b.setInsertionPointToEnd(module.getBody());
-  auto size =
-      LLVM::LLVMFuncOp::create(b, h.loc, interface.getSymbol("saved_size"),
-                               LLVM::LLVMFunctionType::get(h.i64, {h.i64}));
-  b.setInsertionPointToStart(size.addEntryBlock(b));
-  LLVM::ReturnOp::create(
-      b, h.loc, h.linear(training.getSavedBytes(), size.getArgument(0)));
+  host::addSavedSize(module, interface);
 
   // forward_train(args, tokens, saved): the header, then the training
   // forward writing the outputs and the saved tensors.

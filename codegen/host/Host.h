@@ -49,9 +49,14 @@ LogicalResult addEntryPoints(ModuleOp module, InterfaceAttr interface);
 /// built for training to `module`, around its lowered functions.
 LogicalResult addTrainingEntryPoints(ModuleOp module, InterfaceAttr interface);
 
+/// Adds a training library's saved_size(tokens): the saved buffer's bytes,
+/// its header and every saved tensor's slice.
+void addSavedSize(ModuleOp module, InterfaceAttr interface);
+
 /// Adds to `host` the GPU forward carrying out the launch plans of the
 /// layer function in `module` with the kernels of its cubin, and its
-/// workspace size, set_graphs and warmup.
+/// workspace size, set_graphs and warmup; for a library built for
+/// training, also its training forward, saved size and backward.
 LogicalResult addLaunchEntryPoints(ModuleOp host, ModuleOp module,
                                    InterfaceAttr interface);
 

@@ -24,6 +24,17 @@ using namespace mlir;
 using namespace mlir::moe;
 using host::HostBuilder;
 
+/// The object of the gpu.binary moe-build-kernels made for the function
+/// `func` (its gpu.module <func>_kernels).
+static FailureOr<StringRef> kernelImageOf(ModuleOp module, StringRef func) {
+  auto binary = module.lookupSymbol<gpu::BinaryOp>((func + "_kernels").str());
+  if (!binary || binary.getObjects().empty())
+    return module.emitError() << "no kernels were compiled for @" << func;
+  return cast<gpu::ObjectAttr>(*binary.getObjects().begin())
+      .getObject()
+      .getValue();
+}
+
 FailureOr<StringRef> host::kernelImage(ModuleOp module) {
   for (auto binary : module.getOps<gpu::BinaryOp>())
     for (Attribute object : binary.getObjects())
@@ -261,8 +272,28 @@ struct GpuLayer {
   SmallVector<LLVM::GlobalOp> graphSlots;
   // Each bucket's enqueue, then the plan's for any count.
   SmallVector<LLVM::LLVMFuncOp> enqueues;
+  // A training library's training forward and backward, which share the
+  // forward's workspace.
+  LaunchPlanAttr train, backward;
 };
 } // namespace
+
+/// The image of `cubin` and its loaded module (cached by the runtime on
+/// first use), as globals named after `stem`.
+static std::pair<LLVM::GlobalOp, LLVM::GlobalOp>
+addImage(ModuleOp host, StringRef stem, StringRef cubin) {
+  OpBuilder b = OpBuilder::atBlockEnd(host.getBody());
+  Location loc = host.getLoc();
+  auto moduleSlot = LLVM::GlobalOp::create(
+      b, loc, b.getI64Type(), /*isConstant=*/false, LLVM::Linkage::Internal,
+      ("moe_cuda_module" + stem).str(), b.getI64IntegerAttr(0));
+  // 64-byte aligned as cuModuleLoadData wants.
+  auto image = LLVM::GlobalOp::create(
+      b, loc, LLVM::LLVMArrayType::get(b.getI8Type(), cubin.size()),
+      /*isConstant=*/true, LLVM::Linkage::Internal, ("moe_cubin" + stem).str(),
+      b.getStringAttr(cubin), /*alignment=*/64);
+  return {image, moduleSlot};
+}
 
 /// The loaded module, the switch for graphs, each bucket's graphs, the
 /// image and an enqueue function per plan.
@@ -270,10 +301,6 @@ static void addPlans(ModuleOp host, GpuLayer &layer, StringRef cubin) {
   OpBuilder b = OpBuilder::atBlockEnd(host.getBody());
   Location loc = host.getLoc();
   Type i64 = b.getI64Type();
-  // The loaded module, cached by the runtime on first use.
-  auto moduleSlot = LLVM::GlobalOp::create(
-      b, loc, i64, /*isConstant=*/false, LLVM::Linkage::Internal,
-      "moe_cuda_module", b.getI64IntegerAttr(0));
   // Whether a bucket's call replays its graph (set_graphs).
   layer.graphsOn = LLVM::GlobalOp::create(
       b, loc, b.getI32Type(), /*isConstant=*/false, LLVM::Linkage::Internal,
@@ -283,11 +310,7 @@ static void addPlans(ModuleOp host, GpuLayer &layer, StringRef cubin) {
     layer.graphSlots.push_back(LLVM::GlobalOp::create(
         b, loc, i64, /*isConstant=*/false, LLVM::Linkage::Internal,
         ("moe_graphs_" + Twine(i)).str(), b.getI64IntegerAttr(0)));
-  // The image, 64-byte aligned as cuModuleLoadData wants.
-  auto image = LLVM::GlobalOp::create(
-      b, loc, LLVM::LLVMArrayType::get(b.getI8Type(), cubin.size()),
-      /*isConstant=*/true, LLVM::Linkage::Internal, "moe_cubin",
-      b.getStringAttr(cubin), /*alignment=*/64);
+  auto [image, moduleSlot] = addImage(host, "", cubin);
   for (auto [i, bucket] : llvm::enumerate(layer.buckets))
     layer.enqueues.push_back(addEnqueue(host, ("moe_enqueue_" + Twine(i)).str(),
                                         bucket, image, moduleSlot));
@@ -307,6 +330,10 @@ static Value workspaceAt(HostBuilder &h, const GpuLayer &layer, Value tokens) {
         h.b, h.loc, inside,
         h.c64(room.fixed + room.perToken * bucket.getMaxTokens()), bytes);
   }
+  for (LaunchPlanAttr plan : {layer.train, layer.backward})
+    if (plan)
+      bytes = LLVM::UMaxOp::create(h.b, h.loc, bytes,
+                                   h.linear(plan.getWorkspaceBytes(), tokens));
   return bytes;
 }
 
@@ -472,6 +499,162 @@ static void addGraphControls(ModuleOp host, const GpuLayer &layer) {
   LLVM::ReturnOp::create(b, h.loc, h.c32(0));
 }
 
+//===----------------------------------------------------------------------===//
+// Training
+//===----------------------------------------------------------------------===//
+
+/// The launch plan of `module`'s function `name`, which must have no token
+/// buckets (a training step's kernels take any count).
+static FailureOr<LaunchPlanAttr> trainingPlan(ModuleOp module, StringRef name) {
+  auto func = module.lookupSymbol<func::FuncOp>(name);
+  auto plan =
+      func ? func->getAttrOfType<LaunchPlanAttr>(LaunchPlanAttr::getAttrName())
+           : LaunchPlanAttr();
+  if (!plan)
+    return module.emitError()
+           << "the training function @" << name << " has no launch plan";
+  if (func->hasAttr(kBucketPlansAttrName))
+    return func.emitOpError() << "has token buckets; a training step's "
+                                 "kernels are built for any count";
+  return plan;
+}
+
+/// An array of `values` (pointers) on the stack.
+static Value pointerArray(HostBuilder &h, ArrayRef<Value> values) {
+  Value array = h.stackSlot(h.ptr, values.size());
+  for (auto [j, v] : llvm::enumerate(values))
+    LLVM::StoreOp::create(
+        h.b, h.loc, v,
+        LLVM::GEPOp::create(h.b, h.loc, h.ptr, h.ptr, array,
+                            ArrayRef<LLVM::GEPArg>{int32_t(j)}));
+  return array;
+}
+
+/// Pointer `i` of the array `argv`.
+static Value pointerAt(HostBuilder &h, Value argv, int64_t i) {
+  return LLVM::LoadOp::create(
+      h.b, h.loc, h.ptr,
+      LLVM::GEPOp::create(h.b, h.loc, h.ptr, h.ptr, argv,
+                          ArrayRef<LLVM::GEPArg>{int32_t(i)}));
+}
+
+/// Checks a training call's arguments (`kinds` as moert_check_call takes
+/// them, within `limit` tokens) and `saved`, and sets the token count in
+/// the workspace for `plan`.
+static void beginTrainingCall(HostBuilder &h, const GpuLayer &layer,
+                              LaunchPlanAttr plan, StringRef kindsName,
+                              std::string kinds, Value argv, Value tokens,
+                              Value saved, Value stream, Value ws) {
+  int64_t limit = std::min(maxTokens(plan), maxTokens(layer.plan));
+  kinds.push_back('\0');
+  Value kindsText = LLVM::createGlobalString(h.loc, h.b, kindsName, kinds,
+                                             LLVM::Linkage::Internal);
+  h.check(h.call(RuntimeImport::moert_check_call,
+                 {argv, kindsText, tokens, h.c64(limit), ws,
+                  workspaceAt(h, layer, tokens)}));
+  h.check(h.call(RuntimeImport::moert_device_saved_check, {saved, tokens}));
+  h.check(h.call(RuntimeImport::moert_set_tokens,
+                 {ws, tokens, h.c64(1 + plan.getCounters()), stream}));
+}
+
+/// The slices of the saved tensors in `saved`.
+static SmallVector<Value> savedSlices(HostBuilder &h, TrainingAttr training,
+                                      Value saved, Value tokens) {
+  SmallVector<Value> slices;
+  for (unsigned i = 0; i < training.getSavedList().size(); ++i)
+    slices.push_back(
+        h.offset(saved, h.linear(training.getSavedOffset(i), tokens)));
+  return slices;
+}
+
+/// int32_t forward_train(void *const *args, int64_t tokens, void *stream,
+///                       void *workspace, void *saved), and
+/// int32_t backward(void *const *args, int64_t tokens,
+///                  const void *output_grad, const void *saved,
+///                  void *const *grads, int32_t flags, void *stream,
+///                  void *workspace): the training function's plan on args
+/// (the output included) and the saved slices, and the backward's on the
+/// inputs, the output's gradient, the saved slices and the gradients.
+static void addTrainingEntries(ModuleOp host, const GpuLayer &layer,
+                               LLVM::LLVMFuncOp enqueueTrain,
+                               LLVM::LLVMFuncOp enqueueBackward) {
+  InterfaceAttr interface = layer.interface;
+  TrainingAttr training = interface.getTraining();
+  OpBuilder b = OpBuilder::atBlockEnd(host.getBody());
+  HostBuilder h(b, host.getLoc());
+  auto addEntry = [&](StringRef symbol, ArrayRef<Type> params) {
+    b.setInsertionPointToEnd(host.getBody());
+    auto fn = LLVM::LLVMFuncOp::create(
+        b, h.loc, symbol, LLVM::LLVMFunctionType::get(h.i32, params));
+    Block *entry = fn.addEntryBlock(b);
+    h.failure = b.createBlock(&fn.getBody(), {}, {h.i32}, {h.loc});
+    LLVM::ReturnOp::create(b, h.loc, h.failure->getArgument(0));
+    b.setInsertionPointToEnd(entry);
+    return fn;
+  };
+  SmallVector<ArgumentAttr> args = interface.getArgList();
+  std::string kinds = argumentKinds(interface);
+  kinds.pop_back();
+
+  auto forward = addEntry(interface.getSymbol("forward_train"),
+                          {h.ptr, h.i64, h.ptr, h.ptr, h.ptr});
+  Value argv = forward.getArgument(0), tokens = forward.getArgument(1);
+  Value stream = forward.getArgument(2), ws = forward.getArgument(3);
+  Value saved = forward.getArgument(4);
+  beginTrainingCall(h, layer, layer.train, "moe_train_arg_kinds", kinds, argv,
+                    tokens, saved, stream, ws);
+  SmallVector<Value> pointers;
+  for (size_t i = 0; i < args.size(); ++i)
+    pointers.push_back(pointerAt(h, argv, i));
+  llvm::append_range(pointers, savedSlices(h, training, saved, tokens));
+  LLVM::ReturnOp::create(
+      b, h.loc,
+      LLVM::CallOp::create(
+          b, h.loc, enqueueTrain,
+          ValueRange{pointerArray(h, pointers), tokens, stream, ws})
+          .getResult());
+
+  auto backward =
+      addEntry(interface.getSymbol("backward"),
+               {h.ptr, h.i64, h.ptr, h.ptr, h.ptr, h.i32, h.ptr, h.ptr});
+  argv = backward.getArgument(0), tokens = backward.getArgument(1);
+  Value outputGrad = backward.getArgument(2);
+  saved = backward.getArgument(3);
+  Value grads = backward.getArgument(4), flags = backward.getArgument(5);
+  stream = backward.getArgument(6), ws = backward.getArgument(7);
+  // The backward does not read the outputs.
+  std::string inputKinds = kinds;
+  for (auto [i, arg] : llvm::enumerate(args))
+    if (arg.getOutput())
+      inputKinds[i] = 'e';
+  beginTrainingCall(h, layer, layer.backward, "moe_backward_arg_kinds",
+                    inputKinds, argv, tokens, saved, stream, ws);
+  std::string gradKinds;
+  for (ArgumentAttr grad : training.getGradientList())
+    gradKinds.push_back(grad.getType().isDynamicDim(0) ? 't' : 'w');
+  gradKinds.push_back('\0');
+  int64_t numGrads = training.getGradientList().size();
+  h.check(h.call(RuntimeImport::moert_device_backward_check,
+                 {outputGrad, grads,
+                  LLVM::createGlobalString(h.loc, b, "moe_grad_kinds",
+                                           gradKinds, LLVM::Linkage::Internal),
+                  tokens, flags}));
+  pointers.clear();
+  for (auto [i, arg] : llvm::enumerate(args))
+    if (!arg.getOutput())
+      pointers.push_back(pointerAt(h, argv, i));
+  pointers.push_back(outputGrad);
+  llvm::append_range(pointers, savedSlices(h, training, saved, tokens));
+  for (int64_t i = 0; i < numGrads; ++i)
+    pointers.push_back(pointerAt(h, grads, i));
+  LLVM::ReturnOp::create(
+      b, h.loc,
+      LLVM::CallOp::create(
+          b, h.loc, enqueueBackward,
+          ValueRange{pointerArray(h, pointers), tokens, stream, ws})
+          .getResult());
+}
+
 LogicalResult host::addLaunchEntryPoints(ModuleOp host, ModuleOp module,
                                          InterfaceAttr interface) {
   auto func = module.lookupSymbol<func::FuncOp>(interface.getName());
@@ -485,13 +668,37 @@ LogicalResult host::addLaunchEntryPoints(ModuleOp host, ModuleOp module,
   if (auto list = func->getAttrOfType<ArrayAttr>(kBucketPlansAttrName))
     for (Attribute bucket : list)
       layer.buckets.push_back(cast<LaunchPlanAttr>(bucket));
-  FailureOr<StringRef> cubin = kernelImage(module);
+  FailureOr<StringRef> cubin = kernelImageOf(module, interface.getName());
   if (failed(cubin))
     return failure();
   addPlans(host, layer, *cubin);
+  LLVM::LLVMFuncOp enqueueTrain, enqueueBackward;
+  if (interface.getTraining()) {
+    // The training forward and the backward: their own cubins and plans.
+    auto add = [&](StringRef suffix, LaunchPlanAttr &plan,
+                   LLVM::LLVMFuncOp &enqueue) -> LogicalResult {
+      std::string name = (interface.getName() + suffix).str();
+      FailureOr<LaunchPlanAttr> found = trainingPlan(module, name);
+      FailureOr<StringRef> image = kernelImageOf(module, name);
+      if (failed(found) || failed(image))
+        return failure();
+      plan = *found;
+      auto [global, slot] = addImage(host, suffix, *image);
+      enqueue =
+          addEnqueue(host, ("moe_enqueue" + suffix).str(), plan, global, slot);
+      return success();
+    };
+    if (failed(add("_train", layer.train, enqueueTrain)) ||
+        failed(add("_backward", layer.backward, enqueueBackward)))
+      return failure();
+  }
   addWorkspaceSize(host, layer);
   addForward(host, layer);
   if (!layer.buckets.empty())
     addGraphControls(host, layer);
+  if (interface.getTraining()) {
+    mlir::moe::host::addSavedSize(host, interface);
+    addTrainingEntries(host, layer, enqueueTrain, enqueueBackward);
+  }
   return success();
 }

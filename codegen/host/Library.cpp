@@ -240,11 +240,18 @@ static void printTraining(llvm::raw_ostream &os, InterfaceAttr interface) {
         "forward's args (its outputs\n * are not read), the output's "
         "gradient and that saved buffer, and writes\n * grads[i] for each "
         "gradient training.gradients lists, in order: the\n * tokens' "
-        "gradient in bf16, each weight's in f32, or bf16 with flag 2;\n * "
-        "flag 1 adds to what grads[i] holds. A null grads[i] is not "
-        "written.\n * The backward refuses a saved buffer another layer, "
-        "another token\n * count or no training forward wrote. Nonzero: see "
-        "moe_last_error(). */\n"
+        "gradient in bf16, each weight's in f32";
+  if (gpu)
+    os << ". Every pointer is\n * device memory; every grads[i] is "
+          "written, over what it held, and flags\n * must be 0. Both run "
+          "on `stream` in workspace_size(tokens) bytes of\n * workspace, "
+          "and neither waits.";
+  else
+    os << ", or bf16 with flag 2;\n * flag 1 adds to what grads[i] holds. "
+          "A null grads[i] is not written.\n * The backward refuses a saved "
+          "buffer another layer, another token\n * count or no training "
+          "forward wrote.";
+  os << " Nonzero: see moe_last_error(). */\n"
      << "int32_t " << interface.getSymbol("forward_train")
      << "(void *const *args, int64_t tokens,"
      << (gpu ? " void *stream,\n    void *workspace," : "")
@@ -364,15 +371,9 @@ static LogicalResult addEntries(ModuleOp host, ModuleOp module,
   if (failed(gpu ? host::addLaunchEntryPoints(host, module, interface)
                  : host::addEntryPoints(host, interface)))
     return failure();
-  if (interface.getTraining()) {
-    if (gpu)
-      return module.emitError()
-             << "a GPU library built for training is not supported yet: "
-                "the backward's steps have no sm_90a kernels (build it "
-                "with --target=cpu)";
-    if (failed(host::addTrainingEntryPoints(host, interface)))
-      return failure();
-  }
+  if (interface.getTraining() && !gpu &&
+      failed(host::addTrainingEntryPoints(host, interface)))
+    return failure();
   if (interface.getExpertParallel())
     addExpertParallelEntries(host, interface);
   if (StringRef lastError = interface.getSymbol("last_error");

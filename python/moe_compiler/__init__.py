@@ -4,7 +4,7 @@ from .checkpoint import CheckpointError, load_layer
 from .layer import Layer, LayerError
 
 __all__ = ["Layer", "LayerError", "load_layer", "CheckpointError", "MoE",
-           "patch"]
+           "patch", "prepare"]
 
 
 def __getattr__(name):
@@ -15,4 +15,7 @@ def __getattr__(name):
     if name == "patch":
         from .patching import patch
         return patch
+    if name == "prepare":
+        from .patching import prepare
+        return prepare
     raise AttributeError(name)

@@ -179,6 +179,27 @@ class Layer:
             self._workspace[key] = workspace
         return workspace
 
+    def _launch_on(self, device, tokens, stream, workspace):
+        """The stream (the device's current one unless given) and workspace
+        a GPU call of `tokens` launches with."""
+        import torch
+        if stream is None:
+            stream = torch.cuda.current_stream(device)
+        elif stream.device != device:
+            raise LayerError(f"the stream is on {stream.device}; the "
+                             f"tensors on {device}")
+        need = max(self.workspace_size(tokens), 1)
+        if workspace is None and torch.cuda.is_current_stream_capturing():
+            # Captured: a workspace of the call's own, from the graph's
+            # pool (one kept past the call would be a live allocation the
+            # graph does not own).
+            workspace = torch.empty(need, dtype=torch.uint8, device=device)
+        elif workspace is None:
+            workspace = self._workspace_for(device, stream, need)
+        elif workspace.numel() < need or workspace.device != device:
+            raise LayerError(f"the workspace needs {need} bytes on {device}")
+        return stream, workspace
+
     def check(self, tensors, inputs_only=False):
         """Raises unless `tensors` match the ABI's names, dtypes and shapes
         (its inputs alone with `inputs_only`); returns the token count."""
@@ -226,24 +247,8 @@ class Layer:
         else:
             device = tensors[0].device
             with torch.cuda.device(device):
-                if stream is None:
-                    stream = torch.cuda.current_stream(device)
-                elif stream.device != device:
-                    raise LayerError(f"the stream is on {stream.device}; the "
-                                     f"tensors on {device}")
-                need = max(self.workspace_size(tokens), 1)
-                if workspace is None and \
-                        torch.cuda.is_current_stream_capturing():
-                    # Captured: a workspace of the call's own, from the
-                    # graph's pool (one kept past the call would be a live
-                    # allocation the graph does not own).
-                    workspace = torch.empty(need, dtype=torch.uint8,
-                                            device=device)
-                elif workspace is None:
-                    workspace = self._workspace_for(device, stream, need)
-                elif workspace.numel() < need or workspace.device != device:
-                    raise LayerError(f"the workspace needs {need} bytes on "
-                                     f"{device}")
+                stream, workspace = self._launch_on(device, tokens, stream,
+                                                    workspace)
                 status = self._forward(pointers, tokens, stream.cuda_stream,
                                        workspace.data_ptr())
         if status != 0:
@@ -277,17 +282,28 @@ class Layer:
         size = self.training["saved_bytes"]
         return size["base"] + size["per_token"] * tokens
 
-    def forward_train(self, *tensors, saved):
+    def forward_train(self, *tensors, saved, stream=None, workspace=None):
         """forward() that also writes what the backward reads into `saved`
-        (uint8, saved_size(tokens) bytes, contiguous); CPU layers."""
-        fn = self._training_entry("forward", [ctypes.c_void_p,
-                                              ctypes.c_int64,
-                                              ctypes.c_void_p])
+        (uint8, saved_size(tokens) bytes, contiguous, on the tensors'
+        device)."""
+        import torch
+        gpu = self.target != "cpu"
+        params = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        fn = self._training_entry("forward", params + params[2:] * 2 * gpu)
         tokens = self.check(tensors)
         self._check_saved(saved, tokens, tensors[0].device)
         pointers = (ctypes.c_void_p * len(tensors))(
             *[t.data_ptr() for t in tensors])
-        if fn(pointers, tokens, saved.data_ptr()) != 0:
+        if not gpu:
+            status = fn(pointers, tokens, saved.data_ptr())
+        else:
+            device = tensors[0].device
+            with torch.cuda.device(device):
+                stream, workspace = self._launch_on(device, tokens, stream,
+                                                    workspace)
+                status = fn(pointers, tokens, stream.cuda_stream,
+                            workspace.data_ptr(), saved.data_ptr())
+        if status != 0:
             raise LayerError(f"{self.training['forward']} failed: "
                              f"{self._last_error()}")
 
@@ -360,6 +376,9 @@ class Layer:
                 raise LayerError(f"the gradient of {name} must be {want} "
                                  f"{gshape} contiguous on {device}; it is "
                                  f"{g.dtype} {list(g.shape)} on {g.device}")
+        if self.target != "cpu":
+            return self._backward_gpu(fn, tensors, tokens, output_grad, saved,
+                                      grads, accumulate, expected)
         args = list(tensors) + [None] * self.num_outputs
         pointers = (ctypes.c_void_p * len(args))(
             *[t.data_ptr() if t is not None else None for t in args])
@@ -370,6 +389,42 @@ class Layer:
               grad_pointers, flags) != 0:
             raise LayerError(f"{self.training['backward']} failed: "
                              f"{self._last_error()}")
+
+    def _backward_gpu(self, fn, tensors, tokens, output_grad, saved, grads,
+                      accumulate, expected):
+        """backward() on the GPU, whose library writes every gradient in the
+        dtype it computes it: one the caller wants in another dtype, added
+        to what it holds, or not at all goes through a tensor of its own."""
+        import torch
+        device = tensors[0].device
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32,
+                       ctypes.c_void_p, ctypes.c_void_p]
+        targets = []
+        for g, (_, dtype, shape) in zip(grads, expected):
+            direct = g is not None and g.dtype == dtype and not accumulate
+            targets.append(g if direct else torch.empty(shape, dtype=dtype,
+                                                        device=device))
+        args = list(tensors) + [None] * self.num_outputs
+        pointers = (ctypes.c_void_p * len(args))(
+            *[t.data_ptr() if t is not None else None for t in args])
+        grad_pointers = (ctypes.c_void_p * len(targets))(
+            *[t.data_ptr() for t in targets])
+        with torch.cuda.device(device):
+            stream, workspace = self._launch_on(device, tokens, None, None)
+            status = fn(pointers, tokens, output_grad.data_ptr(),
+                        saved.data_ptr(), grad_pointers, 0,
+                        stream.cuda_stream, workspace.data_ptr())
+            if status != 0:
+                raise LayerError(f"{self.training['backward']} failed: "
+                                 f"{self._last_error()}")
+            for g, t in zip(grads, targets):
+                if g is None or g is t:
+                    continue
+                if accumulate:
+                    g.add_(t.to(g.dtype))
+                else:
+                    g.copy_(t)
 
     @property
     def num_outputs(self):

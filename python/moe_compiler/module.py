@@ -105,10 +105,6 @@ def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None,
     the layer's training forward and backward (moe-compile --train)."""
     options = [f"--target={target}"]
     if train:
-        if target != "cpu":
-            raise LayerError(f"training with target={target!r} is not "
-                             f"supported yet: the backward runs on the CPU "
-                             f"backend (target='cpu')")
         if quant is not None or ep_size != 1 or router_logits:
             raise LayerError("training takes bf16 layers on one rank, "
                              "without router logits (quant, expert "

@@ -155,8 +155,7 @@ def pack_block(kind, p):
 class CompiledMoeBlock(torch.nn.Module):
     """A compiled layer in the place of a transformers MoE block.
 
-    A trainable block (bf16 weights on one rank, as patch(target="cpu")
-    gives) keeps the block's own parameters and buffers under their own
+    A trainable block (bf16 weights on one rank) keeps the block's own parameters and buffers under their own
     names, so the model's state_dict is the unpatched model's, an optimizer
     trains them, and each forward hands the layer views of them
     (pack_block); a forward that needs gradients runs the training
@@ -318,14 +317,19 @@ def check_peers(model):
 
 
 def prepare(model, target="sm_90a", quant=None, ep_size=1, cache_dir=None,
-            compiler=None):
+            compiler=None, train=False):
     """Compiles the layer patch(model, ...) would use into the cache (or
     finds it there) without touching the model or needing its device: for
     building on one machine what a GPU machine without the compiler runs.
-    The model may be on the meta device. Returns the library's path."""
+    The model may be on the meta device. `train`: also the library a
+    trainable block's training forward and backward use. Returns the
+    library's path."""
     config, kind = _model_config(model)
-    return compile_layer(config, target, cache_dir, compiler, quant, ep_size,
+    path = compile_layer(config, target, cache_dir, compiler, quant, ep_size,
                          kind in RECORDS_LOGITS)
+    if train:
+        compile_layer(config, target, cache_dir, compiler, train=True)
+    return path
 
 
 def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
@@ -357,8 +361,8 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
     shared = None
     rank = 0
     # What can train keeps the model's own parameters: bf16 weights on one
-    # rank of the backend whose library has a backward (the CPU's).
-    trainable = target == "cpu" and quant is None and ranks == 1 and \
+    # rank.
+    trainable = quant is None and ranks == 1 and \
         not _fp8_block128(config)
     train_layer = []
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Training through moe_compiler.patch on tiny random-weight transformers
-models (Inputs/hf-models.json, 2 decoder layers), on the CPU backend.
+models (Inputs/hf-models.json, 2 decoder layers), on the CPU backend or,
+with --target=sm_90a, on the GPU (its libraries compiled beforehand with
+`prepare` where the GPU machine has no compiler).
 
   check_train.py grads [MODEL...]
       each patched block's backward (input, router, every expert weight,
@@ -10,6 +12,14 @@ models (Inputs/hf-models.json, 2 decoder layers), on the CPU backend.
   check_train.py parity [MODEL...] [--steps N]
       a 2-layer model trains N steps (AdamW, a fixed synthetic task, the
       same seed and data) patched and unpatched: the losses per step.
+  check_train.py layers [MODEL...] --target=sm_90a [--tokens N,...]
+      each model's layer library built for training, on the GPU against
+      the CPU backend's on the same random weights, inputs and output
+      gradient: every output the GPU writes is poisoned (NaN, 0xff bytes)
+      first; tokens the two backends route differently (a near-tie, in
+      the saved expert ids) take a zero output gradient and are left out.
+  check_train.py prepare [MODEL...] --target=T
+      compiles the libraries the other modes use into the cache.
   check_train.py api MODEL
       state_dict keys, an optimizer made after patch, a checkpoint saved
       after training loaded into the unpatched model, gradient
@@ -29,9 +39,13 @@ import moe_compiler
 from check_patch import MODELS, blocks, build, first, refused
 
 
-def patched(name, cache, seed=0):
-    model = build(name, seed=seed)
-    moe_compiler.patch(model, target="cpu", cache_dir=cache)
+def device_of(target):
+    return "cpu" if target == "cpu" else "cuda"
+
+
+def patched(name, cache, seed=0, target="cpu"):
+    model = build(name, seed=seed).to(device_of(target))
+    moe_compiler.patch(model, target=target, cache_dir=cache)
     return model
 
 
@@ -54,17 +68,19 @@ def near_ties(block, x):
 def check_grads(args):
     names = args.models or list(json.load(open(MODELS)))
     for name in names:
-        model = build(name)
+        device = device_of(args.target)
+        model = build(name).to(device)
         reference = copy.deepcopy(model).float()
-        moe_compiler.patch(model, target="cpu", cache_dir=args.cache)
+        moe_compiler.patch(model, target=args.target, cache_dir=args.cache)
         hidden = model.config.hidden_size
         gen = torch.Generator().manual_seed(2)
         for (i, ours), (_, theirs) in zip(blocks(model), blocks(reference)):
             x = torch.randn(3, 7, hidden, generator=gen).to(torch.bfloat16)
+            x = x.to(device)
             flat = x.reshape(-1, hidden)
             keep = ~near_ties(ours, flat.float())
             dy = torch.randn(3, 7, hidden, generator=gen).to(torch.bfloat16)
-            dy = dy * keep.reshape(3, 7, 1)
+            dy = dy.to(device) * keep.reshape(3, 7, 1)
             xo = x.clone().requires_grad_(True)
             first(ours(xo)).reshape(3, 7, hidden).backward(dy)
             xr = x.float().requires_grad_(True)
@@ -119,7 +135,9 @@ def train(model, steps, lr=1e-4):
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     losses = []
+    device = next(model.parameters()).device
     for ids in task(model, steps):
+        ids = ids.to(device)
         loss = model(ids, labels=ids).loss
         loss.backward()
         optimizer.step()
@@ -131,8 +149,9 @@ def train(model, steps, lr=1e-4):
 def check_parity(args):
     names = args.models or list(json.load(open(MODELS)))
     for name in names:
-        theirs = train(build(name), args.steps)
-        ours = train(patched(name, args.cache), args.steps)
+        theirs = train(build(name).to(device_of(args.target)), args.steps)
+        ours = train(patched(name, args.cache, target=args.target),
+                     args.steps)
         gaps = [abs(a - b) / abs(b) for a, b in zip(ours, theirs)]
         worst = max(gaps)
         end = gaps[-1]
@@ -282,17 +301,135 @@ def check_api(args):
           f"bf16: {'the f32 gradients rounded' if rounded else 'WRONG'}")
 
 
+def libraries(name, args):
+    """The layer libraries of model `name` built for training: the
+    target's and the CPU backend's (compiled into the cache, or found
+    there)."""
+    from moe_compiler.module import compile_layer
+    from moe_compiler.patching import _model_config
+    config, _ = _model_config(build(name))
+    return [moe_compiler.Layer.open(compile_layer(config, target, args.cache,
+                                                  train=True))
+            for target in (args.target, "cpu")]
+
+
+def random_inputs(layer, tokens, gen):
+    """The layer's inputs: hidden states and weights, normal and scaled by
+    1/sqrt(fan-in), as the ABI's dtypes."""
+    dtypes = {"BF16": torch.bfloat16, "F32": torch.float32}
+    inputs = []
+    for arg in layer.args:
+        if arg["output"]:
+            continue
+        shape = [tokens if d < 0 else d for d in arg["shape"]]
+        scale = 1.0 if arg["name"] == "hidden_states" else \
+            shape[-1] ** -0.5
+        t = torch.randn(shape, generator=gen, dtype=torch.float64) * scale
+        inputs.append(t.to(dtypes[arg["dtype"]]))
+    return inputs
+
+
+def saved_tensor(layer, saved, tokens, name):
+    """Saved tensor `name` of a training forward's buffer, as int32 rows."""
+    for tensor in layer.training["saved"]:
+        if tensor["name"] == name:
+            rows = tensor["rows"]["base"] + tensor["rows"]["per_token"] * tokens
+            offset = tensor["offset"]["base"] + \
+                tensor["offset"]["per_token"] * tokens
+            width = math.prod(tensor["shape"][1:])
+            data = saved[offset:offset + rows * width * 4].cpu()
+            return data.view(torch.int32).reshape(rows, width)
+    raise KeyError(name)
+
+
+def run_layer(layer, inputs, dy, device):
+    """forward_train and backward of `layer` on `device`, every output
+    poisoned first: (output, saved, gradients)."""
+    tokens = inputs[0].shape[0]
+    inputs = [t.to(device) for t in inputs]
+    out = torch.full(inputs[0].shape, math.nan, dtype=torch.bfloat16,
+                     device=device)
+    saved = torch.full((layer.saved_size(tokens),), 255, dtype=torch.uint8,
+                       device=device)
+    layer.forward_train(*inputs, out, saved=saved)
+    grads = [torch.full(shape, math.nan, dtype=dtype, device=device)
+             for _, dtype, shape in layer.gradient_shapes(tokens)]
+    layer.backward(inputs, dy.to(device), saved, grads)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return out.cpu(), saved, [g.cpu() for g in grads]
+
+
+def check_layers(args):
+    names = args.models or list(json.load(open(MODELS)))
+    counts = [int(n) for n in args.tokens.split(",")]
+    for name in names:
+        ours, reference = libraries(name, args)
+        for tokens in counts:
+            gen = torch.Generator().manual_seed(tokens)
+            inputs = random_inputs(ours, tokens, gen)
+            hidden = inputs[0].shape[1]
+            dy = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)
+            out_r, saved_r, grads_r = run_layer(reference, inputs, dy, "cpu")
+            out_g, saved_g, _ = run_layer(ours, inputs, dy, "cuda")
+            # A token routed differently takes no output gradient.
+            keep = (saved_tensor(ours, saved_g, tokens, "route.expert_ids") ==
+                    saved_tensor(reference, saved_r, tokens,
+                                 "route.expert_ids")).all(dim=1)
+            dy = dy * keep.reshape(-1, 1)
+            out_r, saved_r, grads_r = run_layer(reference, inputs, dy, "cpu")
+            out_g, saved_g, grads_g = run_layer(ours, inputs, dy, "cuda")
+            pairs = [("output", out_g[keep], out_r[keep])]
+            for (gname, *_), g, r in zip(ours.gradient_shapes(tokens),
+                                         grads_g, grads_r):
+                if gname == "hidden_states":
+                    g, r = g[keep], r[keep]
+                pairs.append((gname, g, r))
+            worst, report = 0.0, []
+            for pname, got, want in pairs:
+                g, w = got.double(), want.double()
+                if not torch.isfinite(g).all():
+                    error = math.inf  # a poisoned value left unwritten
+                elif w.norm() == 0:
+                    error = g.norm().item()
+                else:
+                    error = ((g - w).norm() / w.norm()).item()
+                worst = max(worst, error)
+                report.append(f"{pname} {error:.1e}")
+            verdict = "ok" if worst <= args.bound else "FAILED"
+            print(f"{name} {tokens} tokens ({tokens - int(keep.sum())} "
+                  f"routed apart): {len(pairs)} tensors against the CPU "
+                  f"backend, worst relative error {worst:.1e} (bound "
+                  f"{args.bound:g}) {verdict}")
+            print("   " + "; ".join(report))
+            sys.stdout.flush()
+
+
+def prepare(args):
+    names = args.models or list(json.load(open(MODELS)))
+    for name in names:
+        model = build(name)
+        moe_compiler.prepare(model, target=args.target, cache_dir=args.cache,
+                             train=True)
+        if args.target != "cpu":
+            libraries(name, args)
+        print(f"{name}: compiled for {args.target} (training too)")
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["grads", "parity", "api"])
+    parser.add_argument("mode", choices=["grads", "parity", "api", "layers",
+                                         "prepare"])
     parser.add_argument("models", nargs="*")
     parser.add_argument("--cache", required=True)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--bound", type=float, default=2e-2)
+    parser.add_argument("--target", default="cpu")
+    parser.add_argument("--tokens", default="1,77,300")
     args = parser.parse_intermixed_args()
     torch.manual_seed(0)
-    {"grads": check_grads, "parity": check_parity, "api": check_api}[
-        args.mode](args)
+    {"grads": check_grads, "parity": check_parity, "api": check_api,
+     "layers": check_layers, "prepare": prepare}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -284,11 +284,11 @@ int main(int argc, char **argv) {
                  << "\n";
     return 1;
   }
-  if (options.train && target == Target::SM90a && emit != Emit::L1) {
-    llvm::errs() << "moe-compile: --train builds a CPU library "
-                    "(--target=cpu) or the L1 ops of either target "
-                    "(--emit=l1); the backward's steps have no sm_90a "
-                    "kernels yet\n";
+  if (options.train && target == Target::SM90a && emit == Emit::PTX) {
+    llvm::errs() << "moe-compile: --emit=ptx writes one kernel image, and a "
+                    "--train build has three (the forward's, the training "
+                    "forward's and the backward's): use --emit=kernels, or "
+                    "build the library\n";
     return 1;
   }
   if ((emit == Emit::Kernels || emit == Emit::PTX) && target != Target::SM90a) {

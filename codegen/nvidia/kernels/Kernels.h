@@ -25,6 +25,7 @@ LogicalResult buildExpertPrefetch(LayerKernels &layer, RouteOp route);
 
 // The kernel families, one file each.
 LogicalResult buildRoute(LayerKernels &layer, RouteOp op);
+LogicalResult buildRouteGrad(LayerKernels &layer, RouteGradOp op);
 LogicalResult buildDispatch(LayerKernels &layer, DispatchOp op);
 LogicalResult buildScatter(LayerKernels &layer, ScatterOp op);
 LogicalResult buildGroupedMatmul(LayerKernels &layer, GroupedMatmulOp op);
@@ -32,6 +33,12 @@ LogicalResult buildActivation(LayerKernels &layer, ActivationOp op);
 LogicalResult buildActivationGrad(LayerKernels &layer, ActivationGradOp op);
 LogicalResult buildGroupedMatmulWgrad(LayerKernels &layer,
                                       GroupedMatmulWgradOp op);
+/// Whether `op` is a product sm_90a runs on CUDA cores (SimtMatmul.cpp): a
+/// weight gradient of an f32 output gradient, or an input gradient
+/// moe-legalize left (not bf16 x bf16, or with `acc`).
+bool takesSimtMatmul(Operation *op);
+LogicalResult buildSimtWgrad(LayerKernels &layer, GroupedMatmulWgradOp op);
+LogicalResult buildSimtDgrad(LayerKernels &layer, GroupedMatmulDgradOp op);
 LogicalResult buildCombine(LayerKernels &layer, CombineOp op);
 LogicalResult buildQuantize(LayerKernels &layer, QuantizeOp op);
 LogicalResult buildDequantize(LayerKernels &layer, DequantizeOp op);

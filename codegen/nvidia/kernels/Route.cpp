@@ -94,15 +94,36 @@ Value warpArgmax(Emitter &e, Value lane, Value lb, Value ub,
   return e.select(anyFirst, e.select(firstIsNaN, first, best), none);
 }
 
+/// term(x) of every expert x in [0, experts), each lane on its stripe,
+/// folded by a sum or a maximum (exact in any order) across the warp;
+/// every lane gets the result.
+Value warpFold(Emitter &e, Value lane, int64_t experts, Value init,
+               function_ref<Value(Value)> term, bool isMax) {
+  Value v = e.reduce(
+      lane, e.index(experts), {init},
+      [&](Value x, ValueRange acc) -> SmallVector<Value> {
+        Value t = term(x);
+        return {isMax ? e.maxf(acc[0], t) : e.add(acc[0], t)};
+      },
+      e.index(32))[0];
+  for (int64_t offset = 16; offset > 0; offset /= 2) {
+    Value other =
+        gpu::ShuffleOp::create(e.b, e.loc, v, offset, 32, gpu::ShuffleMode::XOR)
+            .getShuffleResult();
+    v = isMax ? e.maxf(v, other) : e.add(v, other);
+  }
+  return v;
+}
+
 /// The pieces both route forms share.
 struct Router {
   Kernel &k;
   Emitter &e;
-  RouteOp op;
+  RouterAttr router;
   int64_t experts, h, topK, unroll;
 
-  Router(Kernel &k, RouteOp op, const RouteConfig &cfg, int64_t unroll)
-      : k(k), e(k.e), op(op), experts(cfg.experts), h(cfg.hidden),
+  Router(Kernel &k, RouterAttr router, const RouteConfig &cfg, int64_t unroll)
+      : k(k), e(k.e), router(router), experts(cfg.experts), h(cfg.hidden),
         topK(cfg.topK), unroll(unroll) {}
 
   /// The logits of experts [first, first + unroll) for the tokens of
@@ -165,8 +186,8 @@ struct Router {
                   Value x, Value logit, Value bias) {
     Value t = e.iadd(firstToken, e.index(p));
     e.ifThen(e.ult(t, count), [&] {
-      e.storeRaw(common::routerLogit(e, op.getRouter().getKind(), logit, bias),
-                 logits, {t, x});
+      e.storeRaw(common::routerLogit(e, router.getKind(), logit, bias), logits,
+                 {t, x});
     });
   }
 
@@ -184,35 +205,18 @@ struct Router {
     // Softmax over the experts with each lane on its stripe: the maximum
     // is exact in any order, the sum a shuffle tree.
     auto softmax = [&] {
-      auto stripe =
-          [&](ValueRange init,
-              function_ref<SmallVector<Value>(Value, ValueRange)> body) {
-            return e.reduce(lane, e.index(experts), init, body, e.index(32));
-          };
-      auto across = [&](Value v, bool isMax) {
-        for (int64_t offset = 16; offset > 0; offset /= 2) {
-          Value other = gpu::ShuffleOp::create(e.b, e.loc, v, offset, 32,
-                                               gpu::ShuffleMode::XOR)
-                            .getShuffleResult();
-          v = isMax ? e.maxf(v, other) : e.add(v, other);
-        }
-        return v;
-      };
-      Value max = across(
-          stripe({e.f32(-INFINITY)},
-                 [&](Value x, ValueRange acc) -> SmallVector<Value> {
-                   return {e.maxf(acc[0], e.loadRaw(scratch.score, {x}))};
-                 })[0],
+      Value max = warpFold(
+          e, lane, experts, e.f32(-INFINITY),
+          [&](Value x) { return e.loadRaw(scratch.score, {x}); },
           /*isMax=*/true);
-      Value sum =
-          across(stripe({e.f32(0.0)},
-                        [&](Value x, ValueRange acc) -> SmallVector<Value> {
-                          Value p =
-                              e.exp(e.sub(e.loadRaw(scratch.score, {x}), max));
-                          e.storeRaw(p, scratch.score, {x});
-                          return {e.add(acc[0], p)};
-                        })[0],
-                 /*isMax=*/false);
+      Value sum = warpFold(
+          e, lane, experts, e.f32(0.0),
+          [&](Value x) {
+            Value p = e.exp(e.sub(e.loadRaw(scratch.score, {x}), max));
+            e.storeRaw(p, scratch.score, {x});
+            return p;
+          },
+          /*isMax=*/false);
       e.forEach(
           lane, e.index(experts),
           [&](Value x) {
@@ -223,8 +227,8 @@ struct Router {
           e.index(32));
       NVVM::SyncWarpOp::create(e.b, e.loc, e.i32(-1));
     };
-    common::selectExperts(e, op.getRouter(), experts, topK, scratch, ids,
-                          weights, t, {argmax, single, softmax});
+    common::selectExperts(e, router, experts, topK, scratch, ids, weights, t,
+                          {argmax, single, softmax});
   }
 
   /// What a block of kRouteTokens tokens (blocks along x) works on.
@@ -338,7 +342,7 @@ static LogicalResult buildFusedRoute(LayerKernels &layer, RouteOp op,
   unsigned at = bias ? 3 : 2;
   Value ids = views[at], weights = views[at + 1];
   Value logitsView = op.getLogits() ? views[at + 2] : Value();
-  Router route(k, op, cfg, cfg.unroll);
+  Router route(k, op.getRouter(), cfg, cfg.unroll);
   common::RouteScratch all = scratchFor(k, router, kRouteTokens, experts);
   Router::TokenBlock block = route.tokenBlock(cfg.tokens);
   Value count = block.count, firstToken = block.firstToken;
@@ -393,7 +397,7 @@ static LogicalResult buildRouteLogits(LayerKernels &layer, RouteOp op,
   Emitter &e = k.e;
   // An expert a warp: the router spreads over twice the blocks (each
   // logit is summed the same way).
-  Router route(k, op, cfg, /*unroll=*/1);
+  Router route(k, op.getRouter(), cfg, /*unroll=*/1);
   k.launch.gridY = cfg.logitBlocks;
   Value hidden = k.view(0, layer.info(op.getHiddenStates()));
   Value weight = k.view(1, layer.info(op.getRouterWeight()));
@@ -443,7 +447,7 @@ static LogicalResult buildRouteSelect(LayerKernels &layer, RouteOp op,
   k.launch.perBlock = warps;
   k.launch.block = warps * 32;
   Emitter &e = k.e;
-  Router route(k, op, cfg, cfg.unroll);
+  Router route(k, op.getRouter(), cfg, cfg.unroll);
   Value scoreView = k.view(0, scores), choiceView = k.view(1, choices);
   Value ids = k.view(2, layer.info(op.getExpertIds()));
   Value weights = k.view(3, layer.info(op.getWeights()));
@@ -489,4 +493,83 @@ LogicalResult nvidia::buildRoute(LayerKernels &layer, RouteOp op) {
   if (failed(buildRouteLogits(layer, op, cfg, scores, choices)))
     return failure();
   return buildRouteSelect(layer, op, cfg, scores, choices);
+}
+
+/// moe.route_grad: the logits as the fused route computes them, a block of
+/// kRouteTokens tokens sharing each load of the router weights, then a warp
+/// per token through common::routeGrad, its lanes on stripes of experts.
+LogicalResult nvidia::buildRouteGrad(LayerKernels &layer, RouteGradOp op) {
+  RouterAttr router = op.getRouter();
+  TokenLinear tokens = layer.info(op.getHiddenStates()).rows;
+  auto weightType = cast<RankedTensorType>(op.getRouterWeight().getType());
+  RouteConfig cfg;
+  cfg.experts = weightType.getDimSize(0), cfg.hidden = weightType.getDimSize(1);
+  cfg.topK = cast<RankedTensorType>(op.getExpertIds().getType()).getDimSize(1);
+  cfg.tokens = tokens;
+  cfg.unroll = cfg.experts % (kRouteWarps * 2) == 0 ? 2 : 1;
+  int64_t experts = cfg.experts;
+  // Two f32 rows a token in shared memory.
+  if (kRouteTokens * experts * 8 > sm90a::kSharedWithoutOptIn)
+    return op.emitOpError()
+           << "has " << experts << " experts: sm_90a's route gradient keeps "
+           << kRouteTokens * 8 << " bytes an expert in shared memory, at most "
+           << sm90a::kSharedWithoutOptIn;
+  layer.define(op.getLogitGrad(), tokens);
+  SmallVector<Value> buffers = {op.getHiddenStates(), op.getRouterWeight()};
+  if (op.getBias())
+    buffers.push_back(op.getBias());
+  buffers.append({op.getExpertIds(), op.getWeightGrad(), op.getLogitGrad()});
+  Kernel k = layer.kernel(op, "route_grad", buffers);
+  k.launch.work = tokens;
+  k.launch.perBlock = kRouteTokens;
+  k.launch.block = kRouteWarps * 32;
+  Emitter &e = k.e;
+  auto view = [&](Value v) {
+    return k.view(llvm::find(buffers, v) - buffers.begin(), layer.info(v));
+  };
+  Value hidden = view(op.getHiddenStates()),
+        weight = view(op.getRouterWeight());
+  Value bias = op.getBias() ? view(op.getBias()) : Value();
+  Value ids = view(op.getExpertIds()), dw = view(op.getWeightGrad());
+  Value dl = view(op.getLogitGrad());
+  Type f32 = e.b.getF32Type();
+  Value score = k.workgroupBuffer({kRouteTokens, experts}, f32);
+  Value scoreGrad = k.workgroupBuffer({kRouteTokens, experts}, f32);
+  Router route(k, router, cfg, cfg.unroll);
+  Router::TokenBlock block = route.tokenBlock(tokens);
+  Value lane = block.lane, warp = block.warp;
+  e.forEach(
+      e.imul(warp, route.unroll), e.index(experts),
+      [&](Value first) {
+        route.logits(hidden, weight, block.rows, first, lane,
+                     [&](int64_t p, Value x, Value logit) {
+                       Value b = bias ? e.load(bias, {x}) : Value();
+                       e.storeRaw(
+                           common::routerLogit(e, router.getKind(), logit, b),
+                           score, {e.index(p), x});
+                     });
+      },
+      e.index(kRouteWarps * route.unroll));
+  gpu::BarrierOp::create(e.b, e.loc);
+  auto syncWarp = [&] { NVVM::SyncWarpOp::create(e.b, e.loc, e.i32(-1)); };
+  auto forExperts = [&](function_ref<void(Value)> body) {
+    e.forEach(lane, e.index(experts), body, e.index(32));
+    syncWarp();
+  };
+  auto reduce = [&](Value init, function_ref<Value(Value)> term, bool isMax) {
+    return warpFold(e, lane, experts, init, term, isMax);
+  };
+  auto single = [&](function_ref<void()> step) {
+    e.ifThen(e.eq(lane, e.index(0)), step);
+    syncWarp();
+  };
+  // Warp p takes token p.
+  Value t = e.iadd(block.firstToken, warp);
+  e.ifThen(e.andi(e.ult(warp, e.index(kRouteTokens)), e.ult(t, block.count)),
+           [&] {
+             common::routeGrad(e, router, experts, cfg.topK,
+                               rowOf(e, score, warp), rowOf(e, scoreGrad, warp),
+                               ids, dw, dl, t, {forExperts, reduce, single});
+           });
+  return k.finish(op);
 }

@@ -28,6 +28,7 @@ using namespace mlir::moe::nvidia;
 static LogicalResult buildKernel(LayerKernels &layer, Operation *op) {
   return TypeSwitch<Operation *, LogicalResult>(op)
       .Case([&](RouteOp o) { return buildRoute(layer, o); })
+      .Case([&](RouteGradOp o) { return buildRouteGrad(layer, o); })
       .Case([&](DispatchOp o) {
         return failure(failed(o.checkOneRank()) ||
                        failed(buildDispatch(layer, o)));
@@ -40,8 +41,10 @@ static LogicalResult buildKernel(LayerKernels &layer, Operation *op) {
       .Case([&](ActivationOp o) { return buildActivation(layer, o); })
       .Case([&](ActivationGradOp o) { return buildActivationGrad(layer, o); })
       .Case([&](GroupedMatmulWgradOp o) {
-        return buildGroupedMatmulWgrad(layer, o);
+        return takesSimtMatmul(o) ? buildSimtWgrad(layer, o)
+                                  : buildGroupedMatmulWgrad(layer, o);
       })
+      .Case([&](GroupedMatmulDgradOp o) { return buildSimtDgrad(layer, o); })
       .Case([&](CombineOp o) { return buildCombine(layer, o); })
       .Case([&](QuantizeOp o) { return buildQuantize(layer, o); })
       .Case([&](DequantizeOp o) { return buildDequantize(layer, o); })
@@ -64,9 +67,14 @@ static LogicalResult buildKernel(LayerKernels &layer, Operation *op) {
 
 /// Builds `func`'s kernels for calls of at most `maxTokens` tokens (0: any)
 /// into `gpuModule`, and returns their plan.
+/// `argRows` gives the rows of dynamic arguments other than the token
+/// count (a backward's saved tensors), by argument number; `resultRows`,
+/// when given, gets the rows of each result.
 static FailureOr<std::unique_ptr<LaunchPlan>>
 buildPlan(func::FuncOp func, gpu::GPUModuleOp gpuModule,
-          llvm::StringSet<> &names, int64_t epMaxTokens, int64_t maxTokens) {
+          llvm::StringSet<> &names, int64_t epMaxTokens, int64_t maxTokens,
+          const DenseMap<unsigned, TokenLinear> &argRows,
+          SmallVectorImpl<TokenLinear> *resultRows) {
   auto plan = std::make_unique<LaunchPlan>(func.getContext());
   plan->maxTokens = maxTokens;
   LayerKernels layer(gpuModule, *plan, names, maxTokens);
@@ -91,10 +99,11 @@ buildPlan(func::FuncOp func, gpu::GPUModuleOp gpuModule,
         return func.emitOpError()
                << "argument " << arg.getArgNumber()
                << " may be dynamic only in its first (token) dimension";
-    TokenLinear rows = tensor.getRank() == 0 ? TokenLinear{}
-                       : tensor.isDynamicDim(0)
-                           ? TokenLinear{0, 1}
-                           : TokenLinear{tensor.getDimSize(0), 0};
+    TokenLinear rows =
+        tensor.getRank() == 0 ? TokenLinear{}
+        : tensor.isDynamicDim(0)
+            ? argRows.lookup_or(arg.getArgNumber(), TokenLinear{0, 1})
+            : TokenLinear{tensor.getDimSize(0), 0};
     layer.bind(arg, arg.getArgNumber(), rows);
   }
   auto ret = cast<func::ReturnOp>(body.getTerminator());
@@ -113,6 +122,9 @@ buildPlan(func::FuncOp func, gpu::GPUModuleOp gpuModule,
   }
   if (layer.fused)
     fuseLaunches(gpuModule, *plan, names, func.getOperation());
+  if (resultRows)
+    for (Value value : ret.getOperands())
+      resultRows->push_back(layer.info(value).rows);
   return plan;
 }
 
@@ -160,7 +172,10 @@ static std::string fingerprint(gpu::GPUFuncOp kernel) {
 /// one plan per token bucket (moe.token_buckets, set by moe-bucketize). A
 /// bucket's kernel equal to one built before is dropped and the earlier
 /// one launched, so only what a bucket specializes is compiled twice.
-static LogicalResult buildLayer(func::FuncOp func, int64_t epMaxTokens) {
+static LogicalResult
+buildLayer(func::FuncOp func, int64_t epMaxTokens,
+           const DenseMap<unsigned, TokenLinear> &argRows = {},
+           SmallVectorImpl<TokenLinear> *resultRows = nullptr) {
   if (!func.getBody().hasOneBlock())
     return func.emitOpError() << "must have a single block to be lowered";
   ModuleOp module = func->getParentOfType<ModuleOp>();
@@ -178,7 +193,8 @@ static LogicalResult buildLayer(func::FuncOp func, int64_t epMaxTokens) {
     size_t before = std::distance(gpuModule.getOps<gpu::GPUFuncOp>().begin(),
                                   gpuModule.getOps<gpu::GPUFuncOp>().end());
     FailureOr<std::unique_ptr<LaunchPlan>> plan =
-        buildPlan(func, gpuModule, names, epMaxTokens, size);
+        buildPlan(func, gpuModule, names, epMaxTokens, size, argRows,
+                  size == 0 ? resultRows : nullptr);
     if (failed(plan))
       return failure();
     std::map<std::string, std::string> renamed;
@@ -230,9 +246,33 @@ struct BuildKernelsPass
       if (hasMoeOps)
         layers.push_back(func);
     }
-    for (func::FuncOp func : layers)
-      if (failed(buildLayer(func, epMaxTokens)))
+    // A backward reads what its training forward saved, whose rows (a
+    // dispatched layout's, say) are not the token count's: the training
+    // forward's results tell them.
+    llvm::StringMap<SmallVector<TokenLinear>> savedRows;
+    for (func::FuncOp func : layers) {
+      DenseMap<unsigned, TokenLinear> argRows;
+      StringRef name = func.getName();
+      if (func->hasAttr("moe.gradients") && name.consume_back("_backward")) {
+        auto found = savedRows.find((name + "_train").str());
+        if (found == savedRows.end()) {
+          func.emitOpError() << "reads the tensors @" << name
+                             << "_train saves, which must come first";
+          return signalPassFailure();
+        }
+        // Arguments: the inputs, the output's gradient, then the saved
+        // tensors (the training forward's results after its output).
+        unsigned first = func.getNumArguments() - (found->second.size() - 1);
+        for (auto [i, rows] :
+             llvm::enumerate(ArrayRef(found->second).drop_front()))
+          argRows[first + i] = rows;
+      }
+      SmallVector<TokenLinear> resultRows;
+      if (failed(buildLayer(func, epMaxTokens, argRows, &resultRows)))
         return signalPassFailure();
+      if (func->hasAttr("moe.saved"))
+        savedRows[func.getName()] = std::move(resultRows);
+    }
   }
 };
 } // namespace

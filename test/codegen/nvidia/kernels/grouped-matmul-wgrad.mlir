@@ -55,12 +55,13 @@ func.func @odd_k(%dy: tensor<?x64xbf16>, %x: tensor<?x36xbf16>,
 
 // -----
 
-// The router's: its logits' gradient is f32.
-func.func @router(%dl: tensor<?x8xf32>, %x: tensor<?x64xbf16>)
+// An f32 lhs (the router's f32 gradient goes to SimtMatmul.cpp; a bf16
+// one with an f32 lhs has no kernel).
+func.func @f32_lhs(%dy: tensor<?x8xbf16>, %x: tensor<?x64xf32>)
     -> tensor<8x64xf32> {
-  // expected-error @+1 {{multiplies 'f32' by 'bf16': sm_90a's weight-gradient kernel takes bf16 operands}}
-  %0 = moe.grouped_matmul_wgrad %dl lhs %x
-      : (tensor<?x8xf32>, tensor<?x64xbf16>) -> tensor<8x64xf32>
+  // expected-error @+1 {{multiplies 'bf16' by 'f32': sm_90a's weight-gradient kernel takes bf16 operands}}
+  %0 = moe.grouped_matmul_wgrad %dy lhs %x
+      : (tensor<?x8xbf16>, tensor<?x64xf32>) -> tensor<8x64xf32>
   return %0 : tensor<8x64xf32>
 }
 

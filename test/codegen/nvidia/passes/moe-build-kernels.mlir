@@ -226,3 +226,37 @@ func.func @bucketed(%hidden: tensor<?x64xbf16>, %router: tensor<8x64xbf16>,
 #down = loc("down"(#loc1))
 #shared = loc("shared"(#loc1))
 #combine = loc("combine"(#loc1))
+
+// -----
+
+// A backward reads what its training forward saved (moe.saved, its results
+// after the output) with the rows that forward gave them: the dispatched
+// rows are 2 * T, not the token count a dynamic argument otherwise has.
+// CHECK-LABEL: func.func @layer_train
+// CHECK-LABEL: func.func @layer_backward
+// CHECK: #moe.launch<kernel = @moe_activation, work = 2 * T
+func.func @layer_train(%x: tensor<?x64xbf16>, %ids: tensor<?x2xi32>)
+    -> (tensor<?x2xi32>, tensor<?x64xbf16>)
+    attributes {moe.saved = ["dispatch.dispatched"]} {
+  %d, %c, %o, %r = moe.dispatch %x, %ids
+      : (tensor<?x64xbf16>, tensor<?x2xi32>)
+      -> (tensor<?x64xbf16>, tensor<8xi32>, tensor<9xi32>, tensor<?x2xi32>)
+  return %r, %d : tensor<?x2xi32>, tensor<?x64xbf16>
+}
+func.func @layer_backward(%x: tensor<?x64xbf16>, %ids: tensor<?x2xi32>,
+                          %g: tensor<?x2xi32>, %d: tensor<?x64xbf16>)
+    -> tensor<?x32xbf16> attributes {moe.gradients = array<i64: 0>} {
+  %a = moe.activation %d {activation = #moe.activation<kind = swiglu>}
+      : (tensor<?x64xbf16>) -> tensor<?x32xbf16>
+  return %a : tensor<?x32xbf16>
+}
+
+// -----
+
+func.func @orphan_backward(%x: tensor<?x64xbf16>, %d: tensor<?x64xbf16>)
+    -> tensor<?x32xbf16> attributes {moe.gradients = array<i64: 0>} {
+  // expected-error @-2 {{reads the tensors @orphan_train saves, which must come first}}
+  %a = moe.activation %d {activation = #moe.activation<kind = swiglu>}
+      : (tensor<?x64xbf16>) -> tensor<?x32xbf16>
+  return %a : tensor<?x32xbf16>
+}
