@@ -150,13 +150,19 @@ def bench(fn, iters, warm=3, ahead=False):
 
 def kernel_times(layer, tensors):
     """Mean device time of each kernel of one forward, from torch.profiler."""
+    return profiled_kernels(lambda: layer.forward(*tensors))
+
+
+def profiled_kernels(fn, repeats=3):
+    """Mean device time (us) of each of our kernels in one call of `fn`,
+    from torch.profiler."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    layer.forward(*tensors)
+    fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            layer.forward(*tensors)
+        for _ in range(repeats):
+            fn()
         torch.cuda.synchronize()
     times = {}
     for ev in prof.key_averages():
@@ -164,5 +170,5 @@ def kernel_times(layer, tensors):
         # had stable names).
         if ev.key.startswith("moe_") or (ev.key.startswith("k") and "_" in ev.key):
             t = getattr(ev, "device_time", None) or ev.cuda_time
-            times[ev.key] = times.get(ev.key, 0) + t * ev.count / 3
+            times[ev.key] = times.get(ev.key, 0) + t * ev.count / repeats
     return times

@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 
-from bench.common import ROOT, bench, emit
+from bench.common import ROOT, bench, emit, profiled_kernels
 
 # name: (experts, top-k, hidden, intermediate, shared intermediate,
 # router as the peer names it); the peer's LAYERS.
@@ -78,7 +78,7 @@ def prepare(out_dir):
 
 def ours(layer, tensors, dy):
     """Our forward and forward+backward (us), peak memory (GB) of the
-    step, and one step's per-kernel times."""
+    step, and each kernel's time (us) in one step."""
     import torch
     tokens = tensors[0].shape[0]
     inputs, out = tensors[:-1], tensors[-1]
@@ -101,13 +101,14 @@ def ours(layer, tensors, dy):
     base = torch.cuda.memory_allocated()
     fwd = bench(forward, 10)
     both = bench(step, 10)
+    kernels = profiled_kernels(step)
     # What the step holds beyond its inputs: the output, the saved
     # tensors, the workspace and the gradients (as the peer's peak counts
     # its activations and gradients).
     peak = (torch.cuda.max_memory_allocated() - base + sum(
         t.numel() * t.element_size() for t in [out, saved, workspace,
                                                *grads])) / 1e9
-    return fwd, both, peak
+    return fwd, both, peak, kernels
 
 
 def run(lib_dir, peer_path, tokens, only=None):
@@ -141,7 +142,7 @@ def run(lib_dir, peer_path, tokens, only=None):
             dy = torch.randn(t, h, device=dev, generator=g).bfloat16()
             flop = 6 * t * k * h * i + (6 * t * h * shared if shared else 0)
             out = torch.empty_like(x)
-            fwd, both, peak = ours(layer, [x, *weights, out], dy)
+            fwd, both, peak, kernels = ours(layer, [x, *weights, out], dy)
             params = [w.clone().requires_grad_() for w in weights]
             xp = x.clone().requires_grad_()
             full = params + [None] * (5 - len(params))
@@ -165,6 +166,9 @@ def run(lib_dir, peer_path, tokens, only=None):
                  peer_fwd_bwd_tflops=round(3 * flop / pb / 1e6, 1),
                  speedup_fwd_bwd=round(pb / both, 2),
                  peak_gb=round(peak, 2), peer_peak_gb=round(peer_peak, 2))
+            emit(layer=name, T=t, kernels_us={
+                k: round(v, 1) for k, v in sorted(kernels.items(),
+                                                  key=lambda kv: -kv[1])})
             del params, xp
             torch.cuda.empty_cache()
 

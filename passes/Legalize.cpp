@@ -8,7 +8,8 @@
 // The kernel reads its weights K-major. A backward's dgrad (bf16 rows
 // times bf16 weights read along N, into bf16) becomes that matmul on the
 // weights transposed (moe.transpose), a copy of the weights per call, until
-// the kernel reads a transposed operand itself.
+// the kernel reads a transposed operand itself; one with a bias keeps only
+// its bias_dot.
 //
 //===----------------------------------------------------------------------===//
 
@@ -40,10 +41,12 @@ static int64_t bytesOf(RankedTensorType type) {
 }
 
 /// `op` as a grouped matmul on its weights transposed, where it is one:
-/// bf16 operands, a bf16 or f32 result, neither `acc` nor `bias`.
+/// bf16 operands, a bf16 or f32 result, no `acc`. With a `bias`, the op
+/// stays for its bias_dot alone (its `out` unused), which sm_90a computes
+/// on CUDA cores.
 static void dgradAsMatmul(GroupedMatmulDgradOp op) {
   auto type = [](Value v) { return cast<RankedTensorType>(v.getType()); };
-  if (op.getAcc() || op.getBias() ||
+  if (op.getAcc() || op.getOut().use_empty() ||
       !type(op.getOutGrad()).getElementType().isBF16() ||
       !type(op.getRhs()).getElementType().isBF16())
     return;
@@ -58,7 +61,8 @@ static void dgradAsMatmul(GroupedMatmulDgradOp op) {
       op.getTokensPerExpert(), op.getExpertOffsets(), Value(), Value(), Value(),
       ActivationAttr(), QuantAttr(), ArrayAttr());
   op.getOut().replaceAllUsesWith(matmul.getOut());
-  op.erase();
+  if (!op.getBias())
+    op.erase();
 }
 
 namespace {

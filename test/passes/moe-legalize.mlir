@@ -62,3 +62,17 @@ func.func @dgrad(%dy: tensor<?x64xbf16>, %w: tensor<4x64x32xbf16>, %counts: tens
   %2 = moe.grouped_matmul_dgrad %dy, %w groups(%counts, %offsets) : (tensor<?x64xbf16>, tensor<4x64x32xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<?x32xf32>
   return %0, %1, %2 : tensor<?x32xbf16>, tensor<?x32xf32>, tensor<?x32xf32>
 }
+
+// -----
+
+// A dgrad with the forward's bias: its rows go to the matmul on the
+// transposed weights, and the op stays for its bias_dot alone.
+// CHECK-LABEL: func @dgrad_bias
+// CHECK: %[[WT:.*]] = moe.transpose %arg1 : tensor<4x64x32xbf16> -> tensor<4x32x64xbf16>
+// CHECK: %[[ROWS:.*]] = moe.grouped_matmul %arg0, %[[WT]] groups(%arg2, %arg3) : {{.*}} -> tensor<?x32xbf16>
+// CHECK: %{{.*}}, %[[DOT:.*]] = moe.grouped_matmul_dgrad %arg0, %arg1 groups(%arg2, %arg3) bias %arg4
+// CHECK: return %[[ROWS]], %[[DOT]]
+func.func @dgrad_bias(%dy: tensor<?x64xbf16>, %w: tensor<4x64x32xbf16>, %counts: tensor<4xi32>, %offsets: tensor<5xi32>, %bias: tensor<4x64xbf16>) -> (tensor<?x32xbf16>, tensor<?x1xf32>) {
+  %0, %1 = moe.grouped_matmul_dgrad %dy, %w groups(%counts, %offsets) bias %bias : (tensor<?x64xbf16>, tensor<4x64x32xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<4x64xbf16>) -> (tensor<?x32xbf16>, tensor<?x1xf32>)
+  return %0, %1 : tensor<?x32xbf16>, tensor<?x1xf32>
+}

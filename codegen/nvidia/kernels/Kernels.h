@@ -34,11 +34,13 @@ LogicalResult buildActivationGrad(LayerKernels &layer, ActivationGradOp op);
 LogicalResult buildGroupedMatmulWgrad(LayerKernels &layer,
                                       GroupedMatmulWgradOp op);
 /// Whether `op` is a product sm_90a runs on CUDA cores (SimtMatmul.cpp): a
-/// weight gradient of an f32 output gradient, or an input gradient
-/// moe-legalize left (not bf16 x bf16, or with `acc`).
+/// weight gradient of an f32 output gradient or without a matrix lhs (row
+/// sums), or an input gradient moe-legalize left (not bf16 x bf16, with
+/// `acc`, or kept for its bias_dot alone).
 bool takesSimtMatmul(Operation *op);
 LogicalResult buildSimtWgrad(LayerKernels &layer, GroupedMatmulWgradOp op);
 LogicalResult buildSimtDgrad(LayerKernels &layer, GroupedMatmulDgradOp op);
+LogicalResult buildGatherDot(LayerKernels &layer, GatherDotOp op);
 LogicalResult buildCombine(LayerKernels &layer, CombineOp op);
 LogicalResult buildQuantize(LayerKernels &layer, QuantizeOp op);
 LogicalResult buildDequantize(LayerKernels &layer, DequantizeOp op);

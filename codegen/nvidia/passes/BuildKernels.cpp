@@ -45,6 +45,7 @@ static LogicalResult buildKernel(LayerKernels &layer, Operation *op) {
                                   : buildGroupedMatmulWgrad(layer, o);
       })
       .Case([&](GroupedMatmulDgradOp o) { return buildSimtDgrad(layer, o); })
+      .Case([&](GatherDotOp o) { return buildGatherDot(layer, o); })
       .Case([&](CombineOp o) { return buildCombine(layer, o); })
       .Case([&](QuantizeOp o) { return buildQuantize(layer, o); })
       .Case([&](DequantizeOp o) { return buildDequantize(layer, o); })

@@ -64,13 +64,3 @@ func.func @f32_lhs(%dy: tensor<?x8xbf16>, %x: tensor<?x64xf32>)
       : (tensor<?x8xbf16>, tensor<?x64xf32>) -> tensor<8x64xf32>
   return %0 : tensor<8x64xf32>
 }
-
-// -----
-
-func.func @bias(%dy: tensor<?x64xbf16>, %c: tensor<2xi32>, %o: tensor<3xi32>)
-    -> tensor<2x64xf32> {
-  // expected-error @+1 {{sums rows without a matrix lhs (a bias's or a routing weight's gradient), for which sm_90a has no kernel}}
-  %0 = moe.grouped_matmul_wgrad %dy groups(%c, %o)
-      : (tensor<?x64xbf16>, tensor<2xi32>, tensor<3xi32>) -> tensor<2x64xf32>
-  return %0 : tensor<2x64xf32>
-}

@@ -1,0 +1,60 @@
+//===- GatherDot.cpp - each choice's row dotted with its token ------------===//
+//
+// moe.gather_dot, the gradient of a routing weight that scaled a token into
+// its row (Llama-4): a warp per token, its choices in turn, the lanes on
+// columns and their products summed by shuffles.
+//
+//===----------------------------------------------------------------------===//
+
+#include "codegen/nvidia/kernels/Kernels.h"
+
+using namespace mlir;
+using namespace mlir::moe;
+using namespace mlir::moe::nvidia;
+
+LogicalResult nvidia::buildGatherDot(LayerKernels &layer, GatherDotOp op) {
+  constexpr int64_t warps = 8;
+  TokenLinear tokens = layer.info(op.getRows()).rows;
+  int64_t h = cast<RankedTensorType>(op.getTokens().getType()).getDimSize(1);
+  int64_t topK = cast<RankedTensorType>(op.getRows().getType()).getDimSize(1);
+  layer.define(op.getOut(), tokens);
+  Kernel k = layer.kernel(
+      op, "gather_dot",
+      {op.getRowValues(), op.getTokens(), op.getRows(), op.getOut()});
+  k.launch.work = tokens;
+  k.launch.perBlock = warps;
+  k.launch.block = warps * 32;
+  Emitter &e = k.e;
+  Value values = k.view(0, layer.info(op.getRowValues()));
+  Value x = k.view(1, layer.info(op.getTokens()));
+  Value rows = k.view(2, layer.info(op.getRows()));
+  Value out = k.view(3, layer.info(op.getOut()));
+  Value tid = k.threadId();
+  Value lane = e.remUI(tid, e.index(32));
+  Value t = e.iadd(e.imul(k.blockId(gpu::Dimension::x), warps),
+                   e.divUI(tid, e.index(32)));
+  // Warp-uniform: a whole warp has a token or none.
+  e.ifThen(e.ult(t, k.linear(tokens)), [&] {
+    e.forEach(e.index(0), e.index(topK), [&](Value j) {
+      Value r = e.loadRaw(rows, {t, j});
+      Value valid = e.icmp(arith::CmpIPredicate::sge, r, e.i32(0));
+      Value ri = e.toIndex(e.select(valid, r, e.i32(0)));
+      Value partial = e.reduce(
+          lane, e.index(h), {e.f32(0.0)},
+          [&](Value c, ValueRange acc) -> SmallVector<Value> {
+            return {e.add(acc[0],
+                          e.mul(e.load(values, {ri, c}), e.load(x, {t, c})))};
+          },
+          e.index(32))[0];
+      for (int64_t offset = 16; offset > 0; offset /= 2)
+        partial =
+            e.add(partial, gpu::ShuffleOp::create(e.b, e.loc, partial, offset,
+                                                  32, gpu::ShuffleMode::XOR)
+                               .getShuffleResult());
+      e.ifThen(e.eq(lane, e.index(0)), [&] {
+        e.storeRaw(e.select(valid, partial, e.f32(0.0)), out, {t, j});
+      });
+    });
+  });
+  return k.finish(op);
+}
