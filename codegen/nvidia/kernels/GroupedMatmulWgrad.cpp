@@ -182,15 +182,20 @@ LogicalResult nvidia::buildGroupedMatmulWgrad(LayerKernels &layer,
   Value descA = k.tensorMap(bufferIndices.size(), mapType);
   Value descB = k.tensorMap(bufferIndices.size() + 1, mapType);
 
-  // The block's tile: an expert's, column tiles of one row tile next to
-  // each other (they read the same rows of the output's gradient), the
-  // expert's tiles next to each other (its rows stay in L2).
+  // The block's tile: an expert's (its rows stay in L2), and within it the
+  // tiles that share one tile of the operand with more columns next to
+  // each other, so that the other, smaller one is what L2 must hold
+  // (Mixtral's down wgrad: lhs 4096 x 14336, the gradient 4096 x 4096 an
+  // expert; swept the other way, the lhs came from DRAM 32 times).
   Value tid = k.threadId();
   Value id = k.blockId(gpu::Dimension::x);
   Value expert = e.divUI(id, e.index(mTiles * nTiles));
   Value within = e.remUI(id, e.index(mTiles * nTiles));
-  Value mTile = e.divUI(within, e.index(nTiles));
-  Value nTile = e.remUI(within, e.index(nTiles));
+  bool sweepRows = kDim > n;
+  Value mTile = sweepRows ? e.remUI(within, e.index(mTiles))
+                          : e.divUI(within, e.index(nTiles));
+  Value nTile = sweepRows ? e.divUI(within, e.index(mTiles))
+                          : e.remUI(within, e.index(nTiles));
   Value rowStart = e.index(0), rowCount = k.linear(rowsOf(grad));
   if (grouped) {
     rowStart = e.toIndex(e.loadRaw(offsets, {expert}));
