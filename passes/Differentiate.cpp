@@ -406,8 +406,11 @@ LogicalResult Differentiator::routeRule(RouteOp op) {
   auto weightType = cast<RankedTensorType>(op.getRouterWeight().getType());
   auto logitType = RankedTensorType::get(
       {hiddenType.getDimSize(0), weightType.getDimSize(0)}, b.getF32Type());
+  // The forward's logits, saved (routeLogits gave the route them): the
+  // backward need not multiply the router again.
+  Value logits = op.getLogits() ? get(op.getLogits()) : Value();
   Value logitGrad = RouteGradOp::create(
-      b, loc, logitType, hidden, get(op.getRouterWeight()), bias,
+      b, loc, logitType, hidden, get(op.getRouterWeight()), bias, logits,
       get(op.getExpertIds()), it->second.value, op.getRouter());
   Value weightGrad = GroupedMatmulWgradOp::create(
       b, loc, RankedTensorType::get(weightType.getShape(), b.getF32Type()),
@@ -504,6 +507,31 @@ LogicalResult Differentiator::build(Value out, Value outGrad) {
   SmallVector<Type> inputs(backward.getBody().front().getArgumentTypes());
   backward.setFunctionType(b.getFunctionType(inputs, types));
   return success();
+}
+
+/// Gives each route of `func` its logits result, which the backward reads
+/// (T x E f32, a small part of what the training forward saves) rather
+/// than multiply the router again.
+static void routeLogits(func::FuncOp func) {
+  SmallVector<RouteOp> routes;
+  func.walk([&](RouteOp op) {
+    if (!op.getLogits())
+      routes.push_back(op);
+  });
+  for (RouteOp op : routes) {
+    OpBuilder b(op);
+    auto ids = cast<RankedTensorType>(op.getExpertIds().getType());
+    auto weight = cast<RankedTensorType>(op.getRouterWeight().getType());
+    auto logitType = RankedTensorType::get(
+        {ids.getDimSize(0), weight.getDimSize(0)}, b.getF32Type());
+    auto route = RouteOp::create(b, op.getLoc(), op.getExpertIds().getType(),
+                                 op.getWeights().getType(), logitType,
+                                 op.getHiddenStates(), op.getRouterWeight(),
+                                 op.getBias(), op.getRouter());
+    op.getExpertIds().replaceAllUsesWith(route.getExpertIds());
+    op.getWeights().replaceAllUsesWith(route.getWeights());
+    op.erase();
+  }
 }
 
 /// Splits each gated matmul of `func` into the matmul and its activation.
@@ -634,6 +662,7 @@ struct DifferentiatePass
     auto train = cast<func::FuncOp>(b.clone(*func));
     train.setName((func.getName() + "_train").str());
     splitActivations(train);
+    routeLogits(train);
     auto backward = func::FuncOp::create(b, func.getLoc(),
                                          (func.getName() + "_backward").str(),
                                          b.getFunctionType({}, {}));

@@ -960,12 +960,18 @@ LogicalResult FunctionLowering::lowerRouteGrad(RouteGradOp op) {
   int64_t topK = cast<MemRefType>(ids.getType()).getDimSize(1);
   Value tokens = e.dim(hidden, 0);
   Value dl = resultBuffer(op.getLogitGrad(), {tokens});
+  Value saved = op.getLogits() ? buffer(op.getLogits()) : Value();
   Type f32 = e.b.getF32Type();
-  // Per token: the logits, then the scores and their gradient in place.
+  // Per token: the logits (the forward's, or computed again), then the
+  // scores and their gradient in place.
   Value score = e.alloc(MemRefType::get({experts}, f32));
   Value scoreGrad = e.alloc(MemRefType::get({experts}, f32));
   e.forEach(e.index(0), tokens, [&](Value t) {
     e.forEach(e.index(0), e.index(experts), [&](Value x) {
+      if (saved) {
+        e.storeRaw(e.loadRaw(saved, {t, x}), score, {x});
+        return;
+      }
       Value logit = e.dot(hidden, t, weight, {x}, h);
       Value b = bias ? e.load(bias, {x}) : Value();
       e.storeRaw(common::routerLogit(e, router.getKind(), logit, b), score,

@@ -940,6 +940,10 @@ LogicalResult RouteGradOp::verify() {
     return emitOpError() << "top-k (" << topK
                          << ") must not exceed the number of experts ("
                          << experts << ")";
+  if (getLogits() &&
+      failed(checkShape(op, "logits", getLogits(),
+                        {count(tokens, "tokens"), size(experts, "experts")})))
+    return failure();
   return checkShape(op, "result", getLogitGrad(),
                     {count(tokens, "tokens"), size(experts, "experts")});
 }

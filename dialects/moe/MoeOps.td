@@ -549,11 +549,14 @@ def Moe_GatherDotOp : Moe_Op<"gather_dot", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Moe_RouteGradOp : Moe_Op<"route_grad", [Pure]> {
+def Moe_RouteGradOp : Moe_Op<"route_grad",
+                              [Pure, AttrSizedOperandSegments]> {
   let summary = "the router's logit gradient from its weights' gradient";
   let description = [{
-    Recomputes moe.route's logits and scores for `hidden_states` [T, H] and
-    `router_weight` [E, H] (`bias` [E] as moe.route adds it) and gives the
+    Takes moe.route's `logits` [T, E] (f32, the bias added where moe.route
+    adds it) that the training forward saved, or recomputes them for
+    `hidden_states` [T, H] and `router_weight` [E, H] (`bias` [E] as
+    moe.route adds it); then the scores, and gives the
     gradient of the logits [T, E] (f32) from `weight_grad` [T, k], the
     gradient of the weights moe.route gave for the choices `expert_ids`
     [T, k]: the softmax's or sigmoid's Jacobian through the renormalization
@@ -567,14 +570,15 @@ def Moe_RouteGradOp : Moe_Op<"route_grad", [Pure]> {
     Moe_Activations:$hidden_states,
     Moe_RealTensor:$router_weight,
     Optional<Moe_F32Tensor>:$bias,
+    Optional<Moe_F32Tensor>:$logits,
     Moe_IndexTensor:$expert_ids,
     Moe_F32Tensor:$weight_grad,
     Moe_RouterAttr:$router
   );
   let results = (outs Moe_F32Tensor:$logit_grad);
   let assemblyFormat = [{
-    $hidden_states `,` $router_weight (`bias` $bias^)? `choices` `(`
-    $expert_ids `,` $weight_grad `)` attr-dict `:`
+    $hidden_states `,` $router_weight (`bias` $bias^)? (`logits` $logits^)?
+    `choices` `(` $expert_ids `,` $weight_grad `)` attr-dict `:`
     functional-type(operands, results)
   }];
   let hasVerifier = 1;

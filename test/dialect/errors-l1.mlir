@@ -634,3 +634,11 @@ func.func @f(%v: tensor<?x16xbf16>, %x: tensor<?x8xbf16>, %rows: tensor<?x2xi32>
   %d = moe.gather_dot %v, %x rows %rows : (tensor<?x16xbf16>, tensor<?x8xbf16>, tensor<?x2xi32>) -> tensor<?x2xf32>
   return
 }
+
+// -----
+
+func.func @f(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>, %logits: tensor<?x8xf32>, %ids: tensor<?x2xi32>, %dw: tensor<?x2xf32>) {
+  // expected-error @+1 {{logits dimension 1 (experts) must be 4, but is 8}}
+  %d = moe.route_grad %x, %wr logits %logits choices(%ids, %dw) {router = #moe.router<kind = softmax_topk>} : (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<?x8xf32>, tensor<?x2xi32>, tensor<?x2xf32>) -> tensor<?x4xf32>
+  return
+}

@@ -187,6 +187,7 @@ func.func @expert_parallel(%x: tensor<?x64xbf16>, %ids: tensor<?x2xi32>, %w: ten
 // CHECK: moe.grouped_matmul_wgrad %{{[^ ]+}} lhs %{{[^ ]+}} groups(%{{[^ ]+}}, %{{[^ ]+}}) : {{.*}} -> tensor<4x8x16xf32>
 // CHECK: moe.grouped_matmul_wgrad %{{[^ ]+}} groups(%{{[^ ]+}}, %{{[^ ]+}}) : {{.*}} -> tensor<4x8xf32>
 // CHECK: moe.route_grad %{{[^ ]+}}, %{{[^ ]+}} bias %{{[^ ]+}} choices(%{{[^ ]+}}, %{{[^ ]+}}) {router = #moe.router<kind = topk_softmax>}
+// CHECK: moe.route_grad %{{[^ ]+}}, %{{[^ ]+}} logits %{{[^ ]+}} choices(%{{[^ ]+}}, %{{[^ ]+}}) {router = #moe.router<kind = softmax_topk>}
 // CHECK: moe.gather_dot %{{[^ ]+}}, %{{[^ ]+}} rows %{{[^ ]+}} : (tensor<?x16xbf16>, tensor<?x16xbf16>, tensor<?x2xi32>) -> tensor<?x2xf32>
 func.func @training_ops(%h: tensor<?x16xbf16>, %g: tensor<?x8xbf16>,
                         %rows: tensor<?x2xi32>, %w: tensor<?x2xf32>,
@@ -196,7 +197,7 @@ func.func @training_ops(%h: tensor<?x16xbf16>, %g: tensor<?x8xbf16>,
                         %b2: tensor<4x16xbf16>, %acc: tensor<?x8xf32>,
                         %x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
                         %br: tensor<4xf32>, %ids: tensor<?x2xi32>,
-                        %dw: tensor<?x2xf32>) {
+                        %dw: tensor<?x2xf32>, %logits: tensor<?x4xf32>) {
   %a = moe.activation %h {activation = #moe.activation<kind = swiglu>}
       : (tensor<?x16xbf16>) -> tensor<?x8xbf16>
   %dh, %aw, %dwr = moe.activation_grad %g, %h rows(%rows, %w) bias_term %bt
@@ -222,6 +223,10 @@ func.func @training_ops(%h: tensor<?x16xbf16>, %g: tensor<?x8xbf16>,
   %dl = moe.route_grad %x, %wr bias %br choices(%ids, %dw)
       {router = #moe.router<kind = topk_softmax>}
       : (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<4xf32>, tensor<?x2xi32>,
+         tensor<?x2xf32>) -> tensor<?x4xf32>
+  %dl2 = moe.route_grad %x, %wr logits %logits choices(%ids, %dw)
+      {router = #moe.router<kind = softmax_topk>}
+      : (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<?x4xf32>, tensor<?x2xi32>,
          tensor<?x2xf32>) -> tensor<?x4xf32>
   %gd = moe.gather_dot %dy, %x rows %ids
       : (tensor<?x16xbf16>, tensor<?x16xbf16>, tensor<?x2xi32>) -> tensor<?x2xf32>

@@ -2,18 +2,19 @@
 
 // A layer with shared experts behind a gate. The training forward splits
 // each gated matmul into the matmul and its activation, and saves the
-// routing, the dispatched rows and each gate/up output (not the
+// routing (the router's f32 logits too, so the backward does not multiply
+// the router again), the dispatched rows and each gate/up output (not the
 // activations, which the backward recomputes, nor any per-choice output).
 // CHECK-LABEL: func.func @layer_train
-// CHECK-SAME: moe.saved = ["dispatch.rows", "dispatch.expert_offsets", "route.weights", "shared_gate.out", "shared_gate_up.out", "dispatch.tokens_per_expert", "gate_up.out", "dispatch.dispatched", "route.expert_ids"]
+// CHECK-SAME: moe.saved = ["dispatch.rows", "dispatch.expert_offsets", "route.weights", "shared_gate.out", "shared_gate_up.out", "dispatch.tokens_per_expert", "gate_up.out", "dispatch.dispatched", "route.logits", "route.expert_ids"]
 // CHECK: %[[H:.*]] = moe.grouped_matmul %dispatched, %arg2 groups(%tokens_per_expert, %expert_offsets) : {{.*}} -> tensor<?x16xbf16>
 // CHECK-NEXT: %[[A:.*]] = moe.activation %[[H]] {activation = #moe.activation<kind = swiglu>} : (tensor<?x16xbf16>) -> tensor<?x8xbf16>
-// CHECK: return %{{.*}}, %rows, %expert_offsets, %weights, %out_3, %out_1, %tokens_per_expert, %out, %dispatched, %expert_ids :
+// CHECK: return %{{.*}}, %rows, %expert_offsets, %weights, %out_3, %out_1, %tokens_per_expert, %out, %dispatched, %logits, %expert_ids :
 
 // The backward: every argument has a gradient (the tokens' in bf16, the
 // weights' in f32).
 // CHECK-LABEL: func.func @layer_backward
-// CHECK-SAME: %[[X:arg0]]: tensor<?x16xbf16>, %[[WR:arg1]]: tensor<4x16xbf16>, %[[W13:arg2]]: tensor<4x16x16xbf16>, %[[W2:arg3]]: tensor<4x16x8xbf16>, %[[S13:arg4]]: tensor<16x16xbf16>, %[[S2:arg5]]: tensor<16x8xbf16>, %[[SG:arg6]]: tensor<1x16xbf16>, %[[DOUT:arg7]]: tensor<?x16xbf16>, %[[ROWS:arg8]]: tensor<?x2xi32>, %[[OFF:arg9]]: tensor<5xi32>, %[[W:arg10]]: tensor<?x2xf32>, %[[GL:arg11]]: tensor<?x1xbf16>, %[[HS:arg12]]: tensor<?x16xbf16>, %[[CNT:arg13]]: tensor<4xi32>, %[[H:arg14]]: tensor<?x16xbf16>, %[[XD:arg15]]: tensor<?x16xbf16>, %[[IDS:arg16]]: tensor<?x2xi32>)
+// CHECK-SAME: %[[X:arg0]]: tensor<?x16xbf16>, %[[WR:arg1]]: tensor<4x16xbf16>, %[[W13:arg2]]: tensor<4x16x16xbf16>, %[[W2:arg3]]: tensor<4x16x8xbf16>, %[[S13:arg4]]: tensor<16x16xbf16>, %[[S2:arg5]]: tensor<16x8xbf16>, %[[SG:arg6]]: tensor<1x16xbf16>, %[[DOUT:arg7]]: tensor<?x16xbf16>, %[[ROWS:arg8]]: tensor<?x2xi32>, %[[OFF:arg9]]: tensor<5xi32>, %[[W:arg10]]: tensor<?x2xf32>, %[[GL:arg11]]: tensor<?x1xbf16>, %[[HS:arg12]]: tensor<?x16xbf16>, %[[CNT:arg13]]: tensor<4xi32>, %[[H:arg14]]: tensor<?x16xbf16>, %[[XD:arg15]]: tensor<?x16xbf16>, %[[LOGITS:arg16]]: tensor<?x4xf32>, %[[IDS:arg17]]: tensor<?x2xi32>)
 // CHECK-SAME: -> (tensor<?x16xbf16>, tensor<4x16xf32>, tensor<4x16x16xf32>, tensor<4x16x8xf32>, tensor<16x16xf32>, tensor<16x8xf32>, tensor<1x16xf32>)
 // CHECK-SAME: moe.gradients = array<i64: 0, 1, 2, 3, 4, 5, 6>
 // The output's gradient laid out in the experts' rows where the forward's
@@ -34,7 +35,7 @@
 // CHECK: %[[DW13:.*]] = moe.grouped_matmul_wgrad %[[DH]] lhs %[[XD]] groups(%[[CNT]], %[[OFF]]) : {{.*}} -> tensor<4x16x16xf32>
 // CHECK: %[[DXD:.*]] = moe.grouped_matmul_dgrad %[[DH]], %[[W13]] groups(%[[CNT]], %[[OFF]])
 // The router from the weights' gradient.
-// CHECK: %[[DL:.*]] = moe.route_grad %[[X]], %[[WR]] choices(%[[IDS]], %[[DW]])
+// CHECK: %[[DL:.*]] = moe.route_grad %[[X]], %[[WR]] logits %[[LOGITS]] choices(%[[IDS]], %[[DW]])
 // CHECK: %[[DWR:.*]] = moe.grouped_matmul_wgrad %[[DL]] lhs %[[X]]
 // CHECK: %[[DX1:.*]] = moe.grouped_matmul_dgrad %[[DL]], %[[WR]] acc %[[DXS]]
 // The gate's logits.
@@ -72,7 +73,7 @@ func.func @layer(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
 // CHECK: %[[DYW:.*]] = moe.scatter %arg7, %[[ROWS]] offsets %[[OFF]] scale %{{.*}} :
 // CHECK: moe.grouped_matmul_wgrad %[[DYW]] groups({{.*}}) : {{.*}} -> tensor<4x16xf32>
 // CHECK: moe.grouped_matmul_wgrad %{{.*}} groups({{.*}}) : {{.*}} -> tensor<4x16xf32>
-// CHECK: %[[DL:.*]] = moe.route_grad %arg0, %arg1 bias %arg2 choices
+// CHECK: %[[DL:.*]] = moe.route_grad %arg0, %arg1 bias %arg2 logits %{{.*}} choices
 // CHECK: moe.grouped_matmul_wgrad %[[DL]] : (tensor<?x4xf32>) -> tensor<4xf32>
 func.func @biases(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
                   %br: tensor<4xf32>, %w13: tensor<4x16x16xbf16>,
@@ -94,7 +95,7 @@ func.func @biases(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
 // gradient (argument 2 has none).
 // CHECK-LABEL: func.func @selection_bias_backward
 // CHECK-SAME: moe.gradients = array<i64: 0, 1, 3, 4>
-// CHECK: moe.route_grad %arg0, %arg1 bias %arg2 choices
+// CHECK: moe.route_grad %arg0, %arg1 bias %arg2 logits %{{.*}} choices
 // CHECK-NOT: moe.grouped_matmul_wgrad {{.*}} : (tensor<?x4xf32>) -> tensor<4xf32>
 func.func @selection_bias(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
                           %br: tensor<4xf32>, %w13: tensor<4x16x16xbf16>,
@@ -135,7 +136,7 @@ func.func @fp8(%x: tensor<?x128xbf16>, %wr: tensor<4x128xbf16>,
 // CHECK-LABEL: func.func @llama4_backward
 // CHECK: %[[DXD:.*]] = moe.grouped_matmul_dgrad %{{.*}}, %arg2 groups
 // CHECK: %[[DW:.*]] = moe.gather_dot %[[DXD]], %arg0 rows %[[ROWS:arg[0-9]+]] :
-// CHECK: moe.route_grad %arg0, %arg1 choices(%{{.*}}, %[[DW]]) {router = #moe.router<kind = sigmoid_scale_input>}
+// CHECK: moe.route_grad %arg0, %arg1 logits %{{.*}} choices(%{{.*}}, %[[DW]]) {router = #moe.router<kind = sigmoid_scale_input>}
 // CHECK: moe.combine %[[DXD]], %[[ROWS]] weights %[[W:arg[0-9]+]] shared
 func.func @llama4(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
                   %w13: tensor<4x16x16xbf16>, %w2: tensor<4x16x8xbf16>)
@@ -171,7 +172,7 @@ func.func @ep(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
 // multiplies the saved dispatched rows again.
 // RUN: moe-opt %s -split-input-file --moe-decompose --moe-differentiate=recompute=true -verify-diagnostics | FileCheck %s --check-prefix=RECOMPUTE
 // RECOMPUTE-LABEL: func.func @recompute_train
-// RECOMPUTE-SAME: moe.saved = ["dispatch.rows", "dispatch.expert_offsets", "route.weights", "dispatch.tokens_per_expert", "dispatch.dispatched", "route.expert_ids"]
+// RECOMPUTE-SAME: moe.saved = ["dispatch.rows", "dispatch.expert_offsets", "route.weights", "dispatch.tokens_per_expert", "dispatch.dispatched", "route.logits", "route.expert_ids"]
 // RECOMPUTE-LABEL: func.func @recompute_backward
 // RECOMPUTE: %[[H:.*]] = moe.grouped_matmul %arg{{[0-9]+}}, %arg2 groups(%arg{{[0-9]+}}, %arg{{[0-9]+}}) : {{.*}} -> tensor<?x16xbf16>
 // RECOMPUTE-NEXT: %[[G:.*]] = moe.grouped_matmul_dgrad

@@ -495,9 +495,10 @@ LogicalResult nvidia::buildRoute(LayerKernels &layer, RouteOp op) {
   return buildRouteSelect(layer, op, cfg, scores, choices);
 }
 
-/// moe.route_grad: the logits as the fused route computes them, a block of
-/// kRouteTokens tokens sharing each load of the router weights, then a warp
-/// per token through common::routeGrad, its lanes on stripes of experts.
+/// moe.route_grad: the forward's saved logits, or the logits as the fused
+/// route computes them (a block of kRouteTokens tokens sharing each load
+/// of the router weights), then a warp per token through
+/// common::routeGrad, its lanes on stripes of experts.
 LogicalResult nvidia::buildRouteGrad(LayerKernels &layer, RouteGradOp op) {
   RouterAttr router = op.getRouter();
   TokenLinear tokens = layer.info(op.getHiddenStates()).rows;
@@ -515,8 +516,13 @@ LogicalResult nvidia::buildRouteGrad(LayerKernels &layer, RouteGradOp op) {
            << kRouteTokens * 8 << " bytes an expert in shared memory, at most "
            << sm90a::kSharedWithoutOptIn;
   layer.define(op.getLogitGrad(), tokens);
-  SmallVector<Value> buffers = {op.getHiddenStates(), op.getRouterWeight()};
-  if (op.getBias())
+  Value saved = op.getLogits();
+  SmallVector<Value> buffers;
+  if (saved)
+    buffers.push_back(saved);
+  else
+    buffers.append({op.getHiddenStates(), op.getRouterWeight()});
+  if (op.getBias() && !saved)
     buffers.push_back(op.getBias());
   buffers.append({op.getExpertIds(), op.getWeightGrad(), op.getLogitGrad()});
   Kernel k = layer.kernel(op, "route_grad", buffers);
@@ -527,9 +533,6 @@ LogicalResult nvidia::buildRouteGrad(LayerKernels &layer, RouteGradOp op) {
   auto view = [&](Value v) {
     return k.view(llvm::find(buffers, v) - buffers.begin(), layer.info(v));
   };
-  Value hidden = view(op.getHiddenStates()),
-        weight = view(op.getRouterWeight());
-  Value bias = op.getBias() ? view(op.getBias()) : Value();
   Value ids = view(op.getExpertIds()), dw = view(op.getWeightGrad());
   Value dl = view(op.getLogitGrad());
   Type f32 = e.b.getF32Type();
@@ -538,18 +541,37 @@ LogicalResult nvidia::buildRouteGrad(LayerKernels &layer, RouteGradOp op) {
   Router route(k, router, cfg, cfg.unroll);
   Router::TokenBlock block = route.tokenBlock(tokens);
   Value lane = block.lane, warp = block.warp;
-  e.forEach(
-      e.imul(warp, route.unroll), e.index(experts),
-      [&](Value first) {
-        route.logits(hidden, weight, block.rows, first, lane,
-                     [&](int64_t p, Value x, Value logit) {
-                       Value b = bias ? e.load(bias, {x}) : Value();
-                       e.storeRaw(
-                           common::routerLogit(e, router.getKind(), logit, b),
-                           score, {e.index(p), x});
-                     });
-      },
-      e.index(kRouteWarps * route.unroll));
+  if (saved) {
+    // Warp p copies token p's row (each token's row is its warp's alone).
+    Value logits = view(saved);
+    Value p = e.minUI(warp, e.index(kRouteTokens - 1));
+    Value row =
+        e.minUI(e.iadd(block.firstToken, p), e.isub(block.count, e.index(1)));
+    e.ifThen(e.ult(warp, e.index(kRouteTokens)), [&] {
+      e.forEach(
+          lane, e.index(experts),
+          [&](Value x) {
+            e.storeRaw(e.loadRaw(logits, {row, x}), score, {p, x});
+          },
+          e.index(32));
+    });
+  } else {
+    Value hidden = view(op.getHiddenStates());
+    Value weight = view(op.getRouterWeight());
+    Value bias = op.getBias() ? view(op.getBias()) : Value();
+    e.forEach(
+        e.imul(warp, route.unroll), e.index(experts),
+        [&](Value first) {
+          route.logits(hidden, weight, block.rows, first, lane,
+                       [&](int64_t p, Value x, Value logit) {
+                         Value b = bias ? e.load(bias, {x}) : Value();
+                         e.storeRaw(
+                             common::routerLogit(e, router.getKind(), logit, b),
+                             score, {e.index(p), x});
+                       });
+        },
+        e.index(kRouteWarps * route.unroll));
+  }
   gpu::BarrierOp::create(e.b, e.loc);
   auto syncWarp = [&] { NVVM::SyncWarpOp::create(e.b, e.loc, e.i32(-1)); };
   auto forExperts = [&](function_ref<void(Value)> body) {

@@ -44,6 +44,24 @@ func.func @sigmoid_grouped(%x: tensor<?x96xbf16>, %wr: tensor<16x96xbf16>,
 
 // -----
 
+// The training forward's saved logits: each warp copies its token's row,
+// and no logit is computed (the kernel takes neither the hidden states,
+// buffer 0, nor the router weights, buffer 1).
+// CHECK-LABEL: func.func @saved_logits
+// CHECK: launches = [#moe.launch<kernel = @moe_route_grad, work = 1 * T, per_block = 4, block = 256, args = [buffer 2, buffer 3, buffer 4, buffer 5, tokens]>]
+// PTX-LABEL: .visible .entry moe_route_grad(
+func.func @saved_logits(%x: tensor<?x96xbf16>, %wr: tensor<16x96xbf16>,
+                        %logits: tensor<?x16xf32>, %ids: tensor<?x4xi32>,
+                        %dw: tensor<?x4xf32>) -> tensor<?x16xf32> {
+  %dl = moe.route_grad %x, %wr logits %logits choices(%ids, %dw)
+      {router = #moe.router<kind = softmax_topk, renormalize = true>}
+      : (tensor<?x96xbf16>, tensor<16x96xbf16>, tensor<?x16xf32>,
+         tensor<?x4xi32>, tensor<?x4xf32>) -> tensor<?x16xf32>
+  return %dl : tensor<?x16xf32>
+}
+
+// -----
+
 // Two f32 rows of every expert for each of a block's 4 tokens: 2048
 // experts do not fit the 48 KiB a kernel has without opting in.
 func.func @too_many_experts(%x: tensor<?x64xbf16>, %wr: tensor<2048x64xbf16>,
