@@ -10,6 +10,8 @@ the same run, and each of our kernels' time.
         on the GPU machine (PEER: the peer script's path); one JSON line
         per layer and token count: our forward and forward+backward, the
         peer's, TFLOP/s as the peer counts them, peak memory of each
+  python3 -m bench.train_bench step DIR LAYER TOKENS
+        one training step of ours, for a profiler (ncu) to look at
 
 The peer's GPT-OSS shard has no biases and a softmax router: here it is
 that layer (not the bias-carrying model), so both sides do the same work.
@@ -173,9 +175,36 @@ def run(lib_dir, peer_path, tokens, only=None):
             torch.cuda.empty_cache()
 
 
+def step(lib_dir, name, tokens):
+    """One training step of layer `name` at `tokens` tokens."""
+    import torch
+    from moe_compiler import Layer
+    e, k, h, i, shared, _ = LAYERS[name]
+    layer = Layer(os.path.join(lib_dir, f"lib{name}.so"))
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    shapes = [(e, h), (e, 2 * i, h), (e, h, i)]
+    if shared:
+        shapes += [(2 * shared, h), (h, shared)]
+    weights = [(torch.randn(*s, device=dev, generator=g) / s[-1] ** 0.5)
+               .bfloat16() for s in shapes]
+    x = torch.randn(tokens, h, device=dev, generator=g).bfloat16()
+    dy = torch.randn(tokens, h, device=dev, generator=g).bfloat16()
+    saved = torch.empty(layer.saved_size(tokens), dtype=torch.uint8,
+                        device=dev)
+    grads = [torch.empty(s, dtype=d, device=dev)
+             for _, d, s in layer.gradient_shapes(tokens)]
+    layer.forward_train(x, *weights, torch.empty_like(x), saved=saved)
+    layer.backward([x, *weights], dy, saved, grads)
+    torch.cuda.synchronize()
+
+
 def main():
     if sys.argv[1] == "prepare":
         prepare(sys.argv[2])
+        return
+    if sys.argv[1] == "step":
+        step(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         return
     tokens = [4096, 16384]
     rest = []

@@ -173,10 +173,9 @@ static std::string fingerprint(gpu::GPUFuncOp kernel) {
 /// one plan per token bucket (moe.token_buckets, set by moe-bucketize). A
 /// bucket's kernel equal to one built before is dropped and the earlier
 /// one launched, so only what a bucket specializes is compiled twice.
-static LogicalResult
-buildLayer(func::FuncOp func, int64_t epMaxTokens,
-           const DenseMap<unsigned, TokenLinear> &argRows = {},
-           SmallVectorImpl<TokenLinear> *resultRows = nullptr) {
+static LogicalResult buildLayer(func::FuncOp func, int64_t epMaxTokens,
+                                const DenseMap<unsigned, TokenLinear> &argRows,
+                                SmallVectorImpl<TokenLinear> *resultRows) {
   if (!func.getBody().hasOneBlock())
     return func.emitOpError() << "must have a single block to be lowered";
   ModuleOp module = func->getParentOfType<ModuleOp>();
