@@ -10,8 +10,10 @@ the same run, and each of our kernels' time.
         on the GPU machine (PEER: the peer script's path); one JSON line
         per layer and token count: our forward and forward+backward, the
         peer's, TFLOP/s as the peer counts them, peak memory of each
-  python3 -m bench.train_bench step DIR LAYER TOKENS
-        one training step of ours, for a profiler (ncu) to look at
+  python3 -m bench.train_bench step DIR LAYER TOKENS [--graph]
+        one training step of ours, for a profiler (ncu) to look at; with
+        --graph, the step captured in a CUDA graph and replayed, its
+        output and gradients compared with an eager step's
 
 The peer's GPT-OSS shard has no biases and a softmax router: here it is
 that layer (not the bias-carrying model), so both sides do the same work.
@@ -175,8 +177,9 @@ def run(lib_dir, peer_path, tokens, only=None):
             torch.cuda.empty_cache()
 
 
-def step(lib_dir, name, tokens):
-    """One training step of layer `name` at `tokens` tokens."""
+def step(lib_dir, name, tokens, graph=False):
+    """One training step of layer `name` at `tokens` tokens; with `graph`,
+    again captured in a CUDA graph and replayed, checked against it."""
     import torch
     from moe_compiler import Layer
     e, k, h, i, shared, _ = LAYERS[name]
@@ -194,9 +197,33 @@ def step(lib_dir, name, tokens):
                         device=dev)
     grads = [torch.empty(s, dtype=d, device=dev)
              for _, d, s in layer.gradient_shapes(tokens)]
-    layer.forward_train(x, *weights, torch.empty_like(x), saved=saved)
+    out = torch.empty_like(x)
+    layer.forward_train(x, *weights, out, saved=saved)
     layer.backward([x, *weights], dy, saved, grads)
     torch.cuda.synchronize()
+    if not graph:
+        return
+    eager = [t.clone() for t in [out, *grads]]
+    for t in [out, saved, *grads]:
+        t.fill_(255 if t.dtype == torch.uint8 else float("nan"))
+    workspace = torch.empty(max(layer.workspace_size(tokens), 1),
+                            dtype=torch.uint8, device=dev)
+    stream = torch.cuda.Stream()
+    captured = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(captured, stream=stream):
+        layer.forward_train(x, *weights, out, saved=saved,
+                            workspace=workspace)
+        layer.backward([x, *weights], dy, saved, grads)
+    captured.replay()
+    torch.cuda.synchronize()
+    # An expert's rows may come in another order (the dispatch places them
+    # with atomics), so the weights' f32 sums may differ in their last
+    # bits; each token's output and gradient do not.
+    diffs = [((a.double() - b.double()).norm() /
+              max(b.double().norm(), 1e-30)).item()
+             for a, b in zip([out, *grads], eager)]
+    ok = diffs[0] == 0 and diffs[1] == 0 and max(diffs) <= 1e-5
+    emit(layer=name, T=tokens, graph_replay_vs_eager=diffs, ok=ok)
 
 
 def main():
@@ -204,7 +231,8 @@ def main():
         prepare(sys.argv[2])
         return
     if sys.argv[1] == "step":
-        step(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        step(sys.argv[2], sys.argv[3], int(sys.argv[4]),
+             "--graph" in sys.argv[5:])
         return
     tokens = [4096, 16384]
     rest = []
