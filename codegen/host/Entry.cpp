@@ -35,13 +35,6 @@ static void appendDescriptor(HostBuilder &h, SmallVectorImpl<Value> &operands,
     operands.push_back(h.c64(stride));
 }
 
-/// Pointer `i` of the array `argv`.
-static Value element(HostBuilder &h, Value argv, int64_t i) {
-  Value slot = LLVM::GEPOp::create(h.b, h.loc, h.ptr, h.ptr, argv,
-                                   ArrayRef<LLVM::GEPArg>{int32_t(i)});
-  return LLVM::LoadOp::create(h.b, h.loc, h.ptr, slot);
-}
-
 /// The lowered layer's operands: each buffer as a memref descriptor (only
 /// the leading size is dynamic), outputs too unless `inputsOnly`.
 static SmallVector<Value> memrefOperands(HostBuilder &h,
@@ -51,7 +44,7 @@ static SmallVector<Value> memrefOperands(HostBuilder &h,
   SmallVector<Value> operands;
   for (auto [i, arg] : llvm::enumerate(interface.getArgList()))
     if (!inputsOnly || !arg.getOutput())
-      appendDescriptor(h, operands, element(h, argv, i),
+      appendDescriptor(h, operands, h.pointerAt(argv, i),
                        arg.getType().getShape(), tokens);
   return operands;
 }
@@ -110,21 +103,6 @@ static LogicalResult callLowered(HostBuilder &h, ModuleOp module,
   return success();
 }
 
-/// An exported function `symbol` of `params` returning a status, its
-/// entry block ready and a failure block returning the status.
-static LLVM::LLVMFuncOp addStatusEntry(OpBuilder &b, HostBuilder &h,
-                                       ModuleOp module, StringRef symbol,
-                                       ArrayRef<Type> params) {
-  b.setInsertionPointToEnd(module.getBody());
-  auto fn = LLVM::LLVMFuncOp::create(
-      b, h.loc, symbol, LLVM::LLVMFunctionType::get(h.i32, params));
-  Block *entry = fn.addEntryBlock(b);
-  h.failure = b.createBlock(&fn.getBody(), {}, {h.i32}, {h.loc});
-  LLVM::ReturnOp::create(b, h.loc, h.failure->getArgument(0));
-  b.setInsertionPointToEnd(entry);
-  return fn;
-}
-
 /// The descriptors of the saved tensors inside `saved`.
 static void appendSaved(HostBuilder &h, SmallVectorImpl<Value> &operands,
                         TrainingAttr training, Value saved, Value tokens) {
@@ -160,9 +138,8 @@ LogicalResult host::addTrainingEntryPoints(ModuleOp module,
 
   // forward_train(args, tokens, saved): the header, then the training
   // forward writing the outputs and the saved tensors.
-  auto forward =
-      addStatusEntry(b, h, module, interface.getSymbol("forward_train"),
-                     {h.ptr, h.i64, h.ptr});
+  auto forward = h.statusFunction(module, interface.getSymbol("forward_train"),
+                                  {h.ptr, h.i64, h.ptr});
   Value tokens = forward.getArgument(1), saved = forward.getArgument(2);
   h.check(h.call(RuntimeImport::moert_saved_begin,
                  {saved, tokens, h.c64(layerId)}));
@@ -175,8 +152,8 @@ LogicalResult host::addTrainingEntryPoints(ModuleOp module,
   LLVM::ReturnOp::create(b, h.loc, h.c32(0));
 
   // backward(args, tokens, output_grad, saved, grads, flags).
-  auto backward = addStatusEntry(b, h, module, interface.getSymbol("backward"),
-                                 {h.ptr, h.i64, h.ptr, h.ptr, h.ptr, h.i32});
+  auto backward = h.statusFunction(module, interface.getSymbol("backward"),
+                                   {h.ptr, h.i64, h.ptr, h.ptr, h.ptr, h.i32});
   tokens = backward.getArgument(1);
   saved = backward.getArgument(3);
   Value grads = backward.getArgument(4), flags = backward.getArgument(5);
@@ -207,7 +184,7 @@ LogicalResult host::addTrainingEntryPoints(ModuleOp module,
             ? LLVM::OrOp::create(b, h.loc, flags, h.c32(MOERT_GRAD_SOURCE_BF16))
                   .getResult()
             : flags;
-    Value dst = element(h, grads, i);
+    Value dst = h.pointerAt(grads, i);
     Value target =
         h.call(RuntimeImport::moert_grad_target,
                {dst, LLVM::MulOp::create(b, h.loc, count, h.c64(width)), mode});

@@ -58,6 +58,26 @@ struct HostBuilder {
     auto op = LLVM::CallOp::create(b, loc, callee, args);
     return op.getNumResults() ? op.getResult() : Value();
   }
+  /// An exported function `symbol` of `params` at the end of `module`,
+  /// returning an i32 status: the builder at its entry block, `failure`
+  /// the block that returns a failing status.
+  LLVM::LLVMFuncOp statusFunction(ModuleOp module, StringRef symbol,
+                                  ArrayRef<Type> params) {
+    b.setInsertionPointToEnd(module.getBody());
+    auto fn = LLVM::LLVMFuncOp::create(
+        b, loc, symbol, LLVM::LLVMFunctionType::get(i32, params));
+    Block *entry = fn.addEntryBlock(b);
+    failure = b.createBlock(&fn.getBody(), {}, {i32}, {loc});
+    LLVM::ReturnOp::create(b, loc, failure->getArgument(0));
+    b.setInsertionPointToEnd(entry);
+    return fn;
+  }
+  /// Pointer `i` of the array of pointers `array`.
+  Value pointerAt(Value array, int64_t i) {
+    Value slot = LLVM::GEPOp::create(b, loc, ptr, ptr, array,
+                                     ArrayRef<LLVM::GEPArg>{int32_t(i)});
+    return LLVM::LoadOp::create(b, loc, ptr, slot);
+  }
   /// Returns `status` from the function if it is nonzero.
   void check(Value status) {
     Block *current = b.getInsertionBlock();

@@ -530,14 +530,6 @@ static Value pointerArray(HostBuilder &h, ArrayRef<Value> values) {
   return array;
 }
 
-/// Pointer `i` of the array `argv`.
-static Value pointerAt(HostBuilder &h, Value argv, int64_t i) {
-  return LLVM::LoadOp::create(
-      h.b, h.loc, h.ptr,
-      LLVM::GEPOp::create(h.b, h.loc, h.ptr, h.ptr, argv,
-                          ArrayRef<LLVM::GEPArg>{int32_t(i)}));
-}
-
 /// Checks a training call's arguments (`kinds` as moert_check_call takes
 /// them, within `limit` tokens) and `saved`, and sets the token count in
 /// the workspace for `plan`.
@@ -582,22 +574,22 @@ static void addTrainingEntries(ModuleOp host, const GpuLayer &layer,
   TrainingAttr training = interface.getTraining();
   OpBuilder b = OpBuilder::atBlockEnd(host.getBody());
   HostBuilder h(b, host.getLoc());
-  auto addEntry = [&](StringRef symbol, ArrayRef<Type> params) {
-    b.setInsertionPointToEnd(host.getBody());
-    auto fn = LLVM::LLVMFuncOp::create(
-        b, h.loc, symbol, LLVM::LLVMFunctionType::get(h.i32, params));
-    Block *entry = fn.addEntryBlock(b);
-    h.failure = b.createBlock(&fn.getBody(), {}, {h.i32}, {h.loc});
-    LLVM::ReturnOp::create(b, h.loc, h.failure->getArgument(0));
-    b.setInsertionPointToEnd(entry);
-    return fn;
+  // Launches a plan on the call's pointers and returns its status.
+  auto enqueue = [&](LLVM::LLVMFuncOp fn, ArrayRef<Value> pointers,
+                     Value tokens, Value stream, Value ws) {
+    LLVM::ReturnOp::create(
+        b, h.loc,
+        LLVM::CallOp::create(
+            b, h.loc, fn,
+            ValueRange{pointerArray(h, pointers), tokens, stream, ws})
+            .getResult());
   };
   SmallVector<ArgumentAttr> args = interface.getArgList();
   std::string kinds = argumentKinds(interface);
   kinds.pop_back();
 
-  auto forward = addEntry(interface.getSymbol("forward_train"),
-                          {h.ptr, h.i64, h.ptr, h.ptr, h.ptr});
+  auto forward = h.statusFunction(host, interface.getSymbol("forward_train"),
+                                  {h.ptr, h.i64, h.ptr, h.ptr, h.ptr});
   Value argv = forward.getArgument(0), tokens = forward.getArgument(1);
   Value stream = forward.getArgument(2), ws = forward.getArgument(3);
   Value saved = forward.getArgument(4);
@@ -605,18 +597,13 @@ static void addTrainingEntries(ModuleOp host, const GpuLayer &layer,
                     tokens, saved, stream, ws);
   SmallVector<Value> pointers;
   for (size_t i = 0; i < args.size(); ++i)
-    pointers.push_back(pointerAt(h, argv, i));
+    pointers.push_back(h.pointerAt(argv, i));
   llvm::append_range(pointers, savedSlices(h, training, saved, tokens));
-  LLVM::ReturnOp::create(
-      b, h.loc,
-      LLVM::CallOp::create(
-          b, h.loc, enqueueTrain,
-          ValueRange{pointerArray(h, pointers), tokens, stream, ws})
-          .getResult());
+  enqueue(enqueueTrain, pointers, tokens, stream, ws);
 
-  auto backward =
-      addEntry(interface.getSymbol("backward"),
-               {h.ptr, h.i64, h.ptr, h.ptr, h.ptr, h.i32, h.ptr, h.ptr});
+  auto backward = h.statusFunction(
+      host, interface.getSymbol("backward"),
+      {h.ptr, h.i64, h.ptr, h.ptr, h.ptr, h.i32, h.ptr, h.ptr});
   argv = backward.getArgument(0), tokens = backward.getArgument(1);
   Value outputGrad = backward.getArgument(2);
   saved = backward.getArgument(3);
@@ -642,17 +629,12 @@ static void addTrainingEntries(ModuleOp host, const GpuLayer &layer,
   pointers.clear();
   for (auto [i, arg] : llvm::enumerate(args))
     if (!arg.getOutput())
-      pointers.push_back(pointerAt(h, argv, i));
+      pointers.push_back(h.pointerAt(argv, i));
   pointers.push_back(outputGrad);
   llvm::append_range(pointers, savedSlices(h, training, saved, tokens));
   for (int64_t i = 0; i < numGrads; ++i)
-    pointers.push_back(pointerAt(h, grads, i));
-  LLVM::ReturnOp::create(
-      b, h.loc,
-      LLVM::CallOp::create(
-          b, h.loc, enqueueBackward,
-          ValueRange{pointerArray(h, pointers), tokens, stream, ws})
-          .getResult());
+    pointers.push_back(h.pointerAt(grads, i));
+  enqueue(enqueueBackward, pointers, tokens, stream, ws);
 }
 
 LogicalResult host::addLaunchEntryPoints(ModuleOp host, ModuleOp module,

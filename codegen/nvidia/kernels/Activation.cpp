@@ -75,12 +75,8 @@ struct RowGrad {
           return {e.add(acc[0], e.mul(gr, a))};
         },
         e.index(32))[0];
-    for (int64_t offset = 16; offset > 0; offset /= 2)
-      partial =
-          e.add(partial, gpu::ShuffleOp::create(e.b, e.loc, partial, offset, 32,
-                                                gpu::ShuffleMode::XOR)
-                             .getShuffleResult());
-    return partial;
+    return warpButterfly(e, partial,
+                         [&](Value x, Value y) { return e.add(x, y); });
   }
 };
 } // namespace

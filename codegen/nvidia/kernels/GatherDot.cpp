@@ -46,11 +46,8 @@ LogicalResult nvidia::buildGatherDot(LayerKernels &layer, GatherDotOp op) {
                           e.mul(e.load(values, {ri, c}), e.load(x, {t, c})))};
           },
           e.index(32))[0];
-      for (int64_t offset = 16; offset > 0; offset /= 2)
-        partial =
-            e.add(partial, gpu::ShuffleOp::create(e.b, e.loc, partial, offset,
-                                                  32, gpu::ShuffleMode::XOR)
-                               .getShuffleResult());
+      partial = warpButterfly(e, partial,
+                              [&](Value x, Value y) { return e.add(x, y); });
       e.ifThen(e.eq(lane, e.index(0)), [&] {
         e.storeRaw(e.select(valid, partial, e.f32(0.0)), out, {t, j});
       });

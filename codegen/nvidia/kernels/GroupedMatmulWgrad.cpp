@@ -33,13 +33,6 @@ static constexpr int64_t kMaxStages = 4;
 static constexpr int64_t kConsumers = Layout::kWarpGroups * 128;
 static constexpr int64_t kZeroedBarrier = 1;
 
-/// The rows of `info` for a call: its dynamic count, or its static size.
-static TokenLinear rowsOf(const TensorInfo &info) {
-  if (info.type.isDynamicDim(0))
-    return info.rows;
-  return {info.type.getDimSize(0), 0};
-}
-
 static LogicalResult checkWgrad(GroupedMatmulWgradOp op) {
   Value lhs = op.getLhs();
   if (!lhs || cast<RankedTensorType>(lhs.getType()).getRank() != 2)
@@ -147,10 +140,10 @@ LogicalResult nvidia::buildGroupedMatmulWgrad(LayerKernels &layer,
   int64_t nTiles = llvm::divideCeil(kDim, l.tileN);
   TensorInfo out = layer.define(op.getOut(), {});
   unsigned mapA =
-      layer.plan.addTensorMap(grad.buffer, 2, rowsOf(grad), n,
+      layer.plan.addTensorMap(grad.buffer, 2, grad.rowCount(), n,
                               Layout::kSlabRows, Layout::kChunkColumns);
   unsigned mapB =
-      layer.plan.addTensorMap(lhs.buffer, 2, rowsOf(lhs), kDim,
+      layer.plan.addTensorMap(lhs.buffer, 2, lhs.rowCount(), kDim,
                               Layout::kSlabRows, Layout::kChunkColumns);
   SmallVector<unsigned> bufferIndices = {out.buffer};
   TensorInfo countsInfo{}, offsetsInfo{};
@@ -196,7 +189,7 @@ LogicalResult nvidia::buildGroupedMatmulWgrad(LayerKernels &layer,
                           : e.divUI(within, e.index(nTiles));
   Value nTile = sweepRows ? e.divUI(within, e.index(mTiles))
                           : e.remUI(within, e.index(nTiles));
-  Value rowStart = e.index(0), rowCount = k.linear(rowsOf(grad));
+  Value rowStart = e.index(0), rowCount = k.linear(grad.rowCount());
   if (grouped) {
     rowStart = e.toIndex(e.loadRaw(offsets, {expert}));
     rowCount = e.toIndex(e.loadRaw(counts, {expert}));

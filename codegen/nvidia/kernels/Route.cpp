@@ -106,13 +106,9 @@ Value warpFold(Emitter &e, Value lane, int64_t experts, Value init,
         return {isMax ? e.maxf(acc[0], t) : e.add(acc[0], t)};
       },
       e.index(32))[0];
-  for (int64_t offset = 16; offset > 0; offset /= 2) {
-    Value other =
-        gpu::ShuffleOp::create(e.b, e.loc, v, offset, 32, gpu::ShuffleMode::XOR)
-            .getShuffleResult();
-    v = isMax ? e.maxf(v, other) : e.add(v, other);
-  }
-  return v;
+  return warpButterfly(e, v, [&](Value x, Value y) {
+    return isMax ? e.maxf(x, y) : e.add(x, y);
+  });
 }
 
 /// The pieces both route forms share.
@@ -170,12 +166,8 @@ struct Router {
       for (int64_t u = 0; u < unroll; ++u) {
         Value partial = vector::ReductionOp::create(
             e.b, e.loc, vector::CombiningKind::ADD, lanes[p * unroll + u]);
-        for (int offset = 16; offset > 0; offset /= 2) {
-          Value other = gpu::ShuffleOp::create(e.b, e.loc, partial, offset, 32,
-                                               gpu::ShuffleMode::XOR)
-                            .getShuffleResult();
-          partial = e.add(partial, other);
-        }
+        partial = warpButterfly(e, partial,
+                                [&](Value x, Value y) { return e.add(x, y); });
         e.ifThen(e.eq(lane, e.index(0)), [&] { emit(p, xs[u], partial); });
       }
   }

@@ -126,12 +126,6 @@ int64_t dimOf(Value v, unsigned d) {
   return cast<RankedTensorType>(v.getType()).getDimSize(d);
 }
 
-/// The rows of `info` for a call: its dynamic count, or its static size.
-TokenLinear rowsOf(const TensorInfo &info) {
-  if (info.type.isDynamicDim(0))
-    return info.rows;
-  return {info.type.getDimSize(0), 0};
-}
 } // namespace
 
 bool nvidia::takesSimtMatmul(Operation *op) {
@@ -194,7 +188,7 @@ static LogicalResult buildRowSums(LayerKernels &layer,
   Value tid = k.threadId();
   Value warp = e.divUI(tid, e.index(32)), lane = e.remUI(tid, e.index(32));
   Value col = e.iadd(e.imul(e.remUI(id, e.index(chunks)), 32), lane);
-  Value first = e.index(0), count = k.linear(rowsOf(grad));
+  Value first = e.index(0), count = k.linear(grad.rowCount());
   if (grouped) {
     first = e.toIndex(e.loadRaw(view(op.getExpertOffsets()), {x}));
     count = e.toIndex(e.loadRaw(view(op.getTokensPerExpert()), {x}));
@@ -237,7 +231,7 @@ static LogicalResult buildBiasDot(LayerKernels &layer,
   bool grouped = static_cast<bool>(op.getTokensPerExpert());
   int64_t experts = grouped ? dimOf(op.getTokensPerExpert(), 0) : 1;
   TensorInfo grad = layer.info(op.getOutGrad());
-  TokenLinear rowCount = rowsOf(grad);
+  TokenLinear rowCount = grad.rowCount();
   layer.define(op.getBiasDot(), grad.rows);
   SmallVector<Value> buffers = {op.getOutGrad(), op.getBias(), op.getBiasDot()};
   if (grouped)
@@ -270,11 +264,8 @@ static LogicalResult buildBiasDot(LayerKernels &layer,
               e.add(acc[0], e.mul(e.load(dy, {r, c}), e.load(bias, index)))};
         },
         e.index(32))[0];
-    for (int64_t offset = 16; offset > 0; offset /= 2)
-      partial =
-          e.add(partial, gpu::ShuffleOp::create(e.b, e.loc, partial, offset, 32,
-                                                gpu::ShuffleMode::XOR)
-                             .getShuffleResult());
+    partial = warpButterfly(e, partial,
+                            [&](Value x, Value y) { return e.add(x, y); });
     if (inside)
       partial = e.select(inside, partial, e.f32(0.0));
     e.ifThen(e.eq(lane, e.index(0)), [&] {
@@ -346,7 +337,7 @@ LogicalResult nvidia::buildSimtWgrad(LayerKernels &layer,
   Emitter &e = k.e;
   // Block x: row tile x % mTiles of split x / mTiles, whose tokens are a
   // whole number of kStep each, the last split's to the end.
-  Value count = k.linear(rowsOf(grad));
+  Value count = k.linear(grad.rowCount());
   Value split = e.divUI(k.blockId(gpu::Dimension::x), e.index(mTiles));
   Value per = e.imul(e.divUI(e.iadd(count, e.index(splits * kStep - 1)),
                              e.index(splits * kStep)),
@@ -379,7 +370,7 @@ LogicalResult nvidia::buildSimtDgrad(LayerKernels &layer,
               "otherwise (moe-legalize)";
   TensorInfo grad = layer.info(op.getOutGrad());
   TensorInfo weights = layer.info(op.getRhs());
-  TokenLinear rowCount = rowsOf(grad);
+  TokenLinear rowCount = grad.rowCount();
   TensorInfo out = layer.define(op.getOut(), grad.rows);
   SmallVector<Value> buffers = {op.getOutGrad(), op.getRhs(), op.getOut()};
   if (op.getAcc())

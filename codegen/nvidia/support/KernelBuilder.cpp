@@ -263,6 +263,15 @@ Value nvidia::loadF32Vector(Emitter &e, Value buffer, ValueRange index,
                                VectorType::get({width}, e.b.getF32Type()), v);
 }
 
+Value nvidia::warpButterfly(Emitter &e, Value v,
+                            function_ref<Value(Value, Value)> combine) {
+  for (int64_t offset = 16; offset > 0; offset /= 2)
+    v = combine(v, gpu::ShuffleOp::create(e.b, e.loc, v, offset, 32,
+                                          gpu::ShuffleMode::XOR)
+                       .getShuffleResult());
+  return v;
+}
+
 void nvidia::reduceBlockStats(Emitter &e, Value &amax, Value &special,
                               int64_t lanes) {
   for (int64_t offset = 1; offset < lanes; offset *= 2) {

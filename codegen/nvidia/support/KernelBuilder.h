@@ -37,6 +37,11 @@ struct TensorInfo {
   unsigned buffer;
   MemRefType type;  // Row-major; FP8 codes as i8.
   TokenLinear rows; // The leading dimension, when it is dynamic.
+
+  /// The rows for a call: the dynamic count, or the static size.
+  TokenLinear rowCount() const {
+    return type.isDynamicDim(0) ? rows : TokenLinear{type.getDimSize(0), 0};
+  }
 };
 
 /// An empty kernel `name` at the end of `module` taking `args` (addresses,
@@ -168,6 +173,12 @@ inline int64_t vectorWidth(int64_t rowElements) {
 
 /// `width` consecutive elements of `buffer` at `index`, as f32.
 Value loadF32Vector(Emitter &e, Value buffer, ValueRange index, int64_t width);
+
+/// `v` combined across the 32 lanes of a warp by an xor butterfly
+/// (offsets 16 down to 1), each step combine(v, the partner's v); every
+/// lane gets the result. Every lane of the warp must execute it.
+Value warpButterfly(Emitter &e, Value v,
+                    function_ref<Value(Value, Value)> combine);
 
 /// Combines a quantization block's statistics (amax, special; see
 /// common::blockStats) across groups of `lanes` consecutive lanes of a warp
