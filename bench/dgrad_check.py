@@ -1,6 +1,8 @@
 """The backward's input-gradient matmul (moe.grouped_matmul_dgrad) on the
 GPU: checked against float64 and timed beside torch._grouped_mm on the same
-operands, and the weight transpose it takes on sm_90a timed alone.
+operands. sm_90a reads the weights as they lie (the grouped matmul's
+transpose_rhs); weights whose rows are not whole 16-byte units take a
+transposed copy first (moe.transpose), timed alone here.
 
   python3 -m bench.dgrad_check prepare DIR
         on the build machine: one function per shape holding one bf16
@@ -17,7 +19,9 @@ Two shapes are also compiled with an f32 result.
 The shapes are the dgrads of the training peers' layers (bench/train_peer.py)
 at 4096 tokens (16384 for Mixtral): each layer's down (dY times w2) and
 gate/up (dH times w13) dgrad, rows spread evenly over the experts; and an
-odd shape (experts of 50, 0 and 77 rows, K 40, N 72) for compute-sanitizer.
+odd shape (experts of 50, 0 and 77 rows, K 40, N 72: the contraction ends
+inside a 64-row box) for compute-sanitizer, and one with N 100 (the
+transposed copy).
 """
 import json
 import os
@@ -38,13 +42,14 @@ SHAPES = {
     "gpt_oss_shard_down": (32, 512, 2880, 2880),
     "gpt_oss_shard_up": (32, 512, 5760, 2880),
     "odd": (3, -1, 72, 40),
+    "odd_copy": (3, -1, 100, 40),
 }
 ODD_COUNTS = [50, 0, 77]
 
 
 # Shapes also compiled with an f32 result (a backward whose input gradient
 # sums several parts takes them in f32).
-F32_SHAPES = ("qwen3_up", "odd")
+F32_SHAPES = ("qwen3_up", "odd", "odd_copy")
 
 
 def function(name, e, n, k, out_type="bf16"):
@@ -141,21 +146,21 @@ def run(lib_dir, only=None):
             if m > 0:
                 us32 = bench(lambda: layer32.forward(*args32), 20)
                 emit(what="time", shape=shape,
-                     kernel="transpose + matmul, f32 out", us=us32,
+                     kernel="matmul, f32 out", us=us32,
                      tflops=2.0 * rows * n * k / us32 / 1e6)
         if m < 0:
             continue
         flops = 2.0 * rows * n * k
         iters = 10 if m >= 1024 else 20
         us = bench(lambda: layer.forward(*args), iters)
-        emit(what="time", shape=shape, kernel="transpose + matmul", us=us,
+        emit(what="time", shape=shape, kernel="matmul", us=us,
              tflops=flops / us / 1e6)
         t = Layer(os.path.join(lib_dir, f"libtranspose_{shape}.so"))
         wt = torch.empty(e, k, n, dtype=torch.bfloat16, device=dev)
         us_t = bench(lambda: t.forward(w, wt), iters)
         ok_t = torch.equal(wt, w.transpose(1, 2))
         failed |= not ok_t
-        emit(what="time", shape=shape, kernel="transpose", us=us_t,
+        emit(what="time", shape=shape, kernel="transpose (the copy)", us=us_t,
              tbps=2 * w.numel() * 2 / us_t / 1e6, ok=ok_t)
         ends = offsets[1:]
         us_p = bench(lambda: torch._grouped_mm(dy, w, offs=ends), iters)

@@ -97,8 +97,8 @@ struct MatmulShape {
     auto rhs = cast<RankedTensorType>(op.getRhs().getType());
     grouped = static_cast<bool>(op.getTokensPerExpert());
     experts = grouped ? rhs.getDimSize(0) : 1;
-    n = rhs.getDimSize(rhs.getRank() - 2);
-    k = rhs.getDimSize(rhs.getRank() - 1);
+    n = op.getN();
+    k = op.getK();
     if (QuantAttr scheme = op.getScheme()) {
       elementBytes = 1;
       scaleK = scheme.getBlockSize();
@@ -407,7 +407,9 @@ MatmulConfigAttr ConfigureMatmulsPass::chooseFor(GroupedMatmulOp op,
               pins.clusterN || pins.multicast ||
               pins.epilogue == MatmulEpilogue::Shared ||
               pins.persistent.value_or(false);
-  if (pins.swapAB.value_or(!wide && tokens > 0 && tokens <= kSwapTokens))
+  // Weights read transposed take the wide tile alone.
+  if (pins.swapAB.value_or(!wide && !op.getTransposeRhs() && tokens > 0 &&
+                           tokens <= kSwapTokens))
     return chooseDecodeTile(op, shape, tokens, stamp);
   int64_t tileM = pins.tileM.value_or(kTileM);
   int64_t tileN = pins.tileN.value_or(kTileN);

@@ -5,11 +5,11 @@
 // that (H 100 in bf16, I 40 in FP8), both operands get zero columns up to
 // the next multiple; a remark says what that copies per call.
 //
-// The kernel reads its weights K-major. A backward's dgrad (bf16 rows
-// times bf16 weights read along N, into bf16) becomes that matmul on the
-// weights transposed (moe.transpose), a copy of the weights per call, until
-// the kernel reads a transposed operand itself; one with a bias keeps only
-// its bias_dot.
+// A backward's dgrad (bf16 rows times bf16 weights read along N) becomes
+// the grouped matmul reading the weights as they lie (transpose_rhs), or,
+// where their rows are not whole 16-byte units for TMA, the matmul on a
+// transposed copy (moe.transpose, then padded as above); one with a bias
+// keeps only its bias_dot.
 //
 //===----------------------------------------------------------------------===//
 
@@ -40,10 +40,9 @@ static int64_t bytesOf(RankedTensorType type) {
   return n;
 }
 
-/// `op` as a grouped matmul on its weights transposed, where it is one:
-/// bf16 operands, a bf16 or f32 result, no `acc`. With a `bias`, the op
-/// stays for its bias_dot alone (its `out` unused), which sm_90a computes
-/// on CUDA cores.
+/// `op` as a grouped matmul, where it is one: bf16 operands, a bf16 or f32
+/// result, no `acc`. With a `bias`, the op stays for its bias_dot alone
+/// (its `out` unused), which sm_90a computes on CUDA cores.
 static void dgradAsMatmul(GroupedMatmulDgradOp op) {
   auto type = [](Value v) { return cast<RankedTensorType>(v.getType()); };
   if (op.getAcc() || op.getOut().use_empty() ||
@@ -52,14 +51,22 @@ static void dgradAsMatmul(GroupedMatmulDgradOp op) {
     return;
   OpBuilder b(op);
   RankedTensorType rhs = type(op.getRhs());
-  SmallVector<int64_t> shape(rhs.getShape());
-  std::swap(shape[shape.size() - 1], shape[shape.size() - 2]);
-  Value weights =
-      TransposeOp::create(b, op.getLoc(), rhs.clone(shape), op.getRhs());
+  ArrayRef<int64_t> dims = rhs.getShape();
+  // TMA rows of both weight dimensions (K and N of the matmul) in whole
+  // 16-byte units: read the weights as they lie.
+  bool direct =
+      dims[dims.size() - 1] % 8 == 0 && dims[dims.size() - 2] % 8 == 0;
+  Value weights = op.getRhs();
+  if (!direct) {
+    SmallVector<int64_t> shape(dims);
+    std::swap(shape[shape.size() - 1], shape[shape.size() - 2]);
+    weights = TransposeOp::create(b, op.getLoc(), rhs.clone(shape), weights);
+  }
   auto matmul = GroupedMatmulOp::create(
       b, op.getLoc(), op.getOut().getType(), Type(), op.getOutGrad(), weights,
       op.getTokensPerExpert(), op.getExpertOffsets(), Value(), Value(), Value(),
       ActivationAttr(), QuantAttr(), ArrayAttr());
+  matmul.setTransposeRhs(direct);
   op.getOut().replaceAllUsesWith(matmul.getOut());
   if (!op.getBias())
     op.erase();
@@ -74,6 +81,8 @@ struct LegalizePass : public moe::impl::LegalizeBase<LegalizePass> {
     for (GroupedMatmulDgradOp op : dgrads)
       dgradAsMatmul(op);
     getOperation()->walk([&](GroupedMatmulOp op) {
+      if (op.getTransposeRhs())
+        return;
       auto lhsType = cast<RankedTensorType>(op.getLhs().getType());
       auto rhsType = cast<RankedTensorType>(op.getRhs().getType());
       int64_t k = lhsType.getShape().back();

@@ -327,8 +327,8 @@ LogicalResult FunctionLowering::lowerMatmul(GroupedMatmulOp op) {
   Value bias = op.getBias() ? buffer(op.getBias()) : Value();
   bool grouped = static_cast<bool>(op.getTokensPerExpert());
   auto rhsType = cast<MemRefType>(rhs.getType());
-  int64_t n = rhsType.getDimSize(rhsType.getRank() - 2);
-  int64_t k = rhsType.getDimSize(rhsType.getRank() - 1);
+  int64_t n = op.getN(), k = op.getK();
+  bool transposed = op.getTransposeRhs();
   ActivationAttr activation = op.getActivationAttr();
   int64_t outN = activation ? n / 2 : n;
   Value rowCount = e.dim(lhs, 0);
@@ -346,6 +346,16 @@ LogicalResult FunctionLowering::lowerMatmul(GroupedMatmulOp op) {
     kBlock = op.getScheme().getBlockSize();
   }
   auto dot = [&](Value r, ArrayRef<Value> rhsPrefix) -> Value {
+    if (transposed) {
+      // rhs [.., K, N]: column c of the result is rhs's column c.
+      return e.reduce(e.index(0), e.index(k), {e.f32(0.0)},
+                      [&](Value kk, ValueRange acc) -> SmallVector<Value> {
+                        SmallVector<Value> rhsIndex(rhsPrefix.drop_back());
+                        rhsIndex.append({kk, rhsPrefix.back()});
+                        return {e.add(acc[0], e.mul(e.load(lhs, {r, kk}),
+                                                    e.load(rhs, rhsIndex)))};
+                      })[0];
+    }
     if (!lhsScale)
       return e.dot(lhs, r, rhs, rhsPrefix, k);
     SmallVector<Value> scalePrefix(rhsPrefix);

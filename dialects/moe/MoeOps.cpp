@@ -103,6 +103,16 @@ QuantAttr GroupedMatmulOp::getScheme() {
                         ScaleRounding::Floor);
 }
 
+int64_t GroupedMatmulOp::getN() {
+  auto rhs = cast<RankedTensorType>(getRhs().getType());
+  return rhs.getDimSize(rhs.getRank() - (getTransposeRhs() ? 1 : 2));
+}
+
+int64_t GroupedMatmulOp::getK() {
+  auto rhs = cast<RankedTensorType>(getRhs().getType());
+  return rhs.getDimSize(rhs.getRank() - (getTransposeRhs() ? 2 : 1));
+}
+
 MatmulConfigAttr GroupedMatmulOp::getConfigFor(int64_t tokens) {
   if (ArrayAttr configs = getConfigsAttr())
     for (auto config : configs.getAsRange<MatmulConfigAttr>())
@@ -658,11 +668,19 @@ LogicalResult GroupedMatmulOp::verify() {
     return failure();
   int64_t rows = shapeOf(getLhs())[0], k = shapeOf(getLhs())[1];
 
+  // [.., N, K], or [.., K, N] read transposed.
+  bool transposed = getTransposeRhs();
+  SmallVector<Dim> nk = {size(kAny, "N"), size(k, "K")};
+  if (transposed)
+    std::swap(nk[0], nk[1]);
+  if (transposed && (getLhsScale() || getBias() || getActivation() ||
+                     getOutQuant() || !elementTypeOf(getLhs()).isBF16()))
+    return emitOpError() << "transpose_rhs takes bf16 operands without a "
+                            "bias, activation or quantized result";
   int64_t experts = 0;
   if (grouped) {
-    if (failed(
-            checkShape(op, "rhs", getRhs(),
-                       {size(kAny, "experts"), size(kAny, "N"), size(k, "K")})))
+    if (failed(checkShape(op, "rhs", getRhs(),
+                          {size(kAny, "experts"), nk[0], nk[1]})))
       return failure();
     experts = shapeOf(getRhs())[0];
     if (failed(checkShape(op, "tokens_per_expert", getTokensPerExpert(),
@@ -670,11 +688,10 @@ LogicalResult GroupedMatmulOp::verify() {
         failed(checkShape(op, "expert_offsets", getExpertOffsets(),
                           {size(experts + 1, "experts + 1")})))
       return failure();
-  } else if (failed(checkShape(op, "rhs", getRhs(),
-                               {size(kAny, "N"), size(k, "K")}))) {
+  } else if (failed(checkShape(op, "rhs", getRhs(), {nk[0], nk[1]}))) {
     return failure();
   }
-  int64_t n = shapeOf(getRhs())[grouped ? 1 : 0];
+  int64_t n = getN();
 
   Type lhsType = elementTypeOf(getLhs()), rhsType = elementTypeOf(getRhs());
   if (lhsType != rhsType)

@@ -281,6 +281,9 @@ def Moe_GroupedMatmulOp : Moe_Op<"grouped_matmul",
     `scales(lhs_scale, rhs_scale)` laid out as `moe.quantize` gives them.
     `configs`, set by moe-configure-matmuls, holds the kernel's
     `#moe.matmul_config` for each plan (any token count, then each bucket).
+    With `transpose_rhs`, `rhs` is stored [E, K, N] (or [K, N]), the weights
+    of the matmul a dgrad differentiates, and is read along N as it lies:
+    bf16 operands, no bias, activation or quantized result.
   }];
   let arguments = (ins
     Moe_MatmulInput:$lhs,
@@ -293,7 +296,8 @@ def Moe_GroupedMatmulOp : Moe_Op<"grouped_matmul",
     OptionalAttr<Moe_ActivationAttr>:$activation,
     OptionalAttr<Moe_QuantAttr>:$out_quant,
     OptionalAttr<TypedArrayAttrBase<Moe_MatmulConfigAttr,
-                                    "kernel configurations">>:$configs
+                                    "kernel configurations">>:$configs,
+    UnitAttr:$transpose_rhs
   );
   let results = (outs Moe_MatmulOutput:$out, Optional<Moe_Scales>:$out_scale);
   let assemblyFormat = [{
@@ -310,6 +314,10 @@ def Moe_GroupedMatmulOp : Moe_Op<"grouped_matmul",
     /// The configuration for calls of at most `tokens` tokens (0: any), or
     /// null when moe-configure-matmuls has not chosen one.
     ::mlir::moe::MatmulConfigAttr getConfigFor(int64_t tokens);
+    /// N (the result's columns before an activation) and K, wherever
+    /// `transpose_rhs` puts them in `rhs`.
+    int64_t getN();
+    int64_t getK();
   }];
   let hasVerifier = 1;
 }

@@ -184,6 +184,22 @@ func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x32xbf16>, %c: tensor<4xi32>,
 
 // -----
 
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x64xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>) {
+  // expected-error @+1 {{rhs dimension 1 (K) must be 64, but is 32}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) {transpose_rhs} : (tensor<?x64xbf16>, tensor<4x32x64xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<?x64xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x64x32xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>, %bias: tensor<4x32xbf16>) {
+  // expected-error @+1 {{transpose_rhs takes bf16 operands without a bias, activation or quantized result}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) bias %bias {transpose_rhs} : (tensor<?x64xbf16>, tensor<4x64x32xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<4x32xbf16>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
 func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x64xbf16>, %c: tensor<3xi32>, %o: tensor<5xi32>) {
   // expected-error @+1 {{tokens_per_expert dimension 0 (experts) must be 4, but is 3}}
   %y = moe.grouped_matmul %a, %b groups(%c, %o) : (tensor<?x64xbf16>, tensor<4x32x64xbf16>, tensor<3xi32>, tensor<5xi32>) -> tensor<?x32xbf16>

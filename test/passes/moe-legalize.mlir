@@ -47,15 +47,14 @@ func.func @fine(%x: tensor<?x64xbf16>, %rw: tensor<4x64xbf16>, %w13: tensor<4x12
 
 // -----
 
-// A dgrad of bf16 operands becomes the matmul on its weights transposed
-// (the kernel reads weights K-major), with a bf16 or an f32 result; one
-// with an f32 accumulator stays as it is.
+// A dgrad of bf16 operands becomes the matmul reading its weights as they
+// lie (transpose_rhs), with a bf16 or an f32 result; one with an f32
+// accumulator stays as it is.
 // CHECK-LABEL: func @dgrad
-// CHECK: %[[WT:.*]] = moe.transpose %arg1 : tensor<4x64x32xbf16> -> tensor<4x32x64xbf16>
-// CHECK: moe.grouped_matmul %arg0, %[[WT]] groups(%arg2, %arg3) : {{.*}} -> tensor<?x32xbf16>
+// CHECK-NOT: moe.transpose
+// CHECK: moe.grouped_matmul %arg0, %arg1 groups(%arg2, %arg3) {transpose_rhs} : {{.*}} -> tensor<?x32xbf16>
 // CHECK: moe.grouped_matmul_dgrad %arg0, %arg1 groups(%arg2, %arg3) acc
-// CHECK: %[[WT2:.*]] = moe.transpose %arg1 : tensor<4x64x32xbf16> -> tensor<4x32x64xbf16>
-// CHECK: moe.grouped_matmul %arg0, %[[WT2]] groups(%arg2, %arg3) : {{.*}} -> tensor<?x32xf32>
+// CHECK: moe.grouped_matmul %arg0, %arg1 groups(%arg2, %arg3) {transpose_rhs} : {{.*}} -> tensor<?x32xf32>
 func.func @dgrad(%dy: tensor<?x64xbf16>, %w: tensor<4x64x32xbf16>, %counts: tensor<4xi32>, %offsets: tensor<5xi32>, %acc: tensor<?x32xf32>) -> (tensor<?x32xbf16>, tensor<?x32xf32>, tensor<?x32xf32>) {
   %0 = moe.grouped_matmul_dgrad %dy, %w groups(%counts, %offsets) : (tensor<?x64xbf16>, tensor<4x64x32xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<?x32xbf16>
   %1 = moe.grouped_matmul_dgrad %dy, %w groups(%counts, %offsets) acc %acc : (tensor<?x64xbf16>, tensor<4x64x32xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x32xf32>) -> tensor<?x32xf32>
@@ -65,11 +64,25 @@ func.func @dgrad(%dy: tensor<?x64xbf16>, %w: tensor<4x64x32xbf16>, %counts: tens
 
 // -----
 
-// A dgrad with the forward's bias: its rows go to the matmul on the
-// transposed weights, and the op stays for its bias_dot alone.
+// Weights whose rows TMA cannot read in whole 16-byte units (H = 100): the
+// matmul takes a transposed copy, padded like any other K.
+// CHECK-LABEL: func @dgrad_hidden_100
+// CHECK: %[[WT:.*]] = moe.transpose %arg1 : tensor<4x100x32xbf16> -> tensor<4x32x100xbf16>
+// CHECK: %[[X:.*]] = moe.pad %arg0 : tensor<?x100xbf16> -> tensor<?x104xbf16>
+// CHECK: %[[W:.*]] = moe.pad %[[WT]] : tensor<4x32x100xbf16> -> tensor<4x32x104xbf16>
+// CHECK: moe.grouped_matmul %[[X]], %[[W]] groups(%arg2, %arg3) : {{.*}} -> tensor<?x32xbf16>
+func.func @dgrad_hidden_100(%dy: tensor<?x100xbf16>, %w: tensor<4x100x32xbf16>, %counts: tensor<4xi32>, %offsets: tensor<5xi32>) -> tensor<?x32xbf16> {
+  // expected-remark @below {{K = 100 padded with zeros to 104}}
+  %0 = moe.grouped_matmul_dgrad %dy, %w groups(%counts, %offsets) : (tensor<?x100xbf16>, tensor<4x100x32xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<?x32xbf16>
+  return %0 : tensor<?x32xbf16>
+}
+
+// -----
+
+// A dgrad with the forward's bias: its rows go to the matmul, and the op
+// stays for its bias_dot alone.
 // CHECK-LABEL: func @dgrad_bias
-// CHECK: %[[WT:.*]] = moe.transpose %arg1 : tensor<4x64x32xbf16> -> tensor<4x32x64xbf16>
-// CHECK: %[[ROWS:.*]] = moe.grouped_matmul %arg0, %[[WT]] groups(%arg2, %arg3) : {{.*}} -> tensor<?x32xbf16>
+// CHECK: %[[ROWS:.*]] = moe.grouped_matmul %arg0, %arg1 groups(%arg2, %arg3) {transpose_rhs} : {{.*}} -> tensor<?x32xbf16>
 // CHECK: %{{.*}}, %[[DOT:.*]] = moe.grouped_matmul_dgrad %arg0, %arg1 groups(%arg2, %arg3) bias %arg4
 // CHECK: return %[[ROWS]], %[[DOT]]
 func.func @dgrad_bias(%dy: tensor<?x64xbf16>, %w: tensor<4x64x32xbf16>, %counts: tensor<4xi32>, %offsets: tensor<5xi32>, %bias: tensor<4x64xbf16>) -> (tensor<?x32xbf16>, tensor<?x1xf32>) {

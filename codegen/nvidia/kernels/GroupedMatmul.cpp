@@ -39,6 +39,10 @@ using namespace mlir::moe;
 using namespace mlir::moe::nvidia;
 
 static constexpr int64_t kSliceBytes = MatmulEncoding::kSliceBytes;
+// Weights read transposed: boxes of tileK rows x 64 columns (128 bytes, the
+// swizzle's span), kTransposedBoxBytes each.
+static constexpr int64_t kTransposedBoxColumns = 64;
+static constexpr int64_t kTransposedBoxBytes = 64 * kSliceBytes;
 // Named barriers: 1 joins the consumers (split-K), 2 + g consumer
 // warpgroup g (its epilogue buffer).
 static constexpr int64_t kEpilogueBarrier = 2;
@@ -144,6 +148,10 @@ static LogicalResult checkConfig(GroupedMatmulOp op, MatmulConfigAttr config,
     return op.emitOpError() << "has matmul_config " << field << " = " << value
                             << ", which the sm_90a kernel cannot honour: ";
   };
+  if (c.transposed && (c.swapAb || c.cluster > 1))
+    return refuse(c.swapAb ? "swap_ab" : "cluster_m", c.swapAb ? 1 : c.cluster)
+           << "weights read transposed (transpose_rhs) take the wide tile "
+              "of one block";
   if (c.swapAb)
     return checkSwapConfig(op, config, c);
   if (config.getTileM() != c.tileM)
@@ -226,8 +234,9 @@ FailureOr<MatmulConfig> nvidia::configureMatmul(GroupedMatmulOp op,
   c.stages = config.getStages();
   c.grouped = static_cast<bool>(op.getTokensPerExpert());
   c.experts = c.grouped ? rhsType.getDimSize(0) : 1;
-  c.n = rhsType.getDimSize(rhsType.getRank() - 2);
-  c.kDim = rhsType.getDimSize(rhsType.getRank() - 1);
+  c.n = op.getN();
+  c.kDim = op.getK();
+  c.transposed = op.getTransposeRhs();
   // Weight scales: one per 128 x 128 block (FP8 block-128) or per row and
   // K block (MXFP8, or block-128 weights quantized in 1 x 128 blocks).
   if (c.enc.fp8())
@@ -305,8 +314,13 @@ struct Wgmma {
         b, loc, LLVM::ZExtOp::create(b, loc, i64, low),
         LLVM::ShlOp::create(b, loc, high, k.constI64(32)));
   }
-  /// acc + A x B, or A x B alone when `accumulate` is false.
-  Value mma(Value acc, Value a, Value bDesc, bool accumulate = true) {
+  /// acc + A x B, or A x B alone when `accumulate` is false; B MN-major
+  /// where `bMNMajor`.
+  Value mma(Value acc, Value a, Value bDesc, bool accumulate = true,
+            bool bMNMajor = false) {
+    if (bMNMajor)
+      return wgmma(b, loc, fragment, acc, a, bDesc, enc.instN, enc.instK(),
+                   enc.type, accumulate, /*aMNMajor=*/false, /*bMNMajor=*/true);
     return wgmmaKMajor(b, loc, fragment, acc, a, bDesc, enc.instN, enc.instK(),
                        enc.type, accumulate);
   }
@@ -361,6 +375,7 @@ private:
   void emitQuantizedStore(ArrayRef<Value> finals);
 
   MemRefType tileType(int64_t rows);
+  SmallVector<int64_t> transposedBox();
   nvgpu::TensorMapDescriptorType mapType(int64_t rows);
   Value tile(Value slot, int64_t offset, int64_t rows);
   Value tile(Value slot, Value offset, int64_t rows);
@@ -427,7 +442,10 @@ void MatmulEmitter::emitViews(ArrayRef<Value> buffers,
   outScale = views.outScale;
   unsigned firstMap = indices.size();
   descA = k.tensorMap(firstMap, mapType(c.tileM));
-  descB = k.tensorMap(firstMap + 1, mapType(c.tileN / 2));
+  descB = k.tensorMap(firstMap + 1,
+                      c.transposed
+                          ? matmulMapType(ctx, b.getBF16Type(), transposedBox())
+                          : mapType(c.tileN / 2));
   partialView = c.splits > 1 ? k.view(indices.size() - 2, partials) : Value();
 }
 
@@ -647,10 +665,36 @@ void MatmulEmitter::issue(Value kt, Value slot) {
             slot, mask);
     return;
   }
+  if (c.transposed) {
+    // Weights [E, K, N]: the slice's tileK rows of K, each half's columns
+    // as 64-column boxes kChunkBytes apart (wgmma's MN-major chunks).
+    Value kRow = e.imul(kt, enc.tileK());
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t j = 0; j < c.tileN / 2 / kTransposedBoxColumns; ++j) {
+        SmallVector<Value> at = {
+            e.iadd(halfRows[h], e.index(j * kTransposedBoxColumns)), kRow};
+        if (c.grouped)
+          at.push_back(expertIdx);
+        tmaLoad(e,
+                ring->view(sharedType(transposedBox(), b.getBF16Type()), slot,
+                           e.index(bOffset + h * c.halfBytes() +
+                                   j * kTransposedBoxBytes)),
+                barriers, descB, at, slot);
+      }
+    return;
+  }
   tmaLoad(e, tile(slot, bOffset, c.tileN / 2), barriers, descB,
           ValueRange{col, bRow0}, slot);
   tmaLoad(e, tile(slot, bOffset + c.halfBytes(), c.tileN / 2), barriers, descB,
           ValueRange{col, bRow1}, slot);
+}
+
+SmallVector<int64_t> MatmulEmitter::transposedBox() {
+  // Grouped: [1 expert][tileK rows][64 columns].
+  SmallVector<int64_t> box = {enc.tileK(), kTransposedBoxColumns};
+  if (c.grouped)
+    box.insert(box.begin(), 1);
+  return box;
 }
 
 void MatmulEmitter::takeTurn() {
@@ -810,14 +854,20 @@ Value MatmulEmitter::multiply(Value acc, int64_t h, int64_t first, int64_t last,
   // A descriptor holds the address / 16 in its low word, in a field no
   // offset within the ring carries out of: step the low words (32-bit
   // adds) rather than the addresses.
-  Value bDesc0 = w->descriptor(LLVM::AddOp::create(
-      b, e.loc, bBase, k.constI64(h * c.halfBytes() + first * 32)));
+  // MN-major weights step 16 rows of 128 bytes a k16, their 64-column
+  // chunks kTransposedBoxBytes apart.
+  int64_t bStep = c.transposed ? enc.instK() * kSliceBytes : 32;
+  Value bAddress = LLVM::AddOp::create(
+      b, e.loc, bBase, k.constI64(h * c.halfBytes() + first * bStep));
+  Value bDesc0 = c.transposed ? swizzledDescriptor(b, e.loc, bAddress,
+                                                   kTransposedBoxBytes, 1024)
+                              : w->descriptor(bAddress);
   Value aDesc0 = w->descriptor(
       LLVM::AddOp::create(b, e.loc, aBase, k.constI64(first * 32)));
   for (int64_t kk = first; kk < last; ++kk) {
-    int64_t step = (kk - first) * 32 / 16;
-    acc = w->mma(acc, w->stepped(aDesc0, step), w->stepped(bDesc0, step),
-                 accumulate || kk != first);
+    acc = w->mma(acc, w->stepped(aDesc0, (kk - first) * 32 / 16),
+                 w->stepped(bDesc0, (kk - first) * bStep / 16),
+                 accumulate || kk != first, c.transposed);
   }
   return acc;
 }
@@ -1208,8 +1258,7 @@ LogicalResult MatmulEmitter::emit(ArrayRef<Value> buffers,
 
 LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
                                          GroupedMatmulOp op) {
-  auto rhsType = cast<RankedTensorType>(op.getRhs().getType());
-  int64_t kDim = rhsType.getDimSize(rhsType.getRank() - 1);
+  int64_t kDim = op.getK();
   int64_t elementBytes = op.getScheme() ? 1 : 2;
   // TMA reads rows whose length in bytes is a multiple of 16.
   if ((kDim * elementBytes) % 16 != 0)
@@ -1218,6 +1267,12 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
            << "): sm_90a loads the operands with TMA, whose rows must be a "
               "multiple of 16 bytes, so K must be a multiple of "
            << 16 / elementBytes;
+  if (op.getTransposeRhs() && op.getN() % 8 != 0)
+    return op.emitOpError()
+           << "has N = " << op.getN()
+           << " with transpose_rhs: sm_90a loads the weights' rows of N "
+              "columns with TMA, whose rows must be a multiple of 16 bytes, "
+              "so N must be a multiple of 8";
   // A copy: define() may grow the map it lives in.
   FailureOr<TensorInfo> source = layer.tmaSource(op, op.getLhs());
   if (failed(source))
@@ -1235,9 +1290,18 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
 
   unsigned mapA = layer.plan.addTensorMap(lhs.buffer, enc.elementBytes,
                                           lhs.rows, kDim, c.tileM, enc.tileK());
-  unsigned mapB = layer.plan.addTensorMap(
-      layer.info(op.getRhs()).buffer, enc.elementBytes, {c.experts * c.n, 0},
-      kDim, c.weightBoxRows(), enc.tileK());
+  unsigned rhsBuffer = layer.info(op.getRhs()).buffer;
+  // Transposed weights as [E][K rows][N columns]: a box past an expert's
+  // K rows reads zeros, not the next expert's.
+  unsigned mapB =
+      !c.transposed ? layer.plan.addTensorMap(rhsBuffer, enc.elementBytes,
+                                              {c.experts * c.n, 0}, kDim,
+                                              c.weightBoxRows(), enc.tileK())
+      : c.grouped   ? layer.plan.addTensorMap(rhsBuffer, 2, kDim, c.n, c.n,
+                                              enc.tileK(), kTransposedBoxColumns,
+                                              {c.experts, kDim * c.n, 1})
+                    : layer.plan.addTensorMap(rhsBuffer, 2, {kDim, 0}, c.n,
+                                              enc.tileK(), kTransposedBoxColumns);
   // Split partials [splits, rows, n] f32 and one counter per tile.
   TensorInfo partials{};
   if (c.splits > 1)

@@ -53,6 +53,9 @@ struct MatmulConfig : sm90a::MatmulLayout {
 
   bool grouped = false;
   int64_t experts = 1, n = 0, kDim = 0;
+  /// The weights are stored [E, K, N] (a dgrad's) and loaded as they lie,
+  /// 64 x 64 boxes of K rows by N columns read MN-major by wgmma.
+  bool transposed = false;
   /// Weight rows per weight scale: 1 for per-row (column) scales, else a
   /// square block of 128.
   int64_t rhsScaleRows = 1;

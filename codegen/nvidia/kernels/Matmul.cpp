@@ -119,8 +119,13 @@ SmallVector<Value> nvidia::findTile(Emitter &e, Value tid, Value counts,
 nvgpu::TensorMapDescriptorType nvidia::matmulMapType(MLIRContext *ctx,
                                                      Type element, int64_t rows,
                                                      int64_t tileK) {
+  return matmulMapType(ctx, element, {rows, tileK});
+}
+
+nvgpu::TensorMapDescriptorType
+nvidia::matmulMapType(MLIRContext *ctx, Type element, ArrayRef<int64_t> box) {
   auto tile = MemRefType::get(
-      {rows, tileK}, element, MemRefLayoutAttrInterface(),
+      box, element, MemRefLayoutAttrInterface(),
       gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup));
   return nvgpu::TensorMapDescriptorType::get(
       ctx, tile, nvgpu::TensorMapSwizzleKind::SWIZZLE_128B,

@@ -40,6 +40,9 @@ struct MatmulViews {
 /// (`element` is bf16 or i8 for E4M3), 128-byte swizzled.
 nvgpu::TensorMapDescriptorType matmulMapType(MLIRContext *ctx, Type element,
                                              int64_t rows, int64_t tileK);
+/// The same for a box of any shape (outer dimensions of 1 first).
+nvgpu::TensorMapDescriptorType matmulMapType(MLIRContext *ctx, Type element,
+                                             ArrayRef<int64_t> box);
 
 /// Split-K: where this block's split stores its partial for output row
 /// `row`, weight row `wr` in the [splits x rows, n] f32 partials of a call
