@@ -76,7 +76,10 @@ def prepare(out_dir):
         src = os.path.join(out_dir, name + ".mlir")
         with open(src, "w") as f:
             f.write(layer_mlir(name, *spec))
-        subprocess.run([compile_, src, "--target=sm_90a", "--train", "-o",
+        # Weight gradients in bf16, as the weights (and the peer's) are:
+        # what patch(model) builds for the GPU.
+        subprocess.run([compile_, src, "--target=sm_90a", "--train",
+                        "--train-bf16-grads", "-o",
                         os.path.join(out_dir, f"lib{name}.so")], check=True)
 
 
@@ -99,7 +102,7 @@ def ours(layer, tensors, dy):
 
     def step():
         forward()
-        layer.backward(list(inputs), dy, saved, grads)
+        layer.backward(list(inputs), dy, saved, grads, workspace=workspace)
 
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -213,7 +216,7 @@ def step(lib_dir, name, tokens, graph=False):
     with torch.cuda.graph(captured, stream=stream):
         layer.forward_train(x, *weights, out, saved=saved,
                             workspace=workspace)
-        layer.backward([x, *weights], dy, saved, grads)
+        layer.backward([x, *weights], dy, saved, grads, workspace=workspace)
     captured.replay()
     torch.cuda.synchronize()
     # An expert's rows may come in another order (the dispatch places them

@@ -67,8 +67,9 @@ struct Adjoint {
 class Differentiator {
 public:
   Differentiator(func::FuncOp train, func::FuncOp backward,
-                 bool recomputeGateUp)
-      : recomputeGateUp(recomputeGateUp), train(train), backward(backward),
+                 bool recomputeGateUp, bool bf16Grads)
+      : recomputeGateUp(recomputeGateUp), bf16Grads(bf16Grads), train(train),
+        backward(backward),
         b(ImplicitLocOpBuilder::atBlockBegin(backward.getLoc(),
                                              &backward.getBody().front())) {}
 
@@ -111,7 +112,14 @@ private:
   /// The groups of a grouped matmul in the backward, empty when dense.
   SmallVector<Value> groups(GroupedMatmulOp op);
 
-  bool recomputeGateUp;
+  /// A weight's (or bias's) gradient of `shape`: f32, or bf16 with
+  /// `bf16Grads`.
+  RankedTensorType gradTypeOf(ArrayRef<int64_t> shape) {
+    return RankedTensorType::get(shape, bf16Grads ? Type(b.getBF16Type())
+                                                  : Type(b.getF32Type()));
+  }
+
+  bool recomputeGateUp, bf16Grads;
   func::FuncOp train, backward;
   ImplicitLocOpBuilder b;
   DenseMap<Value, Value> recomputedValues;
@@ -278,12 +286,9 @@ LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
   // dW2 = sum of dy^T (w a): the weight moves to the activation.
   Value rhs = op.getRhs();
   auto rhsType = cast<RankedTensorType>(rhs.getType());
-  auto f32 = [&](ArrayRef<int64_t> shape) {
-    return RankedTensorType::get(shape, b.getF32Type());
-  };
   Value rhsGrad = GroupedMatmulWgradOp::create(
-      b, loc, f32(rhsType.getShape()), adjoint.value, grads.getWeighted(),
-      counts, offsets);
+      b, loc, gradTypeOf(rhsType.getShape()), adjoint.value,
+      grads.getWeighted(), counts, offsets);
   if (failed(setArgGrad(op, rhs, rhsGrad)))
     return failure();
   if (Value bias = op.getBias()) {
@@ -301,8 +306,9 @@ LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
           b, loc, adjoint.value.getType(), adjoint.tokens, adjoint.rows,
           adjoint.offsets, adjoint.weights, adjoint.align);
     auto biasType = cast<RankedTensorType>(bias.getType());
-    Value biasGrad = GroupedMatmulWgradOp::create(
-        b, loc, f32(biasType.getShape()), weighted, Value(), counts, offsets);
+    Value biasGrad =
+        GroupedMatmulWgradOp::create(b, loc, gradTypeOf(biasType.getShape()),
+                                     weighted, Value(), counts, offsets);
     if (failed(setArgGrad(op, bias, biasGrad)))
       return failure();
   }
@@ -337,8 +343,7 @@ LogicalResult Differentiator::matmulRule(GroupedMatmulOp op) {
   Value offsets = g.empty() ? Value() : g[1];
   Value grad = adjoint.value;
   auto f32 = [&](Type type) {
-    return RankedTensorType::get(cast<RankedTensorType>(type).getShape(),
-                                 b.getF32Type());
+    return gradTypeOf(cast<RankedTensorType>(type).getShape());
   };
   Value rhsGrad =
       GroupedMatmulWgradOp::create(b, loc, f32(op.getRhs().getType()), grad,
@@ -412,9 +417,9 @@ LogicalResult Differentiator::routeRule(RouteOp op) {
   Value logitGrad = RouteGradOp::create(
       b, loc, logitType, hidden, get(op.getRouterWeight()), bias, logits,
       get(op.getExpertIds()), it->second.value, op.getRouter());
-  Value weightGrad = GroupedMatmulWgradOp::create(
-      b, loc, RankedTensorType::get(weightType.getShape(), b.getF32Type()),
-      logitGrad, hidden, Value(), Value());
+  Value weightGrad =
+      GroupedMatmulWgradOp::create(b, loc, gradTypeOf(weightType.getShape()),
+                                   logitGrad, hidden, Value(), Value());
   if (failed(setArgGrad(op, op.getRouterWeight(), weightGrad)))
     return failure();
   // A bias that moves the logits takes their gradient; one that only ranks
@@ -671,7 +676,7 @@ struct DifferentiatePass
       entry->addArgument(input, func.getLoc());
     Value outGrad = entry->addArgument(type.getResult(0), func.getLoc());
 
-    Differentiator d(train, backward, recompute);
+    Differentiator d(train, backward, recompute, bf16Grads);
     auto ret = cast<func::ReturnOp>(train.getBody().front().getTerminator());
     if (failed(d.build(ret.getOperand(0), outGrad))) {
       train.erase();

@@ -61,7 +61,8 @@ def Differentiate : Pass<"moe-differentiate", "::mlir::ModuleOp"> {
     forward saves the dispatched rows and each gate/up matmul's output, not
     the activation (recomputed) nor any per-choice copy of the output; a
     routing weight's gradient comes from the down matmul's dgrad and the
-    recomputed activation. Gradients of weights are f32. A selection-only
+    recomputed activation. Gradients of weights are f32 (bf16 with
+    `bf16-grads`, the weights' own type). A selection-only
     router bias (sigmoid_grouped_topk) takes none. Quantized and
     expert-parallel layers are refused with a diagnostic. With `recompute`, the backward computes each gate/up output
     again from the dispatched rows instead: less memory, one more matmul.
@@ -69,7 +70,10 @@ def Differentiate : Pass<"moe-differentiate", "::mlir::ModuleOp"> {
   let options = [
     Option<"recompute", "recompute", "bool", "false",
            "Recompute each gate/up matmul's output in the backward rather "
-           "than save it">
+           "than save it">,
+    Option<"bf16Grads", "bf16-grads", "bool", "false",
+           "Weights' and biases' gradients in bf16 (as the weights are) "
+           "rather than f32: half their memory, rounded once">
   ];
   let dependentDialects = ["::mlir::moe::MoeDialect",
                            "::mlir::func::FuncDialect"];

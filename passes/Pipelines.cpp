@@ -46,6 +46,7 @@ static void addLayerStages(OpPassManager &pm, const PipelineOptions &options,
   if (options.train) {
     DifferentiateOptions differentiate;
     differentiate.recompute = options.trainRecompute;
+    differentiate.bf16Grads = options.trainBf16Grads;
     pm.addPass(createDifferentiate(differentiate));
   }
   if (options.fuseQuantization)

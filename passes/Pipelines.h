@@ -85,6 +85,12 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
       llvm::cl::desc("With train: the backward recomputes each gate/up "
                      "matmul's output rather than the forward saving it"),
       llvm::cl::init(false)};
+  Option<bool> trainBf16Grads{
+      *this, "train-bf16-grads",
+      llvm::cl::desc("With train: the backward writes weights' and biases' "
+                     "gradients in bf16, as the weights are, rather than "
+                     "f32 (half their memory)"),
+      llvm::cl::init(false)};
   Option<bool> fuseQuantization{
       *this, "fuse-quantization",
       llvm::cl::desc("Quantize activations in the kernels that produce them "

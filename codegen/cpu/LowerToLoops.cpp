@@ -945,7 +945,7 @@ LogicalResult FunctionLowering::lowerWgrad(GroupedMatmulWgradOp op) {
             term = e.mul(term, c ? e.load(lhs, {r, c}) : e.load(lhs, {r}));
           return {e.add(s[0], term)};
         })[0];
-    e.storeRaw(sum, out, index);
+    e.store(sum, out, index);
   };
   forEachGroup(counts, counts ? buffer(op.getExpertOffsets()) : Value(),
                experts, e.dim(dy, 0), [&](Value first, Value last, Value x) {

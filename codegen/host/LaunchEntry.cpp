@@ -65,7 +65,7 @@ static SmallVector<Value> bufferAddresses(HostBuilder &h, LaunchPlanAttr plan,
                                           Value workspace, Value epState) {
   SmallVector<Value> addresses;
   // The header comes first.
-  Value cursor = h.c64(plan.getHeaderBytes());
+  Value header = h.c64(plan.getHeaderBytes());
   for (PlanBufferAttr buffer : plan.getBufferList()) {
     switch (buffer.getKind()) {
     case BufferKind::EpState:
@@ -82,9 +82,10 @@ static SmallVector<Value> bufferAddresses(HostBuilder &h, LaunchPlanAttr plan,
       break;
     }
     case BufferKind::Workspace:
-      addresses.push_back(h.offset(workspace, cursor));
-      cursor = LLVM::AddOp::create(h.b, h.loc, cursor,
-                                   h.linear(buffer.getSliceBytes(), tokens));
+      addresses.push_back(
+          h.offset(workspace,
+                   LLVM::AddOp::create(h.b, h.loc, header,
+                                       h.linear(buffer.getOffset(), tokens))));
       break;
     }
   }

@@ -298,7 +298,8 @@ void mlir::moe::printKernelArgs(AsmPrinter &printer, ArrayRef<KernelArg> args) {
 
 LogicalResult
 PlanBufferAttr::verify(function_ref<InFlightDiagnostic()> emitError,
-                       BufferKind kind, int64_t index, TokenLinear bytes) {
+                       BufferKind kind, int64_t index, TokenLinear bytes,
+                       TokenLinear offset) {
   if (index < 0)
     return emitError() << "buffer index must not be negative, but is " << index;
   if (kind != BufferKind::Argument && index != 0)
@@ -308,6 +309,11 @@ PlanBufferAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (kind == BufferKind::Argument && bytes != TokenLinear())
     return emitError() << "an argument buffer has the caller's size, not "
                           "bytes of its own";
+  if (offset != TokenLinear() &&
+      (kind != BufferKind::Workspace || offset.fixed < 0 ||
+       offset.perToken < 0 || offset.fixed % 256 || offset.perToken % 256))
+    return emitError() << "only a workspace slice has an offset, 256-byte "
+                          "aligned and not negative";
   return success();
 }
 
@@ -438,14 +444,15 @@ TokenLinear PlanBufferAttr::getSliceBytes() const {
 }
 
 TokenLinear LaunchPlanAttr::getWorkspaceBytes() const {
-  TokenLinear total{getHeaderBytes(), 0};
+  TokenLinear end;
   for (PlanBufferAttr buffer : getBufferList()) {
     if (buffer.getKind() != BufferKind::Workspace)
       continue;
-    total.fixed += buffer.getSliceBytes().fixed;
-    total.perToken += buffer.getSliceBytes().perToken;
+    TokenLinear slice = buffer.getSliceBytes(), at = buffer.getOffset();
+    end.fixed = std::max(end.fixed, at.fixed + slice.fixed);
+    end.perToken = std::max(end.perToken, at.perToken + slice.perToken);
   }
-  return total;
+  return {getHeaderBytes() + end.fixed, end.perToken};
 }
 
 LogicalResult StageAttr::verify(function_ref<InFlightDiagnostic()> emitError,

@@ -310,15 +310,18 @@ def Moe_PlanBufferAttr : Moe_Attr<"PlanBuffer", "buffer"> {
   let summary = "a device buffer of a launch plan";
   let description = [{
     `kind` says where it lives: the caller's argument `index`, a workspace
-    slice of `bytes`, the expert-parallel state at offset `bytes`, or
-    counters in the workspace header at offset `bytes`.
+    slice of `bytes` at `offset` after the header, the expert-parallel state
+    at offset `bytes`, or counters in the workspace header at offset
+    `bytes`. Slices whose launches do not overlap in stream order may share
+    their bytes.
   }];
   let parameters = (ins
     DefaultValuedParameter<"::mlir::moe::BufferKind",
                            "::mlir::moe::BufferKind::Workspace",
                            "where the buffer lives">:$kind,
     Moe_CountParameter<"argument index", "0">:$index,
-    Moe_TokenLinearParameter:$bytes
+    Moe_TokenLinearParameter:$bytes,
+    Moe_TokenLinearParameter:$offset
   );
   let extraClassDeclaration = [{
     /// The room a workspace slice takes: its bytes, each term rounded up to
@@ -382,8 +385,8 @@ def Moe_LaunchPlanAttr : Moe_Attr<"LaunchPlan", "launch_plan"> {
   let summary = "the buffers, TMA descriptors and launches of a layer";
   let description = [{
     What a GPU target's kernel builder hands to the host code: every device
-    buffer (the caller's arguments, then workspace slices in order, each
-    256-byte aligned, after the workspace's header: the call's token count
+    buffer (the caller's arguments, then workspace slices, each 256-byte
+    aligned at its offset after the workspace's header: the call's token count
     and `counters` more i32 words, which the host sets to the token count
     before each call and split-K matmuls count their blocks in), the TMA
     descriptors to encode per call, and the kernel launches in stream order.
@@ -401,8 +404,9 @@ def Moe_LaunchPlanAttr : Moe_Attr<"LaunchPlan", "launch_plan"> {
     ::llvm::SmallVector<PlanBufferAttr> getBufferList() const;
     ::llvm::SmallVector<TensorMapAttr> getTensorMapList() const;
     ::llvm::SmallVector<KernelLaunchAttr> getLaunchList() const;
-    /// The workspace: its header and the sum of its slices, each rounded
-    /// up to 256 bytes.
+    /// The workspace: its header and the end of its furthest slice (each
+    /// term the largest over the slices, so it bounds every slice's end at
+    /// any token count).
     TokenLinear getWorkspaceBytes() const;
     /// The header's bytes (the token count and the counters), a multiple
     /// of 256: where the first slice starts.

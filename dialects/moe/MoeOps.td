@@ -495,7 +495,7 @@ def Moe_GroupedMatmulWgradOp : Moe_Op<"grouped_matmul_wgrad",
     whose length varies per expert; without groups, over every row
     ([N, K]). A rank-1 `lhs` [R] gives out[e] = sum of lhs[r] out_grad[r]
     ([E, N] or [N]); no `lhs`, the sum of the rows (a bias's gradient).
-    Accumulated and returned in f32.
+    Accumulated in f32, returned in f32 or bf16 (rounded once).
   }];
   let arguments = (ins
     Moe_RealTensor:$out_grad,
@@ -503,7 +503,7 @@ def Moe_GroupedMatmulWgradOp : Moe_Op<"grouped_matmul_wgrad",
     Optional<Moe_IndexTensor>:$tokens_per_expert,
     Optional<Moe_IndexTensor>:$expert_offsets
   );
-  let results = (outs Moe_F32Tensor:$out);
+  let results = (outs Moe_RealTensor:$out);
   let assemblyFormat = [{
     $out_grad (`lhs` $lhs^)?
     (`groups` `(` $tokens_per_expert^ `,` $expert_offsets `)`)?

@@ -330,13 +330,14 @@ class Layer:
                 for g in self.training["gradients"]]
 
     def backward(self, tensors, output_grad, saved, grads, accumulate=False,
-                 bf16=False):
+                 bf16=False, stream=None, workspace=None):
         """The layer's backward. `tensors`: the forward's inputs (outputs
         may be left out); `output_grad`: the output's gradient, bf16;
         `saved`: what forward_train wrote; `grads`: a tensor (or None, not
         wanted) for each gradient of gradient_shapes(), written in order
         (weights' in f32, or bf16 with `bf16`; added to with
-        `accumulate`)."""
+        `accumulate`). On the GPU, `stream` and `workspace` as for
+        forward_train."""
         import torch
         fn = self._training_entry("backward", [
             ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
@@ -378,7 +379,8 @@ class Layer:
                                  f"{g.dtype} {list(g.shape)} on {g.device}")
         if self.target != "cpu":
             return self._backward_gpu(fn, tensors, tokens, output_grad, saved,
-                                      grads, accumulate, expected)
+                                      grads, accumulate, expected, stream,
+                                      workspace)
         args = list(tensors) + [None] * self.num_outputs
         pointers = (ctypes.c_void_p * len(args))(
             *[t.data_ptr() if t is not None else None for t in args])
@@ -391,7 +393,7 @@ class Layer:
                              f"{self._last_error()}")
 
     def _backward_gpu(self, fn, tensors, tokens, output_grad, saved, grads,
-                      accumulate, expected):
+                      accumulate, expected, stream, workspace):
         """backward() on the GPU, whose library writes every gradient in the
         dtype it computes it: one the caller wants in another dtype, added
         to what it holds, or not at all goes through a tensor of its own."""
@@ -411,7 +413,8 @@ class Layer:
         grad_pointers = (ctypes.c_void_p * len(targets))(
             *[t.data_ptr() for t in targets])
         with torch.cuda.device(device):
-            stream, workspace = self._launch_on(device, tokens, None, None)
+            stream, workspace = self._launch_on(device, tokens, stream,
+                                                workspace)
             status = fn(pointers, tokens, output_grad.data_ptr(),
                         saved.data_ptr(), grad_pointers, 0,
                         stream.cuda_stream, workspace.data_ptr())

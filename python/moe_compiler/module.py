@@ -95,15 +95,21 @@ _PROVENANCE = ("transformers_version", "_name_or_path")
 
 
 def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None,
-                  quant=None, ep_size=1, router_logits=False, train=False):
+                  quant=None, ep_size=1, router_logits=False, train=False,
+                  bf16_grads=False):
     """The path of a library for `config` (a HF config dict), compiled by
     moe-compile or found in the cache (key: config and options; an entry a
     different compiler built is rebuilt, and taken as it is where no
     compiler is found). `quant`: None (as the config says), "fp8-block128"
     or "mxfp8"; `ep_size`: expert-parallel ranks; `router_logits`: the
     layer also outputs its router logits; `train`: the library also holds
-    the layer's training forward and backward (moe-compile --train)."""
+    the layer's training forward and backward (moe-compile --train);
+    `bf16_grads`: its backward writes the weights' gradients in bf16, as
+    the weights are (--train-bf16-grads), rather than f32."""
     options = [f"--target={target}"]
+    if bf16_grads and not train:
+        raise LayerError("bf16_grads is an option of a library built for "
+                         "training (train=True)")
     if train:
         if quant is not None or ep_size != 1 or router_logits:
             raise LayerError("training takes bf16 layers on one rank, "
@@ -111,6 +117,8 @@ def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None,
                              "parallelism and router logits are not "
                              "differentiated yet)")
         options.append("--train")
+        if bf16_grads:
+            options.append("--train-bf16-grads")
     if quant is not None:
         if quant not in QUANTS:
             raise LayerError(f"quant={quant!r}: one of "
@@ -266,7 +274,8 @@ def moe_backward(output_grad: torch.Tensor, hidden_states: torch.Tensor,
                  weights: list[torch.Tensor], saved: torch.Tensor,
                  layer_id: int) -> list[torch.Tensor]:
     """The layer's backward: the gradients its info lists, in order (the
-    tokens' bf16, the weights' f32)."""
+    tokens' bf16, the weights' f32, or bf16 where the library was built
+    with bf16 gradients)."""
     layer = _layers[layer_id]
     x = hidden_states.contiguous()
     grads = [torch.empty(shape, dtype=dtype, device=x.device)

@@ -328,8 +328,16 @@ def prepare(model, target="sm_90a", quant=None, ep_size=1, cache_dir=None,
     path = compile_layer(config, target, cache_dir, compiler, quant, ep_size,
                          kind in RECORDS_LOGITS)
     if train:
-        compile_layer(config, target, cache_dir, compiler, train=True)
+        compile_layer(config, target, cache_dir, compiler, train=True,
+                      bf16_grads=_bf16_grads(target))
     return path
+
+
+def _bf16_grads(target):
+    """Whether a GPU block's backward writes bf16 weight gradients: the
+    weights' own dtype, which autograd gives them anyway, at half the
+    memory of f32 (the CPU backend keeps f32)."""
+    return target != "cpu"
 
 
 def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
@@ -369,7 +377,8 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
     def train_library():
         if not train_layer:
             train_layer.append(Layer.open(compile_layer(
-                config, target, cache_dir, compiler, train=True)))
+                config, target, cache_dir, compiler, train=True,
+                bf16_grads=_bf16_grads(target))))
         return train_layer[0]
     for (name, index, parent, attribute, block), device in zip(blocks,
                                                                devices):

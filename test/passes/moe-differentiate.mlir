@@ -191,6 +191,27 @@ func.func @recompute(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
 
 // -----
 
+// With bf16-grads, every weight's gradient is bf16 (the weights' type),
+// summed in f32 by its op and rounded once; the tokens' stays bf16.
+// RUN: moe-opt %s -split-input-file --moe-decompose --moe-differentiate=bf16-grads=true -verify-diagnostics | FileCheck %s --check-prefix=BF16
+// BF16-LABEL: func.func @bf16_grads_backward
+// BF16-SAME: -> (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<4x16x16xbf16>, tensor<4x16x8xbf16>)
+// BF16-NOT: moe.grouped_matmul_wgrad {{.*}} -> tensor<{{.*}}xf32>
+// BF16: return
+func.func @bf16_grads(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
+                      %w13: tensor<4x16x16xbf16>, %w2: tensor<4x16x8xbf16>)
+    -> tensor<?x16xbf16> {
+  %out = moe.layer %x router(%wr) experts(%w13, %w2)
+      {config = #moe.config<experts = 4, top_k = 2, hidden = 16,
+                            intermediate = 8, router = <kind = softmax_topk>,
+                            activation = <kind = swiglu>>}
+      : (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<4x16x16xbf16>,
+         tensor<4x16x8xbf16>) -> tensor<?x16xbf16>
+  return %out : tensor<?x16xbf16>
+}
+
+// -----
+
 // The layer's own argument combined in (a residual) would need the output's
 // gradient added to its own: refused rather than dropped.
 func.func @residual(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>)

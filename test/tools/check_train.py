@@ -13,11 +13,14 @@ with --target=sm_90a, on the GPU (its libraries compiled beforehand with
       a 2-layer model trains N steps (AdamW, a fixed synthetic task, the
       same seed and data) patched and unpatched: the losses per step.
   check_train.py layers [MODEL...] --target=sm_90a [--tokens N,...]
+                 [--bf16-grads]
       each model's layer library built for training, on the GPU against
       the CPU backend's on the same random weights, inputs and output
       gradient: every output the GPU writes is poisoned (NaN, 0xff bytes)
       first; tokens the two backends route differently (a near-tie, in
       the saved expert ids) take a zero output gradient and are left out.
+      With --bf16-grads, both libraries write the weights' gradients in
+      bf16.
   check_train.py prepare [MODEL...] --target=T
       compiles the libraries the other modes use into the cache.
   check_train.py api MODEL
@@ -308,8 +311,8 @@ def libraries(name, args):
     from moe_compiler.module import compile_layer
     from moe_compiler.patching import _model_config
     config, _ = _model_config(build(name))
-    return [moe_compiler.Layer.open(compile_layer(config, target, args.cache,
-                                                  train=True))
+    return [moe_compiler.Layer.open(compile_layer(
+        config, target, args.cache, train=True, bf16_grads=args.bf16_grads))
             for target in (args.target, "cpu")]
 
 
@@ -412,7 +415,8 @@ def prepare(args):
         moe_compiler.prepare(model, target=args.target, cache_dir=args.cache,
                              train=True)
         if args.target != "cpu":
-            libraries(name, args)
+            for args.bf16_grads in (False, True):
+                libraries(name, args)
         print(f"{name}: compiled for {args.target} (training too)")
 
 
@@ -426,6 +430,9 @@ def main():
     parser.add_argument("--bound", type=float, default=2e-2)
     parser.add_argument("--target", default="cpu")
     parser.add_argument("--tokens", default="1,77,300")
+    parser.add_argument("--bf16-grads", action="store_true",
+                        help="layers: both libraries write bf16 weight "
+                        "gradients (--train-bf16-grads)")
     args = parser.parse_intermixed_args()
     torch.manual_seed(0)
     {"grads": check_grads, "parity": check_parity, "api": check_api,

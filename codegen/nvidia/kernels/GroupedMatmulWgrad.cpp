@@ -10,7 +10,8 @@
 // neither is ever copied transposed. A stage that runs past the expert's
 // rows (into the next expert's, or past the buffer) has those rows zeroed
 // in shared memory before wgmma reads it. The tile sums every row of the
-// expert in f32 and is stored as f32; an expert without rows stores zeros.
+// expert in f32 and is stored as the result's type (f32, or bf16 rounded
+// once); an expert without rows stores zeros.
 //
 //===----------------------------------------------------------------------===//
 
@@ -75,6 +76,8 @@ static void storeTile(Emitter &e, Value result, const TilePlace &at, Value out,
   Value tid = at.tid, g = at.g, mTile = at.mTile, nTile = at.nTile;
   Value expert = at.expert, outView = out;
   bool grouped = cast<MemRefType>(out.getType()).getRank() == 3;
+  // f32, or bf16 (rounded once, from the f32 sums).
+  Type element = cast<MemRefType>(out.getType()).getElementType();
   // Fragment element i of lane l in warp w is row 16 w + l / 4 + 8 ((i / 2)
   // % 2), column 8 (i / 4) + 2 (l % 4) + i % 2: pairs of columns.
   Value warp = e.remUI(e.divUI(tid, 32), 4), lane = e.remUI(tid, 32);
@@ -97,6 +100,9 @@ static void storeTile(Emitter &e, Value result, const TilePlace &at, Value out,
         };
         Value pair = vector::FromElementsOp::create(
             b, loc, pairType, ValueRange{field(i), field(i + 1)});
+        if (element != f32)
+          pair = arith::TruncFOp::create(b, loc, VectorType::get({2}, element),
+                                         pair);
         // K is a multiple of 8: a pair starts in bounds or not at all.
         e.ifThen(e.ult(col, e.index(kDim)), [&] {
           SmallVector<Value> index;
@@ -104,7 +110,7 @@ static void storeTile(Emitter &e, Value result, const TilePlace &at, Value out,
             index.push_back(expert);
           index.append({row, col});
           vector::StoreOp::create(b, loc, pair, outView, index, false,
-                                  vectorAlign(2, f32));
+                                  vectorAlign(2, element));
         });
       }
     });

@@ -217,7 +217,7 @@ static LogicalResult buildRowSums(LayerKernels &layer,
     if (grouped)
       index.push_back(x);
     index.push_back(c);
-    e.storeRaw(total, result, index);
+    e.store(total, result, index);
   });
   return k.finish(op);
 }
@@ -296,7 +296,7 @@ static LogicalResult sumSplits(LayerKernels &layer, GroupedMatmulWgradOp op,
                            Value r = e.iadd(e.imul(s, m), row);
                            return {e.add(acc[0], e.loadRaw(parts, {r, col}))};
                          })[0];
-    e.storeRaw(sum, result, {row, col});
+    e.store(sum, result, {row, col});
   });
   return k.finish(op);
 }

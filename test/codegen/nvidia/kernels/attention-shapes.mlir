@@ -7,7 +7,7 @@
 // and moe_attention_merge (a block per row, a thread per column) combines
 // them into the output.
 // CHECK-LABEL: func.func @decode
-// CHECK-SAME: #moe.buffer<bytes = 524288>, #moe.buffer<bytes = 8192>
+// CHECK-SAME: #moe.buffer<bytes = 524288>, #moe.buffer<bytes = 8192, offset = 524288>
 // CHECK-SAME: #moe.launch<kernel = @moe_attention, work = 128, block = 384, shared_bytes = 197632, args = [buffer 4, buffer 5, tensor_map 0, tensor_map 1, tensor_map 2, tokens], persistent = true>
 // CHECK-SAME: #moe.launch<kernel = @moe_attention_merge, work = 128, block = 128, args = [buffer 4, buffer 5, buffer 3, tokens]>
 // CHECK: gpu.func @moe_attention(

@@ -10,7 +10,8 @@
 // tokens; the waits are one block; unpack and combine send stride over 264
 // blocks.
 // CHECK: #moe.buffer<kind = ep_state>
-// CHECK-SAME: #moe.buffer<bytes = 4096>
+// An exchange's slices lie apart, in plan order (its peers reach them).
+// CHECK-SAME: #moe.buffer<bytes = 4096, offset = 768 + 256 * T>
 // CHECK-SAME: #moe.buffer<kind = ep_state, bytes = 12384>
 // CHECK: #moe.launch<kernel = @moe_ep_dispatch_plan, work = 1 + 1 * T, per_block = 256, block = 256
 // CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_send, work = 1 * T, extra_blocks = 1, block = 512

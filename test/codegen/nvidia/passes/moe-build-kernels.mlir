@@ -6,7 +6,10 @@
 // order, the TMA descriptors of each matmul and the launches in stream order.
 // CHECK-LABEL: func.func @layer
 // CHECK-SAME: moe.launch_plan = #moe.launch_plan<buffers = [#moe.buffer<kind = argument>, #moe.buffer<kind = argument, index = 1>, #moe.buffer<kind = argument, index = 2>, #moe.buffer<kind = argument, index = 3>, #moe.buffer<kind = argument, index = 4>,
-// CHECK-SAME: #moe.buffer<bytes = 8 * T>, #moe.buffer<bytes = 8 * T>, #moe.buffer<bytes = 32>, #moe.buffer<bytes = 36>, #moe.buffer<bytes = 8 * T>, #moe.buffer<bytes = 256 * T>, #moe.buffer<bytes = 128 * T>, #moe.buffer<bytes = 256 * T>]
+// Slices whose launches do not overlap share bytes: the expert ids (live
+// through the dispatch plan), the dispatched rows (scatter to gate/up) and
+// the down matmul's output (down to combine) all start at 0.
+// CHECK-SAME: #moe.buffer<bytes = 8 * T>, #moe.buffer<bytes = 8 * T, offset = 256 * T>, #moe.buffer<bytes = 32, offset = 1024 * T>, #moe.buffer<bytes = 36, offset = 256 + 1024 * T>, #moe.buffer<bytes = 8 * T, offset = 512 * T>, #moe.buffer<bytes = 256 * T>, #moe.buffer<bytes = 128 * T, offset = 768 * T>, #moe.buffer<bytes = 256 * T>]
 // CHECK-SAME: tensor_maps = [#moe.tensor_map<buffer = 10, element_bytes = 2, rows = 2 * T, cols = 64, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 2, element_bytes = 2, rows = 512, cols = 64, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 11, element_bytes = 2, rows = 2 * T, cols = 32, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 3, element_bytes = 2, rows = 512, cols = 32, box_rows = 128, box_cols = 64>]
 // CHECK-SAME: launches = [#moe.launch<kernel = @moe_route, work = 1 * T, per_block = 4, block = 256, args = [buffer 0, buffer 1, buffer 5, buffer 6, tokens]>,
 // CHECK-SAME: #moe.launch<kernel = @moe_dispatch_plan, work = 1, block = 1024, args = [buffer 5, buffer 7, buffer 8, buffer 9, tokens]>,
