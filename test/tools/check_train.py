@@ -167,7 +167,7 @@ def check_parity(args):
 
 
 def check_api(args):
-    name = args.models[0]
+    name, cache = args.models[0], args.cache
     model = build(name)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     shapes = {k: (tuple(v.shape), v.dtype) for k, v in before.items()}
@@ -302,6 +302,24 @@ def check_api(args):
                   for h, o in zip(halves, once))
     print(f"accumulate: {'twice the overwrite' if doubled else 'WRONG'}; "
           f"bf16: {'the f32 gradients rounded' if rounded else 'WRONG'}")
+    # A library built with bf16 weight gradients (--train-bf16-grads): its
+    # weights' gradients are bf16, the f32 sums rounded once.
+    from moe_compiler.module import compile_layer
+    from moe_compiler.patching import _model_config
+    config, _ = _model_config(build(name))
+    lib16 = moe_compiler.Layer.open(compile_layer(
+        config, "cpu", cache, train=True, bf16_grads=True))
+    saved16 = torch.empty(lib16.saved_size(5), dtype=torch.uint8)
+    lib16.forward_train(x, *weights, out, saved=saved16)
+    grads16 = [torch.empty(s, dtype=d) for _, d, s in
+               lib16.gradient_shapes(5)]
+    lib16.backward([x, *weights], dy, saved16, grads16)
+    all_bf16 = all(g.dtype == torch.bfloat16 for g in grads16)
+    same = all(torch.equal(g, o.to(torch.bfloat16))
+               for g, o in zip(grads16, once))
+    print(f"bf16-gradient library: {len(grads16)} gradients, "
+          f"{'all bf16' if all_bf16 else 'NOT ALL bf16'}, "
+          f"{'the f32 library gradients rounded' if same else 'WRONG'}")
 
 
 def libraries(name, args):
