@@ -407,9 +407,11 @@ MatmulConfigAttr ConfigureMatmulsPass::chooseFor(GroupedMatmulOp op,
               pins.clusterN || pins.multicast ||
               pins.epilogue == MatmulEpilogue::Shared ||
               pins.persistent.value_or(false);
-  // Weights read transposed take the wide tile alone.
-  if (pins.swapAB.value_or(!wide && !op.getTransposeRhs() && tokens > 0 &&
-                           tokens <= kSwapTokens))
+  // Weights read transposed take the wide tile of one block alone: pins
+  // of the decode tile or of clusters are not theirs.
+  bool transposed = op.getTransposeRhs();
+  if (!transposed &&
+      pins.swapAB.value_or(!wide && tokens > 0 && tokens <= kSwapTokens))
     return chooseDecodeTile(op, shape, tokens, stamp);
   int64_t tileM = pins.tileM.value_or(kTileM);
   int64_t tileN = pins.tileN.value_or(kTileN);
@@ -477,8 +479,9 @@ MatmulConfigAttr ConfigureMatmulsPass::chooseFor(GroupedMatmulOp op,
   return MatmulConfigAttr::getChecked(
       [&] { return op.emitOpError(); }, op.getContext(), stamp, tileM, tileN,
       tileK, stages, pins.warpGroups.value_or(kWarpGroups),
-      pins.clusterM.value_or(1), pins.clusterN.value_or(1),
-      pins.multicast.value_or(MatmulMulticast::None),
+      transposed ? 1 : pins.clusterM.value_or(1), pins.clusterN.value_or(1),
+      transposed ? MatmulMulticast::None
+                 : pins.multicast.value_or(MatmulMulticast::None),
       pins.raster.value_or(MatmulRaster::M), pins.group.value_or(kGroup),
-      splitK, pins.swapAB.value_or(false), persistent, epilogue);
+      splitK, !transposed && pins.swapAB.value_or(false), persistent, epilogue);
 }

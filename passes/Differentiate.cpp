@@ -112,11 +112,12 @@ private:
   /// The groups of a grouped matmul in the backward, empty when dense.
   SmallVector<Value> groups(GroupedMatmulOp op);
 
-  /// A weight's (or bias's) gradient of `shape`: f32, or bf16 with
-  /// `bf16Grads`.
-  RankedTensorType gradTypeOf(ArrayRef<int64_t> shape) {
-    return RankedTensorType::get(shape, bf16Grads ? Type(b.getBF16Type())
-                                                  : Type(b.getF32Type()));
+  /// The gradient of a weight (or bias) of type `weight`: f32, or bf16
+  /// with `bf16Grads` where the weight is bf16.
+  RankedTensorType gradTypeOf(Type weight) {
+    auto type = cast<RankedTensorType>(weight);
+    bool bf16 = bf16Grads && type.getElementType().isBF16();
+    return type.clone(bf16 ? Type(b.getBF16Type()) : Type(b.getF32Type()));
   }
 
   bool recomputeGateUp, bf16Grads;
@@ -286,9 +287,9 @@ LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
   // dW2 = sum of dy^T (w a): the weight moves to the activation.
   Value rhs = op.getRhs();
   auto rhsType = cast<RankedTensorType>(rhs.getType());
-  Value rhsGrad = GroupedMatmulWgradOp::create(
-      b, loc, gradTypeOf(rhsType.getShape()), adjoint.value,
-      grads.getWeighted(), counts, offsets);
+  Value rhsGrad =
+      GroupedMatmulWgradOp::create(b, loc, gradTypeOf(rhsType), adjoint.value,
+                                   grads.getWeighted(), counts, offsets);
   if (failed(setArgGrad(op, rhs, rhsGrad)))
     return failure();
   if (Value bias = op.getBias()) {
@@ -306,9 +307,8 @@ LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
           b, loc, adjoint.value.getType(), adjoint.tokens, adjoint.rows,
           adjoint.offsets, adjoint.weights, adjoint.align);
     auto biasType = cast<RankedTensorType>(bias.getType());
-    Value biasGrad =
-        GroupedMatmulWgradOp::create(b, loc, gradTypeOf(biasType.getShape()),
-                                     weighted, Value(), counts, offsets);
+    Value biasGrad = GroupedMatmulWgradOp::create(
+        b, loc, gradTypeOf(biasType), weighted, Value(), counts, offsets);
     if (failed(setArgGrad(op, bias, biasGrad)))
       return failure();
   }
@@ -342,9 +342,7 @@ LogicalResult Differentiator::matmulRule(GroupedMatmulOp op) {
   Value counts = g.empty() ? Value() : g[0];
   Value offsets = g.empty() ? Value() : g[1];
   Value grad = adjoint.value;
-  auto f32 = [&](Type type) {
-    return gradTypeOf(cast<RankedTensorType>(type).getShape());
-  };
+  auto f32 = [&](Type type) { return gradTypeOf(type); };
   Value rhsGrad =
       GroupedMatmulWgradOp::create(b, loc, f32(op.getRhs().getType()), grad,
                                    get(op.getLhs()), counts, offsets);
@@ -417,9 +415,8 @@ LogicalResult Differentiator::routeRule(RouteOp op) {
   Value logitGrad = RouteGradOp::create(
       b, loc, logitType, hidden, get(op.getRouterWeight()), bias, logits,
       get(op.getExpertIds()), it->second.value, op.getRouter());
-  Value weightGrad =
-      GroupedMatmulWgradOp::create(b, loc, gradTypeOf(weightType.getShape()),
-                                   logitGrad, hidden, Value(), Value());
+  Value weightGrad = GroupedMatmulWgradOp::create(
+      b, loc, gradTypeOf(weightType), logitGrad, hidden, Value(), Value());
   if (failed(setArgGrad(op, op.getRouterWeight(), weightGrad)))
     return failure();
   // A bias that moves the logits takes their gradient; one that only ranks
@@ -427,7 +424,10 @@ LogicalResult Differentiator::routeRule(RouteOp op) {
   if (op.getBias() &&
       op.getRouter().getKind() != RouterKind::SigmoidGroupedTopK) {
     Value biasGrad = GroupedMatmulWgradOp::create(
-        b, loc, op.getBias().getType(), logitGrad, Value(), Value(), Value());
+        b, loc,
+        bf16Grads ? Type(gradTypeOf(op.getBias().getType()))
+                  : op.getBias().getType(),
+        logitGrad, Value(), Value(), Value());
     if (failed(setArgGrad(op, op.getBias(), biasGrad)))
       return failure();
   }

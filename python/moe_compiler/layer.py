@@ -335,8 +335,9 @@ class Layer:
         may be left out); `output_grad`: the output's gradient, bf16;
         `saved`: what forward_train wrote; `grads`: a tensor (or None, not
         wanted) for each gradient of gradient_shapes(), written in order
-        (weights' in f32, or bf16 with `bf16`; added to with
-        `accumulate`). On the GPU, `stream` and `workspace` as for
+        (each in the dtype gradient_shapes() gives: weights' f32, or bf16
+        in a library built with bf16 gradients; on the CPU, bf16 also with
+        `bf16`; added to with `accumulate`). On the GPU, `stream` and `workspace` as for
         forward_train."""
         import torch
         fn = self._training_entry("backward", [
@@ -402,32 +403,36 @@ class Layer:
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32,
                        ctypes.c_void_p, ctypes.c_void_p]
-        targets = []
-        for g, (_, dtype, shape) in zip(grads, expected):
-            direct = g is not None and g.dtype == dtype and not accumulate
-            targets.append(g if direct else torch.empty(shape, dtype=dtype,
-                                                        device=device))
         args = list(tensors) + [None] * self.num_outputs
         pointers = (ctypes.c_void_p * len(args))(
             *[t.data_ptr() if t is not None else None for t in args])
-        grad_pointers = (ctypes.c_void_p * len(targets))(
-            *[t.data_ptr() for t in targets])
         with torch.cuda.device(device):
             stream, workspace = self._launch_on(device, tokens, stream,
                                                 workspace)
-            status = fn(pointers, tokens, output_grad.data_ptr(),
-                        saved.data_ptr(), grad_pointers, 0,
-                        stream.cuda_stream, workspace.data_ptr())
-            if status != 0:
-                raise LayerError(f"{self.training['backward']} failed: "
-                                 f"{self._last_error()}")
-            for g, t in zip(grads, targets):
-                if g is None or g is t:
-                    continue
-                if accumulate:
-                    g.add_(t.to(g.dtype))
-                else:
-                    g.copy_(t)
+            # The scratch tensors, the call and the conversions all on the
+            # call's stream: in order, and scratch not reused early.
+            with torch.cuda.stream(stream):
+                targets = []
+                for g, (_, dtype, shape) in zip(grads, expected):
+                    direct = g is not None and g.dtype == dtype and \
+                        not accumulate
+                    targets.append(g if direct else torch.empty(
+                        shape, dtype=dtype, device=device))
+                grad_pointers = (ctypes.c_void_p * len(targets))(
+                    *[t.data_ptr() for t in targets])
+                status = fn(pointers, tokens, output_grad.data_ptr(),
+                            saved.data_ptr(), grad_pointers, 0,
+                            stream.cuda_stream, workspace.data_ptr())
+                if status != 0:
+                    raise LayerError(f"{self.training['backward']} failed: "
+                                     f"{self._last_error()}")
+                for g, t in zip(grads, targets):
+                    if g is None or g is t:
+                        continue
+                    if accumulate:
+                        g.add_(t.to(g.dtype))
+                    else:
+                        g.copy_(t)
 
     @property
     def num_outputs(self):
