@@ -549,10 +549,8 @@ static void splitActivations(func::FuncOp func) {
   for (GroupedMatmulOp op : gated) {
     OpBuilder b(op);
     auto outType = cast<RankedTensorType>(op.getOut().getType());
-    auto rhsType = cast<RankedTensorType>(op.getRhs().getType());
-    auto hType = RankedTensorType::get(
-        {outType.getDimSize(0), rhsType.getDimSize(rhsType.getRank() - 2)},
-        outType.getElementType());
+    auto hType = RankedTensorType::get({outType.getDimSize(0), op.getN()},
+                                       outType.getElementType());
     auto matmul = GroupedMatmulOp::create(
         b, op.getLoc(), hType, Type(), op.getLhs(), op.getRhs(),
         op.getTokensPerExpert(), op.getExpertOffsets(), op.getLhsScale(),

@@ -39,10 +39,6 @@ using namespace mlir::moe;
 using namespace mlir::moe::nvidia;
 
 static constexpr int64_t kSliceBytes = MatmulEncoding::kSliceBytes;
-// Weights read transposed: boxes of tileK rows x 64 columns (128 bytes, the
-// swizzle's span), kTransposedBoxBytes each.
-static constexpr int64_t kTransposedBoxColumns = 64;
-static constexpr int64_t kTransposedBoxBytes = 64 * kSliceBytes;
 // Named barriers: 1 joins the consumers (split-K), 2 + g consumer
 // warpgroup g (its epilogue buffer).
 static constexpr int64_t kEpilogueBarrier = 2;
@@ -376,6 +372,8 @@ private:
 
   MemRefType tileType(int64_t rows);
   SmallVector<int64_t> transposedBox();
+  /// A transposed weight chunk: tileK rows of 128 bytes.
+  int64_t transposedChunkBytes() const { return enc.tileK() * kSliceBytes; }
   nvgpu::TensorMapDescriptorType mapType(int64_t rows);
   Value tile(Value slot, int64_t offset, int64_t rows);
   Value tile(Value slot, Value offset, int64_t rows);
@@ -667,18 +665,19 @@ void MatmulEmitter::issue(Value kt, Value slot) {
   }
   if (c.transposed) {
     // Weights [E, K, N]: the slice's tileK rows of K, each half's columns
-    // as 64-column boxes kChunkBytes apart (wgmma's MN-major chunks).
+    // as boxes of wgmma's MN-major chunks, one after another.
     Value kRow = e.imul(kt, enc.tileK());
     for (int64_t h = 0; h < 2; ++h)
-      for (int64_t j = 0; j < c.tileN / 2 / kTransposedBoxColumns; ++j) {
+      for (int64_t j = 0; j < c.tileN / 2 / sm90a::kMNMajorChunkColumns; ++j) {
         SmallVector<Value> at = {
-            e.iadd(halfRows[h], e.index(j * kTransposedBoxColumns)), kRow};
+            e.iadd(halfRows[h], e.index(j * sm90a::kMNMajorChunkColumns)),
+            kRow};
         if (c.grouped)
           at.push_back(expertIdx);
         tmaLoad(e,
                 ring->view(sharedType(transposedBox(), b.getBF16Type()), slot,
                            e.index(bOffset + h * c.halfBytes() +
-                                   j * kTransposedBoxBytes)),
+                                   j * transposedChunkBytes())),
                 barriers, descB, at, slot);
       }
     return;
@@ -690,8 +689,8 @@ void MatmulEmitter::issue(Value kt, Value slot) {
 }
 
 SmallVector<int64_t> MatmulEmitter::transposedBox() {
-  // Grouped: [1 expert][tileK rows][64 columns].
-  SmallVector<int64_t> box = {enc.tileK(), kTransposedBoxColumns};
+  // Grouped: [1 expert][tileK rows][a chunk's columns].
+  SmallVector<int64_t> box = {enc.tileK(), sm90a::kMNMajorChunkColumns};
   if (c.grouped)
     box.insert(box.begin(), 1);
   return box;
@@ -854,13 +853,13 @@ Value MatmulEmitter::multiply(Value acc, int64_t h, int64_t first, int64_t last,
   // A descriptor holds the address / 16 in its low word, in a field no
   // offset within the ring carries out of: step the low words (32-bit
   // adds) rather than the addresses.
-  // MN-major weights step 16 rows of 128 bytes a k16, their 64-column
-  // chunks kTransposedBoxBytes apart.
+  // MN-major weights step 16 rows of 128 bytes a k16, their chunks
+  // transposedChunkBytes() apart.
   int64_t bStep = c.transposed ? enc.instK() * kSliceBytes : 32;
   Value bAddress = LLVM::AddOp::create(
       b, e.loc, bBase, k.constI64(h * c.halfBytes() + first * bStep));
   Value bDesc0 = c.transposed ? swizzledDescriptor(b, e.loc, bAddress,
-                                                   kTransposedBoxBytes, 1024)
+                                                   transposedChunkBytes(), 1024)
                               : w->descriptor(bAddress);
   Value aDesc0 = w->descriptor(
       LLVM::AddOp::create(b, e.loc, aBase, k.constI64(first * 32)));
@@ -1297,11 +1296,12 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
       !c.transposed ? layer.plan.addTensorMap(rhsBuffer, enc.elementBytes,
                                               {c.experts * c.n, 0}, kDim,
                                               c.weightBoxRows(), enc.tileK())
-      : c.grouped   ? layer.plan.addTensorMap(rhsBuffer, 2, kDim, c.n, c.n,
-                                              enc.tileK(), kTransposedBoxColumns,
-                                              {c.experts, kDim * c.n, 1})
-                    : layer.plan.addTensorMap(rhsBuffer, 2, {kDim, 0}, c.n,
-                                              enc.tileK(), kTransposedBoxColumns);
+      : c.grouped
+          ? layer.plan.addTensorMap(rhsBuffer, 2, kDim, c.n, c.n, enc.tileK(),
+                                    sm90a::kMNMajorChunkColumns,
+                                    {c.experts, kDim * c.n, 1})
+          : layer.plan.addTensorMap(rhsBuffer, 2, {kDim, 0}, c.n, enc.tileK(),
+                                    sm90a::kMNMajorChunkColumns);
   // Split partials [splits, rows, n] f32 and one counter per tile.
   TensorInfo partials{};
   if (c.splits > 1)

@@ -67,6 +67,9 @@ constexpr int64_t wgmmaK(int64_t elementBytes) {
 /// swizzle its inner dimension is at most 128 bytes; a tensor's rows are a
 /// multiple of 16 bytes.
 inline constexpr int64_t kTmaMaxBoxDim = 256, kTmaSwizzleBytes = 128;
+/// bf16 columns of a chunk of an MN-major wgmma operand: one swizzled
+/// 128-byte row; a descriptor's leading offset spans chunk to chunk.
+inline constexpr int64_t kMNMajorChunkColumns = kTmaSwizzleBytes / 2;
 inline constexpr int64_t kTmaRowAlign = 16;
 /// An mbarrier wait's suspend-time hint (try_wait.parity), in ticks.
 inline constexpr int64_t kWaitTicks = 10000000;
@@ -183,7 +186,7 @@ struct AttentionLayout {
 /// 1024-byte alignment: [stages] x stageBytes(). The mbarriers are static.
 struct WgradLayout {
   static constexpr int64_t kTileM = 128, kWarpGroups = 2, kSlabRows = 64;
-  static constexpr int64_t kChunkColumns = kTmaSwizzleBytes / 2;
+  static constexpr int64_t kChunkColumns = kMNMajorChunkColumns;
   static constexpr int64_t kChunkBytes = kSlabRows * kTmaSwizzleBytes;
   int64_t tileM = kTileM, tileN = 256, stages = 0;
 
