@@ -106,7 +106,8 @@ struct MatmulShape {
       auto scales = cast<RankedTensorType>(op.getRhsScale().getType());
       columnScales = scales.getDimSize(scales.getRank() - 2) == n;
     }
-    gated = static_cast<bool>(op.getActivationAttr());
+    activationGrad = op.isActivationGrad();
+    gated = static_cast<bool>(op.getActivationAttr()) && !activationGrad;
     outQuant = static_cast<bool>(op.getOutQuantAttr());
     outBlock = outQuant ? op.getOutQuantAttr().getBlockSize() : 0;
     outN = gated ? n / 2 : n;
@@ -136,8 +137,9 @@ struct MatmulShape {
   }
 
   bool grouped = false, gated = false, outQuant = false, columnScales = false;
-  /// An f32 result (a backward's dgrad): stored from the registers.
-  bool outF32 = false;
+  /// An f32 result (a backward's dgrad), or an activation's backward as
+  /// the epilogue: stored from the registers.
+  bool outF32 = false, activationGrad = false;
   // Rows from every rank (this many): a bucket (this rank's tokens) does
   // not bound them.
   int64_t received = 0, topK = 1;
@@ -421,10 +423,11 @@ MatmulConfigAttr ConfigureMatmulsPass::chooseFor(GroupedMatmulOp op,
   // The epilogue stages its bf16 results in shared memory, in 16-byte
   // pieces of a row: rows must be 16-byte aligned, and a quantizing
   // epilogue works on the registers' blocks.
-  MatmulEpilogue epilogue = pins.epilogue.value_or(
-      shape.outQuant || shape.outF32 || shape.outN % 8 != 0
-          ? MatmulEpilogue::Registers
-          : MatmulEpilogue::Shared);
+  MatmulEpilogue epilogue =
+      pins.epilogue.value_or(shape.outQuant || shape.outF32 ||
+                                     shape.activationGrad || shape.outN % 8 != 0
+                                 ? MatmulEpilogue::Registers
+                                 : MatmulEpilogue::Shared);
   // The ring takes what shared memory is left beside the epilogue buffers,
   // as the kernel lays it out (a stage: its operands, two mbarriers and
   // for FP8 its staged scales).

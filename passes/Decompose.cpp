@@ -85,9 +85,10 @@ Value LayerDecomposer::matmul(StringRef role, Value lhs, Value rhs,
   Value offsets = groups.empty() ? Value() : groups[1];
   return GroupedMatmulOp::create(
              b, tensorType({rows, activation ? n / 2 : n}, b.getBF16Type()),
-             /*out_scale=*/Type(), lhs, rhs, counts, offsets, lhsScale,
-             rhsScale, bias, activation, /*out_quant=*/QuantAttr(),
-             /*configs=*/ArrayAttr())
+             /*extras=*/TypeRange(), lhs, rhs, counts, offsets, lhsScale,
+             rhsScale, bias, activation,
+             /*out_quant=*/QuantAttr(), /*configs=*/ArrayAttr(),
+             /*transpose_rhs=*/false, Value(), Value(), Value())
       .getOut();
 }
 

@@ -209,8 +209,9 @@ Value Differentiator::scattered(Value grad, Value rows, Location loc) {
   auto type = cast<RankedTensorType>(dispatch.getDispatched().getType());
   Value rowsArg = get(rows);
   Value offsets = get(dispatch.getExpertOffsets());
-  return ScatterOp::create(b, loc, type, grad, rowsArg, offsets, Value(),
-                           dispatch.getAlign());
+  return ScatterOp::create(b, loc, type, Type(), grad, rowsArg, offsets,
+                           Value(), Value(), dispatch.getAlign())
+      .getOut();
 }
 
 LogicalResult Differentiator::combineRule(CombineOp op) {
@@ -303,9 +304,11 @@ LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
                                  "that a combine weighs, which "
                                  "moe-differentiate does not take";
     if (adjoint.rows)
-      weighted = ScatterOp::create(
-          b, loc, adjoint.value.getType(), adjoint.tokens, adjoint.rows,
-          adjoint.offsets, adjoint.weights, adjoint.align);
+      weighted =
+          ScatterOp::create(b, loc, adjoint.value.getType(), Type(),
+                            adjoint.tokens, adjoint.rows, adjoint.offsets,
+                            adjoint.weights, Value(), adjoint.align)
+              .getOut();
     auto biasType = cast<RankedTensorType>(bias.getType());
     Value biasGrad = GroupedMatmulWgradOp::create(
         b, loc, gradTypeOf(biasType), weighted, Value(), counts, offsets);
@@ -552,12 +555,13 @@ static void splitActivations(func::FuncOp func) {
     auto hType = RankedTensorType::get({outType.getDimSize(0), op.getN()},
                                        outType.getElementType());
     auto matmul = GroupedMatmulOp::create(
-        b, op.getLoc(), hType, Type(), op.getLhs(), op.getRhs(),
+        b, op.getLoc(), hType, TypeRange(), op.getLhs(), op.getRhs(),
         op.getTokensPerExpert(), op.getExpertOffsets(), op.getLhsScale(),
         op.getRhsScale(), op.getBias(), ActivationAttr(), QuantAttr(),
-        ArrayAttr());
-    auto activation = ActivationOp::create(
-        b, op.getLoc(), outType, matmul.getOut(), op.getActivationAttr());
+        ArrayAttr(), false, Value(), Value(), Value());
+    auto activation =
+        ActivationOp::create(b, op.getLoc(), outType, matmul.getOut(), Value(),
+                             op.getActivationAttr());
     op.getOut().replaceAllUsesWith(activation.getOut());
     op.erase();
   }

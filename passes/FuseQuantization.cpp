@@ -127,10 +127,11 @@ struct IntoMatmulEpilogue : OpRewritePattern<QuantizeOp> {
     rewriter.setInsertionPoint(matmul);
     auto fused = GroupedMatmulOp::create(
         rewriter, matmul.getLoc(), op.getData().getType(),
-        op.getScales().getType(), matmul.getLhs(), matmul.getRhs(),
+        TypeRange(op.getScales().getType()), matmul.getLhs(), matmul.getRhs(),
         matmul.getTokensPerExpert(), matmul.getExpertOffsets(),
         matmul.getLhsScale(), matmul.getRhsScale(), matmul.getBias(),
-        matmul.getActivationAttr(), op.getScheme(), /*configs=*/ArrayAttr());
+        matmul.getActivationAttr(), op.getScheme(), /*configs=*/ArrayAttr(),
+        /*transpose_rhs=*/false, Value(), Value(), Value());
     rewriter.replaceOp(op, {fused.getOut(), fused.getOutScale()});
     rewriter.eraseOp(matmul);
     return success();
@@ -155,11 +156,11 @@ struct DequantizeIntoMatmul : OpRewritePattern<GroupedMatmulOp> {
     if (lhsScales.getDimSize(0) != lhsData.getDimSize(0))
       return failure();
     rewriter.replaceOpWithNewOp<GroupedMatmulOp>(
-        op, op.getOut().getType(),
-        op.getOutScale() ? op.getOutScale().getType() : Type(), lhs.getData(),
+        op, op.getOut().getType(), op.getExtras().getTypes(), lhs.getData(),
         rhs.getData(), op.getTokensPerExpert(), op.getExpertOffsets(),
         lhs.getScales(), rhs.getScales(), op.getBias(), op.getActivationAttr(),
-        op.getOutQuantAttr(), /*configs=*/ArrayAttr());
+        op.getOutQuantAttr(), /*configs=*/ArrayAttr(), /*transpose_rhs=*/false,
+        Value(), Value(), Value());
     return success();
   }
 };

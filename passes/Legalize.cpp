@@ -11,6 +11,16 @@
 // transposed copy (moe.transpose, then padded as above); one with a bias
 // keeps only its bias_dot.
 //
+// A dgrad whose one reader is the backward of a gated activation (the
+// down matmul's, without a shared experts' gate) takes that backward as
+// its epilogue: the rows' gradient g never reaches memory. Its parts
+// become: the scatter of the output's gradient also lays each row's
+// routing weight out by row; the weighted activation w a (what the down
+// matmul's weight gradient reads) is a step of its own, before the
+// matmul, and so is that weight gradient; the matmul writes the gate/up
+// gradient over the gate/up output (in_place), each row's <g, a> in
+// partial sums that a gather_dot adds up by choice.
+//
 //===----------------------------------------------------------------------===//
 
 #include "passes/Passes.h"
@@ -40,6 +50,83 @@ static int64_t bytesOf(RankedTensorType type) {
   return n;
 }
 
+/// Whether `value` is available before `op` in its block.
+static bool definedBefore(Value value, Operation *op) {
+  Operation *def = value.getDefiningOp();
+  return !def ||
+         (def->getBlock() == op->getBlock() && def->isBeforeInBlock(op));
+}
+
+/// The dgrad `op` (read as it lies) with the activation backward `grads`,
+/// its one reader, as its epilogue; false where they do not fit that form.
+static bool fuseActivationGrad(GroupedMatmulDgradOp op,
+                               ActivationGradOp grads) {
+  if (grads.getGate() || grads.getOutGrad() != op.getOut())
+    return false;
+  ScatterOp scatter;
+  if (grads.getRows()) {
+    scatter = op.getOutGrad().getDefiningOp<ScatterOp>();
+    if (!scatter || scatter.getScale() || scatter.getWeights() ||
+        scatter.getRows() != grads.getRows() ||
+        !definedBefore(grads.getWeights(), scatter))
+      return false;
+  }
+  Location loc = op.getLoc();
+  Value lhs = op.getOutGrad(), rowWeights;
+  Value h = grads.getInput();
+  int64_t rows = cast<RankedTensorType>(h.getType()).getDimSize(0);
+  Type f32 = Float32Type::get(op.getContext());
+  if (scatter) {
+    // The scatter also lays each row's routing weight out by row.
+    OpBuilder at(scatter);
+    auto laid = ScatterOp::create(
+        at, scatter.getLoc(), scatter.getOut().getType(),
+        RankedTensorType::get({rows}, f32), scatter.getSource(),
+        scatter.getRows(), scatter.getExpertOffsets(), Value(),
+        grads.getWeights(), scatter.getAlign());
+    scatter.getOut().replaceAllUsesWith(laid.getOut());
+    scatter.erase();
+    lhs = laid.getOut();
+    rowWeights = laid.getRowWeights();
+  }
+  OpBuilder b(grads);
+  ActivationAttr activation = grads.getActivationAttr();
+  Value weighted = ActivationOp::create(b, loc, grads.getWeighted().getType(),
+                                        h, rowWeights, activation);
+  int64_t n = cast<RankedTensorType>(op.getOut().getType()).getDimSize(1);
+  SmallVector<Type> rowDots;
+  if (rowWeights)
+    rowDots.push_back(RankedTensorType::get(
+        {rows, int64_t(llvm::divideCeil(n, GroupedMatmulOp::kRowDotColumns))},
+        f32));
+  auto fused = GroupedMatmulOp::create(
+      b, loc, grads.getInputGrad().getType(), rowDots, lhs, op.getRhs(),
+      op.getTokensPerExpert(), op.getExpertOffsets(), Value(), Value(), Value(),
+      activation, QuantAttr(), ArrayAttr(),
+      /*transpose_rhs=*/true, h, rowWeights, grads.getBiasTerm());
+  grads.getInputGrad().replaceAllUsesWith(fused.getOut());
+  grads.getWeighted().replaceAllUsesWith(weighted);
+  if (Value weightGrad = grads.getWeightGrad())
+    weightGrad.replaceAllUsesWith(
+        GatherDotOp::create(b, loc, weightGrad.getType(), fused.getRowDots(),
+                            Value(), grads.getRows()));
+  grads.erase();
+  // The weight gradient that reads w a runs before the matmul, so w a and
+  // the gate/up gradient never live at once.
+  for (Operation *user : llvm::to_vector(weighted.getUsers()))
+    if (user->getBlock() == fused->getBlock() && fused->isBeforeInBlock(user) &&
+        llvm::all_of(user->getOperands(),
+                     [&](Value v) { return definedBefore(v, fused); }))
+      user->moveBefore(fused);
+  // The gate/up gradient over the gate/up output, which nothing reads
+  // after it.
+  fused.setInPlace(llvm::all_of(h.getUsers(), [&](Operation *user) {
+    return user == fused || (user->getBlock() == fused->getBlock() &&
+                             user->isBeforeInBlock(fused));
+  }));
+  return true;
+}
+
 /// `op` as a grouped matmul, where it is one: bf16 operands, a bf16 or f32
 /// result, no `acc`. With a `bias`, the op stays for its bias_dot alone
 /// (its `out` unused), which sm_90a computes on CUDA cores.
@@ -56,6 +143,13 @@ static void dgradAsMatmul(GroupedMatmulDgradOp op) {
   // 16-byte units: read the weights as they lie.
   bool direct =
       dims[dims.size() - 1] % 8 == 0 && dims[dims.size() - 2] % 8 == 0;
+  if (direct && op.getOut().hasOneUse())
+    if (auto grads = dyn_cast<ActivationGradOp>(*op.getOut().user_begin());
+        grads && fuseActivationGrad(op, grads)) {
+      if (!op.getBias())
+        op.erase();
+      return;
+    }
   Value weights = op.getRhs();
   if (!direct) {
     SmallVector<int64_t> shape(dims);
@@ -63,10 +157,10 @@ static void dgradAsMatmul(GroupedMatmulDgradOp op) {
     weights = TransposeOp::create(b, op.getLoc(), rhs.clone(shape), weights);
   }
   auto matmul = GroupedMatmulOp::create(
-      b, op.getLoc(), op.getOut().getType(), Type(), op.getOutGrad(), weights,
-      op.getTokensPerExpert(), op.getExpertOffsets(), Value(), Value(), Value(),
-      ActivationAttr(), QuantAttr(), ArrayAttr());
-  matmul.setTransposeRhs(direct);
+      b, op.getLoc(), op.getOut().getType(), TypeRange(), op.getOutGrad(),
+      weights, op.getTokensPerExpert(), op.getExpertOffsets(), Value(), Value(),
+      Value(), ActivationAttr(), QuantAttr(), ArrayAttr(), direct, Value(),
+      Value(), Value());
   op.getOut().replaceAllUsesWith(matmul.getOut());
   if (!op.getBias())
     op.erase();

@@ -47,11 +47,11 @@ struct DequantizeOperands : OpRewritePattern<GroupedMatmulOp> {
     Value lhs = dequantize(op.getLhs(), op.getLhsScale(), "input");
     Value rhs = dequantize(op.getRhs(), op.getRhsScale(), "weights");
     rewriter.replaceOpWithNewOp<GroupedMatmulOp>(
-        op, op.getOut().getType(),
-        op.getOutScale() ? op.getOutScale().getType() : Type(), lhs, rhs,
+        op, op.getOut().getType(), op.getExtras().getTypes(), lhs, rhs,
         op.getTokensPerExpert(), op.getExpertOffsets(), Value(), Value(),
         op.getBias(), op.getActivationAttr(), op.getOutQuantAttr(),
-        /*configs=*/ArrayAttr());
+        /*configs=*/ArrayAttr(),
+        /*transpose_rhs=*/false, Value(), Value(), Value());
     return success();
   }
 };

@@ -323,6 +323,10 @@ LogicalResult FunctionLowering::lowerDispatch(DispatchOp op) {
 }
 
 LogicalResult FunctionLowering::lowerMatmul(GroupedMatmulOp op) {
+  if (op.isActivationGrad())
+    return op.emitOpError()
+           << "has an activation's backward as its epilogue, sm_90a's form "
+              "(moe-legalize): the CPU backend takes moe.activation_grad";
   Value lhs = buffer(op.getLhs()), rhs = buffer(op.getRhs());
   Value bias = op.getBias() ? buffer(op.getBias()) : Value();
   bool grouped = static_cast<bool>(op.getTokensPerExpert());
@@ -785,11 +789,20 @@ LogicalResult FunctionLowering::lowerActivation(ActivationOp op) {
   int64_t outN = cast<MemRefType>(input.getType()).getDimSize(1) / 2;
   Value rows = e.dim(input, 0);
   Value out = resultBuffer(op.getOut(), {rows});
+  Value weights = op.getRowWeights() ? buffer(op.getRowWeights()) : Value();
   e.forEach(e.index(0), rows, [&](Value r) {
     e.forEach(e.index(0), e.index(outN), [&](Value c) {
       Value gate = e.load(input, {r, c});
       Value up = e.load(input, {r, e.iadd(c, e.index(outN))});
-      e.store(activate(e, op.getActivation(), gate, up), out, {r, c});
+      Value a = activate(e, op.getActivation(), gate, up);
+      // The weighted form scales the activation as the forward rounded it.
+      if (weights)
+        a = e.mul(e.load(weights, {r}),
+                  arith::ExtFOp::create(
+                      e.b, e.loc, e.b.getF32Type(),
+                      arith::TruncFOp::create(e.b, e.loc, e.b.getBF16Type(), a)
+                          .getResult()));
+      e.store(a, out, {r, c});
     });
   });
   return success();
@@ -994,9 +1007,10 @@ LogicalResult FunctionLowering::lowerRouteGrad(RouteGradOp op) {
 }
 
 LogicalResult FunctionLowering::lowerGatherDot(GatherDotOp op) {
-  Value values = buffer(op.getRowValues()), tokens = buffer(op.getTokens());
+  Value values = buffer(op.getRowValues());
+  Value tokens = op.getTokens() ? buffer(op.getTokens()) : Value();
   Value rows = buffer(op.getRows());
-  int64_t h = cast<MemRefType>(tokens.getType()).getDimSize(1);
+  int64_t h = cast<MemRefType>(values.getType()).getDimSize(1);
   int64_t topK = cast<MemRefType>(rows.getType()).getDimSize(1);
   Value count = e.dim(rows, 0);
   Value out = resultBuffer(op.getOut(), {count});
@@ -1009,8 +1023,10 @@ LogicalResult FunctionLowering::lowerGatherDot(GatherDotOp op) {
         Value dot =
             e.reduce(e.index(0), e.index(h), {e.f32(0.0)},
                      [&](Value c, ValueRange acc) -> SmallVector<Value> {
-                       return {e.add(acc[0], e.mul(e.load(values, {ri, c}),
-                                                   e.load(tokens, {t, c})))};
+                       Value v = e.load(values, {ri, c});
+                       if (tokens)
+                         v = e.mul(v, e.load(tokens, {t, c}));
+                       return {e.add(acc[0], v)};
                      })[0];
         e.storeRaw(dot, out, {t, j});
       });
@@ -1030,11 +1046,18 @@ LogicalResult FunctionLowering::lowerScatter(ScatterOp op) {
   Value out = resultBuffer(op.getOut(), {total});
   e.fill(out, arith::ConstantOp::create(e.b, e.loc,
                                         e.b.getZeroAttr(e.b.getBF16Type())));
+  Value weights = op.getWeights() ? buffer(op.getWeights()) : Value();
+  Value rowWeights =
+      weights ? resultBuffer(op.getRowWeights(), {total}) : Value();
+  if (rowWeights)
+    e.fill(rowWeights, e.f32(0.0));
   e.forEach(e.index(0), e.dim(source, 0), [&](Value t) {
     e.forEach(e.index(0), e.index(topK), [&](Value j) {
       Value row = e.loadRaw(rows, {t, j});
       e.ifThen(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)), [&] {
         Value r = e.toIndex(row);
+        if (rowWeights)
+          e.storeRaw(e.loadRaw(weights, {t, j}), rowWeights, {r});
         e.forEach(e.index(0), e.index(h), [&](Value c) {
           if (!scale) {
             e.storeRaw(e.loadRaw(source, {t, c}), out, {r, c});

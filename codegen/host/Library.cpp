@@ -120,6 +120,9 @@ static llvm::json::Object expertParallelJson(InterfaceAttr interface) {
 /// A training library's forward, backward and saved buffer.
 static llvm::json::Object trainingJson(InterfaceAttr interface) {
   TrainingAttr training = interface.getTraining();
+  // sm_90a's backward writes the gate/up gradient over the saved gate/up
+  // output: a saved buffer serves one backward.
+  bool consumesSaved = interface.getTarget() == Target::SM90a;
   llvm::json::Array saved, gradients;
   for (auto [i, tensor] : llvm::enumerate(training.getSavedList()))
     saved.push_back(llvm::json::Object{
@@ -140,6 +143,7 @@ static llvm::json::Object trainingJson(InterfaceAttr interface) {
       {"saved_bytes", linearJson(training.getSavedBytes())},
       {"saved", std::move(saved)},
       {"gradients", std::move(gradients)},
+      {"consumes_saved", consumesSaved},
       {"flags", llvm::json::Object{{"accumulate", 1}, {"bf16", 2}}}};
 }
 
@@ -245,7 +249,8 @@ static void printTraining(llvm::raw_ostream &os, InterfaceAttr interface) {
     os << ". Every pointer is\n * device memory; every grads[i] is "
           "written, over what it held, and flags\n * must be 0. Both run "
           "on `stream` in workspace_size(tokens) bytes of\n * workspace, "
-          "and neither waits.";
+          "and neither waits. The backward consumes `saved` (it\n * writes "
+          "gradients over saved tensors): one backward a training forward.";
   else
     os << ", or bf16 with flag 2;\n * flag 1 adds to what grads[i] holds. "
           "A null grads[i] is not written.\n * The backward refuses a saved "
@@ -259,7 +264,8 @@ static void printTraining(llvm::raw_ostream &os, InterfaceAttr interface) {
      << "int64_t " << interface.getSymbol("saved_size") << "(int64_t tokens);\n"
      << "int32_t " << interface.getSymbol("backward")
      << "(void *const *args, int64_t tokens,\n    const void *output_grad, "
-        "const void *saved, void *const *grads,\n    int32_t flags"
+     << (gpu ? "void *saved" : "const void *saved")
+     << ", void *const *grads,\n    int32_t flags"
      << (gpu ? ", void *stream, void *workspace" : "") << ");\n\n";
 }
 

@@ -673,10 +673,28 @@ LogicalResult GroupedMatmulOp::verify() {
   SmallVector<Dim> nk = {size(kAny, "N"), size(k, "K")};
   if (transposed)
     std::swap(nk[0], nk[1]);
-  if (transposed && (getLhsScale() || getBias() || getActivation() ||
-                     getOutQuant() || !elementTypeOf(getLhs()).isBF16()))
+  if (transposed && (getLhsScale() || getBias() || getOutQuant() ||
+                     !elementTypeOf(getLhs()).isBF16()))
     return emitOpError() << "transpose_rhs takes bf16 operands without a "
-                            "bias, activation or quantized result";
+                            "bias or quantized result";
+  bool activationGrad = isActivationGrad();
+  if (transposed && getActivation() && !activationGrad)
+    return emitOpError() << "transpose_rhs takes an activation only as its "
+                            "backward (activation_input)";
+  if (activationGrad && !(transposed && getActivation()))
+    return emitOpError() << "activation_input (an activation's backward "
+                            "epilogue) needs transpose_rhs and an activation";
+  if ((getRowWeights() || getInPlace()) && !activationGrad)
+    return emitOpError() << (getInPlace() ? "in_place" : "row_weights")
+                         << " needs activation_input";
+  size_t extras = (getOutQuant() ? 1 : 0) + (getRowWeights() ? 1 : 0);
+  if (getExtras().size() != extras)
+    return emitOpError() << "has " << getExtras().size()
+                         << " results beside `out`, but " << extras
+                         << " are expected: the scales with out_quant, the "
+                            "row_dots with row_weights";
+  if (getRowTerm() && !getRowDots())
+    return emitOpError() << "row_term needs row_weights";
   int64_t experts = 0;
   if (grouped) {
     if (failed(checkShape(op, "rhs", getRhs(),
@@ -727,7 +745,33 @@ LogicalResult GroupedMatmulOp::verify() {
       return failure();
   }
   int64_t outN = n;
-  if (getActivation()) {
+  if (activationGrad) {
+    // The backward of an activation of N gate and N up columns.
+    outN = 2 * n;
+    if (failed(checkShape(op, "activation_input", getActivationInput(),
+                          {count(rows, "rows"), size(outN, "2 N")})) ||
+        (getRowWeights() &&
+         failed(checkShape(op, "row_weights", getRowWeights(),
+                           {count(rows, "rows")}))) ||
+        (getRowDots() &&
+         failed(checkShape(op, "row_dots", getRowDots(),
+                           {count(rows, "rows"),
+                            size(int64_t(llvm::divideCeil(n, kRowDotColumns)),
+                                 "N / 64, rounded up")}))) ||
+        (getRowTerm() &&
+         failed(checkShape(op, "row_term", getRowTerm(),
+                           {count(rows, "rows"), size(1, "one term")}))))
+      return failure();
+    if (!elementTypeOf(getOut()).isBF16())
+      return emitOpError() << "an activation's backward gives bf16, not "
+                           << elementTypeOf(getOut());
+    if (getInPlace())
+      for (Operation *user : getActivationInput().getUsers())
+        if (user != op &&
+            (user->getBlock() != op->getBlock() || !user->isBeforeInBlock(op)))
+          return emitOpError()
+                 << "is in_place, but activation_input is read after it";
+  } else if (getActivation()) {
     if (n % 2 != 0)
       return emitOpError() << "a gated activation needs an even N (gate "
                               "columns, then up columns), but N is "
@@ -801,6 +845,10 @@ LogicalResult ActivationOp::verify() {
     return emitOpError() << "a gated activation needs an even N (gate "
                             "columns, then up columns), but N is "
                          << n;
+  if (getRowWeights() &&
+      failed(checkShape(op, "row_weights", getRowWeights(),
+                        {count(shapeOf(getInput())[0], "rows")})))
+    return failure();
   return checkRows(op, "result", getOut(), shapeOf(getInput())[0], n / 2,
                    "N / 2");
 }
@@ -976,10 +1024,16 @@ LogicalResult ScatterOp::verify() {
   if (failed(checkShape(op, "rows", getRows(),
                         {count(tokens, "tokens"), size(kAny, "top-k")})))
     return failure();
-  if (getScale() && failed(checkShape(op, "scale", getScale(),
-                                      {count(tokens, "tokens"),
-                                       size(shapeOf(getRows())[1], "top-k")})))
-    return failure();
+  for (auto [name, value] : {std::pair<StringRef, Value>{"scale", getScale()},
+                             {"weights", getWeights()}})
+    if (value && failed(checkShape(op, name, value,
+                                   {count(tokens, "tokens"),
+                                    size(shapeOf(getRows())[1], "top-k")})))
+      return failure();
+  if (getScale() && getWeights())
+    return emitOpError() << "takes scale or weights, not both";
+  if (static_cast<bool>(getWeights()) != static_cast<bool>(getRowWeights()))
+    return emitOpError() << "weights and the row_weights result go together";
   if (failed(checkShape(op, "expert_offsets", getExpertOffsets(),
                         {size(kAny, "experts + 1")})))
     return failure();
@@ -987,20 +1041,32 @@ LogicalResult ScatterOp::verify() {
     return emitOpError() << "has expert_offsets of "
                          << shapeOf(getExpertOffsets())[0]
                          << " entries: one an expert and one more";
-  return checkShape(op, "out", getOut(),
-                    {count(kAny, "rows"), size(hidden, "hidden")});
+  if (failed(checkShape(op, "out", getOut(),
+                        {count(kAny, "rows"), size(hidden, "hidden")})))
+    return failure();
+  if (getRowWeights() &&
+      failed(checkShape(op, "row_weights", getRowWeights(),
+                        {count(shapeOf(getOut())[0], "rows")})))
+    return failure();
+  return success();
 }
 
 LogicalResult GatherDotOp::verify() {
   Operation *op = getOperation();
-  if (failed(checkShape(op, "tokens", getTokens(),
-                        {count(kAny, "tokens"), size(kAny, "hidden")})))
+  if (failed(checkShape(op, "rows", getRows(),
+                        {count(kAny, "tokens"), size(kAny, "top-k")})))
     return failure();
-  int64_t tokens = shapeOf(getTokens())[0], hidden = shapeOf(getTokens())[1];
+  int64_t tokens = shapeOf(getRows())[0];
+  int64_t hidden = kAny;
+  if (getTokens()) {
+    if (failed(checkShape(op, "tokens", getTokens(),
+                          {count(tokens, "tokens"), size(kAny, "hidden")})))
+      return failure();
+    hidden = shapeOf(getTokens())[1];
+  }
   if (failed(checkShape(op, "row_values", getRowValues(),
-                        {count(kAny, "rows"), size(hidden, "hidden")})) ||
-      failed(checkShape(op, "rows", getRows(),
-                        {count(tokens, "tokens"), size(kAny, "top-k")})))
+                        {count(kAny, "rows"),
+                         size(hidden, getTokens() ? "hidden" : "partials")})))
     return failure();
   return checkShape(
       op, "result", getOut(),

@@ -283,7 +283,20 @@ def Moe_GroupedMatmulOp : Moe_Op<"grouped_matmul",
     `#moe.matmul_config` for each plan (any token count, then each bucket).
     With `transpose_rhs`, `rhs` is stored [E, K, N] (or [K, N]), the weights
     of the matmul a dgrad differentiates, and is read along N as it lies:
-    bf16 operands, no bias, activation or quantized result.
+    bf16 operands, no bias or quantized result, and an activation only
+    as the backward's epilogue below.
+
+    With `transpose_rhs`, `activation` and `activation_input` (h [R, 2N],
+    that activation's input in the forward), the epilogue is the
+    activation's backward, as moe.activation_grad without `gate` gives it:
+    the product g is each row's gradient before its weight w
+    (`row_weights` [R], or 1), and `out` [R, 2N] (bf16) is
+    activation'(h) * (w g), gate columns then up columns. With
+    `row_weights` the second result `row_dots` [R, ceil(N / 64)] (f32) holds each
+    row's <g, a> (a = activation(h) rounded to bf16) summed over each 64 of
+    the N columns; `row_term` [R, 1] (f32), when given, is added to the
+    first. With `in_place`, `out` takes `activation_input`'s memory: every
+    other reader of h comes before this op.
   }];
   let arguments = (ins
     Moe_MatmulInput:$lhs,
@@ -297,14 +310,22 @@ def Moe_GroupedMatmulOp : Moe_Op<"grouped_matmul",
     OptionalAttr<Moe_QuantAttr>:$out_quant,
     OptionalAttr<TypedArrayAttrBase<Moe_MatmulConfigAttr,
                                     "kernel configurations">>:$configs,
-    UnitAttr:$transpose_rhs
+    UnitAttr:$transpose_rhs,
+    Optional<Moe_Activations>:$activation_input,
+    Optional<Moe_F32Tensor>:$row_weights,
+    Optional<Moe_F32Tensor>:$row_term,
+    UnitAttr:$in_place
   );
-  let results = (outs Moe_MatmulOutput:$out, Optional<Moe_Scales>:$out_scale);
+  // `extras`: the result's scales (out_quant), or the rows' partial sums of
+  // <g, a> (row_weights); getOutScale() and getRowDots() name them.
+  let results = (outs Moe_MatmulOutput:$out, Variadic<Moe_Scales>:$extras);
   let assemblyFormat = [{
     $lhs `,` $rhs
     (`groups` `(` $tokens_per_expert^ `,` $expert_offsets `)`)?
     (`scales` `(` $lhs_scale^ `,` $rhs_scale `)`)?
     (`bias` $bias^)?
+    (`activation_input` $activation_input^)?
+    (`row_weights` $row_weights^)? (`row_term` $row_term^)?
     attr-dict `:` functional-type(operands, results)
   }];
   let extraClassDeclaration = [{
@@ -318,6 +339,20 @@ def Moe_GroupedMatmulOp : Moe_Op<"grouped_matmul",
     /// `transpose_rhs` puts them in `rhs`.
     int64_t getN();
     int64_t getK();
+    /// The epilogue is an activation's backward (`activation_input`).
+    bool isActivationGrad() { return static_cast<bool>(getActivationInput()); }
+    /// With `out_quant`: the result's scales.
+    ::mlir::Value getOutScale() {
+      return getOutQuant() && !getExtras().empty() ? getExtras()[0]
+                                                   : ::mlir::Value();
+    }
+    /// With `row_weights`: each row's partial sums of <g, a>.
+    ::mlir::Value getRowDots() {
+      return getRowWeights() && !getExtras().empty() ? getExtras()[0]
+                                                     : ::mlir::Value();
+    }
+    /// Columns each `row_dots` entry sums.
+    static constexpr int64_t kRowDotColumns = 64;
   }];
   let hasVerifier = 1;
 }
@@ -400,12 +435,17 @@ def Moe_ActivationOp : Moe_Op<"activation", [Pure]> {
     gate columns [0, N/2) and up columns [N/2, N) of `input` [R, N], in f32
     from bf16, rounded to bf16: the epilogue of a gated moe.grouped_matmul
     as a step of its own, so that a training forward keeps the matmul's
-    output (the activation's input) for the backward.
+    output (the activation's input) for the backward. With `row_weights`
+    [R] (f32), row r is that rounded value times row_weights[r], rounded
+    again: the weighted activation a backward's weight gradient reads.
   }];
-  let arguments = (ins Moe_Activations:$input, Moe_ActivationAttr:$activation);
+  let arguments = (ins Moe_Activations:$input,
+                       Optional<Moe_F32Tensor>:$row_weights,
+                       Moe_ActivationAttr:$activation);
   let results = (outs Moe_Activations:$out);
   let assemblyFormat = [{
-    $input attr-dict `:` functional-type(operands, results)
+    $input (`row_weights` $row_weights^)? attr-dict `:`
+    functional-type(operands, results)
   }];
   let hasVerifier = 1;
 }
@@ -512,7 +552,7 @@ def Moe_GroupedMatmulWgradOp : Moe_Op<"grouped_matmul_wgrad",
   let hasVerifier = 1;
 }
 
-def Moe_ScatterOp : Moe_Op<"scatter", [Pure]> {
+def Moe_ScatterOp : Moe_Op<"scatter", [Pure, AttrSizedOperandSegments]> {
   let summary = "each token copied to the rows a dispatch gave it";
   let description = [{
     `out`[rows[t, j]] = `source`[t] ([T, H]) for each choice j of each token
@@ -523,18 +563,25 @@ def Moe_ScatterOp : Moe_Op<"scatter", [Pure]> {
     gave: a backend may order an expert's rows freely, so a second
     dispatch of the same choices need not place them alike. `align` is
     that dispatch's, which bounds the rows (T x k + E x (align - 1)).
+
+    With `weights` [T, k] (f32; not with `scale`), the rows are not
+    scaled, and `row_weights` [R] (f32) holds weights[t, j] at row
+    rows[t, j], 0 at rows no choice names: each row's routing weight, for
+    a kernel that works by row.
   }];
   let arguments = (ins
     Moe_Activations:$source,
     Moe_IndexTensor:$rows,
     Moe_IndexTensor:$expert_offsets,
     Optional<Moe_F32Tensor>:$scale,
+    Optional<Moe_F32Tensor>:$weights,
     DefaultValuedAttr<I64Attr, "1">:$align
   );
-  let results = (outs Moe_Activations:$out);
+  let results = (outs Moe_Activations:$out,
+                     Optional<Moe_F32Tensor>:$row_weights);
   let assemblyFormat = [{
-    $source `,` $rows `offsets` $expert_offsets (`scale` $scale^)? attr-dict
-    `:` functional-type(operands, results)
+    $source `,` $rows `offsets` $expert_offsets (`scale` $scale^)?
+    (`weights` $weights^)? attr-dict `:` functional-type(operands, results)
   }];
   let hasVerifier = 1;
 }
@@ -545,13 +592,16 @@ def Moe_GatherDotOp : Moe_Op<"gather_dot", [Pure]> {
     `out`[t, j] = the dot product of `row_values`[rows[t, j]] ([R, H]) and
     `tokens`[t] ([T, H]), in f32; 0 where rows[t, j] < 0. The gradient of a
     routing weight that scaled a token into its row (the Llama-4 router),
-    from the row's gradient.
+    from the row's gradient. Without `tokens`, `out`[t, j] is the sum of
+    row_values[rows[t, j]] ([R, P]): a row's partial sums (moe.grouped_matmul's
+    `row_dots`) gathered into its choice.
   }];
-  let arguments = (ins Moe_RealTensor:$row_values, Moe_RealTensor:$tokens,
+  let arguments = (ins Moe_RealTensor:$row_values,
+                       Optional<Moe_RealTensor>:$tokens,
                        Moe_IndexTensor:$rows);
   let results = (outs Moe_F32Tensor:$out);
   let assemblyFormat = [{
-    $row_values `,` $tokens `rows` $rows attr-dict `:`
+    $row_values (`,` $tokens^)? `rows` $rows attr-dict `:`
     functional-type(operands, results)
   }];
   let hasVerifier = 1;

@@ -306,6 +306,7 @@ class Layer:
         if status != 0:
             raise LayerError(f"{self.training['forward']} failed: "
                              f"{self._last_error()}")
+        saved._moe_consumed = False
 
     def _check_saved(self, saved, tokens, device):
         import torch
@@ -338,7 +339,8 @@ class Layer:
         (each in the dtype gradient_shapes() gives: weights' f32, or bf16
         in a library built with bf16 gradients; on the CPU, bf16 also with
         `bf16`; added to with `accumulate`). On the GPU, `stream` and `workspace` as for
-        forward_train."""
+        forward_train, and the backward consumes `saved` (it writes gradients
+        over saved tensors): a second backward on it is refused."""
         import torch
         fn = self._training_entry("backward", [
             ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
@@ -364,6 +366,12 @@ class Layer:
                                 if isinstance(output_grad, torch.Tensor)
                                 else type(output_grad).__name__))
         self._check_saved(saved, tokens, device)
+        consumes = self.training.get("consumes_saved", False)
+        if consumes and getattr(saved, "_moe_consumed", False):
+            raise LayerError("the saved buffer was consumed by an earlier "
+                             "backward (it writes gradients over saved "
+                             "tensors): run forward_train again for another "
+                             "backward")
         expected = self.gradient_shapes(tokens)
         if len(grads) != len(expected):
             raise LayerError(f"{len(expected)} gradients expected "
@@ -379,9 +387,11 @@ class Layer:
                                  f"{gshape} contiguous on {device}; it is "
                                  f"{g.dtype} {list(g.shape)} on {g.device}")
         if self.target != "cpu":
-            return self._backward_gpu(fn, tensors, tokens, output_grad, saved,
-                                      grads, accumulate, expected, stream,
-                                      workspace)
+            self._backward_gpu(fn, tensors, tokens, output_grad, saved, grads,
+                               accumulate, expected, stream, workspace)
+            if consumes:
+                saved._moe_consumed = True
+            return
         args = list(tensors) + [None] * self.num_outputs
         pointers = (ctypes.c_void_p * len(args))(
             *[t.data_ptr() if t is not None else None for t in args])

@@ -269,7 +269,9 @@ def _(hidden_states, weights, layer_id):
                                     dtype=torch.uint8))
 
 
-@torch.library.custom_op("moe_compiler::moe_backward", mutates_args=())
+# An sm_90a backward writes gradients over the saved tensors.
+@torch.library.custom_op("moe_compiler::moe_backward",
+                         mutates_args=("saved",))
 def moe_backward(output_grad: torch.Tensor, hidden_states: torch.Tensor,
                  weights: list[torch.Tensor], saved: torch.Tensor,
                  layer_id: int) -> list[torch.Tensor]:

@@ -193,8 +193,65 @@ func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x64xbf16>, %c: tensor<4xi32>,
 // -----
 
 func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x64x32xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>, %bias: tensor<4x32xbf16>) {
-  // expected-error @+1 {{transpose_rhs takes bf16 operands without a bias, activation or quantized result}}
+  // expected-error @+1 {{transpose_rhs takes bf16 operands without a bias or quantized result}}
   %y = moe.grouped_matmul %a, %b groups(%c, %o) bias %bias {transpose_rhs} : (tensor<?x64xbf16>, tensor<4x64x32xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<4x32xbf16>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x64x32xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>) {
+  // expected-error @+1 {{transpose_rhs takes an activation only as its backward (activation_input)}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) {activation = #moe.activation<kind = swiglu>, transpose_rhs} : (tensor<?x64xbf16>, tensor<4x64x32xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<?x16xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x64xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>, %h: tensor<?x64xbf16>) {
+  // expected-error @+1 {{activation_input (an activation's backward epilogue) needs transpose_rhs and an activation}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) activation_input %h : (tensor<?x64xbf16>, tensor<4x32x64xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x64xbf16>) -> tensor<?x64xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x64x32xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>, %h: tensor<?x32xbf16>) {
+  // expected-error @+1 {{activation_input dimension 1 (2 N) must be 64, but is 32}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) activation_input %h {activation = #moe.activation<kind = swiglu>, transpose_rhs} : (tensor<?x64xbf16>, tensor<4x64x32xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x32xbf16>) -> tensor<?x64xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x64x32xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>, %h: tensor<?x64xbf16>, %w: tensor<?xf32>) {
+  // expected-error @+1 {{has 0 results beside `out`, but 1 are expected: the scales with out_quant, the row_dots with row_weights}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) activation_input %h row_weights %w {activation = #moe.activation<kind = swiglu>, transpose_rhs} : (tensor<?x64xbf16>, tensor<4x64x32xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x64xbf16>, tensor<?xf32>) -> tensor<?x64xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x64x100xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>, %h: tensor<?x200xbf16>, %w: tensor<?xf32>) {
+  // expected-error @+1 {{row_dots dimension 1 (N / 64, rounded up) must be 2, but is 1}}
+  %y, %d = moe.grouped_matmul %a, %b groups(%c, %o) activation_input %h row_weights %w {activation = #moe.activation<kind = swiglu>, transpose_rhs} : (tensor<?x64xbf16>, tensor<4x64x100xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x200xbf16>, tensor<?xf32>) -> (tensor<?x200xbf16>, tensor<?x1xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x64x32xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>, %h: tensor<?x64xbf16>) {
+  // expected-error @+1 {{is in_place, but activation_input is read after it}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) activation_input %h {activation = #moe.activation<kind = swiglu>, in_place, transpose_rhs} : (tensor<?x64xbf16>, tensor<4x64x32xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x64xbf16>) -> tensor<?x64xbf16>
+  %z = moe.activation %h {activation = #moe.activation<kind = swiglu>} : (tensor<?x64xbf16>) -> tensor<?x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x64xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>) {
+  // expected-error @+1 {{in_place needs activation_input}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) {in_place} : (tensor<?x64xbf16>, tensor<4x32x64xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<?x32xbf16>
   return
 }
 
@@ -298,7 +355,7 @@ func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x64xbf16>, %c: tensor<4xi32>,
 
 func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x64xbf16>, %c: tensor<4xi32>) {
   // expected-error @+1 {{tokens_per_expert and expert_offsets must be given together}}
-  %y = "moe.grouped_matmul"(%a, %b, %c) <{operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0>}> : (tensor<?x64xbf16>, tensor<4x32x64xbf16>, tensor<4xi32>) -> tensor<?x32xbf16>
+  %y = "moe.grouped_matmul"(%a, %b, %c) <{operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0, 0, 0, 0>}> : (tensor<?x64xbf16>, tensor<4x32x64xbf16>, tensor<4xi32>) -> tensor<?x32xbf16>
   return
 }
 
@@ -306,7 +363,7 @@ func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x64xbf16>, %c: tensor<4xi32>)
 
 func.func @f(%a: tensor<?x64xf8E4M3FN>, %b: tensor<32x64xf8E4M3FN>, %s: tensor<?x2xf8E8M0FNU>) {
   // expected-error @+1 {{lhs_scale and rhs_scale must be given together}}
-  %y = "moe.grouped_matmul"(%a, %b, %s) <{operandSegmentSizes = array<i32: 1, 1, 0, 0, 1, 0, 0>}> : (tensor<?x64xf8E4M3FN>, tensor<32x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>) -> tensor<?x32xbf16>
+  %y = "moe.grouped_matmul"(%a, %b, %s) <{operandSegmentSizes = array<i32: 1, 1, 0, 0, 1, 0, 0, 0, 0, 0>}> : (tensor<?x64xf8E4M3FN>, tensor<32x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>) -> tensor<?x32xbf16>
   return
 }
 
@@ -564,6 +621,24 @@ func.func @f(%g: tensor<?x64xbf16>, %rows: tensor<?x2xi32>, %off: tensor<9xi32>,
 
 // -----
 
+func.func @f(%g: tensor<?x64xbf16>, %rows: tensor<?x2xi32>, %off: tensor<9xi32>, %w: tensor<?x2xf32>) {
+  // expected-error @+1 {{weights and the row_weights result go together}}
+  %0 = moe.scatter %g, %rows offsets %off weights %w
+      : (tensor<?x64xbf16>, tensor<?x2xi32>, tensor<9xi32>, tensor<?x2xf32>) -> tensor<?x64xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%g: tensor<?x64xbf16>, %rows: tensor<?x2xi32>, %off: tensor<9xi32>, %w: tensor<?x2xf32>) {
+  // expected-error @+1 {{takes scale or weights, not both}}
+  %0, %rw = moe.scatter %g, %rows offsets %off scale %w weights %w
+      : (tensor<?x64xbf16>, tensor<?x2xi32>, tensor<9xi32>, tensor<?x2xf32>, tensor<?x2xf32>) -> (tensor<?x64xbf16>, tensor<?xf32>)
+  return
+}
+
+// -----
+
 func.func @f(%g: tensor<?x64xbf16>, %rows: tensor<?x2xi32>, %off: tensor<9xi32>) {
   // expected-error @+1 {{align must be at least 1, but is 0}}
   %0 = moe.scatter %g, %rows offsets %off {align = 0}
@@ -600,6 +675,14 @@ func.func @f(%w: tensor<64x32xbf16>) {
 func.func @f(%h: tensor<?x15xbf16>) {
   // expected-error @+1 {{a gated activation needs an even N (gate columns, then up columns), but N is 15}}
   %a = moe.activation %h {activation = #moe.activation<kind = swiglu>} : (tensor<?x15xbf16>) -> tensor<?x7xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%h: tensor<7x16xbf16>, %w: tensor<6xf32>) {
+  // expected-error @+1 {{row_weights dimension 0 (rows) must be 7, but is 6}}
+  %a = moe.activation %h row_weights %w {activation = #moe.activation<kind = swiglu>} : (tensor<7x16xbf16>, tensor<6xf32>) -> tensor<7x8xbf16>
   return
 }
 
@@ -648,6 +731,14 @@ func.func @f(%dy: tensor<?x16xbf16>, %x: tensor<?x8xbf16>, %c: tensor<4xi32>, %o
 func.func @f(%v: tensor<?x16xbf16>, %x: tensor<?x8xbf16>, %rows: tensor<?x2xi32>) {
   // expected-error @+1 {{row_values dimension 1 (hidden) must be 8, but is 16}}
   %d = moe.gather_dot %v, %x rows %rows : (tensor<?x16xbf16>, tensor<?x8xbf16>, tensor<?x2xi32>) -> tensor<?x2xf32>
+  return
+}
+
+// -----
+
+func.func @f(%v: tensor<?x4xf32>, %rows: tensor<?x2xi32>) {
+  // expected-error @+1 {{result dimension 1 (top-k) must be 2, but is 3}}
+  %d = moe.gather_dot %v rows %rows : (tensor<?x4xf32>, tensor<?x2xi32>) -> tensor<?x3xf32>
   return
 }
 

@@ -89,3 +89,46 @@ func.func @dgrad_bias(%dy: tensor<?x64xbf16>, %w: tensor<4x64x32xbf16>, %counts:
   %0, %1 = moe.grouped_matmul_dgrad %dy, %w groups(%counts, %offsets) bias %bias : (tensor<?x64xbf16>, tensor<4x64x32xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<4x64xbf16>) -> (tensor<?x32xbf16>, tensor<?x1xf32>)
   return %0, %1 : tensor<?x32xbf16>, tensor<?x1xf32>
 }
+
+// -----
+
+// The down matmul's dgrad with the activation's backward, its one reader,
+// as its epilogue: the scatter lays the routing weights out by row, the
+// weighted activation and the weight gradient that reads it come first,
+// and the gate/up gradient is written over the gate/up output. A bias's
+// dot becomes the first partial's term.
+// CHECK-LABEL: func @dgrad_activation_grad
+// CHECK: %[[DY:.*]], %[[RW:.*]] = moe.scatter %arg0, %arg1 offsets %arg3 weights %arg2
+// CHECK: %{{.*}}, %[[DOT:.*]] = moe.grouped_matmul_dgrad %[[DY]], %arg5 groups(%arg4, %arg3) bias %arg7
+// CHECK-NEXT: %[[AW:.*]] = moe.activation %arg6 row_weights %[[RW]] {activation = #moe.activation<kind = swiglu>}
+// CHECK-NEXT: %[[DW:.*]] = moe.grouped_matmul_wgrad %[[DY]] lhs %[[AW]]
+// CHECK-NEXT: %[[DH:.*]], %[[DOTS:.*]] = moe.grouped_matmul %[[DY]], %arg5 groups(%arg4, %arg3) activation_input %arg6 row_weights %[[RW]] row_term %[[DOT]] {activation = #moe.activation<kind = swiglu>, in_place, transpose_rhs}
+// CHECK-SAME: -> (tensor<?x128xbf16>, tensor<?x1xf32>)
+// CHECK-NEXT: %[[G:.*]] = moe.gather_dot %[[DOTS]] rows %arg1
+// CHECK-NOT: moe.activation_grad
+// CHECK: return %[[DH]], %[[DW]], %[[G]]
+func.func @dgrad_activation_grad(%g: tensor<?x32xbf16>, %rows: tensor<?x2xi32>, %w: tensor<?x2xf32>, %offsets: tensor<5xi32>, %counts: tensor<4xi32>, %w2: tensor<4x32x64xbf16>, %h: tensor<?x128xbf16>, %bias: tensor<4x32xbf16>) -> (tensor<?x128xbf16>, tensor<4x32x64xbf16>, tensor<?x2xf32>) {
+  %dy = moe.scatter %g, %rows offsets %offsets : (tensor<?x32xbf16>, tensor<?x2xi32>, tensor<5xi32>) -> tensor<?x32xbf16>
+  %d, %dot = moe.grouped_matmul_dgrad %dy, %w2 groups(%counts, %offsets) bias %bias : (tensor<?x32xbf16>, tensor<4x32x64xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<4x32xbf16>) -> (tensor<?x64xbf16>, tensor<?x1xf32>)
+  %dh, %aw, %dw = moe.activation_grad %d, %h rows(%rows, %w) bias_term %dot {activation = #moe.activation<kind = swiglu>} : (tensor<?x64xbf16>, tensor<?x128xbf16>, tensor<?x2xi32>, tensor<?x2xf32>, tensor<?x1xf32>) -> (tensor<?x128xbf16>, tensor<?x64xbf16>, tensor<?x2xf32>)
+  %dw2 = moe.grouped_matmul_wgrad %dy lhs %aw groups(%counts, %offsets) : (tensor<?x32xbf16>, tensor<?x64xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<4x32x64xbf16>
+  return %dh, %dw2, %dw : tensor<?x128xbf16>, tensor<4x32x64xbf16>, tensor<?x2xf32>
+}
+
+// -----
+
+// Shared experts: no routing weights, no weight gradient, the same
+// epilogue. A gate keeps the activation_grad (unfused), and so does a
+// gate/up output read after it (not in place: here, returned).
+// CHECK-LABEL: func @dgrad_activation_grad_shared
+// CHECK: %[[DH:.*]] = moe.grouped_matmul %arg0, %arg1 activation_input %arg2 {activation = #moe.activation<kind = swiglu>, transpose_rhs}
+// CHECK-SAME: -> tensor<?x128xbf16>
+// CHECK: moe.grouped_matmul %arg0, %arg1 {{.*}}transpose_rhs
+// CHECK: moe.activation_grad
+func.func @dgrad_activation_grad_shared(%dy: tensor<?x32xbf16>, %w2: tensor<32x64xbf16>, %h: tensor<?x128xbf16>, %gate: tensor<?x1xbf16>) -> (tensor<?x128xbf16>, tensor<?x64xbf16>, tensor<?x128xbf16>, tensor<?x128xbf16>) {
+  %d = moe.grouped_matmul_dgrad %dy, %w2 : (tensor<?x32xbf16>, tensor<32x64xbf16>) -> tensor<?x64xbf16>
+  %dh, %aw = moe.activation_grad %d, %h {activation = #moe.activation<kind = swiglu>} : (tensor<?x64xbf16>, tensor<?x128xbf16>) -> (tensor<?x128xbf16>, tensor<?x64xbf16>)
+  %d2 = moe.grouped_matmul_dgrad %dy, %w2 : (tensor<?x32xbf16>, tensor<32x64xbf16>) -> tensor<?x64xbf16>
+  %dh2, %aw2, %dg = moe.activation_grad %d2, %h gate %gate {activation = #moe.activation<kind = swiglu>} : (tensor<?x64xbf16>, tensor<?x128xbf16>, tensor<?x1xbf16>) -> (tensor<?x128xbf16>, tensor<?x64xbf16>, tensor<?x1xf32>)
+  return %dh, %aw, %dh2, %h : tensor<?x128xbf16>, tensor<?x64xbf16>, tensor<?x128xbf16>, tensor<?x128xbf16>
+}

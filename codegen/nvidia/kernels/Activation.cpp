@@ -24,7 +24,10 @@ LogicalResult nvidia::buildActivation(LayerKernels &layer, ActivationOp op) {
   TokenLinear rows = layer.info(op.getInput()).rows;
   int64_t outN = cast<RankedTensorType>(op.getOut().getType()).getDimSize(1);
   layer.define(op.getOut(), rows);
-  Kernel k = layer.kernel(op, "activation", {op.getInput(), op.getOut()});
+  SmallVector<Value> buffers = {op.getInput(), op.getOut()};
+  if (op.getRowWeights())
+    buffers.push_back(op.getRowWeights());
+  Kernel k = layer.kernel(op, "activation", buffers);
   k.launch.work = rows;
   k.launch.block = kThreads;
   Emitter &e = k.e;
@@ -32,12 +35,23 @@ LogicalResult nvidia::buildActivation(LayerKernels &layer, ActivationOp op) {
   Value out = k.view(1, layer.info(op.getOut()));
   Value r = k.blockId(gpu::Dimension::x);
   k.onlyIf(e.ult(r, k.linear(rows)));
+  Value w = op.getRowWeights()
+                ? e.load(k.view(2, layer.info(op.getRowWeights())), {r})
+                : Value();
   e.forEach(
       k.threadId(), e.index(outN),
       [&](Value c) {
         Value gate = e.load(input, {r, c});
         Value up = e.load(input, {r, e.iadd(c, e.index(outN))});
-        e.store(common::activate(e, op.getActivation(), gate, up), out, {r, c});
+        Value a = common::activate(e, op.getActivation(), gate, up);
+        // Weighted: the activation as the forward rounded it, times w.
+        if (w)
+          a = e.mul(
+              w, arith::ExtFOp::create(
+                     e.b, e.loc, e.b.getF32Type(),
+                     arith::TruncFOp::create(e.b, e.loc, e.b.getBF16Type(), a)
+                         .getResult()));
+        e.store(a, out, {r, c});
       },
       e.index(kThreads));
   return k.finish(op);

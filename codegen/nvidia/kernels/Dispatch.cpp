@@ -324,9 +324,12 @@ LogicalResult nvidia::buildScatter(LayerKernels &layer, ScatterOp op) {
   int64_t topK = rowsType.getDimSize(1);
   int64_t h = cast<RankedTensorType>(op.getSource().getType()).getDimSize(1);
   layer.define(op.getOut(), tokens * topK);
+  if (op.getRowWeights())
+    layer.define(op.getRowWeights(), tokens * topK);
   SmallVector<Value> buffers = {op.getSource(), op.getRows(), op.getOut()};
-  if (op.getScale())
-    buffers.push_back(op.getScale());
+  for (Value v : {op.getScale(), op.getWeights(), op.getRowWeights()})
+    if (v)
+      buffers.push_back(v);
   DispatchConfig cfg;
   Kernel k = layer.kernel(op, "scatter", buffers);
   k.launch.work = tokens;
@@ -335,10 +338,25 @@ LogicalResult nvidia::buildScatter(LayerKernels &layer, ScatterOp op) {
   Value source = k.view(0, layer.info(op.getSource()));
   Value rows = k.view(1, layer.info(op.getRows()));
   Value out = k.view(2, layer.info(op.getOut()));
-  Value scale = op.getScale() ? k.view(3, layer.info(op.getScale())) : Value();
+  auto view = [&](Value v) {
+    return v ? k.view(llvm::find(buffers, v) - buffers.begin(), layer.info(v))
+             : Value();
+  };
+  Value scale = view(op.getScale());
   Value t = k.blockId(gpu::Dimension::x);
   k.onlyIf(e.ult(t, k.linear(tokens)));
   copyToRows(e, source, rows, out, scale, t, k.threadId(), topK, h,
              vectorWidth(h), cfg.scatterThreads);
+  // Each choice's weight at its row, a thread a choice.
+  if (Value rowWeights = view(op.getRowWeights())) {
+    Value weights = view(op.getWeights());
+    Value j = k.threadId();
+    e.ifThen(e.ult(j, e.index(topK)), [&] {
+      Value r = e.loadRaw(rows, {t, j});
+      e.ifThen(e.icmp(arith::CmpIPredicate::sge, r, e.i32(0)), [&] {
+        e.storeRaw(e.loadRaw(weights, {t, j}), rowWeights, {e.toIndex(r)});
+      });
+    });
+  }
   return k.finish(op);
 }

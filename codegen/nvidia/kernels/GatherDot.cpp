@@ -15,18 +15,20 @@ using namespace mlir::moe::nvidia;
 LogicalResult nvidia::buildGatherDot(LayerKernels &layer, GatherDotOp op) {
   constexpr int64_t warps = 8;
   TokenLinear tokens = layer.info(op.getRows()).rows;
-  int64_t h = cast<RankedTensorType>(op.getTokens().getType()).getDimSize(1);
+  int64_t h = cast<RankedTensorType>(op.getRowValues().getType()).getDimSize(1);
   int64_t topK = cast<RankedTensorType>(op.getRows().getType()).getDimSize(1);
   layer.define(op.getOut(), tokens);
-  Kernel k = layer.kernel(
-      op, "gather_dot",
-      {op.getRowValues(), op.getTokens(), op.getRows(), op.getOut()});
+  // Without tokens, each row's partials summed: the rows stand in for them
+  // (never read).
+  Value xs = op.getTokens() ? op.getTokens() : op.getRows();
+  Kernel k = layer.kernel(op, "gather_dot",
+                          {op.getRowValues(), xs, op.getRows(), op.getOut()});
   k.launch.work = tokens;
   k.launch.perBlock = warps;
   k.launch.block = warps * 32;
   Emitter &e = k.e;
   Value values = k.view(0, layer.info(op.getRowValues()));
-  Value x = k.view(1, layer.info(op.getTokens()));
+  Value x = op.getTokens() ? k.view(1, layer.info(op.getTokens())) : Value();
   Value rows = k.view(2, layer.info(op.getRows()));
   Value out = k.view(3, layer.info(op.getOut()));
   Value tid = k.threadId();
@@ -42,8 +44,8 @@ LogicalResult nvidia::buildGatherDot(LayerKernels &layer, GatherDotOp op) {
       Value partial = e.reduce(
           lane, e.index(h), {e.f32(0.0)},
           [&](Value c, ValueRange acc) -> SmallVector<Value> {
-            return {e.add(acc[0],
-                          e.mul(e.load(values, {ri, c}), e.load(x, {t, c})))};
+            Value v = e.load(values, {ri, c});
+            return {e.add(acc[0], x ? e.mul(v, e.load(x, {t, c})) : v)};
           },
           e.index(32))[0];
       partial = warpButterfly(e, partial,

@@ -185,6 +185,9 @@ static LogicalResult checkConfig(GroupedMatmulOp op, MatmulConfigAttr config,
   if (c.sharedEpilogue && c.outBlock)
     return refuse("epilogue", "shared")
            << "a quantizing epilogue stores from registers";
+  if (c.sharedEpilogue && c.activationGrad)
+    return refuse("epilogue", "shared")
+           << "an activation's backward stores from registers";
   if (c.sharedEpilogue && c.outN % 8 != 0)
     return refuse("epilogue", "shared")
            << "its 16-byte stores need output rows of a multiple of 8 "
@@ -241,7 +244,8 @@ FailureOr<MatmulConfig> nvidia::configureMatmul(GroupedMatmulOp op,
         cast<RankedTensorType>(op.getRhsScale().getType()).getShape(),
         c.enc.scheme);
   c.columnScales = c.enc.fp8() && c.rhsScaleRows == 1;
-  c.gated = static_cast<bool>(op.getActivationAttr());
+  c.activationGrad = op.isActivationGrad();
+  c.gated = static_cast<bool>(op.getActivationAttr()) && !c.activationGrad;
   c.outN = c.gated ? c.n / 2 : c.n;
   c.outTile = c.gated ? c.tileN / 2 : c.tileN;
   if (QuantAttr outQuant = op.getOutQuantAttr())
@@ -369,6 +373,7 @@ private:
   void emitStore(ArrayRef<Value> finals);
   void emitSharedStore(ArrayRef<Value> finals);
   void emitQuantizedStore(ArrayRef<Value> finals);
+  void emitActivationGradStore(ArrayRef<Value> finals);
 
   MemRefType tileType(int64_t rows);
   SmallVector<int64_t> transposedBox();
@@ -407,6 +412,7 @@ private:
 
   // The kernel's parameters.
   Value out, counts, offsets, bias, lhsScale, rhsScale, outScale;
+  Value activationInput, rowWeights, rowTerm, rowDots;
   Value descA, descB, partialView;
   unsigned splitCounters = 0;
   // The block's tile: its row tiles, its place among the tiles (tileU
@@ -438,6 +444,8 @@ void MatmulEmitter::emitViews(ArrayRef<Value> buffers,
   out = views.out, counts = views.counts, offsets = views.offsets;
   bias = views.bias, lhsScale = views.lhsScale, rhsScale = views.rhsScale;
   outScale = views.outScale;
+  activationInput = views.activationInput, rowWeights = views.rowWeights;
+  rowTerm = views.rowTerm, rowDots = views.rowDots;
   unsigned firstMap = indices.size();
   descA = k.tensorMap(firstMap, mapType(c.tileM));
   descB = k.tensorMap(firstMap + 1,
@@ -840,6 +848,8 @@ void MatmulEmitter::emitConsumer() {
     emitSplitSum(finals, k.func.getArgument(splitCounters));
   if (c.outBlock)
     emitQuantizedStore(finals);
+  else if (c.activationGrad)
+    emitActivationGradStore(finals);
   else if (c.sharedEpilogue)
     emitSharedStore(finals);
   else
@@ -1079,6 +1089,75 @@ void MatmulEmitter::emitStore(ArrayRef<Value> finals) {
   }
 }
 
+void MatmulEmitter::emitActivationGradStore(ArrayRef<Value> finals) {
+  // Element i is g (the row's gradient before its weight) at column c of
+  // N: its gate and up columns c and N + c of h are read from global
+  // memory, and their gradients stored over them where in_place. <g, a>
+  // is summed over each 64 columns: in a thread, then over the four lanes
+  // that share a row.
+  constexpr int64_t kChunk = GroupedMatmulOp::kRowDotColumns;
+  int64_t chunks = c.tileN / kChunk;
+  int64_t dotChunks = llvm::divideCeil(c.n, kChunk);
+  // Fragment elements of one chunk: 8 columns each four.
+  constexpr int64_t kChunkElements = kChunk / 8 * 4;
+  ActivationAttr activation = op.getActivationAttr();
+  Value lastRow = e.isub(rowEndIdx, e.index(1));
+  Value firstChunk = e.divUI(colTile, e.index(kChunk));
+  Value rowLeader = e.eq(e.remUI(lane, 4), e.index(0));
+  for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
+    Value row = e.iadd(rowBase, e.index(rowHalf * 8));
+    Value inRows = e.ult(row, rowEndIdx);
+    // Loads stay in bounds; what lies outside is neither stored nor summed.
+    Value safeRow = e.minUI(row, lastRow);
+    Value w = rowWeights ? e.load(rowWeights, {safeRow}) : e.f32(1.0);
+    SmallVector<Value> sums(chunks, e.f32(0.0));
+    for (int64_t i = 0; i < enc.fragment(); ++i) {
+      if ((i / 2) % 2 != rowHalf)
+        continue;
+      Value col = e.iadd(colTile, fragmentColumn(i));
+      Value valid = e.andi(inRows, e.ult(col, e.index(c.n)));
+      Value safeCol = e.minUI(col, e.index(c.n - 1));
+      Value gate = e.load(activationInput, {safeRow, safeCol});
+      Value up =
+          e.load(activationInput, {safeRow, e.iadd(safeCol, e.index(c.n))});
+      Value g = column(finals, i);
+      auto [dGate, dUp] = common::activationGrad(e, activation, gate, up);
+      Value wg = e.mul(w, g);
+      e.ifThen(valid, [&] {
+        e.store(e.mul(wg, dGate), out, {row, col});
+        e.store(e.mul(wg, dUp), out, {row, e.iadd(col, e.index(c.n))});
+      });
+      if (!rowDots)
+        continue;
+      // a as the forward rounded it for the down matmul.
+      Value a = arith::ExtFOp::create(
+          b, e.loc, b.getF32Type(),
+          arith::TruncFOp::create(b, e.loc, b.getBF16Type(),
+                                  common::activate(e, activation, gate, up))
+              .getResult());
+      Value &sum = sums[i / kChunkElements];
+      sum = e.add(sum, e.select(valid, e.mul(g, a), e.f32(0.0)));
+    }
+    if (!rowDots)
+      continue;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      Value s = sums[chunk];
+      for (int64_t offset : {1, 2})
+        s = e.add(s, gpu::ShuffleOp::create(b, e.loc, s, offset, 32,
+                                            gpu::ShuffleMode::XOR)
+                         .getShuffleResult());
+      Value p = e.iadd(firstChunk, e.index(chunk));
+      if (chunk == 0 && rowTerm)
+        s = e.select(e.eq(p, e.index(0)),
+                     e.add(s, e.load(rowTerm, {safeRow, e.index(0)})), s);
+      e.ifThen(e.andi(e.andi(inRows, rowLeader), e.ult(p, e.index(dotChunks))),
+               [&] {
+                 e.store(s, rowDots, {row, p});
+               });
+    }
+  }
+}
+
 void MatmulEmitter::emitSharedStore(ArrayRef<Value> finals) {
   // Each consumer warpgroup stages 64 columns of its 64 rows at a time in
   // its own buffer (16-byte pieces of a row swizzled by the row, so both
@@ -1283,9 +1362,16 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
     return failure();
   const MatmulConfig &c = *configured;
   const MatmulEncoding &enc = c.enc;
-  layer.define(op.getOut(), lhs.rows);
+  // In place, the gate/up gradient takes the gate/up output's buffer.
+  if (op.getInPlace())
+    layer.bind(op.getOut(), layer.info(op.getActivationInput()).buffer,
+               layer.info(op.getActivationInput()).rows);
+  else
+    layer.define(op.getOut(), lhs.rows);
   if (c.outBlock)
     layer.define(op.getOutScale(), lhs.rows);
+  if (op.getRowDots())
+    layer.define(op.getRowDots(), lhs.rows);
 
   unsigned mapA = layer.plan.addTensorMap(lhs.buffer, enc.elementBytes,
                                           lhs.rows, kDim, c.tileM, enc.tileK());
@@ -1322,6 +1408,10 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
     buffers.append({op.getLhsScale(), op.getRhsScale()});
   if (c.outBlock)
     buffers.push_back(op.getOutScale());
+  for (Value v : {Value(op.getActivationInput()), Value(op.getRowWeights()),
+                  Value(op.getRowTerm()), op.getRowDots()})
+    if (v)
+      buffers.push_back(v);
   SmallVector<unsigned> bufferIndices;
   for (Value v : buffers)
     bufferIndices.push_back(layer.info(v).buffer);

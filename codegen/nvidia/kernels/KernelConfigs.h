@@ -62,6 +62,9 @@ struct MatmulConfig : sm90a::MatmulLayout {
   /// A gated activation: a tile computes tileN / 2 gate and the matching
   /// up columns, and gives tileN / 2 outputs.
   bool gated = false;
+  /// The epilogue is a gated activation's backward (activation_input): a
+  /// tile's tileN columns of g give their gate and up gradients.
+  bool activationGrad = false;
   int64_t outN = 0, outTile = 0;
   /// Quantization block of the output, 0 when it stays bf16.
   int64_t outBlock = 0;

@@ -148,6 +148,11 @@ MatmulViews::MatmulViews(LayerKernels &layer, GroupedMatmulOp op,
   lhsScale = c.enc.fp8() ? view(op.getLhsScale()) : Value();
   rhsScale = c.enc.fp8() ? view(op.getRhsScale()) : Value();
   outScale = c.outBlock ? view(op.getOutScale()) : Value();
+  auto optional = [&](Value tensor) { return tensor ? view(tensor) : Value(); };
+  activationInput = optional(op.getActivationInput());
+  rowWeights = optional(op.getRowWeights());
+  rowTerm = optional(op.getRowTerm());
+  rowDots = optional(op.getRowDots());
 }
 
 SmallVector<Value> nvidia::splitPartialAt(Kernel &k, TokenLinear rows,

@@ -34,6 +34,9 @@ struct MatmulViews {
   MatmulViews(LayerKernels &layer, GroupedMatmulOp op, const MatmulConfig &c,
               Kernel &k, ArrayRef<Value> buffers);
   Value out, counts, offsets, bias, lhsScale, rhsScale, outScale;
+  /// An activation's backward epilogue: h, the rows' weights, the first
+  /// partial's term and the partial sums of <g, a>.
+  Value activationInput, rowWeights, rowTerm, rowDots;
 };
 
 /// The descriptor type of a TMA map of K-major tiles of `rows` x 128 bytes
