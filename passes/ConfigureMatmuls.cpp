@@ -129,6 +129,7 @@ struct MatmulShape {
     l.tileM = tileM, l.tileN = tileN, l.tileK = tileK;
     l.elementBytes = elementBytes, l.scaleK = scaleK;
     l.columnScales = columnScales;
+    l.epiloguePlanes = activationGrad ? 2 : 1;
     return l;
   }
   int64_t kTiles() const { return llvm::divideCeil(k, tileK()); }
@@ -137,8 +138,8 @@ struct MatmulShape {
   }
 
   bool grouped = false, gated = false, outQuant = false, columnScales = false;
-  /// An f32 result (a backward's dgrad), or an activation's backward as
-  /// the epilogue: stored from the registers.
+  /// An f32 result (a backward's dgrad): stored from the registers. An
+  /// activation's backward as the epilogue stages h in shared memory.
   bool outF32 = false, activationGrad = false;
   // Rows from every rank (this many): a bucket (this rank's tokens) does
   // not bound them.
@@ -423,11 +424,10 @@ MatmulConfigAttr ConfigureMatmulsPass::chooseFor(GroupedMatmulOp op,
   // The epilogue stages its bf16 results in shared memory, in 16-byte
   // pieces of a row: rows must be 16-byte aligned, and a quantizing
   // epilogue works on the registers' blocks.
-  MatmulEpilogue epilogue =
-      pins.epilogue.value_or(shape.outQuant || shape.outF32 ||
-                                     shape.activationGrad || shape.outN % 8 != 0
-                                 ? MatmulEpilogue::Registers
-                                 : MatmulEpilogue::Shared);
+  MatmulEpilogue epilogue = pins.epilogue.value_or(
+      shape.outQuant || shape.outF32 || shape.outN % 8 != 0
+          ? MatmulEpilogue::Registers
+          : MatmulEpilogue::Shared);
   // The ring takes what shared memory is left beside the epilogue buffers,
   // as the kernel lays it out (a stage: its operands, two mbarriers and
   // for FP8 its staged scales).

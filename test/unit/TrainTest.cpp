@@ -15,6 +15,7 @@
 #include "test/unit/CpuJit.h"
 #include "test/unit/Layers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <gtest/gtest.h>
 
@@ -275,3 +276,87 @@ INSTANTIATE_TEST_SUITE_P(Layers, CpuTrainTest,
                          [](const auto &info) {
                            return std::string(info.param.name);
                          });
+
+// The parts sm_90a's fused down dgrad splits moe.activation_grad into, on
+// the CPU backend: the scatter's row weights, the weighted activation
+// (bit for bit activation_grad's), and the gather of each row's partial
+// sums into its choice.
+TEST(CpuTrainParts, FusedDgradPartsMatchActivationGrad) {
+  constexpr int64_t kTokens = 4, kTopK = 2, kRows = 8, kN = 8, kParts = 3;
+  auto engine = compile(R"(
+func.func @parts(%src: tensor<4x8xbf16>, %rows: tensor<4x2xi32>,
+                 %w: tensor<4x2xf32>, %off: tensor<3xi32>,
+                 %h: tensor<8x16xbf16>, %g: tensor<8x8xbf16>,
+                 %dots: tensor<8x3xf32>)
+    -> (tensor<8x8xbf16>, tensor<8xf32>, tensor<8x8xbf16>, tensor<8x8xbf16>,
+        tensor<4x2xf32>) attributes {llvm.emit_c_interface} {
+  %s, %rw = moe.scatter %src, %rows offsets %off weights %w
+      : (tensor<4x8xbf16>, tensor<4x2xi32>, tensor<3xi32>, tensor<4x2xf32>)
+      -> (tensor<8x8xbf16>, tensor<8xf32>)
+  %aw = moe.activation %h row_weights %rw
+      {activation = #moe.activation<kind = swiglu>}
+      : (tensor<8x16xbf16>, tensor<8xf32>) -> tensor<8x8xbf16>
+  %dh, %aw2, %dw = moe.activation_grad %g, %h rows(%rows, %w)
+      {activation = #moe.activation<kind = swiglu>}
+      : (tensor<8x8xbf16>, tensor<8x16xbf16>, tensor<4x2xi32>, tensor<4x2xf32>)
+      -> (tensor<8x16xbf16>, tensor<8x8xbf16>, tensor<4x2xf32>)
+  %sum = moe.gather_dot %dots rows %rows
+      : (tensor<8x3xf32>, tensor<4x2xi32>) -> tensor<4x2xf32>
+  return %s, %rw, %aw, %aw2, %sum : tensor<8x8xbf16>, tensor<8xf32>,
+      tensor<8x8xbf16>, tensor<8x8xbf16>, tensor<4x2xf32>
+}
+)");
+  ASSERT_TRUE(engine);
+  std::mt19937 rng(7);
+  Input src = randomInput(rng, {kTokens, kN}, 1.0);
+  Input h = randomInput(rng, {kRows, 2 * kN}, 1.0);
+  Input g = randomInput(rng, {kRows, kN}, 1.0);
+  Input w = randomInput(rng, {kTokens, kTopK}, 1.0, /*isF32=*/true);
+  Input dots = randomInput(rng, {kRows, kParts}, 1.0, /*isF32=*/true);
+  // Seven choices over eight rows of two experts; one id out of range, and
+  // row 5 no choice's.
+  std::vector<int32_t> rows = {0, 4, 1, -1, 6, 2, 3, 7};
+  std::vector<int32_t> offsets = {0, 4, 8};
+  std::vector<uint16_t> scattered(kRows * kN, 0xFFFF), aw(kRows * kN, 0xFFFF),
+      aw2(kRows * kN, 0xFFFF);
+  std::vector<float> rowWeights(kRows, NAN), sums(kTokens * kTopK, NAN);
+  ASSERT_TRUE(call(*engine, "parts",
+                   {{src.bf16.data(), {kTokens, kN}},
+                    {rows.data(), {kTokens, kTopK}},
+                    {w.f32.data(), {kTokens, kTopK}},
+                    {offsets.data(), {3}},
+                    {h.bf16.data(), {kRows, 2 * kN}},
+                    {g.bf16.data(), {kRows, kN}},
+                    {dots.f32.data(), {kRows, kParts}},
+                    {scattered.data(), {kRows, kN}},
+                    {rowWeights.data(), {kRows}},
+                    {aw.data(), {kRows, kN}},
+                    {aw2.data(), {kRows, kN}},
+                    {sums.data(), {kTokens, kTopK}}}));
+  for (int64_t row = 0; row < kRows; ++row) {
+    auto choice = std::find(rows.begin(), rows.end(), row);
+    if (choice == rows.end()) {
+      EXPECT_EQ(rowWeights[row], 0.0f) << row;
+      continue;
+    }
+    int64_t c = choice - rows.begin();
+    EXPECT_EQ(rowWeights[row], w.f32[c]) << row;
+    for (int64_t j = 0; j < kN; ++j)
+      EXPECT_EQ(scattered[row * kN + j], src.bf16[c / kTopK * kN + j]);
+  }
+  // The weighted activation is activation_grad's, bit for bit (padding
+  // rows: zero either way).
+  for (int64_t i = 0; i < kRows * kN; ++i) {
+    if (i / kN == 5)
+      EXPECT_EQ(fromBF16(aw[i]), 0.0) << i;
+    else
+      EXPECT_EQ(aw[i], aw2[i]) << i;
+  }
+  for (int64_t c = 0; c < kTokens * kTopK; ++c) {
+    float expected = 0.0f;
+    if (rows[c] >= 0)
+      for (int64_t p = 0; p < kParts; ++p)
+        expected += dots.f32[rows[c] * kParts + p];
+    EXPECT_EQ(sums[c], expected) << c;
+  }
+}

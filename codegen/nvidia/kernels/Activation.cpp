@@ -14,6 +14,8 @@
 #include "codegen/common/Numerics.h"
 #include "codegen/nvidia/kernels/Kernels.h"
 
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::nvidia;
@@ -38,22 +40,37 @@ LogicalResult nvidia::buildActivation(LayerKernels &layer, ActivationOp op) {
   Value w = op.getRowWeights()
                 ? e.load(k.view(2, layer.info(op.getRowWeights())), {r})
                 : Value();
+  // 16-byte pieces of a row where its columns split into them.
+  int64_t width = vectorWidth(outN);
+  auto f32Vec = VectorType::get({width}, e.b.getF32Type());
   e.forEach(
-      k.threadId(), e.index(outN),
+      e.imul(k.threadId(), width), e.index(outN),
       [&](Value c) {
-        Value gate = e.load(input, {r, c});
-        Value up = e.load(input, {r, e.iadd(c, e.index(outN))});
-        Value a = common::activate(e, op.getActivation(), gate, up);
-        // Weighted: the activation as the forward rounded it, times w.
-        if (w)
-          a = e.mul(
-              w, arith::ExtFOp::create(
-                     e.b, e.loc, e.b.getF32Type(),
-                     arith::TruncFOp::create(e.b, e.loc, e.b.getBF16Type(), a)
-                         .getResult()));
-        e.store(a, out, {r, c});
+        Value gates = loadF32Vector(e, input, {r, c}, width);
+        Value ups =
+            loadF32Vector(e, input, {r, e.iadd(c, e.index(outN))}, width);
+        SmallVector<Value> as;
+        for (int64_t j = 0; j < width; ++j) {
+          Value a =
+              common::activate(e, op.getActivation(),
+                               vector::ExtractOp::create(e.b, e.loc, gates, j),
+                               vector::ExtractOp::create(e.b, e.loc, ups, j));
+          // Weighted: the activation as the forward rounded it, times w.
+          if (w)
+            a = e.mul(
+                w, arith::ExtFOp::create(
+                       e.b, e.loc, e.b.getF32Type(),
+                       arith::TruncFOp::create(e.b, e.loc, e.b.getBF16Type(), a)
+                           .getResult()));
+          as.push_back(a);
+        }
+        Value v = arith::TruncFOp::create(
+            e.b, e.loc, VectorType::get({width}, e.b.getBF16Type()),
+            vector::FromElementsOp::create(e.b, e.loc, f32Vec, as));
+        vector::StoreOp::create(e.b, e.loc, v, out, {r, c}, false,
+                                vectorAlign(width, e.b.getBF16Type()));
       },
-      e.index(kThreads));
+      e.index(kThreads * width));
   return k.finish(op);
 }
 

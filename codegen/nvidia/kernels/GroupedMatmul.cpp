@@ -185,9 +185,10 @@ static LogicalResult checkConfig(GroupedMatmulOp op, MatmulConfigAttr config,
   if (c.sharedEpilogue && c.outBlock)
     return refuse("epilogue", "shared")
            << "a quantizing epilogue stores from registers";
-  if (c.sharedEpilogue && c.activationGrad)
-    return refuse("epilogue", "shared")
-           << "an activation's backward stores from registers";
+  if (!c.sharedEpilogue && c.activationGrad)
+    return refuse("epilogue", "registers")
+           << "an activation's backward stages its input's rows in shared "
+              "memory";
   if (c.sharedEpilogue && c.outN % 8 != 0)
     return refuse("epilogue", "shared")
            << "its 16-byte stores need output rows of a multiple of 8 "
@@ -259,6 +260,7 @@ FailureOr<MatmulConfig> nvidia::configureMatmul(GroupedMatmulOp op,
   c.raster = config.getRaster();
   c.group = config.getGroup();
   c.sharedEpilogue = config.getEpilogue() == MatmulEpilogue::Shared;
+  c.epiloguePlanes = c.activationGrad ? 2 : 1;
 
   // Split tiles sum their f32 partials in split order in the tile's last
   // block, which runs the epilogue. A bucket's grid is cut to the tiles
@@ -1090,71 +1092,161 @@ void MatmulEmitter::emitStore(ArrayRef<Value> finals) {
 }
 
 void MatmulEmitter::emitActivationGradStore(ArrayRef<Value> finals) {
-  // Element i is g (the row's gradient before its weight) at column c of
-  // N: its gate and up columns c and N + c of h are read from global
-  // memory, and their gradients stored over them where in_place. <g, a>
-  // is summed over each 64 columns: in a thread, then over the four lanes
-  // that share a row.
-  constexpr int64_t kChunk = GroupedMatmulOp::kRowDotColumns;
-  int64_t chunks = c.tileN / kChunk;
-  int64_t dotChunks = llvm::divideCeil(c.n, kChunk);
-  // Fragment elements of one chunk: 8 columns each four.
-  constexpr int64_t kChunkElements = kChunk / 8 * 4;
+  // Each consumer warpgroup takes 64 columns of its 64 rows at a time: its
+  // threads load those columns of h's gate and up halves, whole 16-byte
+  // pieces of rows, into the two planes of its buffer (pieces swizzled by
+  // the row, as the shared store's); each thread turns its fragment's
+  // elements into their gradients there; the pieces go back out (over h,
+  // in place). <g, a> is summed over the 64 columns: in a thread, then
+  // over the four lanes that share a row.
+  constexpr int64_t kColumns = MatmulConfig::kEpilogueColumns;
+  static_assert(kColumns == GroupedMatmulOp::kRowDotColumns,
+                "a chunk's row sums are one row_dots entry");
+  Type bf16 = b.getBF16Type();
+  auto bufferType = sharedType({2, c.groupRows(), kColumns}, bf16);
+  Value buffer = memref::ViewOp::create(
+      b, e.loc, bufferType, shared->bytes,
+      e.iadd(e.iadd(shared->pad, e.index(c.epilogueOffset())),
+             e.imul(group, c.epilogueBytes())),
+      ValueRange{});
+  Value barrier = e.toI32(e.iadd(group, e.index(kEpilogueBarrier)));
+  auto groupBarrier = [&] {
+    inlinePtx(b, e.loc, {}, {barrier}, "bar.sync $0, 128;", "r");
+  };
+  auto pairType = VectorType::get({2}, bf16);
+  auto pieceType = VectorType::get({8}, bf16);
   ActivationAttr activation = op.getActivationAttr();
+  Value fragmentRow = e.iadd(e.imul(warp, 16), e.divUI(lane, 4));
+  Value swizzle = e.divUI(lane, 4);
+  Value inGroup = e.remUI(tid, 128);
+  Value groupRow0 = e.iadd(rowStartIdx, e.imul(group, c.groupRows()));
   Value lastRow = e.isub(rowEndIdx, e.index(1));
-  Value firstChunk = e.divUI(colTile, e.index(kChunk));
+  Value firstChunk = e.divUI(colTile, e.index(kColumns));
+  int64_t dotChunks = llvm::divideCeil(c.n, kColumns);
   Value rowLeader = e.eq(e.remUI(lane, 4), e.index(0));
+  // This thread's two rows: in range, and their weights.
+  Value inRows[2], w[2];
   for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
     Value row = e.iadd(rowBase, e.index(rowHalf * 8));
-    Value inRows = e.ult(row, rowEndIdx);
-    // Loads stay in bounds; what lies outside is neither stored nor summed.
-    Value safeRow = e.minUI(row, lastRow);
-    Value w = rowWeights ? e.load(rowWeights, {safeRow}) : e.f32(1.0);
-    SmallVector<Value> sums(chunks, e.f32(0.0));
-    for (int64_t i = 0; i < enc.fragment(); ++i) {
-      if ((i / 2) % 2 != rowHalf)
-        continue;
-      Value col = e.iadd(colTile, fragmentColumn(i));
-      Value valid = e.andi(inRows, e.ult(col, e.index(c.n)));
-      Value safeCol = e.minUI(col, e.index(c.n - 1));
-      Value gate = e.load(activationInput, {safeRow, safeCol});
-      Value up =
-          e.load(activationInput, {safeRow, e.iadd(safeCol, e.index(c.n))});
-      Value g = column(finals, i);
-      auto [dGate, dUp] = common::activationGrad(e, activation, gate, up);
-      Value wg = e.mul(w, g);
-      e.ifThen(valid, [&] {
-        e.store(e.mul(wg, dGate), out, {row, col});
-        e.store(e.mul(wg, dUp), out, {row, e.iadd(col, e.index(c.n))});
-      });
+    inRows[rowHalf] = e.ult(row, rowEndIdx);
+    w[rowHalf] =
+        rowWeights ? e.load(rowWeights, {e.minUI(row, lastRow)}) : e.f32(1.0);
+  }
+  // The buffer's pieces, 8 a thread: plane, row, piece of 8 columns, and
+  // where the piece lies in h (and `out`); loads stay in bounds.
+  auto forPieces =
+      [&](int64_t chunk,
+          function_ref<void(Value, Value, Value, Value, Value, Value)> body) {
+        int64_t perPlane = c.groupRows() * kColumns / 8;
+        for (int64_t j = 0; j < 2 * perPlane / 128; ++j) {
+          Value idx = e.iadd(inGroup, e.index(j * 128));
+          Value plane = e.divUI(idx, perPlane);
+          Value row = e.divUI(e.remUI(idx, perPlane), 8);
+          Value piece = e.remUI(idx, 8);
+          Value hRow = e.iadd(groupRow0, row);
+          Value col = e.iadd(
+              colTile, e.iadd(e.index(chunk * kColumns), e.imul(piece, 8)));
+          Value valid =
+              e.andi(e.ult(hRow, rowEndIdx), e.ult(col, e.index(c.n)));
+          Value hCol = e.iadd(e.minUI(col, e.index(c.n - 8)),
+                              e.imul(plane, e.index(c.n)));
+          body(plane, row, e.imul(e.xori(piece, e.remUI(row, 8)), 8),
+               e.minUI(hRow, lastRow), hCol, valid);
+        }
+      };
+  for (int64_t chunk = 0; chunk < c.tileN / kColumns; ++chunk) {
+    // The last chunk's (or tile's) pieces are out.
+    groupBarrier();
+    forPieces(chunk, [&](Value plane, Value row, Value at, Value hRow,
+                         Value hCol, Value valid) {
+      Value v = vector::LoadOp::create(b, e.loc, pieceType, activationInput,
+                                       ValueRange{hRow, hCol}, false,
+                                       vectorAlign(8, bf16));
+      v = e.select(valid, v,
+                   arith::ConstantOp::create(b, e.loc, pieceType,
+                                             b.getZeroAttr(pieceType)));
+      vector::StoreOp::create(b, e.loc, v, buffer, ValueRange{plane, row, at},
+                              false, vectorAlign(8, bf16));
+    });
+    groupBarrier();
+    for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
+      Value row = e.iadd(fragmentRow, e.index(rowHalf * 8));
+      Value sum = e.f32(0.0);
+      for (int64_t i = chunk * 32; i < chunk * 32 + 32; i += 2) {
+        if ((i / 2) % 2 != rowHalf)
+          continue;
+        Value at = e.iadd(e.imul(e.xori(e.index((i % 32) / 4), swizzle), 8),
+                          e.imul(e.remUI(lane, 4), 2));
+        SmallVector<Value, 3> gateAt = {e.index(0), row, at},
+                              upAt = {e.index(1), row, at};
+        Value gates = vector::LoadOp::create(b, e.loc, pairType, buffer, gateAt,
+                                             false, vectorAlign(2, bf16));
+        Value ups = vector::LoadOp::create(b, e.loc, pairType, buffer, upAt,
+                                           false, vectorAlign(2, bf16));
+        SmallVector<Value> dGates, dUps;
+        for (int64_t q = 0; q < 2; ++q) {
+          auto element = [&](Value pair) -> Value {
+            return arith::ExtFOp::create(
+                b, e.loc, b.getF32Type(),
+                vector::ExtractOp::create(b, e.loc, pair, q).getResult());
+          };
+          Value gate = element(gates), up = element(ups);
+          Value g = column(finals, i + q);
+          auto [dGate, dUp] = common::activationGrad(e, activation, gate, up);
+          Value wg = e.mul(w[rowHalf], g);
+          dGates.push_back(
+              arith::TruncFOp::create(b, e.loc, bf16, e.mul(wg, dGate)));
+          dUps.push_back(
+              arith::TruncFOp::create(b, e.loc, bf16, e.mul(wg, dUp)));
+          if (!rowDots)
+            continue;
+          // a as the forward rounded it for the down matmul; columns past
+          // N hold zeros, whose a is 0.
+          Value a = arith::ExtFOp::create(
+              b, e.loc, b.getF32Type(),
+              arith::TruncFOp::create(b, e.loc, bf16,
+                                      common::activate(e, activation, gate, up))
+                  .getResult());
+          sum = e.add(sum, e.mul(g, a));
+        }
+        vector::StoreOp::create(
+            b, e.loc,
+            vector::FromElementsOp::create(b, e.loc, pairType, dGates), buffer,
+            gateAt, false, vectorAlign(2, bf16));
+        vector::StoreOp::create(
+            b, e.loc, vector::FromElementsOp::create(b, e.loc, pairType, dUps),
+            buffer, upAt, false, vectorAlign(2, bf16));
+      }
       if (!rowDots)
         continue;
-      // a as the forward rounded it for the down matmul.
-      Value a = arith::ExtFOp::create(
-          b, e.loc, b.getF32Type(),
-          arith::TruncFOp::create(b, e.loc, b.getBF16Type(),
-                                  common::activate(e, activation, gate, up))
-              .getResult());
-      Value &sum = sums[i / kChunkElements];
-      sum = e.add(sum, e.select(valid, e.mul(g, a), e.f32(0.0)));
-    }
-    if (!rowDots)
-      continue;
-    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-      Value s = sums[chunk];
       for (int64_t offset : {1, 2})
-        s = e.add(s, gpu::ShuffleOp::create(b, e.loc, s, offset, 32,
-                                            gpu::ShuffleMode::XOR)
-                         .getShuffleResult());
+        sum = e.add(sum, gpu::ShuffleOp::create(b, e.loc, sum, offset, 32,
+                                                gpu::ShuffleMode::XOR)
+                             .getShuffleResult());
       Value p = e.iadd(firstChunk, e.index(chunk));
-      if (chunk == 0 && rowTerm)
-        s = e.select(e.eq(p, e.index(0)),
-                     e.add(s, e.load(rowTerm, {safeRow, e.index(0)})), s);
-      e.ifThen(e.andi(e.andi(inRows, rowLeader), e.ult(p, e.index(dotChunks))),
+      Value outRow = e.iadd(rowBase, e.index(rowHalf * 8));
+      if (rowTerm)
+        sum = e.select(
+            e.eq(p, e.index(0)),
+            e.add(sum, e.load(rowTerm, {e.minUI(outRow, lastRow), e.index(0)})),
+            sum);
+      e.ifThen(e.andi(e.andi(inRows[rowHalf], rowLeader),
+                      e.ult(p, e.index(dotChunks))),
                [&] {
-                 e.store(s, rowDots, {row, p});
+                 e.store(sum, rowDots, {outRow, p});
                });
     }
+    groupBarrier();
+    forPieces(chunk, [&](Value plane, Value row, Value at, Value hRow,
+                         Value hCol, Value valid) {
+      Value v = vector::LoadOp::create(b, e.loc, pieceType, buffer,
+                                       ValueRange{plane, row, at}, false,
+                                       vectorAlign(8, bf16));
+      e.ifThen(valid, [&] {
+        vector::StoreOp::create(b, e.loc, v, out, ValueRange{hRow, hCol}, false,
+                                vectorAlign(8, bf16));
+      });
+    });
   }
 }
 

@@ -106,6 +106,9 @@ struct MatmulLayout {
   /// A decode tile: the scales are read from global memory, not staged.
   bool swapAb = false;
   bool sharedEpilogue = false;
+  /// bf16 planes of a warpgroup's epilogue buffer: 2 for an activation's
+  /// backward (its gate and up columns).
+  int64_t epiloguePlanes = 1;
 
   bool fp8() const { return scaleK > 0; }
   int64_t groupRows() const { return tileM / warpGroups; }
@@ -128,7 +131,9 @@ struct MatmulLayout {
     return columnScaleOffset() + columnScaleBytes();
   }
   /// One consumer warpgroup's epilogue buffer, after the staged scales.
-  int64_t epilogueBytes() const { return groupRows() * kEpilogueColumns * 2; }
+  int64_t epilogueBytes() const {
+    return epiloguePlanes * groupRows() * kEpilogueColumns * 2;
+  }
   int64_t epilogueOffset() const {
     return stagedScaleOffset() + stagedScaleBytes();
   }
