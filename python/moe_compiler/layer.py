@@ -389,9 +389,14 @@ class Layer:
         if self.target != "cpu":
             self._backward_gpu(fn, tensors, tokens, output_grad, saved, grads,
                                accumulate, expected, stream, workspace)
-            if consumes:
-                saved._moe_consumed = True
-            return
+        else:
+            self._backward_cpu(fn, tensors, tokens, output_grad, saved, grads,
+                               accumulate, bf16)
+        if consumes:
+            saved._moe_consumed = True
+
+    def _backward_cpu(self, fn, tensors, tokens, output_grad, saved, grads,
+                      accumulate, bf16):
         args = list(tensors) + [None] * self.num_outputs
         pointers = (ctypes.c_void_p * len(args))(
             *[t.data_ptr() if t is not None else None for t in args])

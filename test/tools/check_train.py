@@ -320,6 +320,19 @@ def check_api(args):
     print(f"bf16-gradient library: {len(grads16)} gradients, "
           f"{'all bf16' if all_bf16 else 'NOT ALL bf16'}, "
           f"{'the f32 library gradients rounded' if same else 'WRONG'}")
+    # A library whose backward consumes its saved buffer (sm_90a's, which
+    # writes the gate/up gradient over the saved gate/up output) takes one
+    # backward a training forward.
+    info = layer.info["training"]
+    info["consumes_saved"] = True
+    layer.forward_train(x, *weights, out, saved=saved)
+    layer.backward([x, *weights], dy, saved, once)
+    refused("a second backward on a consumed saved buffer",
+            lambda: layer.backward([x, *weights], dy, saved, once))
+    layer.forward_train(x, *weights, out, saved=saved)
+    layer.backward([x, *weights], dy, saved, once)
+    print("a training forward again: its backward runs")
+    info["consumes_saved"] = False
 
 
 def libraries(name, args):

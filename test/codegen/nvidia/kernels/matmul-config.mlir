@@ -164,3 +164,15 @@ func.func @one_stage(%a: tensor<?x64xbf16>, %b: tensor<256x64xbf16>)
       : (tensor<?x64xbf16>, tensor<256x64xbf16>) -> tensor<?x256xbf16>
   return %0 : tensor<?x256xbf16>
 }
+
+// -----
+
+// An activation's backward as the epilogue stages h through shared memory.
+func.func @activation_grad_registers(%dy: tensor<?x64xbf16>,
+    %w2: tensor<4x64x128xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>,
+    %h: tensor<?x256xbf16>) -> tensor<?x256xbf16> {
+  // expected-error @below {{has matmul_config epilogue = registers, which the sm_90a kernel cannot honour: an activation's backward stages its input's rows in shared memory}}
+  %0 = moe.grouped_matmul %dy, %w2 groups(%c, %o) activation_input %h {activation = #moe.activation<kind = swiglu>, transpose_rhs, configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, epilogue = registers>]}
+      : (tensor<?x64xbf16>, tensor<4x64x128xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x256xbf16>) -> tensor<?x256xbf16>
+  return %0 : tensor<?x256xbf16>
+}
