@@ -670,6 +670,9 @@ struct DifferentiatePass
     train.setName((func.getName() + "_train").str());
     splitActivations(train);
     routeLogits(train);
+    // The backward sums over each expert's rows: their order must be the
+    // same on every call.
+    train.walk([](DispatchOp op) { op.setOrdered(true); });
     auto backward = func::FuncOp::create(b, func.getLoc(),
                                          (func.getName() + "_backward").str(),
                                          b.getFunctionType({}, {}));

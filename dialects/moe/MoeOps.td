@@ -142,8 +142,10 @@ def Moe_DispatchOp : Moe_Op<"dispatch", [Pure]> {
     `expert_ids` [T, k] into `dispatched` [R, H], expert by expert; within
     an expert in token order on the CPU backend, in any order on sm_90a
     (no result of the layer depends on it; `rows` says where each choice
-    went, which moe.scatter follows). Each expert's rows start at a multiple of
-    `align`; rows between experts are zero. `tokens_per_expert` [E] counts the
+    went, which moe.scatter follows) unless `ordered`: then in token order
+    there too, so the sums a backward takes over an expert's rows are the
+    same on every call (moe-differentiate sets it on a training forward's
+    dispatch). Each expert's rows start at a multiple of `align`; rows between experts are zero. `tokens_per_expert` [E] counts the
     rows of each expert, `expert_offsets` [E + 1] gives where each starts
     (the last entry is R) and `rows` [T, k] where each (token, choice) went,
     or -1 for ids outside [0, E). With `scale`, a row is the token times its
@@ -166,7 +168,8 @@ def Moe_DispatchOp : Moe_Op<"dispatch", [Pure]> {
     Optional<Moe_F32Tensor>:$scale,
     DefaultValuedAttr<I64Attr, "1">:$align,
     OptionalAttr<Moe_QuantAttr>:$quant,
-    DefaultValuedAttr<I64Attr, "1">:$ep_size
+    DefaultValuedAttr<I64Attr, "1">:$ep_size,
+    UnitAttr:$ordered
   );
   let results = (outs
     Moe_MatmulInput:$dispatched,

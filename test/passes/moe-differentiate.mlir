@@ -7,6 +7,9 @@
 // activations, which the backward recomputes, nor any per-choice output).
 // CHECK-LABEL: func.func @layer_train
 // CHECK-SAME: moe.saved = ["dispatch.rows", "dispatch.expert_offsets", "route.weights", "shared_gate.out", "shared_gate_up.out", "dispatch.tokens_per_expert", "gate_up.out", "dispatch.dispatched", "route.logits", "route.expert_ids"]
+// Its dispatch is ordered: the backward's sums over an expert's rows are
+// the same on every call.
+// CHECK: moe.dispatch %arg0, %expert_ids {ordered}
 // CHECK: %[[H:.*]] = moe.grouped_matmul %dispatched, %arg2 groups(%tokens_per_expert, %expert_offsets) : {{.*}} -> tensor<?x16xbf16>
 // CHECK-NEXT: %[[A:.*]] = moe.activation %[[H]] {activation = #moe.activation<kind = swiglu>} : (tensor<?x16xbf16>) -> tensor<?x8xbf16>
 // CHECK: return %{{.*}}, %rows, %expert_offsets, %weights, %out_3, %out_1, %tokens_per_expert, %out, %dispatched, %logits, %expert_ids :

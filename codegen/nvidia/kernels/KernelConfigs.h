@@ -167,6 +167,9 @@ struct DispatchConfig {
   /// One block plans every choice; experts beyond the thread count take
   /// turns.
   int64_t planThreads = 1024, scatterThreads = 128;
+  /// The most shared memory the plan's per-warp table of experts' rows
+  /// takes (beyond it, the table lives in the workspace).
+  static constexpr int64_t kPlanTableBytes = 32 * 1024;
   int64_t experts = 0, topK = 0, hidden = 0, align = 1;
   TokenLinear tokens;
   /// Rows for every choice, plus each expert's alignment padding.

@@ -27,3 +27,19 @@ func.func @dispatch(%hidden: tensor<?x200xbf16>, %ids: tensor<?x3xi32>)
   return %dispatched, %counts, %offsets, %rows
       : tensor<?x200xbf16>, tensor<10xi32>, tensor<11xi32>, tensor<?x3xi32>
 }
+
+// A training forward's dispatch (`ordered`) gives each expert's rows in
+// token order: each warp counts its run of choices into its own row of a
+// shared table, then walks it again, its lanes of one expert meeting by
+// match.any.
+// CHECK: gpu.func @moe_dispatch_plan({{.*}}) workgroup(%{{.*}} : memref<32x10xi32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64}, %{{.*}} : memref<10xi32, #gpu.address_space<workgroup>> {llvm.align = 16 : i64})
+// PTX: .visible .entry moe_dispatch_plan(
+// PTX-SAME: match.any.sync.b32
+func.func @ordered(%hidden: tensor<?x200xbf16>, %ids: tensor<?x3xi32>)
+    -> (tensor<?x200xbf16>, tensor<10xi32>, tensor<11xi32>, tensor<?x3xi32>) {
+  %dispatched, %counts, %offsets, %rows = moe.dispatch %hidden, %ids {ordered}
+      : (tensor<?x200xbf16>, tensor<?x3xi32>)
+      -> (tensor<?x200xbf16>, tensor<10xi32>, tensor<11xi32>, tensor<?x3xi32>)
+  return %dispatched, %counts, %offsets, %rows
+      : tensor<?x200xbf16>, tensor<10xi32>, tensor<11xi32>, tensor<?x3xi32>
+}
