@@ -22,7 +22,8 @@ namespace {
 // Values from cuda.h.
 constexpr int kMaxDynamicSharedBytes = 8, kProgrammaticStreamSerialization = 6;
 constexpr int kCooperative = 2;
-constexpr int kTensorMapBFloat16 = 9, kTensorMapUInt8 = 0;
+constexpr int kTensorMapBFloat16 = 9, kTensorMapFloat32 = 7,
+              kTensorMapUInt8 = 0;
 constexpr int kSwizzle128B = 3, kL2Promotion128B = 2;
 
 thread_local std::string lastError;
@@ -204,8 +205,10 @@ extern "C" int32_t moert_tensor_map(void *descriptor, void *base,
   }
   CHECK(driver->cuTensorMapEncodeTiled(
             descriptor,
-            elementBytes == 2 ? kTensorMapBFloat16 : kTensorMapUInt8, rank,
-            base, globalDims, globalStrides, boxDims, elementStrides,
+            elementBytes == 4   ? kTensorMapFloat32
+            : elementBytes == 2 ? kTensorMapBFloat16
+                                : kTensorMapUInt8,
+            rank, base, globalDims, globalStrides, boxDims, elementStrides,
             /*interleave=*/0, kSwizzle128B, kL2Promotion128B, /*oobFill=*/0),
         "cuTensorMapEncodeTiled");
   return 0;

@@ -188,22 +188,34 @@ struct AttentionLayout {
 /// columns]. A stage holds `kSlabRows` rows of both operands, each as
 /// 64-column chunks of kSlabRows swizzled 128-byte rows (MN-major for
 /// wgmma): tileM / 64 chunks of dY, then tileN / 64 of X. After the
-/// 1024-byte alignment: [stages] x stageBytes(). The mbarriers are static.
+/// 1024-byte alignment: [stages] x stageBytes(), then each consumer
+/// warpgroup's kEpilogueBuffers epilogue buffers of its 64 rows x 128
+/// bytes of the result (swizzled as TMA stores them: one fills while the
+/// other's store reads it). The mbarriers are static.
 struct WgradLayout {
   static constexpr int64_t kTileM = 128, kWarpGroups = 2, kSlabRows = 64;
   static constexpr int64_t kChunkColumns = kMNMajorChunkColumns;
   static constexpr int64_t kChunkBytes = kSlabRows * kTmaSwizzleBytes;
+  static constexpr int64_t kEpilogueBuffers = 2;
+  static constexpr int64_t kEpilogueBufferBytes = kWgmmaM * kTmaSwizzleBytes;
   int64_t tileM = kTileM, tileN = 256, stages = 0;
 
   int64_t aChunks() const { return tileM / kChunkColumns; }
   int64_t bChunks() const { return tileN / kChunkColumns; }
   int64_t stageBytes() const { return (aChunks() + bChunks()) * kChunkBytes; }
-  int64_t sharedBytes() const { return stages * stageBytes() + kSwizzleAlign; }
+  int64_t epilogueOffset() const { return stages * stageBytes(); }
+  int64_t epilogueBytes() const {
+    return kWarpGroups * kEpilogueBuffers * kEpilogueBufferBytes;
+  }
+  int64_t sharedBytes() const {
+    return epilogueOffset() + epilogueBytes() + kSwizzleAlign;
+  }
   int64_t barrierBytes() const { return 2 * stages * kMbarrierBytes; }
-  /// As many stages as fit a block, at most `maxStages`.
+  /// As many stages as fit a block beside the epilogue, at most
+  /// `maxStages`.
   void fit(int64_t maxStages) {
-    int64_t fits =
-        (kSharedPerBlock - kSwizzleAlign) / (stageBytes() + 2 * kMbarrierBytes);
+    int64_t fits = (kSharedPerBlock - kSwizzleAlign - epilogueBytes()) /
+                   (stageBytes() + 2 * kMbarrierBytes);
     stages = fits < maxStages ? fits : maxStages;
   }
 };
