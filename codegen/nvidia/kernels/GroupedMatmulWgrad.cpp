@@ -173,6 +173,90 @@ struct WgradEpilogue {
   }
 };
 
+/// A stage of the ring: 64 rows of both operands as 64-column chunks.
+struct WgradStage {
+  Emitter &e;
+  Kernel &k;
+  const Ring &ring;
+  const Layout &l;
+  MemRefType chunkType;
+
+  Value chunk(Value slot, int64_t c) const {
+    return ring.view(chunkType, slot, e.index(c * Layout::kChunkBytes));
+  }
+
+  /// Loads the slab of rows from `row` on: dY's columns from `aCol`, X's
+  /// from `bCol`, completing on `full`'s barrier of `slot`.
+  void load(Value slot, Value full, Value descA, Value descB, Value row,
+            Value aCol, Value bCol) const {
+    expectBytes(e, full, l.stageBytes(), slot);
+    for (int64_t c = 0; c < l.aChunks(); ++c)
+      tmaLoad(e, chunk(slot, c), full, descA,
+              ValueRange{e.iadd(aCol, e.index(c * Layout::kChunkColumns)), row},
+              slot);
+    for (int64_t c = 0; c < l.bChunks(); ++c)
+      tmaLoad(e, chunk(slot, l.aChunks() + c), full, descB,
+              ValueRange{e.iadd(bCol, e.index(c * Layout::kChunkColumns)), row},
+              slot);
+  }
+
+  /// Zeroes the slab's rows from `valid` on (whole swizzled rows: a row's
+  /// 16-byte pieces stay within it) and shows them to wgmma.
+  void zeroPastRows(Value slot, Value valid, Value tid) const {
+    OpBuilder &b = e.b;
+    Location loc = e.loc;
+    Type bf16 = b.getBF16Type();
+    auto vecType = VectorType::get({8}, bf16);
+    Value zeros = arith::ConstantOp::create(
+        b, loc, DenseElementsAttr::get(vecType, b.getZeroAttr(bf16)));
+    Value pieces =
+        e.imul(e.isub(e.index(Layout::kSlabRows), valid), e.index(8));
+    for (int64_t c = 0; c < l.aChunks() + l.bChunks(); ++c) {
+      Value view = chunk(slot, c);
+      e.forEach(
+          tid, pieces,
+          [&](Value p) {
+            Value r = e.iadd(valid, e.divUI(p, 8));
+            Value col = e.imul(e.remUI(p, 8), 8);
+            vector::StoreOp::create(b, loc, zeros, view, ValueRange{r, col});
+          },
+          e.index(kConsumers));
+    }
+    inlinePtx(b, loc, {}, {}, "fence.proxy.async.shared::cta;", "");
+    namedBarrierSync(b, loc, e.i32(kZeroedBarrier), kConsumers);
+  }
+
+  /// Warpgroup g's wgmma over the slab in `slot`, into `acc`.
+  Value multiply(Value acc, Value slot, Value g, Type fragment) const {
+    OpBuilder &b = e.b;
+    Location loc = e.loc;
+    Value aAddress = LLVM::AddOp::create(
+        b, loc, ring.address(slot, 0),
+        arith::IndexCastOp::create(b, loc, b.getI64Type(),
+                                   e.imul(g, Layout::kChunkBytes)));
+    Value bAddress = ring.address(slot, l.aChunks() * Layout::kChunkBytes);
+    NVVM::WgmmaFenceAlignedOp::create(b, loc);
+    // k16 steps down the slab's rows: 16 swizzled rows of 128 bytes each;
+    // 64-column chunks kChunkBytes apart, 8-row groups 1024 bytes apart.
+    int64_t instK = sm90a::wgmmaK(2);
+    for (int64_t kk = 0; kk < Layout::kSlabRows / instK; ++kk) {
+      auto descriptor = [&](Value address) {
+        return swizzledDescriptor(
+            b, loc,
+            LLVM::AddOp::create(
+                b, loc, address,
+                k.constI64(kk * instK * sm90a::kTmaSwizzleBytes)),
+            Layout::kChunkBytes, 1024);
+      };
+      acc = wgmma(b, loc, fragment, acc, descriptor(aAddress),
+                  descriptor(bAddress), l.tileN, instK, NVVM::WGMMATypes::bf16,
+                  /*accumulate=*/true, /*aMNMajor=*/true, /*bMNMajor=*/true);
+    }
+    NVVM::WgmmaGroupSyncAlignedOp::create(b, loc);
+    return acc;
+  }
+};
+
 LogicalResult nvidia::buildGroupedMatmulWgrad(LayerKernels &layer,
                                               GroupedMatmulWgradOp op) {
   if (failed(checkWgrad(op)))
@@ -302,9 +386,7 @@ LogicalResult nvidia::buildGroupedMatmulWgrad(LayerKernels &layer,
   fenceBarrierInits(e, leader);
   gpu::BarrierOp::create(b, loc);
 
-  auto chunk = [&](Value slot, int64_t c) {
-    return ring.view(chunkType, slot, e.index(c * Layout::kChunkBytes));
-  };
+  WgradStage stages{e, k, ring, l, chunkType};
   auto roles = scf::IfOp::create(b, loc, e.ult(tid, e.index(kConsumers)),
                                  /*withElse=*/true);
   // The producer: one thread keeps the ring full, slab by slab, tile by
@@ -317,20 +399,9 @@ LogicalResult nvidia::buildGroupedMatmulWgrad(LayerKernels &layer,
         Value stage = e.iadd(first, s);
         Value slot = ring.slot(stage);
         ring.waitReleased(empty, stage, slot);
-        expectBytes(e, full, l.stageBytes(), slot);
-        Value row = e.iadd(at.rowStart, e.imul(s, Layout::kSlabRows));
-        Value aCol = e.imul(at.mTile, l.tileM),
-              bCol = e.imul(at.nTile, l.tileN);
-        for (int64_t c = 0; c < l.aChunks(); ++c)
-          tmaLoad(
-              e, chunk(slot, c), full, descA,
-              ValueRange{e.iadd(aCol, e.index(c * Layout::kChunkColumns)), row},
-              slot);
-        for (int64_t c = 0; c < l.bChunks(); ++c)
-          tmaLoad(
-              e, chunk(slot, l.aChunks() + c), full, descB,
-              ValueRange{e.iadd(bCol, e.index(c * Layout::kChunkColumns)), row},
-              slot);
+        stages.load(slot, full, descA, descB,
+                    e.iadd(at.rowStart, e.imul(s, Layout::kSlabRows)),
+                    e.imul(at.mTile, l.tileM), e.imul(at.nTile, l.tileN));
       });
     });
   });
@@ -355,55 +426,12 @@ LogicalResult nvidia::buildGroupedMatmulWgrad(LayerKernels &layer,
       Value acc = loop.getRegionIterArgs()[0];
       Value slot = ring.slot(stage);
       waitBarrier(e, full, ring.parity(stage, /*released=*/false), slot);
-      // The slab's rows past the expert's are zeroed (whole swizzled rows:
-      // a row's 16-byte pieces stay within it), then shown to wgmma.
+      // The slab's rows past the expert's are zeroed.
       Value valid = e.minUI(e.isub(at.rowCount, e.imul(s, Layout::kSlabRows)),
                             e.index(Layout::kSlabRows));
-      e.ifThen(e.ult(valid, e.index(Layout::kSlabRows)), [&] {
-        auto vecType = VectorType::get({8}, bf16);
-        Value zeros = arith::ConstantOp::create(
-            b, loc, DenseElementsAttr::get(vecType, b.getZeroAttr(bf16)));
-        Value pieces =
-            e.imul(e.isub(e.index(Layout::kSlabRows), valid), e.index(8));
-        for (int64_t c = 0; c < l.aChunks() + l.bChunks(); ++c) {
-          Value view = chunk(slot, c);
-          e.forEach(
-              tid, pieces,
-              [&](Value p) {
-                Value r = e.iadd(valid, e.divUI(p, 8));
-                Value col = e.imul(e.remUI(p, 8), 8);
-                vector::StoreOp::create(b, loc, zeros, view,
-                                        ValueRange{r, col});
-              },
-              e.index(kConsumers));
-        }
-        inlinePtx(b, loc, {}, {}, "fence.proxy.async.shared::cta;", "");
-        namedBarrierSync(b, loc, e.i32(kZeroedBarrier), kConsumers);
-      });
-      Value aAddress = LLVM::AddOp::create(
-          b, loc, ring.address(slot, 0),
-          arith::IndexCastOp::create(b, loc, b.getI64Type(),
-                                     e.imul(g, Layout::kChunkBytes)));
-      Value bAddress = ring.address(slot, l.aChunks() * Layout::kChunkBytes);
-      NVVM::WgmmaFenceAlignedOp::create(b, loc);
-      // k16 steps down the slab's rows: 16 swizzled rows of 128 bytes each;
-      // 64-column chunks kChunkBytes apart, 8-row groups 1024 bytes apart.
-      int64_t instK = sm90a::wgmmaK(2);
-      for (int64_t kk = 0; kk < Layout::kSlabRows / instK; ++kk) {
-        auto descriptor = [&](Value address) {
-          return swizzledDescriptor(
-              b, loc,
-              LLVM::AddOp::create(
-                  b, loc, address,
-                  k.constI64(kk * instK * sm90a::kTmaSwizzleBytes)),
-              Layout::kChunkBytes, 1024);
-        };
-        acc =
-            wgmma(b, loc, fragment, acc, descriptor(aAddress),
-                  descriptor(bAddress), l.tileN, instK, NVVM::WGMMATypes::bf16,
-                  /*accumulate=*/true, /*aMNMajor=*/true, /*bMNMajor=*/true);
-      }
-      NVVM::WgmmaGroupSyncAlignedOp::create(b, loc);
+      e.ifThen(e.ult(valid, e.index(Layout::kSlabRows)),
+               [&] { stages.zeroPastRows(slot, valid, tid); });
+      acc = stages.multiply(acc, slot, g, fragment);
       // The previous slab's wgmma are done: its slot can be refilled.
       NVVM::WgmmaWaitGroupSyncOp::create(b, loc, 1);
       e.ifThen(e.icmp(arith::CmpIPredicate::uge, s, e.index(1)), [&] {
