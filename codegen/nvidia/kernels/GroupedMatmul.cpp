@@ -415,7 +415,7 @@ private:
   // The kernel's parameters.
   Value out, counts, offsets, bias, lhsScale, rhsScale, outScale;
   Value activationInput, rowWeights, rowTerm, rowDots;
-  Value descA, descB, descOut, partialView;
+  Value descA, descB, partialView;
   unsigned splitCounters = 0;
   // The block's tile: its row tiles, its place among the tiles (tileU
   // counts (row tile, column tile) pairs), K range, expert and rows; the
@@ -455,10 +455,6 @@ void MatmulEmitter::emitViews(ArrayRef<Value> buffers,
                           ? matmulMapType(ctx, b.getBF16Type(), transposedBox())
                           : mapType(c.tileN / 2));
   partialView = c.splits > 1 ? k.view(indices.size() - 2, partials) : Value();
-  if (c.tmaStore())
-    descOut = k.tensorMap(firstMap + 2,
-                          matmulMapType(ctx, b.getBF16Type(), c.groupRows(),
-                                        MatmulConfig::kEpilogueColumns));
 }
 
 MemRefType MatmulEmitter::tileType(int64_t rows) {
@@ -1277,21 +1273,9 @@ void MatmulEmitter::emitSharedStore(ArrayRef<Value> finals) {
   Value fragmentRow = e.iadd(e.imul(warp, 16), e.divUI(lane, 4));
   Value swizzle = e.divUI(lane, 4);
   Value inGroup = e.remUI(tid, 128);
-  Value groupRow0 = e.iadd(rowStartIdx, e.imul(group, c.groupRows()));
-  // TMA stores a chunk of the warpgroup's 64 rows whole: only where they
-  // all lie in the tile's rows (the next ones may be another expert's).
-  Value wholeRows =
-      e.icmp(arith::CmpIPredicate::ule,
-             e.iadd(groupRow0, e.index(c.groupRows())), rowEndIdx);
-  Value groupLeader = e.eq(inGroup, e.index(0));
   int64_t perThread = c.gated ? c.fragment() / 2 : c.fragment();
   for (int64_t chunk = 0; chunk < c.outTile / kColumns; ++chunk) {
-    // The last chunk's (or tile's) reads are done: the threads' own, and
-    // TMA's.
-    if (c.tmaStore())
-      e.ifThen(groupLeader, [&] {
-        inlinePtx(b, e.loc, {}, {}, "cp.async.bulk.wait_group.read 0;", "");
-      });
+    // The last chunk's (or tile's) reads are done.
     groupBarrier();
     for (int64_t i = chunk * 32; i < std::min(perThread, chunk * 32 + 32);
          i += 2) {
@@ -1309,26 +1293,7 @@ void MatmulEmitter::emitSharedStore(ArrayRef<Value> finals) {
       vector::StoreOp::create(b, e.loc, pair, buffer, ValueRange{row, at},
                               false, vectorAlign(2, b.getBF16Type()));
     }
-    Value chunkCol = e.iadd(colTile, e.index(chunk * kColumns));
-    std::optional<scf::IfOp> whole;
-    if (c.tmaStore()) {
-      // The writes reach TMA (the async proxy) once the group is done.
-      inlinePtx(b, e.loc, {}, {}, "fence.proxy.async.shared::cta;", "");
-      groupBarrier();
-      // Columns past N are TMA's to leave alone.
-      whole = scf::IfOp::create(b, e.loc, TypeRange{}, wholeRows,
-                                /*withElse=*/true);
-      b.setInsertionPointToStart(&whole->getThenRegion().front());
-      e.ifThen(groupLeader, [&] {
-        nvgpu::TmaAsyncStoreOp::create(b, e.loc, buffer, descOut,
-                                       ValueRange{chunkCol, groupRow0},
-                                       Value());
-        inlinePtx(b, e.loc, {}, {}, "cp.async.bulk.commit_group;", "");
-      });
-      b.setInsertionPointToStart(&whole->getElseRegion().front());
-    } else {
-      groupBarrier();
-    }
+    groupBarrier();
     // 64 rows x 8 pieces; a warp stores 4 rows of 128 bytes at a time.
     for (int64_t j = 0; j < c.groupRows() * 8 / 128; ++j) {
       Value idx = e.iadd(inGroup, e.index(j * 128));
@@ -1337,8 +1302,10 @@ void MatmulEmitter::emitSharedStore(ArrayRef<Value> finals) {
           b, e.loc, pieceType, buffer,
           ValueRange{row, e.imul(e.xori(piece, e.remUI(row, 8)), 8)}, false,
           vectorAlign(8, b.getBF16Type()));
-      Value outRow = e.iadd(groupRow0, row);
-      Value outCol = e.iadd(chunkCol, e.imul(piece, 8));
+      Value outRow =
+          e.iadd(e.iadd(rowStartIdx, e.imul(group, c.groupRows())), row);
+      Value outCol =
+          e.iadd(colTile, e.iadd(e.index(chunk * kColumns), e.imul(piece, 8)));
       e.ifThen(e.andi(e.ult(outRow, rowEndIdx), e.ult(outCol, e.index(c.outN))),
                [&] {
                  vector::StoreOp::create(b, e.loc, v, out,
@@ -1346,8 +1313,6 @@ void MatmulEmitter::emitSharedStore(ArrayRef<Value> finals) {
                                          vectorAlign(8, b.getBF16Type()));
                });
     }
-    if (whole)
-      b.setInsertionPointAfter(*whole);
   }
 }
 
@@ -1455,11 +1420,6 @@ LogicalResult MatmulEmitter::emit(ArrayRef<Value> buffers,
   emitTiles(/*consumer=*/true);
   if (c.pingPong())
     e.ifThen(first, [&] { takeTurn(); });
-  // The block's last stores are complete before it exits.
-  if (c.tmaStore())
-    e.ifThen(e.eq(e.remUI(tid, 128), e.index(0)), [&] {
-      inlinePtx(b, e.loc, {}, {}, "cp.async.bulk.wait_group 0;", "");
-    });
   b.setInsertionPointAfter(roles);
   if (c.cluster > 1)
     clusterBarrier();
@@ -1549,17 +1509,8 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
     bufferIndices.push_back(layer.info(v).buffer);
   if (c.splits > 1)
     bufferIndices.append({partials.buffer, counters});
-  SmallVector<unsigned> maps = {mapA, mapB};
-  // The output as [rows][N] in boxes of a warpgroup's rows by one
-  // epilogue chunk, for the epilogue's TMA stores.
-  if (c.tmaStore()) {
-    const TensorInfo &outInfo = layer.info(op.getOut());
-    maps.push_back(
-        layer.plan.addTensorMap(outInfo.buffer, 2, outInfo.rowCount(), c.outN,
-                                c.groupRows(), MatmulConfig::kEpilogueColumns));
-  }
   Kernel k = layer.kernelOn(op, c.grouped ? "grouped_matmul" : "matmul",
-                            bufferIndices, maps);
+                            bufferIndices, {mapA, mapB});
   Launch &launch = k.launch;
   if (c.swapAb) {
     // A decode tile's bucket bounds its row tiles: those on x, column

@@ -97,13 +97,6 @@ struct MatmulConfig : sm90a::MatmulLayout {
   /// half's second block row (128 when it lies in one).
   int64_t scaleSplit[2] = {128, 128};
 
-  /// The shared-memory epilogue of bf16 results: a consumer warpgroup
-  /// whose 64 rows all lie in the tile's rows hands each staged chunk to
-  /// TMA, which stores it while the warpgroup goes on (the next chunk, or
-  /// its next tile's wgmma); one with fewer stores the rows itself.
-  bool tmaStore() const {
-    return sharedEpilogue && !activationGrad && !outBlock && !swapAb;
-  }
   /// FP8: the consumer warpgroups take turns issuing each partial's
   /// wgmma, one promoting while the other's run.
   bool pingPong() const { return enc.fp8() && warpGroups == 2; }

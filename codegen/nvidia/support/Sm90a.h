@@ -130,15 +130,12 @@ struct MatmulLayout {
   int64_t stagedScaleOffset() const {
     return columnScaleOffset() + columnScaleBytes();
   }
-  /// One consumer warpgroup's epilogue buffer, after the staged scales,
-  /// aligned as a 128-byte swizzled tile (TMA stores from it, and its
-  /// swizzle follows the address).
+  /// One consumer warpgroup's epilogue buffer, after the staged scales.
   int64_t epilogueBytes() const {
     return epiloguePlanes * groupRows() * kEpilogueColumns * 2;
   }
   int64_t epilogueOffset() const {
-    int64_t end = stagedScaleOffset() + stagedScaleBytes();
-    return (end + kSwizzleAlign - 1) / kSwizzleAlign * kSwizzleAlign;
+    return stagedScaleOffset() + stagedScaleBytes();
   }
   /// The dynamic shared memory the kernel asks for: the buffers and room to
   /// align them.

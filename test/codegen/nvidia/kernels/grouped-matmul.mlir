@@ -5,17 +5,12 @@
 // TMA descriptor (128-row boxes of 64 bf16), passed by value; the grid has a
 // row tile per 128 rows plus one per expert (segments start anywhere), and a
 // column tile per 128 outputs with an activation (gate and up halves): one
-// here. The shared-memory epilogue has a third descriptor, of the output in
-// boxes of a warpgroup's 64 rows by 64 columns: a warpgroup whose rows all
-// lie in its expert's stores each staged chunk by TMA (fenced for the async
-// proxy, its buffer refilled once the store has read it); one that does
-// not stores its rows itself.
-// CHECK: tensor_maps = [#moe.tensor_map<buffer = 0, element_bytes = 2, rows = 1 * T, cols = 64, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 1, element_bytes = 2, rows = 2048, cols = 64, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 5, element_bytes = 2, rows = 1 * T, cols = 128, box_rows = 64, box_cols = 64>]
-// CHECK-SAME: launches = [#moe.launch<kernel = @moe_grouped_matmul, work = 1 * T, per_block = 128, extra_blocks = 8, block = 384, shared_bytes = 214016, args = [buffer 5, buffer 2, buffer 3, buffer 4, tensor_map 0, tensor_map 1, tensor_map 2, tokens]>]
-// CHECK: gpu.func @moe_grouped_matmul({{.*}}) kernel attributes {known_block_size = array<i32: 384, 1, 1>, moe.tensor_map_args = array<i64: 4, 5, 6>}
+// here.
+// CHECK: tensor_maps = [#moe.tensor_map<buffer = 0, element_bytes = 2, rows = 1 * T, cols = 64, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 1, element_bytes = 2, rows = 2048, cols = 64, box_rows = 128, box_cols = 64>]
+// CHECK-SAME: launches = [#moe.launch<kernel = @moe_grouped_matmul, work = 1 * T, per_block = 128, extra_blocks = 8, block = 384, shared_bytes = 214016, args = [buffer 5, buffer 2, buffer 3, buffer 4, tensor_map 0, tensor_map 1, tokens]>]
+// CHECK: gpu.func @moe_grouped_matmul({{.*}}) kernel attributes {known_block_size = array<i32: 384, 1, 1>, moe.tensor_map_args = array<i64: 4, 5>}
 // CHECK: nvgpu.mbarrier.create
 // CHECK: nvvm.wgmma.mma_async
-// CHECK: nvgpu.tma.async.store
 // CHECK: nvgpu.tma.async.load
 // PTX: .visible .entry moe_grouped_matmul(
 // PTX-SAME: .param .align 64 .b8 moe_grouped_matmul_param_4[128]
@@ -23,12 +18,6 @@
 // PTX-SAME: mbarrier.try_wait.parity.shared.b64
 // PTX-SAME: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 // PTX-SAME: wgmma.wait_group.sync.aligned
-// PTX-SAME: cp.async.bulk.wait_group.read 0;
-// PTX-SAME: fence.proxy.async.shared::cta;
-// PTX-SAME: cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group
-// PTX-SAME: cp.async.bulk.commit_group;
-// PTX-SAME: st.global.v4.b32
-// PTX-SAME: cp.async.bulk.wait_group 0;
 // PTX-SAME: cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
 func.func @gate_up(%x: tensor<?x64xbf16>, %w13: tensor<8x256x64xbf16>,
                    %counts: tensor<8xi32>, %offsets: tensor<9xi32>,
@@ -48,7 +37,7 @@ func.func @gate_up(%x: tensor<?x64xbf16>, %w13: tensor<8x256x64xbf16>,
 // 128-row weight block (I = 160), so its columns take one of two scales.
 // CHECK: tensor_maps = [#moe.tensor_map<buffer = {{[0-9]+}}, element_bytes = 1, rows = 1 * T, cols = 256, box_rows = 128, box_cols = 128>
 // CHECK-SAME: #moe.tensor_map<buffer = {{[0-9]+}}, element_bytes = 1, rows = 1280, cols = 256, box_rows = 128, box_cols = 128>
-// CHECK-SAME: shared_bytes = 217088
+// CHECK-SAME: shared_bytes = 216576
 // CHECK: gpu.func @moe_grouped_matmul
 // The consumers take a stage's row and weight-block scales from shared
 // memory, where the producer warpgroup staged them with the stage.
@@ -86,9 +75,8 @@ func.func @block128(%x: tensor<?x256xf8E4M3FN>, %w13: tensor<4x320x256xf8E4M3FN>
 // slot's weight-row scales (4 KiB a stage after the ring) and its rows'
 // E8M0 codes (512 bytes a stage, before the consumers' 16 KiB epilogue
 // buffers) in shared memory and arrives on the slot's barrier with the TMA
-// bytes, the epilogue buffers aligned to 1 KiB: three stages fit beside the
-// barriers.
-// CHECK: shared_bytes = 179200
+// bytes: three stages fit beside the barriers.
+// CHECK: shared_bytes = 178688
 // CHECK: gpu.func @moe_matmul
 // CHECK-COUNT-8: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 128, k = 32>, D[<f32>, <zero>]
 // PTX: .visible .entry moe_matmul(

@@ -7,7 +7,7 @@
 // clusters (256 rows each, one more per expert; a column tile per 256
 // weight rows) and doubles them; the
 // kernel's cluster shape is its own, so a plain launch forms the clusters.
-// CHECK: launches = [#moe.launch<kernel = @moe_grouped_matmul, work = 1 * T, per_block = 256, extra_blocks = 8, grid_y = 2, block = 384, shared_bytes = 217088, args = [{{.*}}], cluster = 2>]
+// CHECK: launches = [#moe.launch<kernel = @moe_grouped_matmul, work = 1 * T, per_block = 256, extra_blocks = 8, grid_y = 2, block = 384, shared_bytes = 216576, args = [{{.*}}], cluster = 2>]
 // CHECK: gpu.func @moe_grouped_matmul({{.*}}) kernel attributes {known_block_size = array<i32: 384, 1, 1>, known_cluster_size = array<i32: 2, 1, 1>
 // CHECK: nvvm.cluster.arrive
 // CHECK: nvvm.cluster.wait
