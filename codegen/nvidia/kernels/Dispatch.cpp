@@ -52,6 +52,26 @@ DispatchConfig nvidia::configureDispatch(DispatchOp op, TokenLinear tokens) {
 /// rows within an expert are in token
 /// order, the same on every call, so a weight gradient summed over them is
 /// too.
+/// Once every thread has counted its choices into `count`, thread 0 lays
+/// the experts' rows out (common::layOutExperts: each expert's first row
+/// into `offsets`, its count into `counts`) and writes each expert's first
+/// row into `first` (which may be `count`); the block waits for it.
+static void layOutFromCounts(Emitter &e, Value tid, int64_t experts,
+                             int64_t align, Value count, Value offsets,
+                             Value counts, Value first) {
+  gpu::BarrierOp::create(e.b, e.loc);
+  e.ifThen(e.eq(tid, e.index(0)), [&] {
+    common::layOutExperts(
+        e, experts, align, offsets,
+        [&](Value x) { return e.loadRaw(count, {x}); },
+        [&](Value x, Value offset, Value c) {
+          e.storeRaw(c, counts, {x});
+          e.storeRaw(offset, first, {x});
+        });
+  });
+  gpu::BarrierOp::create(e.b, e.loc);
+}
+
 static LogicalResult buildOrderedDispatchPlan(LayerKernels &layer,
                                               DispatchOp op,
                                               const DispatchConfig &cfg) {
@@ -155,17 +175,7 @@ static LogicalResult buildOrderedDispatchPlan(LayerKernels &layer,
                                     e.i32(1), buffer, index);
     });
   });
-  gpu::BarrierOp::create(b, e.loc);
-  e.ifThen(e.eq(tid, e.index(0)), [&] {
-    common::layOutExperts(
-        e, experts, cfg.align, offsets,
-        [&](Value x) { return e.loadRaw(count, {x}); },
-        [&](Value x, Value offset, Value c) {
-          e.storeRaw(c, counts, {x});
-          e.storeRaw(offset, count, {x});
-        });
-  });
-  gpu::BarrierOp::create(b, e.loc);
+  layOutFromCounts(e, tid, experts, cfg.align, count, offsets, counts, count);
   // Each expert's first row for each warp, in warp order.
   e.forEach(
       tid, e.index(experts),
@@ -250,17 +260,7 @@ static LogicalResult buildDispatchPlan(LayerKernels &layer, DispatchOp op,
         e.ifThen(isLocal(id), [&] { increment(count, id); });
       },
       e.index(cfg.planThreads));
-  gpu::BarrierOp::create(e.b, e.loc);
-  e.ifThen(e.eq(tid, e.index(0)), [&] {
-    common::layOutExperts(
-        e, experts, cfg.align, offsets,
-        [&](Value x) { return e.loadRaw(count, {x}); },
-        [&](Value x, Value offset, Value c) {
-          e.storeRaw(c, counts, {x});
-          e.storeRaw(offset, cursor, {x});
-        });
-  });
-  gpu::BarrierOp::create(e.b, e.loc);
+  layOutFromCounts(e, tid, experts, cfg.align, count, offsets, counts, cursor);
   e.forEach(
       tid, choices,
       [&](Value p) {

@@ -376,6 +376,11 @@ private:
   void emitSharedStore(ArrayRef<Value> finals);
   void emitQuantizedStore(ArrayRef<Value> finals);
   void emitActivationGradStore(ArrayRef<Value> finals);
+  /// This consumer warpgroup's epilogue buffer: [planes x] 64 rows of
+  /// kEpilogueColumns bf16 (sm90a::MatmulLayout), and the named barrier of
+  /// the warpgroup's 128 threads.
+  Value epilogueBuffer();
+  void epilogueBarrier();
 
   MemRefType tileType(int64_t rows);
   SmallVector<int64_t> transposedBox();
@@ -434,8 +439,8 @@ private:
   Value rowStartIdx, rowEndIdx, expertIdx, colTile, halfRows[2], bRow0, bRow1;
   Value group, warp, lane, rowBase, colBase, tileRows[2];
   // Consumer state: this warpgroup's offset in an A tile, a stage's
-  // operands.
-  Value groupOffset, aBase, bBase;
+  // operands, its epilogue's named barrier.
+  Value groupOffset, aBase, bBase, epilogueBarrierId;
 };
 } // namespace
 
@@ -1103,16 +1108,8 @@ void MatmulEmitter::emitActivationGradStore(ArrayRef<Value> finals) {
   static_assert(kColumns == GroupedMatmulOp::kRowDotColumns,
                 "a chunk's row sums are one row_dots entry");
   Type bf16 = b.getBF16Type();
-  auto bufferType = sharedType({2, c.groupRows(), kColumns}, bf16);
-  Value buffer = memref::ViewOp::create(
-      b, e.loc, bufferType, shared->bytes,
-      e.iadd(e.iadd(shared->pad, e.index(c.epilogueOffset())),
-             e.imul(group, c.epilogueBytes())),
-      ValueRange{});
-  Value barrier = e.toI32(e.iadd(group, e.index(kEpilogueBarrier)));
-  auto groupBarrier = [&] {
-    inlinePtx(b, e.loc, {}, {barrier}, "bar.sync $0, 128;", "r");
-  };
+  Value buffer = epilogueBuffer();
+  auto groupBarrier = [&] { epilogueBarrier(); };
   auto pairType = VectorType::get({2}, bf16);
   auto pieceType = VectorType::get({8}, bf16);
   ActivationAttr activation = op.getActivationAttr();
@@ -1250,22 +1247,31 @@ void MatmulEmitter::emitActivationGradStore(ArrayRef<Value> finals) {
   }
 }
 
+Value MatmulEmitter::epilogueBuffer() {
+  SmallVector<int64_t> shape = {c.groupRows(), MatmulConfig::kEpilogueColumns};
+  if (c.epiloguePlanes > 1)
+    shape.insert(shape.begin(), c.epiloguePlanes);
+  Value buffer = memref::ViewOp::create(
+      b, e.loc, sharedType(shape, b.getBF16Type()), shared->bytes,
+      e.iadd(e.iadd(shared->pad, e.index(c.epilogueOffset())),
+             e.imul(group, c.epilogueBytes())),
+      ValueRange{});
+  epilogueBarrierId = e.toI32(e.iadd(group, e.index(kEpilogueBarrier)));
+  return buffer;
+}
+
+void MatmulEmitter::epilogueBarrier() {
+  inlinePtx(b, e.loc, {}, {epilogueBarrierId}, "bar.sync $0, 128;", "r");
+}
+
 void MatmulEmitter::emitSharedStore(ArrayRef<Value> finals) {
   // Each consumer warpgroup stages 64 columns of its 64 rows at a time in
   // its own buffer (16-byte pieces of a row swizzled by the row, so both
   // the fragment's writes and the row reads are free of bank conflicts),
   // then its threads store whole 16-byte pieces of rows.
   constexpr int64_t kColumns = MatmulConfig::kEpilogueColumns;
-  auto bufferType = sharedType({c.groupRows(), kColumns}, b.getBF16Type());
-  Value buffer = memref::ViewOp::create(
-      b, e.loc, bufferType, shared->bytes,
-      e.iadd(e.iadd(shared->pad, e.index(c.epilogueOffset())),
-             e.imul(group, c.epilogueBytes())),
-      ValueRange{});
-  Value barrier = e.toI32(e.iadd(group, e.index(kEpilogueBarrier)));
-  auto groupBarrier = [&] {
-    inlinePtx(b, e.loc, {}, {barrier}, "bar.sync $0, 128;", "r");
-  };
+  Value buffer = epilogueBuffer();
+  auto groupBarrier = [&] { epilogueBarrier(); };
   auto pairType = VectorType::get({2}, b.getBF16Type());
   auto pieceType = VectorType::get({8}, b.getBF16Type());
   // The rows this thread's fragment holds, within the warpgroup's 64; a
