@@ -42,16 +42,6 @@ DispatchConfig nvidia::configureDispatch(DispatchOp op, TokenLinear tokens) {
   return c;
 }
 
-/// The ordered plan (`ordered`: a training forward's), in one block. Each
-/// warp takes a run of consecutive choices, 32 at a time: it counts them
-/// per expert (atomics, to the expert's total and to the warp's own); one
-/// thread lays the experts out; each
-/// expert's rows are then shared out among the warps in warp order, and
-/// each warp walks its run again, giving its choices of an expert the
-/// next rows in choice order (lanes of one expert meet by match.any). The
-/// rows within an expert are in token
-/// order, the same on every call, so a weight gradient summed over them is
-/// too.
 /// Once every thread has counted its choices into `count`, thread 0 lays
 /// the experts' rows out (common::layOutExperts: each expert's first row
 /// into `offsets`, its count into `counts`) and writes each expert's first
@@ -72,6 +62,14 @@ static void layOutFromCounts(Emitter &e, Value tid, int64_t experts,
   gpu::BarrierOp::create(e.b, e.loc);
 }
 
+/// The ordered plan (`ordered`: a training forward's), in one block. Each
+/// warp takes a run of consecutive choices, 32 at a time: it counts them
+/// per expert (atomics, to the expert's total and to the warp's own); one
+/// thread lays the experts out; each expert's rows are then shared out
+/// among the warps in warp order, and each warp walks its run again, giving
+/// its choices of an expert the next rows in choice order (lanes of one
+/// expert meet by match.any). The rows within an expert are in token order,
+/// the same on every call, so a weight gradient summed over them is too.
 static LogicalResult buildOrderedDispatchPlan(LayerKernels &layer,
                                               DispatchOp op,
                                               const DispatchConfig &cfg) {

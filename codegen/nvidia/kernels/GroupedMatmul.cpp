@@ -377,8 +377,10 @@ private:
   void emitQuantizedStore(ArrayRef<Value> finals);
   void emitActivationGradStore(ArrayRef<Value> finals);
   /// This consumer warpgroup's epilogue buffer: [planes x] 64 rows of
-  /// kEpilogueColumns bf16 (sm90a::MatmulLayout), and the named barrier of
-  /// the warpgroup's 128 threads.
+  /// kEpilogueColumns bf16 (sm90a::MatmulLayout). It also sets the id of
+  /// the named barrier of the warpgroup's 128 threads, which
+  /// epilogueBarrier() then syncs on (computed there, where the epilogue
+  /// begins).
   Value epilogueBuffer();
   void epilogueBarrier();
 
@@ -1109,7 +1111,6 @@ void MatmulEmitter::emitActivationGradStore(ArrayRef<Value> finals) {
                 "a chunk's row sums are one row_dots entry");
   Type bf16 = b.getBF16Type();
   Value buffer = epilogueBuffer();
-  auto groupBarrier = [&] { epilogueBarrier(); };
   auto pairType = VectorType::get({2}, bf16);
   auto pieceType = VectorType::get({8}, bf16);
   ActivationAttr activation = op.getActivationAttr();
@@ -1153,7 +1154,7 @@ void MatmulEmitter::emitActivationGradStore(ArrayRef<Value> finals) {
       };
   for (int64_t chunk = 0; chunk < c.tileN / kColumns; ++chunk) {
     // The last chunk's (or tile's) pieces are out.
-    groupBarrier();
+    epilogueBarrier();
     forPieces(chunk, [&](Value plane, Value row, Value at, Value hRow,
                          Value hCol, Value valid) {
       Value v = vector::LoadOp::create(b, e.loc, pieceType, activationInput,
@@ -1165,7 +1166,7 @@ void MatmulEmitter::emitActivationGradStore(ArrayRef<Value> finals) {
       vector::StoreOp::create(b, e.loc, v, buffer, ValueRange{plane, row, at},
                               false, vectorAlign(8, bf16));
     });
-    groupBarrier();
+    epilogueBarrier();
     for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
       Value row = e.iadd(fragmentRow, e.index(rowHalf * 8));
       Value sum = e.f32(0.0);
@@ -1233,7 +1234,7 @@ void MatmulEmitter::emitActivationGradStore(ArrayRef<Value> finals) {
                  e.store(sum, rowDots, {outRow, p});
                });
     }
-    groupBarrier();
+    epilogueBarrier();
     forPieces(chunk, [&](Value plane, Value row, Value at, Value hRow,
                          Value hCol, Value valid) {
       Value v = vector::LoadOp::create(b, e.loc, pieceType, buffer,
@@ -1271,7 +1272,6 @@ void MatmulEmitter::emitSharedStore(ArrayRef<Value> finals) {
   // then its threads store whole 16-byte pieces of rows.
   constexpr int64_t kColumns = MatmulConfig::kEpilogueColumns;
   Value buffer = epilogueBuffer();
-  auto groupBarrier = [&] { epilogueBarrier(); };
   auto pairType = VectorType::get({2}, b.getBF16Type());
   auto pieceType = VectorType::get({8}, b.getBF16Type());
   // The rows this thread's fragment holds, within the warpgroup's 64; a
@@ -1282,7 +1282,7 @@ void MatmulEmitter::emitSharedStore(ArrayRef<Value> finals) {
   int64_t perThread = c.gated ? c.fragment() / 2 : c.fragment();
   for (int64_t chunk = 0; chunk < c.outTile / kColumns; ++chunk) {
     // The last chunk's (or tile's) reads are done.
-    groupBarrier();
+    epilogueBarrier();
     for (int64_t i = chunk * 32; i < std::min(perThread, chunk * 32 + 32);
          i += 2) {
       Value col = e.iadd(colTile, fragmentColumn(i));
@@ -1299,7 +1299,7 @@ void MatmulEmitter::emitSharedStore(ArrayRef<Value> finals) {
       vector::StoreOp::create(b, e.loc, pair, buffer, ValueRange{row, at},
                               false, vectorAlign(2, b.getBF16Type()));
     }
-    groupBarrier();
+    epilogueBarrier();
     // 64 rows x 8 pieces; a warp stores 4 rows of 128 bytes at a time.
     for (int64_t j = 0; j < c.groupRows() * 8 / 128; ++j) {
       Value idx = e.iadd(inGroup, e.index(j * 128));
