@@ -102,6 +102,7 @@ struct MatmulShape {
     if (QuantAttr scheme = op.getScheme()) {
       elementBytes = 1;
       scaleK = scheme.getBlockSize();
+      mx = scheme.getKind() == QuantKind::MXFP8;
       // Per-row weight scales are staged per column in shared memory.
       auto scales = cast<RankedTensorType>(op.getRhsScale().getType());
       columnScales = scales.getDimSize(scales.getRank() - 2) == n;
@@ -122,6 +123,9 @@ struct MatmulShape {
     }
   }
   int64_t tileK() const { return kSliceBytes / elementBytes; }
+  /// The wide tile's: MXFP8 takes 64 codes a stage, which the consumers
+  /// convert to bf16 and multiply with no per-block promotion.
+  int64_t wideTileK() const { return mx ? kSliceBytes / 2 : tileK(); }
   /// The kernel's shared-memory layout for a tile of this shape, without
   /// stages.
   MatmulLayout layout(int64_t tileM, int64_t tileN, int64_t tileK) const {
@@ -130,6 +134,8 @@ struct MatmulShape {
     l.elementBytes = elementBytes, l.scaleK = scaleK;
     l.columnScales = columnScales;
     l.epiloguePlanes = activationGrad ? 2 : 1;
+    if (mx && tileK == kSliceBytes / 2)
+      l.convertBuffers = MatmulLayout::kConvertBuffers;
     return l;
   }
   int64_t kTiles() const { return llvm::divideCeil(k, tileK()); }
@@ -138,6 +144,7 @@ struct MatmulShape {
   }
 
   bool grouped = false, gated = false, outQuant = false, columnScales = false;
+  bool mx = false;
   /// An f32 result (a backward's dgrad): stored from the registers. An
   /// activation's backward as the epilogue stages h in shared memory.
   bool outF32 = false, activationGrad = false;
@@ -418,7 +425,7 @@ MatmulConfigAttr ConfigureMatmulsPass::chooseFor(GroupedMatmulOp op,
     return chooseDecodeTile(op, shape, tokens, stamp);
   int64_t tileM = pins.tileM.value_or(kTileM);
   int64_t tileN = pins.tileN.value_or(kTileN);
-  int64_t tileK = pins.tileK.value_or(shape.tileK());
+  int64_t tileK = pins.tileK.value_or(shape.wideTileK());
   int64_t kTiles = llvm::divideCeil(shape.k, tileK);
 
   // The epilogue stages its bf16 results in shared memory, in 16-byte

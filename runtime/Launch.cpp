@@ -24,7 +24,7 @@ constexpr int kMaxDynamicSharedBytes = 8, kProgrammaticStreamSerialization = 6;
 constexpr int kCooperative = 2;
 constexpr int kTensorMapBFloat16 = 9, kTensorMapFloat32 = 7,
               kTensorMapUInt8 = 0;
-constexpr int kSwizzle128B = 3, kL2Promotion128B = 2;
+constexpr int kSwizzle64B = 2, kSwizzle128B = 3, kL2Promotion128B = 2;
 
 thread_local std::string lastError;
 
@@ -209,7 +209,11 @@ extern "C" int32_t moert_tensor_map(void *descriptor, void *base,
             : elementBytes == 2 ? kTensorMapBFloat16
                                 : kTensorMapUInt8,
             rank, base, globalDims, globalStrides, boxDims, elementStrides,
-            /*interleave=*/0, kSwizzle128B, kL2Promotion128B, /*oobFill=*/0),
+            /*interleave=*/0,
+            // A box's rows are one swizzle span: 128 bytes, or 64 (MXFP8
+            // codes converted in shared memory).
+            box[0] * elementBytes == 64 ? kSwizzle64B : kSwizzle128B,
+            kL2Promotion128B, /*oobFill=*/0),
         "cuTensorMapEncodeTiled");
   return 0;
 }

@@ -58,15 +58,16 @@ func.func @mixtral_down(%a: tensor<?x14336xbf16>, %b: tensor<8x4096x14336xbf16>,
 // -----
 
 // Qwen3-30B-A3B's gate/up matmul in MXFP8 after its dispatch (top-8 of
-// 128 experts): 128 codes a stage, each with 4 x 256 f32 column scales
-// and 4 x 128 E8M0 row scales staged in shared memory, which leaves room
-// for three stages; K = 2048 is 16 stages, short enough to run
-// persistent. At 8 tokens the dispatch
+// 128 experts): 64 codes a stage, which the consumers convert into two
+// bf16 stages (96 KiB), each with 2 x 256 f32 column scales and 2 x 128
+// E8M0 row scales staged in shared memory, which leaves room for four
+// stages; K = 2048 is 32 stages, short enough to run persistent. The
+// decode tile takes 128 codes a stage. At 8 tokens the dispatch
 // brings 64 rows (8 x top-8) to at most 64 experts, at most 8 rows each:
 // decode tiles of 8 rows and 64 gate with their 64 up rows, 12 column
 // tiles an expert, which fill the GPU with K whole.
 // CHECK-LABEL: func.func @qwen3_up
-// CHECK: configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 128, stages = 3, persistent = true, epilogue = shared>,
+// CHECK: configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, persistent = true, epilogue = shared>,
 // CHECK-SAME: #moe.matmul_config<tokens = 8, tile_m = 8, tile_n = 128, tile_k = 128, stages = 6, warpgroups = 1, swap_ab = true>]
 func.func @qwen3_up(%x: tensor<?x2048xbf16>, %ids: tensor<?x8xi32>,
                     %b: tensor<128x1536x2048xf8E4M3FN>,

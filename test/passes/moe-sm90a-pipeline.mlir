@@ -21,12 +21,14 @@
 // KERNELS-SAME: @moe_combine
 // KERNELS: gpu.module @layer_kernels
 
-// PTX for sm_90a (ptx85), descriptors passed by value.
+// PTX for sm_90a (ptx85), descriptors passed by value; the MXFP8 codes
+// converted to bf16 and multiplied as bf16.
 // PTX: gpu.binary @layer_kernels  [#gpu.object<#nvvm.target<O = 3, chip = "sm_90a", features = "+ptx85">, properties = {{.*}}, assembly = "
 // PTX-SAME: .target sm_90a
 // PTX-SAME: .visible .entry moe_grouped_matmul_gate_up(
 // PTX-SAME: .param .align 64 .b8 moe_grouped_matmul_gate_up_param_6[128]
-// PTX-SAME: wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3
+// PTX-SAME: mul.rn.bf16x2
+// PTX-SAME: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 
 // CUBIN: gpu.binary @layer_kernels  [#gpu.object<#nvvm.target<O = 3, chip = "sm_90a", features = "+ptx85">, properties = {{.*}}, bin = "\7FELF
 func.func @layer(%x: tensor<?x64xbf16>, %rw: tensor<8x64xbf16>,

@@ -11,7 +11,10 @@
 // FP8 multiplies each scale block (128 of K for FP8 block-128, 32 for MXFP8)
 // into a fresh f32 partial with m64n128k32 and adds partial x row scale x
 // column scale to the accumulator, as the CPU backend does: the tensor
-// cores' FP8 sums are short, and the scales differ per block. The epilogue
+// cores' FP8 sums are short, and the scales differ per block. MXFP8 with
+// 64 codes a stage (tile_k = 64) instead converts each stage to bf16 in
+// shared memory (exact: a code times a power of two) and multiplies it as
+// bf16, converting the next stage while the tensor cores run. The epilogue
 // adds the bias, applies the gated activation (a tile holds 128 gate and the
 // matching 128 up columns) and stores bf16 from registers, or quantizes each
 // row's blocks first (out_quant). A grouped matmul
@@ -49,16 +52,49 @@ static constexpr int64_t kTurnBarrier = 4;
 // multiprocessor.
 static constexpr int64_t kDecodeBlocks = sm90a::kTwoBlocksEach;
 
-MatmulEncoding::MatmulEncoding(QuantAttr scheme, int64_t tileN)
+MatmulEncoding::MatmulEncoding(QuantAttr scheme, int64_t tileN, int64_t tileK)
     : scheme(scheme), tileN(tileN), instN(tileN) {
   if (!scheme)
     return;
   elementBytes = 1;
+  scaleK = scheme.getBlockSize();
+  // E4M3 times a power of two is exact in bf16, and a product of bf16 in
+  // f32: the converted tile multiplies as bf16, the whole width at once.
+  if (scheme.getKind() == QuantKind::MXFP8 && tileK == kSliceBytes / 2) {
+    convert = true;
+    return;
+  }
   // An FP8 partial needs registers beside the accumulator: two m64n128
   // fragments (gate and up, or the two column halves) of 64 f32 each.
   instN = 128;
-  scaleK = scheme.getBlockSize();
   type = NVVM::WGMMATypes::e4m3;
+}
+
+/// The four E4M3 codes of `word` (i32, the first in its low byte) as two
+/// vector<2xbf16> pairs (codes 0-1, 2-3), each the code's value times
+/// 2^-120 exactly, E4M3's subnormals becoming bf16 subnormals: multiplied
+/// by 2^(120 + s) (a normal bf16) they give code x 2^s exactly. A byte
+/// permute puts two codes in the high bytes of the pair's halves; then a
+/// code's sign is the half's, and its 7 bits of exponent and mantissa go
+/// 4 bits down into the bf16's, its exponent 120 below.
+static SmallVector<Value, 2> e4m3ToBF16Pairs(Emitter &e, Value word) {
+  OpBuilder &b = e.b;
+  Type i32 = b.getI32Type();
+  auto pairType = VectorType::get({2}, b.getBF16Type());
+  SmallVector<Value, 2> pairs;
+  for (int32_t selector : {0x1404, 0x3424}) {
+    Value high =
+        NVVM::PermuteOp::create(b, e.loc, i32, word, e.i32(0), e.i32(selector),
+                                NVVM::PermuteMode::DEFAULT);
+    Value pair = e.ori(e.andi(high, e.i32(0x80008000)),
+                       e.andi(arith::ShRUIOp::create(b, e.loc, high, e.i32(4)),
+                              e.i32(0x07F007F0)));
+    pairs.push_back(vector::BitCastOp::create(
+        b, e.loc, pairType,
+        vector::FromElementsOp::create(b, e.loc, VectorType::get({1}, i32),
+                                       pair)));
+  }
+  return pairs;
 }
 
 /// Refuses the fields of a decode tile's `config` (swap_ab) that the
@@ -158,7 +194,14 @@ static LogicalResult checkConfig(GroupedMatmulOp op, MatmulConfigAttr config,
   if (config.getTileK() != c.enc.tileK())
     return refuse("tile_k", config.getTileK())
            << "it takes 128 bytes of K a stage (" << c.enc.tileK()
-           << " elements)";
+           << " elements)"
+           << (c.enc.scheme && c.enc.scheme.getKind() == QuantKind::MXFP8
+                   ? ", or 64 MXFP8 codes that it converts to bf16"
+                   : "");
+  if (c.enc.convert && config.getClusterM() > 1)
+    return refuse("cluster_m", config.getClusterM())
+           << "MXFP8 codes converted to bf16 (tile_k = 64) take one block's "
+              "ring";
   if (config.getWarpgroups() != c.warpGroups)
     return refuse("warpgroups", config.getWarpgroups())
            << "it has two consumer warpgroups";
@@ -225,9 +268,11 @@ FailureOr<MatmulConfig> nvidia::configureMatmul(GroupedMatmulOp op,
     c.tileN = config.getTileN();
     c.warpGroups = 1;
   }
-  c.enc = MatmulEncoding(op.getScheme(), c.tileN);
+  c.enc =
+      MatmulEncoding(op.getScheme(), c.tileN, c.swapAb ? 0 : config.getTileK());
   if (c.swapAb)
     c.enc.instN = c.tileM;
+  c.convertBuffers = c.enc.convert ? MatmulConfig::kConvertBuffers : 0;
   c.tileK = c.enc.tileK();
   c.elementBytes = c.enc.elementBytes;
   c.scaleK = c.enc.scaleK;
@@ -371,6 +416,8 @@ private:
   void emitConsumer();
   SmallVector<Value> emitMainLoop();
   void emitScaledStage(SmallVector<Value> &accs, ValueRange scales, Value slot);
+  Value emitConvertedStage(Value acc, Value stage, Value slot);
+  void emitConvert(Value slot, Value buffer);
   void emitSplitSum(SmallVector<Value> &finals, Value counters);
   void emitStore(ArrayRef<Value> finals);
   void emitSharedStore(ArrayRef<Value> finals);
@@ -437,6 +484,8 @@ private:
   std::optional<AlignedShared> shared;
   std::optional<Ring> ring;
   Value columnScaleTile, stagedScaleTile, barriers, empty;
+  // MXFP8 converted: the bf16 stages, as i32 words.
+  Value convertWords;
   // Indices of the tile, and of this thread's fragment.
   Value rowStartIdx, rowEndIdx, expertIdx, colTile, halfRows[2], bRow0, bRow1;
   Value group, warp, lane, rowBase, colBase, tileRows[2];
@@ -602,6 +651,11 @@ void MatmulEmitter::emitSharedMemory() {
                    c.columnScales ? Type(b.getI8Type()) : Type(b.getF32Type())),
         e.index(c.stagedScaleOffset()));
 
+  if (enc.convert)
+    convertWords = shared->view(
+        sharedType({c.convertBuffers * c.convertBytes() / 4}, b.getI32Type()),
+        e.index(c.convertOffset()));
+
   // `barriers[s]` completes when slot s is loaded (TMA bytes), `empty[s]`
   // when every consumer thread is done reading it.
   barriers = createBarriers(e, c.stages);
@@ -668,7 +722,7 @@ void MatmulEmitter::issue(Value kt, Value slot) {
   expectBytes(e, barriers, c.stageBytes(), slot);
   tmaLoad(e, tile(slot, 0, c.tileM), barriers, descA,
           ValueRange{col, rowStartIdx}, slot);
-  int64_t bOffset = c.tileM * kSliceBytes;
+  int64_t bOffset = c.tileM * c.rowBytes();
   if (c.cluster > 1) {
     // Block r loads weight half r into the same slot of both blocks; each
     // block's barrier counts both halves' bytes.
@@ -908,7 +962,9 @@ SmallVector<Value> MatmulEmitter::emitMainLoop() {
     waitBarrier(e, barriers, ring->parity(stage, /*released=*/false), slot);
     aBase = LLVM::AddOp::create(b, e.loc, ring->address(slot, 0), groupOffset);
     bBase = ring->address(slot, c.tileM * kSliceBytes);
-    if (!enc.fp8()) {
+    if (enc.convert) {
+      accs[0] = emitConvertedStage(accs[0], stage, slot);
+    } else if (!enc.fp8()) {
       NVVM::WgmmaFenceAlignedOp::create(b, e.loc);
       accs[0] = multiply(accs[0], 0, 0, enc.tileK() / enc.instK(),
                          /*accumulate=*/true);
@@ -925,7 +981,10 @@ SmallVector<Value> MatmulEmitter::emitMainLoop() {
     }
     scf::YieldOp::create(b, e.loc, accs);
   }
-  if (!enc.fp8()) {
+  if (enc.convert) {
+    // The tile's sums are in the registers.
+    NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 0);
+  } else if (!enc.fp8()) {
     // The last slice's slot too, for the next tile's loads.
     NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, 0);
     e.ifThen(e.icmp(arith::CmpIPredicate::uge, kCount, e.index(1)),
@@ -936,6 +995,125 @@ SmallVector<Value> MatmulEmitter::emitMainLoop() {
   for (int64_t h = 0; h < enc.halves(); ++h)
     finals.push_back(loop.getResult(h));
   return finals;
+}
+
+Value MatmulEmitter::emitConvertedStage(Value acc, Value stage, Value slot) {
+  // The stage's codes into bf16 stage `stage` mod convertBuffers, whose
+  // last wgmma both warpgroups had waited for at the end of the last
+  // stage; the code slot is then free.
+  Value buffer = e.remUI(stage, c.convertBuffers);
+  emitConvert(slot, buffer);
+  release(slot);
+  // The bf16 stage, written by both warpgroups through the generic proxy,
+  // is read by wgmma through the async one.
+  inlinePtx(b, e.loc, {}, {}, "fence.proxy.async.shared::cta;", "");
+  inlinePtx(b, e.loc, {}, {}, "bar.sync 1, 256;", "");
+  Value base = shared->address(
+      e.iadd(e.index(c.convertOffset()), e.imul(buffer, c.convertBytes())));
+  aBase = LLVM::AddOp::create(b, e.loc, base, groupOffset);
+  bBase =
+      LLVM::AddOp::create(b, e.loc, base, k.constI64(c.tileM * kSliceBytes));
+  NVVM::WgmmaFenceAlignedOp::create(b, e.loc);
+  acc = multiply(acc, 0, 0, enc.tileK() / enc.instK(), /*accumulate=*/true);
+  NVVM::WgmmaGroupSyncAlignedOp::create(b, e.loc);
+  // The wgmma of the stage convertBuffers - 1 back are done in both
+  // warpgroups: its bf16 stage may be refilled while the later ones run.
+  NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, c.convertBuffers - 1);
+  inlinePtx(b, e.loc, {}, {}, "bar.sync 1, 256;", "");
+  return acc;
+}
+
+void MatmulEmitter::emitConvert(Value slot, Value buffer) {
+  // The consumers' threads take the stage's rows (A's, then B's) in
+  // 16-byte pieces of codes, piece q being row q / 4's piece q % 4: the
+  // codes of half a scale block. TMA wrote the 64-byte rows with the
+  // 64-byte swizzle, which moves a 16-byte piece by its address: bits 4-5
+  // xor bits 7-8. A piece becomes two 16-byte pieces of its row in the
+  // bf16 stage, K-major rows of 128 bytes, swizzled for wgmma the same
+  // way (by the row mod 8).
+  Type i32 = b.getI32Type();
+  auto quad = VectorType::get({4}, i32);
+  auto pairType = VectorType::get({2}, b.getBF16Type());
+  Value codes =
+      ring->view(sharedType({c.stageBytes() / 4}, i32), slot, e.index(0));
+  Value bufferWords = e.imul(buffer, c.convertBytes() / 4);
+  int64_t rowPieces = c.rowBytes() / 16;
+  // Piece i of a thread is `step` rows below its first: the same piece of
+  // a row with the same swizzle, at a constant offset.
+  int64_t step = c.consumers() / rowPieces;
+  Value row0 = e.divUI(tid, rowPieces), piece = e.remUI(tid, rowPieces);
+  Value at = e.iadd(e.imul(row0, c.rowBytes()), e.imul(piece, 16));
+  Value codeWord0 =
+      e.divUI(e.xori(at, e.andi(e.divUI(at, 8), e.index(0x30))), 4);
+  Value outWord0[2];
+  for (int64_t h = 0; h < 2; ++h)
+    outWord0[h] = e.iadd(
+        e.iadd(bufferWords, e.imul(row0, kSliceBytes / 4)),
+        e.imul(e.xori(e.iadd(e.imul(piece, 2), e.index(h)), e.remUI(row0, 8)),
+               4));
+  Value sub = e.divUI(piece, enc.scaleK / 16);
+  for (int64_t i = 0; i < (c.tileM + c.tileN) / step; ++i) {
+    Value row = e.iadd(row0, e.index(i * step));
+    Value words = vector::LoadOp::create(
+        b, e.loc, quad, codes,
+        ValueRange{e.iadd(codeWord0, e.index(i * step * c.rowBytes() / 4))});
+    // The piece's scale: its row's (A) or its weight row's (B), as bf16.
+    Value sub = e.divUI(piece, enc.scaleK / 16);
+    bool isA = (i + 1) * step <= c.tileM;
+    Value scale =
+        isA ? common::decodeE8M0(
+                  e, memref::LoadOp::create(b, e.loc, stagedScaleTile,
+                                            ValueRange{slot, sub, row}))
+            : memref::LoadOp::create(
+                  b, e.loc, columnScaleTile,
+                  ValueRange{slot, sub, e.isub(row, e.index(c.tileM))})
+                  .getResult();
+    // A power of two in f32 as a bf16 pair: its high half.
+    auto pairOf = [&](Value f32) {
+      Value high = arith::ShRUIOp::create(
+          b, e.loc, arith::BitcastOp::create(b, e.loc, i32, f32), e.i32(16));
+      Value bf16 = arith::BitcastOp::create(
+          b, e.loc, b.getBF16Type(),
+          arith::TruncIOp::create(b, e.loc, b.getI16Type(), high));
+      return vector::BroadcastOp::create(b, e.loc, pairType, bf16).getResult();
+    };
+    SmallVector<Value> raw;
+    for (int64_t w = 0; w < 4; ++w)
+      llvm::append_range(raw, e4m3ToBF16Pairs(e, vector::ExtractOp::create(
+                                                     b, e.loc, words, w)));
+    // code x 2^-120 x 2^(120 + s) in one multiply where 2^(120 + s) is a
+    // bf16 (s <= 7: every scale of data below 2^15); else in two.
+    Value unbias = e.f32(std::ldexp(1.0, 120));
+    auto scaled = scf::IfOp::create(
+        b, e.loc, SmallVector<Type>(raw.size(), pairType),
+        arith::CmpFOp::create(b, e.loc, arith::CmpFPredicate::OLE, scale,
+                              e.f32(128.0)),
+        /*withElse=*/true);
+    for (bool one : {true, false}) {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(one ? &scaled.getThenRegion().front()
+                                     : &scaled.getElseRegion().front());
+      Value factor = pairOf(one ? e.mul(scale, unbias) : scale);
+      Value first = one ? Value() : pairOf(unbias);
+      SmallVector<Value> products;
+      for (Value pair : raw)
+        products.push_back(e.mul(one ? pair : e.mul(pair, first), factor));
+      scf::YieldOp::create(b, e.loc, products);
+    }
+    SmallVector<Value> pairs;
+    for (Value pair : scaled.getResults())
+      pairs.push_back(vector::ExtractOp::create(
+          b, e.loc,
+          vector::BitCastOp::create(b, e.loc, VectorType::get({1}, i32), pair),
+          0));
+    for (int64_t h = 0; h < 2; ++h) {
+      Value out = vector::FromElementsOp::create(
+          b, e.loc, quad, ArrayRef<Value>(pairs).slice(4 * h, 4));
+      vector::StoreOp::create(
+          b, e.loc, out, convertWords,
+          ValueRange{e.iadd(outWord0[h], e.index(i * step * kSliceBytes / 4))});
+    }
+  }
 }
 
 void MatmulEmitter::emitScaledStage(SmallVector<Value> &accs, ValueRange scales,
@@ -1576,8 +1754,8 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
   }
   launch.sharedBytes = c.sharedBytes();
   // A consumer warpgroup's rows of the tile over its 128 threads.
-  launch.accumulators =
-      c.tileM * c.tileN / (128 * c.warpGroups) * (op.getScheme() ? 2 : 1);
+  launch.accumulators = c.tileM * c.tileN / (128 * c.warpGroups) *
+                        (enc.fp8() && !enc.convert ? 2 : 1);
   return MatmulEmitter(layer, op, c, lhs, k)
       .emit(buffers, bufferIndices, partials);
 }

@@ -20,14 +20,19 @@ namespace mlir::moe::nvidia {
 
 /// The operands' encoding of a grouped matmul and the wgmma that multiplies
 /// them: bf16, or E4M3 codes with a scale per block of `scaleK` along K.
+/// MXFP8 codes may also be converted to bf16 in shared memory (`convert`),
+/// exactly, and multiplied as bf16 with no per-block promotion.
 struct MatmulEncoding {
-  /// A tile is 128 bytes of K per stage.
+  /// A tile is 128 bytes of K per stage (64 bytes of codes when they are
+  /// converted: 128 bytes of bf16).
   static constexpr int64_t kSliceBytes = sm90a::MatmulLayout::kSliceBytes;
 
-  MatmulEncoding(QuantAttr scheme, int64_t tileN);
+  /// `tileK` is the configuration's (0 for a decode tile): 64 MXFP8 codes
+  /// a stage convert them.
+  MatmulEncoding(QuantAttr scheme, int64_t tileN, int64_t tileK = 0);
   bool fp8() const { return static_cast<bool>(scheme); }
-  int64_t tileK() const { return kSliceBytes / elementBytes; }
-  int64_t instK() const { return sm90a::wgmmaK(elementBytes); }
+  int64_t tileK() const { return kSliceBytes / (convert ? 2 : elementBytes); }
+  int64_t instK() const { return sm90a::wgmmaK(convert ? 2 : elementBytes); }
   int64_t halves() const { return tileN / instN; }
   /// f32 per thread of one m64nN fragment.
   int64_t fragment() const { return instN / 2; }
@@ -37,6 +42,7 @@ struct MatmulEncoding {
   QuantAttr scheme;
   int64_t tileN;
   int64_t elementBytes = 2, instN, scaleK = 0;
+  bool convert = false;
   NVVM::WGMMATypes type = NVVM::WGMMATypes::bf16;
 };
 
@@ -99,14 +105,14 @@ struct MatmulConfig : sm90a::MatmulLayout {
 
   /// FP8: the consumer warpgroups take turns issuing each partial's
   /// wgmma, one promoting while the other's run.
-  bool pingPong() const { return enc.fp8() && warpGroups == 2; }
+  bool pingPong() const { return enc.fp8() && !enc.convert && warpGroups == 2; }
   /// Rows a cluster covers: the unit the tile walk counts.
   int64_t clusterRows() const { return tileM * cluster; }
   int64_t consumers() const { return warpGroups * 128; }
   /// f32 per consumer thread of the whole m64 x tileN accumulator.
   int64_t fragment() const { return groupRows() * tileN / 128; }
   /// Bytes of one 128-column half of a stage's weight tile.
-  int64_t halfBytes() const { return tileN / 2 * kSliceBytes; }
+  int64_t halfBytes() const { return tileN / 2 * rowBytes(); }
   /// Scale blocks along K (FP8).
   int64_t kBlocks() const {
     return enc.fp8() ? llvm::divideCeil(kDim, enc.scaleK) : 0;

@@ -127,8 +127,12 @@ nvidia::matmulMapType(MLIRContext *ctx, Type element, ArrayRef<int64_t> box) {
   auto tile = MemRefType::get(
       box, element, MemRefLayoutAttrInterface(),
       gpu::AddressSpaceAttr::get(ctx, gpu::AddressSpace::Workgroup));
+  // A box's rows are one swizzle span (the runtime encodes the same).
+  bool half = box.back() * element.getIntOrFloatBitWidth() == 64 * 8;
   return nvgpu::TensorMapDescriptorType::get(
-      ctx, tile, nvgpu::TensorMapSwizzleKind::SWIZZLE_128B,
+      ctx, tile,
+      half ? nvgpu::TensorMapSwizzleKind::SWIZZLE_64B
+           : nvgpu::TensorMapSwizzleKind::SWIZZLE_128B,
       nvgpu::TensorMapL2PromoKind::L2PROMO_128B,
       nvgpu::TensorMapOOBKind::OOB_ZERO,
       nvgpu::TensorMapInterleaveKind::INTERLEAVE_NONE);

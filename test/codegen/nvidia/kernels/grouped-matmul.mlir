@@ -70,17 +70,27 @@ func.func @block128(%x: tensor<?x256xf8E4M3FN>, %w13: tensor<4x320x256xf8E4M3FN>
 
 // -----
 
-// MXFP8: a scale per 32 of K and weight row, so a 128-code slice holds four
-// scale blocks, each promoted on its own; the producer warpgroup stages each
-// slot's weight-row scales (4 KiB a stage after the ring) and its rows'
-// E8M0 codes (512 bytes a stage, before the consumers' 16 KiB epilogue
-// buffers) in shared memory and arrives on the slot's barrier with the TMA
-// bytes: three stages fit beside the barriers.
-// CHECK: shared_bytes = 178688
+// MXFP8: a scale per 32 of K and weight row. The wide tile loads 64 codes of
+// K a stage (64-byte rows, 64-byte swizzle); the producer warpgroup stages
+// each slot's weight-row scales (2 KiB a stage after the ring) and its rows'
+// E8M0 codes (256 bytes a stage) and arrives on the slot's barrier with the
+// TMA bytes. The consumers convert a stage into one of two bf16 stages
+// (48 KiB each, before their 16 KiB epilogue buffers): a byte permute and a
+// multiply by the block's power of two for two codes; then both sync, and
+// multiply it as bf16, the whole width a k-step: four stages fit.
+// CHECK: #moe.tensor_map<buffer = 0, element_bytes = 1, rows = 1 * T, cols = 128, box_rows = 128, box_cols = 64>
+// CHECK: shared_bytes = 223232
+// CHECK: tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, epilogue = shared
 // CHECK: gpu.func @moe_matmul
-// CHECK-COUNT-8: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 128, k = 32>, D[<f32>, <zero>]
+// CHECK: nvvm.prmt
+// CHECK: fence.proxy.async.shared::cta
+// CHECK: bar.sync 1, 256
+// CHECK-COUNT-4: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 256, k = 16>, D[<f32>, <one>]
+// CHECK: nvvm.wgmma.wait.group.sync.aligned 1
+// CHECK-NEXT: bar.sync 1, 256
 // PTX: .visible .entry moe_matmul(
-// PTX: wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3
+// PTX: mul.rn.bf16x2
+// PTX: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 func.func @mxfp8(%a: tensor<?x128xf8E4M3FN>, %b: tensor<96x128xf8E4M3FN>,
                  %sa: tensor<?x4xf8E8M0FNU>, %sb: tensor<96x4xf8E8M0FNU>)
     -> tensor<?x96xbf16> {

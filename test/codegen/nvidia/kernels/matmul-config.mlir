@@ -176,3 +176,30 @@ func.func @activation_grad_registers(%dy: tensor<?x64xbf16>,
       : (tensor<?x64xbf16>, tensor<4x64x128xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x256xbf16>) -> tensor<?x256xbf16>
   return %0 : tensor<?x256xbf16>
 }
+
+// -----
+
+// MXFP8 takes 128 codes a stage (promoted per scale block) or 64, which the
+// consumers convert to bf16; any other tile_k is refused.
+func.func @mx_tile_k(%a: tensor<?x256xf8E4M3FN>, %b: tensor<256x256xf8E4M3FN>,
+                     %sa: tensor<?x8xf8E8M0FNU>, %sb: tensor<256x8xf8E8M0FNU>)
+    -> tensor<?x256xbf16> {
+  // expected-error @below {{has matmul_config tile_k = 32, which the sm_90a kernel cannot honour: it takes 128 bytes of K a stage (128 elements), or 64 MXFP8 codes that it converts to bf16}}
+  %0 = moe.grouped_matmul %a, %b scales(%sa, %sb) {configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 32, stages = 4>]}
+      : (tensor<?x256xf8E4M3FN>, tensor<256x256xf8E4M3FN>, tensor<?x8xf8E8M0FNU>,
+         tensor<256x8xf8E8M0FNU>) -> tensor<?x256xbf16>
+  return %0 : tensor<?x256xbf16>
+}
+
+// -----
+
+// Converted codes are read by the block that loaded them: no clusters.
+func.func @mx_cluster(%a: tensor<?x256xf8E4M3FN>, %b: tensor<256x256xf8E4M3FN>,
+                      %sa: tensor<?x8xf8E8M0FNU>, %sb: tensor<256x8xf8E8M0FNU>)
+    -> tensor<?x256xbf16> {
+  // expected-error @below {{has matmul_config cluster_m = 2, which the sm_90a kernel cannot honour: MXFP8 codes converted to bf16 (tile_k = 64) take one block's ring}}
+  %0 = moe.grouped_matmul %a, %b scales(%sa, %sb) {configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 2, cluster_m = 2, multicast = rhs>]}
+      : (tensor<?x256xf8E4M3FN>, tensor<256x256xf8E4M3FN>, tensor<?x8xf8E8M0FNU>,
+         tensor<256x8xf8E8M0FNU>) -> tensor<?x256xbf16>
+  return %0 : tensor<?x256xbf16>
+}
