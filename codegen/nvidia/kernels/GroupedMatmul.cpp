@@ -1058,7 +1058,6 @@ void MatmulEmitter::emitConvert(Value slot, Value buffer) {
         b, e.loc, quad, codes,
         ValueRange{e.iadd(codeWord0, e.index(i * step * c.rowBytes() / 4))});
     // The piece's scale: its row's (A) or its weight row's (B), as bf16.
-    Value sub = e.divUI(piece, enc.scaleK / 16);
     bool isA = (i + 1) * step <= c.tileM;
     Value scale =
         isA ? common::decodeE8M0(
