@@ -125,7 +125,9 @@ struct MatmulShape {
   int64_t tileK() const { return kSliceBytes / elementBytes; }
   /// The wide tile's: MXFP8 takes 64 codes a stage, which the consumers
   /// convert to bf16 and multiply with no per-block promotion.
-  int64_t wideTileK() const { return mx ? kSliceBytes / 2 : tileK(); }
+  int64_t wideTileK() const {
+    return mx ? MatmulLayout::kConvertedTileK : tileK();
+  }
   /// The kernel's shared-memory layout for a tile of this shape, without
   /// stages.
   MatmulLayout layout(int64_t tileM, int64_t tileN, int64_t tileK) const {
@@ -134,7 +136,7 @@ struct MatmulShape {
     l.elementBytes = elementBytes, l.scaleK = scaleK;
     l.columnScales = columnScales;
     l.epiloguePlanes = activationGrad ? 2 : 1;
-    if (mx && tileK == kSliceBytes / 2)
+    if (mx && tileK == MatmulLayout::kConvertedTileK)
       l.convertBuffers = MatmulLayout::kConvertBuffers;
     return l;
   }

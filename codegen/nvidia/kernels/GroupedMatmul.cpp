@@ -42,8 +42,8 @@ using namespace mlir::moe;
 using namespace mlir::moe::nvidia;
 
 static constexpr int64_t kSliceBytes = MatmulEncoding::kSliceBytes;
-// Named barriers: 1 joins the consumers (split-K), 2 + g consumer
-// warpgroup g (its epilogue buffer).
+// Named barriers: 1 joins the consumers (split-K, converted MXFP8
+// stages), 2 + g consumer warpgroup g (its epilogue buffer).
 static constexpr int64_t kEpilogueBarrier = 2;
 /// Named barriers 4 + g: consumer warpgroup g's turn to issue wgmma (the
 /// other's is 4 + g xor 1).
@@ -60,7 +60,8 @@ MatmulEncoding::MatmulEncoding(QuantAttr scheme, int64_t tileN, int64_t tileK)
   scaleK = scheme.getBlockSize();
   // E4M3 times a power of two is exact in bf16, and a product of bf16 in
   // f32: the converted tile multiplies as bf16, the whole width at once.
-  if (scheme.getKind() == QuantKind::MXFP8 && tileK == kSliceBytes / 2) {
+  if (scheme.getKind() == QuantKind::MXFP8 &&
+      tileK == sm90a::MatmulLayout::kConvertedTileK) {
     convert = true;
     return;
   }
@@ -430,6 +431,8 @@ private:
   /// begins).
   Value epilogueBuffer();
   void epilogueBarrier();
+  /// Joins both consumer warpgroups (named barrier 1).
+  void consumersBarrier();
 
   MemRefType tileType(int64_t rows);
   SmallVector<int64_t> transposedBox();
@@ -1007,7 +1010,8 @@ Value MatmulEmitter::emitConvertedStage(Value acc, Value stage, Value slot) {
   // The bf16 stage, written by both warpgroups through the generic proxy,
   // is read by wgmma through the async one.
   inlinePtx(b, e.loc, {}, {}, "fence.proxy.async.shared::cta;", "");
-  inlinePtx(b, e.loc, {}, {}, "bar.sync 1, 256;", "");
+  consumersBarrier();
+  // The operands are the bf16 stage's, not the code slot's.
   Value base = shared->address(
       e.iadd(e.index(c.convertOffset()), e.imul(buffer, c.convertBytes())));
   aBase = LLVM::AddOp::create(b, e.loc, base, groupOffset);
@@ -1019,7 +1023,7 @@ Value MatmulEmitter::emitConvertedStage(Value acc, Value stage, Value slot) {
   // The wgmma of the stage convertBuffers - 1 back are done in both
   // warpgroups: its bf16 stage may be refilled while the later ones run.
   NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, c.convertBuffers - 1);
-  inlinePtx(b, e.loc, {}, {}, "bar.sync 1, 256;", "");
+  consumersBarrier();
   return acc;
 }
 
@@ -1196,7 +1200,7 @@ void MatmulEmitter::emitSplitSum(SmallVector<Value> &finals, Value counters) {
       });
     }
   enterLastSplit(k, tid, counters, tileU, c.splits,
-                 [&] { inlinePtx(b, e.loc, {}, {}, "bar.sync 1, 256;", ""); });
+                 [&] { consumersBarrier(); });
   // Only a thread's rows that hold data are summed (a decode tile has a
   // row or two of its 128).
   for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
@@ -1436,6 +1440,10 @@ Value MatmulEmitter::epilogueBuffer() {
       ValueRange{});
   epilogueBarrierId = e.toI32(e.iadd(group, e.index(kEpilogueBarrier)));
   return buffer;
+}
+
+void MatmulEmitter::consumersBarrier() {
+  inlinePtx(b, e.loc, {}, {}, "bar.sync 1, 256;", "");
 }
 
 void MatmulEmitter::epilogueBarrier() {

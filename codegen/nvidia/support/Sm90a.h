@@ -102,6 +102,9 @@ struct MatmulLayout {
   /// overlaps the last stage's wgmma, and the ring keeps four code stages
   /// beside them (H200: 4-8% faster than three bf16 stages beside two).
   static constexpr int64_t kConvertBuffers = 2;
+  /// MXFP8 codes of K a stage when they are converted: a bf16 stage's
+  /// 128-byte rows.
+  static constexpr int64_t kConvertedTileK = kSliceBytes / 2;
 
   int64_t tileM = kTileM, tileN = kTileN, tileK = kSliceBytes / 2;
   int64_t stages = 0, warpGroups = kWarpGroups;
