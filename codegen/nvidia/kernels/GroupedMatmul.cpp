@@ -74,22 +74,27 @@ MatmulEncoding::MatmulEncoding(QuantAttr scheme, int64_t tileN, int64_t tileK)
 /// The four E4M3 codes of `word` (i32, the first in its low byte) as two
 /// vector<2xbf16> pairs (codes 0-1, 2-3), each the code's value times
 /// 2^-120 exactly, E4M3's subnormals becoming bf16 subnormals: multiplied
-/// by 2^(120 + s) (a normal bf16) they give code x 2^s exactly. A byte
-/// permute puts two codes in the high bytes of the pair's halves; then a
-/// code's sign is the half's, and its 7 bits of exponent and mantissa go
-/// 4 bits down into the bf16's, its exponent 120 below.
+/// by 2^(120 + s) (a normal bf16) they give code x 2^s exactly. A code's
+/// sign is its half's, and its 7 bits of exponent and mantissa go 4 bits
+/// down into the bf16's, its exponent 120 below: for all four codes at
+/// once, the halves' high bytes (the sign, and the code's bits 4-6 in bits
+/// 0-2) and low bytes (its bits 0-3 in bits 4-7), then two byte permutes
+/// interleave them.
 static SmallVector<Value, 2> e4m3ToBF16Pairs(Emitter &e, Value word) {
   OpBuilder &b = e.b;
   Type i32 = b.getI32Type();
   auto pairType = VectorType::get({2}, b.getBF16Type());
+  Value high = e.ori(e.andi(word, e.i32(0x80808080)),
+                     arith::ShRUIOp::create(
+                         b, e.loc, e.andi(word, e.i32(0x70707070)), e.i32(4)));
+  Value low = arith::ShLIOp::create(b, e.loc, e.andi(word, e.i32(0x0F0F0F0F)),
+                                    e.i32(4));
   SmallVector<Value, 2> pairs;
-  for (int32_t selector : {0x1404, 0x3424}) {
-    Value high =
-        NVVM::PermuteOp::create(b, e.loc, i32, word, e.i32(0), e.i32(selector),
-                                NVVM::PermuteMode::DEFAULT);
-    Value pair = e.ori(e.andi(high, e.i32(0x80008000)),
-                       e.andi(arith::ShRUIOp::create(b, e.loc, high, e.i32(4)),
-                              e.i32(0x07F007F0)));
+  // Bytes (low 0, high 0, low 1, high 1), then (low 2, high 2, low 3,
+  // high 3).
+  for (int32_t selector : {0x5140, 0x7362}) {
+    Value pair = NVVM::PermuteOp::create(
+        b, e.loc, i32, low, high, e.i32(selector), NVVM::PermuteMode::DEFAULT);
     pairs.push_back(vector::BitCastOp::create(
         b, e.loc, pairType,
         vector::FromElementsOp::create(b, e.loc, VectorType::get({1}, i32),
@@ -1056,65 +1061,70 @@ void MatmulEmitter::emitConvert(Value slot, Value buffer) {
         e.imul(e.xori(e.iadd(e.imul(piece, 2), e.index(h)), e.remUI(row0, 8)),
                4));
   Value sub = e.divUI(piece, enc.scaleK / 16);
-  for (int64_t i = 0; i < (c.tileM + c.tileN) / step; ++i) {
+  // The scales of the thread's pieces (their row's for A, their weight
+  // row's for B), and whether each has a one-multiply factor.
+  int64_t pieces = (c.tileM + c.tileN) / step;
+  SmallVector<Value> scales;
+  Value small;
+  for (int64_t i = 0; i < pieces; ++i) {
     Value row = e.iadd(row0, e.index(i * step));
-    Value words = vector::LoadOp::create(
-        b, e.loc, quad, codes,
-        ValueRange{e.iadd(codeWord0, e.index(i * step * c.rowBytes() / 4))});
-    // The piece's scale: its row's (A) or its weight row's (B), as bf16.
     bool isA = (i + 1) * step <= c.tileM;
-    Value scale =
+    scales.push_back(
         isA ? common::decodeE8M0(
                   e, memref::LoadOp::create(b, e.loc, stagedScaleTile,
                                             ValueRange{slot, sub, row}))
             : memref::LoadOp::create(
                   b, e.loc, columnScaleTile,
                   ValueRange{slot, sub, e.isub(row, e.index(c.tileM))})
-                  .getResult();
-    // A power of two in f32 as a bf16 pair: its high half.
-    auto pairOf = [&](Value f32) {
-      Value high = arith::ShRUIOp::create(
-          b, e.loc, arith::BitcastOp::create(b, e.loc, i32, f32), e.i32(16));
-      Value bf16 = arith::BitcastOp::create(
-          b, e.loc, b.getBF16Type(),
-          arith::TruncIOp::create(b, e.loc, b.getI16Type(), high));
-      return vector::BroadcastOp::create(b, e.loc, pairType, bf16).getResult();
-    };
-    SmallVector<Value> raw;
-    for (int64_t w = 0; w < 4; ++w)
-      llvm::append_range(raw, e4m3ToBF16Pairs(e, vector::ExtractOp::create(
-                                                     b, e.loc, words, w)));
-    // code x 2^-120 x 2^(120 + s) in one multiply where 2^(120 + s) is a
-    // bf16 (s <= 7: every scale of data below 2^15); else in two.
-    Value unbias = e.f32(std::ldexp(1.0, 120));
-    auto scaled = scf::IfOp::create(
-        b, e.loc, SmallVector<Type>(raw.size(), pairType),
-        arith::CmpFOp::create(b, e.loc, arith::CmpFPredicate::OLE, scale,
-                              e.f32(128.0)),
-        /*withElse=*/true);
-    for (bool one : {true, false}) {
-      OpBuilder::InsertionGuard guard(b);
-      b.setInsertionPointToStart(one ? &scaled.getThenRegion().front()
-                                     : &scaled.getElseRegion().front());
-      Value factor = pairOf(one ? e.mul(scale, unbias) : scale);
-      Value first = one ? Value() : pairOf(unbias);
-      SmallVector<Value> products;
-      for (Value pair : raw)
-        products.push_back(e.mul(one ? pair : e.mul(pair, first), factor));
-      scf::YieldOp::create(b, e.loc, products);
-    }
-    SmallVector<Value> pairs;
-    for (Value pair : scaled.getResults())
-      pairs.push_back(vector::ExtractOp::create(
-          b, e.loc,
-          vector::BitCastOp::create(b, e.loc, VectorType::get({1}, i32), pair),
-          0));
-    for (int64_t h = 0; h < 2; ++h) {
-      Value out = vector::FromElementsOp::create(
-          b, e.loc, quad, ArrayRef<Value>(pairs).slice(4 * h, 4));
-      vector::StoreOp::create(
-          b, e.loc, out, convertWords,
-          ValueRange{e.iadd(outWord0[h], e.index(i * step * kSliceBytes / 4))});
+                  .getResult());
+    Value fits = arith::CmpFOp::create(b, e.loc, arith::CmpFPredicate::OLE,
+                                       scales.back(), e.f32(128.0));
+    small = small ? arith::AndIOp::create(b, e.loc, small, fits) : fits;
+  }
+  // A power of two in f32 as a bf16 pair: its high half.
+  auto pairOf = [&](Value f32) {
+    Value high = arith::ShRUIOp::create(
+        b, e.loc, arith::BitcastOp::create(b, e.loc, i32, f32), e.i32(16));
+    Value bf16 = arith::BitcastOp::create(
+        b, e.loc, b.getBF16Type(),
+        arith::TruncIOp::create(b, e.loc, b.getI16Type(), high));
+    return vector::BroadcastOp::create(b, e.loc, pairType, bf16).getResult();
+  };
+  // code x 2^-120 x 2^(120 + s) in one multiply where 2^(120 + s) is a
+  // bf16 (s <= 7: every scale of data below 2^15); else in two. One branch
+  // for all the thread's pieces, so that their conversions interleave.
+  Value unbias = e.f32(std::ldexp(1.0, 120));
+  auto scaled = scf::IfOp::create(b, e.loc, small, /*withElse=*/true);
+  for (bool one : {true, false}) {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(one ? &scaled.getThenRegion().front()
+                                   : &scaled.getElseRegion().front());
+    Value first = one ? Value() : pairOf(unbias);
+    for (int64_t i = 0; i < pieces; ++i) {
+      Value words = vector::LoadOp::create(
+          b, e.loc, quad, codes,
+          ValueRange{e.iadd(codeWord0, e.index(i * step * c.rowBytes() / 4))});
+      Value factor = pairOf(one ? e.mul(scales[i], unbias) : scales[i]);
+      SmallVector<Value> pairs;
+      for (int64_t w = 0; w < 4; ++w) {
+        for (Value pair : e4m3ToBF16Pairs(
+                 e, vector::ExtractOp::create(b, e.loc, words, w))) {
+          Value product = e.mul(one ? pair : e.mul(pair, first), factor);
+          pairs.push_back(vector::ExtractOp::create(
+              b, e.loc,
+              vector::BitCastOp::create(b, e.loc, VectorType::get({1}, i32),
+                                        product),
+              0));
+        }
+      }
+      for (int64_t h = 0; h < 2; ++h) {
+        Value out = vector::FromElementsOp::create(
+            b, e.loc, quad, ArrayRef<Value>(pairs).slice(4 * h, 4));
+        vector::StoreOp::create(
+            b, e.loc, out, convertWords,
+            ValueRange{
+                e.iadd(outWord0[h], e.index(i * step * kSliceBytes / 4))});
+      }
     }
   }
 }

@@ -75,9 +75,11 @@ func.func @block128(%x: tensor<?x256xf8E4M3FN>, %w13: tensor<4x320x256xf8E4M3FN>
 // each slot's weight-row scales (2 KiB a stage after the ring) and its rows'
 // E8M0 codes (256 bytes a stage) and arrives on the slot's barrier with the
 // TMA bytes. The consumers convert a stage into one of two bf16 stages
-// (48 KiB each, before their 16 KiB epilogue buffers): a byte permute and a
-// multiply by the block's power of two for two codes; then both sync, and
-// multiply it as bf16, the whole width a k-step: four stages fit.
+// (48 KiB each, before their 16 KiB epilogue buffers): masks and shifts of
+// a word of four codes, two byte permutes that interleave them into bf16
+// pairs, and a multiply by the block's power of two for two codes (one
+// branch a stage picks one multiply or two); then both sync, and multiply
+// it as bf16, the whole width a k-step: four stages fit.
 // CHECK: #moe.tensor_map<buffer = 0, element_bytes = 1, rows = 1 * T, cols = 128, box_rows = 128, box_cols = 64>
 // CHECK: shared_bytes = 223232
 // CHECK: tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, epilogue = shared
@@ -89,6 +91,8 @@ func.func @block128(%x: tensor<?x256xf8E4M3FN>, %w13: tensor<4x320x256xf8E4M3FN>
 // CHECK: nvvm.wgmma.wait.group.sync.aligned 1
 // CHECK-NEXT: bar.sync 1, 256
 // PTX: .visible .entry moe_matmul(
+// PTX: prmt.b32 {{[^;]*}}, 0x5140U;
+// PTX-SAME: prmt.b32 {{[^;]*}}, 0x7362U;
 // PTX: mul.rn.bf16x2
 // PTX: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 func.func @mxfp8(%a: tensor<?x128xf8E4M3FN>, %b: tensor<96x128xf8E4M3FN>,
