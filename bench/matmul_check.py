@@ -7,6 +7,7 @@ torch._grouped_mm (bf16) and torch._scaled_grouped_mm (FP8 rowwise).
         into DIR, with the moe-compile flags in MM_FLAGS
   python3 -m bench.matmul_check run DIR[,DIR...] [ONLY]
         on the GPU machine: for each library (those whose name holds ONLY),
+        the activations times MM_INPUT_SCALE (default 1),
         random operands (FP8 codes and scales for the quantized schemes), the
         output poisoned with NaN, one call checked against float64, then
         timed beside the PyTorch peers; one JSON line per result. Several
@@ -107,7 +108,10 @@ def run(lib_dirs, only=None):
         rows = e * m
         counts = torch.full((e,), m, dtype=torch.int32, device=dev)
         offsets = torch.arange(0, rows + 1, m, dtype=torch.int32, device=dev)
-        a = torch.randn(rows, k, generator=gen, device=dev)
+        # MM_INPUT_SCALE (a power of two) moves the activations' block
+        # scales, say out of the window a converting kernel keeps in f16.
+        a = torch.randn(rows, k, generator=gen, device=dev) * float(
+            os.environ.get("MM_INPUT_SCALE", "1"))
         b = torch.randn(e, n, k, generator=gen, device=dev) / k ** 0.5
         for scheme in SCHEMES:
             if only and only not in f"{shape}_{scheme}":
