@@ -8,6 +8,11 @@ using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::common;
 
+Value common::roundedToBF16(Emitter &e, Value x) {
+  Value rounded = arith::TruncFOp::create(e.b, e.loc, e.b.getBF16Type(), x);
+  return arith::ExtFOp::create(e.b, e.loc, e.b.getF32Type(), rounded);
+}
+
 Value common::routerLogit(Emitter &e, RouterKind kind, Value logit,
                           Value bias) {
   return bias && kind != RouterKind::SigmoidGroupedTopK ? e.add(logit, bias)

@@ -15,6 +15,10 @@
 
 namespace mlir::moe::common {
 
+/// `x` (f32) rounded to bf16 and back to f32: the value a bf16 tensor holds,
+/// as a later step reads what the forward stored.
+Value roundedToBF16(Emitter &e, Value x);
+
 /// The logit moe.route gives as its `logits`: the bias added, except for
 /// sigmoid_grouped_topk (whose bias only ranks); `bias` may be null.
 Value routerLogit(Emitter &e, RouterKind kind, Value logit, Value bias);

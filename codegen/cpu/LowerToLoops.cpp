@@ -644,10 +644,6 @@ LogicalResult FunctionLowering::lowerTiledAttention(TiledAttentionOp op) {
         arith::CmpFOp::create(b, e.loc, arith::CmpFPredicate::OEQ, m, negInf),
         zero, m);
   };
-  auto toBf16AndBack = [&](Value x) {
-    Value rounded = arith::TruncFOp::create(b, e.loc, b.getBF16Type(), x);
-    return arith::ExtFOp::create(b, e.loc, f32, rounded).getResult();
-  };
   e.forEach(e.index(0), e.dim(q, 0), [&](Value bi) {
     e.forEach(e.index(0), e.index(hq), [&](Value h) {
       Value hk = e.divUI(h, hq / hkv);
@@ -703,7 +699,7 @@ LogicalResult FunctionLowering::lowerTiledAttention(TiledAttentionOp op) {
                       Value p = exp2(e.sub(e.loadRaw(scores, {jj}), base));
                       Value key = e.iadd(key0, jj);
                       e.ifThen(e.ult(key, skv), [&] {
-                        Value pb = toBf16AndBack(p);
+                        Value pb = common::roundedToBF16(e, p);
                         e.forEach(e.index(0), e.index(dv), [&](Value x) {
                           Value term = e.mul(pb, e.load(v, {bi, key, hk, x}));
                           e.storeRaw(e.add(e.loadRaw(acc, {s, x}), term), acc,
@@ -797,11 +793,7 @@ LogicalResult FunctionLowering::lowerActivation(ActivationOp op) {
       Value a = activate(e, op.getActivation(), gate, up);
       // The weighted form scales the activation as the forward rounded it.
       if (weights)
-        a = e.mul(e.load(weights, {r}),
-                  arith::ExtFOp::create(
-                      e.b, e.loc, e.b.getF32Type(),
-                      arith::TruncFOp::create(e.b, e.loc, e.b.getBF16Type(), a)
-                          .getResult()));
+        a = e.mul(e.load(weights, {r}), common::roundedToBF16(e, a));
       e.store(a, out, {r, c});
     });
   });
@@ -827,11 +819,7 @@ LogicalResult FunctionLowering::lowerActivationGrad(ActivationGradOp op) {
         [&](Value c, ValueRange acc) -> SmallVector<Value> {
           Value upCol = e.iadd(c, e.index(outN));
           Value gate = e.load(h, {r, c}), up = e.load(h, {r, upCol});
-          Value a = arith::ExtFOp::create(
-              e.b, e.loc, e.b.getF32Type(),
-              arith::TruncFOp::create(e.b, e.loc, e.b.getBF16Type(),
-                                      activate(e, activation, gate, up))
-                  .getResult());
+          Value a = common::roundedToBF16(e, activate(e, activation, gate, up));
           auto [dGate, dUp] = activationGrad(e, activation, gate, up);
           Value gr = e.load(g, {r, c});
           Value wg = e.mul(w, gr);

@@ -57,11 +57,7 @@ LogicalResult nvidia::buildActivation(LayerKernels &layer, ActivationOp op) {
                                vector::ExtractOp::create(e.b, e.loc, ups, j));
           // Weighted: the activation as the forward rounded it, times w.
           if (w)
-            a = e.mul(
-                w, arith::ExtFOp::create(
-                       e.b, e.loc, e.b.getF32Type(),
-                       arith::TruncFOp::create(e.b, e.loc, e.b.getBF16Type(), a)
-                           .getResult()));
+            a = e.mul(w, common::roundedToBF16(e, a));
           as.push_back(a);
         }
         Value v = arith::TruncFOp::create(
@@ -92,11 +88,8 @@ struct RowGrad {
           Value upCol = e.iadd(c, e.index(outN));
           Value gate = e.load(h, {r, c}), up = e.load(h, {r, upCol});
           // a as the forward rounded it for the down matmul.
-          Value a = arith::ExtFOp::create(
-              e.b, e.loc, e.b.getF32Type(),
-              arith::TruncFOp::create(e.b, e.loc, e.b.getBF16Type(),
-                                      common::activate(e, activation, gate, up))
-                  .getResult());
+          Value a = common::roundedToBF16(
+              e, common::activate(e, activation, gate, up));
           auto [dGate, dUp] = common::activationGrad(e, activation, gate, up);
           Value gr = e.load(g, {r, c});
           Value wg = e.mul(w, gr);
