@@ -136,8 +136,7 @@ struct MatmulShape {
     l.elementBytes = elementBytes, l.scaleK = scaleK;
     l.columnScales = columnScales;
     l.epiloguePlanes = activationGrad ? 2 : 1;
-    if (mx && tileK == MatmulLayout::kConvertedTileK)
-      l.convertBuffers = MatmulLayout::kConvertBuffers;
+    l.converted = MatmulLayout::converts(mx, tileK);
     return l;
   }
   int64_t kTiles() const { return llvm::divideCeil(k, tileK()); }

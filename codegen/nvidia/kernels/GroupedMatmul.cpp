@@ -60,8 +60,8 @@ MatmulEncoding::MatmulEncoding(QuantAttr scheme, int64_t tileN, int64_t tileK)
   scaleK = scheme.getBlockSize();
   // E4M3 times a power of two is exact in bf16, and a product of bf16 in
   // f32: the converted tile multiplies as bf16, the whole width at once.
-  if (scheme.getKind() == QuantKind::MXFP8 &&
-      tileK == sm90a::MatmulLayout::kConvertedTileK) {
+  if (sm90a::MatmulLayout::converts(scheme.getKind() == QuantKind::MXFP8,
+                                    tileK)) {
     convert = true;
     return;
   }
@@ -278,7 +278,7 @@ FailureOr<MatmulConfig> nvidia::configureMatmul(GroupedMatmulOp op,
       MatmulEncoding(op.getScheme(), c.tileN, c.swapAb ? 0 : config.getTileK());
   if (c.swapAb)
     c.enc.instN = c.tileM;
-  c.convertBuffers = c.enc.convert ? MatmulConfig::kConvertBuffers : 0;
+  c.converted = c.enc.convert;
   c.tileK = c.enc.tileK();
   c.elementBytes = c.enc.elementBytes;
   c.scaleK = c.enc.scaleK;
@@ -661,7 +661,7 @@ void MatmulEmitter::emitSharedMemory() {
 
   if (enc.convert)
     convertWords = shared->view(
-        sharedType({c.convertBuffers * c.convertBytes() / 4}, b.getI32Type()),
+        sharedType({c.convertBuffers() * c.convertBytes() / 4}, b.getI32Type()),
         e.index(c.convertOffset()));
 
   // `barriers[s]` completes when slot s is loaded (TMA bytes), `empty[s]`
@@ -968,8 +968,13 @@ SmallVector<Value> MatmulEmitter::emitMainLoop() {
     Value slot = ring->slot(stage);
     SmallVector<Value> accs(loop.getRegionIterArgs());
     waitBarrier(e, barriers, ring->parity(stage, /*released=*/false), slot);
-    aBase = LLVM::AddOp::create(b, e.loc, ring->address(slot, 0), groupOffset);
-    bBase = ring->address(slot, c.tileM * kSliceBytes);
+    // The stage's operands where they landed (a converted stage's are its
+    // bf16 stage's, which emitConvertedStage sets).
+    if (!enc.convert) {
+      aBase =
+          LLVM::AddOp::create(b, e.loc, ring->address(slot, 0), groupOffset);
+      bBase = ring->address(slot, c.tileM * kSliceBytes);
+    }
     if (enc.convert) {
       accs[0] = emitConvertedStage(accs[0], stage, slot);
     } else if (!enc.fp8()) {
@@ -1009,7 +1014,7 @@ Value MatmulEmitter::emitConvertedStage(Value acc, Value stage, Value slot) {
   // The stage's codes into bf16 stage `stage` mod convertBuffers, whose
   // last wgmma both warpgroups had waited for at the end of the last
   // stage; the code slot is then free.
-  Value buffer = e.remUI(stage, c.convertBuffers);
+  Value buffer = e.remUI(stage, c.convertBuffers());
   emitConvert(slot, buffer);
   release(slot);
   // The bf16 stage, written by both warpgroups through the generic proxy,
@@ -1027,7 +1032,7 @@ Value MatmulEmitter::emitConvertedStage(Value acc, Value stage, Value slot) {
   NVVM::WgmmaGroupSyncAlignedOp::create(b, e.loc);
   // The wgmma of the stage convertBuffers - 1 back are done in both
   // warpgroups: its bf16 stage may be refilled while the later ones run.
-  NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, c.convertBuffers - 1);
+  NVVM::WgmmaWaitGroupSyncOp::create(b, e.loc, c.convertBuffers() - 1);
   consumersBarrier();
   return acc;
 }

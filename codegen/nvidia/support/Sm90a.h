@@ -83,7 +83,7 @@ inline constexpr int64_t kWaitTicks = 10000000;
 ///   bytes (per-column weight scales) or f32 followed by the square weight
 ///   blocks' scales;
 ///   MXFP8 converted to bf16: from the next 1024-byte boundary,
-///   convertBuffers bf16 stages (A tileM rows, B tileN rows of 128 bytes);
+///   convertBuffers() bf16 stages (A tileM rows, B tileN rows of 128 bytes);
 ///   the consumer warpgroups' epilogue buffers (shared epilogue).
 /// The ring's mbarriers (a full and an empty one a stage) are static.
 struct MatmulLayout {
@@ -105,6 +105,11 @@ struct MatmulLayout {
   /// MXFP8 codes of K a stage when they are converted: a bf16 stage's
   /// 128-byte rows.
   static constexpr int64_t kConvertedTileK = kSliceBytes / 2;
+  /// Whether stages of `tileK` codes are converted to bf16: MXFP8's (`mx`)
+  /// of kConvertedTileK codes (the wide tile's; 128 codes promote).
+  static bool converts(bool mx, int64_t tileK) {
+    return mx && tileK == kConvertedTileK;
+  }
 
   int64_t tileM = kTileM, tileN = kTileN, tileK = kSliceBytes / 2;
   int64_t stages = 0, warpGroups = kWarpGroups;
@@ -118,13 +123,15 @@ struct MatmulLayout {
   /// bf16 planes of a warpgroup's epilogue buffer: 2 for an activation's
   /// backward (its gate and up columns).
   int64_t epiloguePlanes = 1;
-  /// bf16 stages the consumers convert MXFP8 codes into (0: none).
-  int64_t convertBuffers = 0;
+  /// The consumers convert MXFP8 codes into bf16 stages (converts()).
+  bool converted = false;
 
   bool fp8() const { return scaleK > 0; }
   int64_t groupRows() const { return tileM / warpGroups; }
   /// Scale blocks along K in one stage.
   int64_t subBlocks() const { return fp8() ? tileK / scaleK : 1; }
+  /// bf16 stages the consumers convert MXFP8 codes into (0: none).
+  int64_t convertBuffers() const { return converted ? kConvertBuffers : 0; }
   /// Bytes of a row of a stage's operands.
   int64_t rowBytes() const { return tileK * elementBytes; }
   int64_t stageBytes() const { return (tileM + tileN) * rowBytes(); }
@@ -147,16 +154,15 @@ struct MatmulLayout {
   int64_t convertBytes() const { return (tileM + tileN) * kSliceBytes; }
   int64_t convertOffset() const {
     int64_t end = stagedScaleOffset() + stagedScaleBytes();
-    return convertBuffers
-               ? (end + kSwizzleAlign - 1) / kSwizzleAlign * kSwizzleAlign
-               : end;
+    return converted ? (end + kSwizzleAlign - 1) / kSwizzleAlign * kSwizzleAlign
+                     : end;
   }
   /// One consumer warpgroup's epilogue buffer, after those.
   int64_t epilogueBytes() const {
     return epiloguePlanes * groupRows() * kEpilogueColumns * 2;
   }
   int64_t epilogueOffset() const {
-    return convertOffset() + convertBuffers * convertBytes();
+    return convertOffset() + convertBuffers() * convertBytes();
   }
   /// The dynamic shared memory the kernel asks for: the buffers and room to
   /// align them.
