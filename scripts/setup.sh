@@ -23,6 +23,11 @@ if ! "$py" -c 'import numpy, ml_dtypes, safetensors' 2>/dev/null; then
   echo "setup: installing numpy ml_dtypes safetensors"
   "$py" -m pip install -q numpy ml_dtypes safetensors
 fi
+# The wheel's build backend (pyproject.toml), for scripts/wheel.sh.
+if ! "$py" -c 'import scikit_build_core' 2>/dev/null; then
+  echo "setup: installing scikit-build-core==1.1.2"
+  "$py" -m pip install -q scikit-build-core==1.1.2
+fi
 
 # PyTorch and transformers for the package's torch parts (moe_compiler.MoE,
 # moe_compiler.patch), tested on the CPU; about 5 GB, a minute or two to

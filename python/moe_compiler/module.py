@@ -26,6 +26,7 @@ import torch
 
 from .checkpoint import load_layer
 from .layer import Layer, LayerError
+from .tools import native_tool
 
 _TORCH_DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32,
                  "F8_E4M3": torch.float8_e4m3fn, "I32": torch.int32,
@@ -56,15 +57,16 @@ def _to_torch(array):
 
 
 def find_compiler(required=True):
-    """moe-compile: $MOE_COMPILE, else on PATH, else beside this package in a
-    source tree's build/bin; None if not found and not `required`."""
+    """moe-compile: $MOE_COMPILE (an explicit choice), else the wheel's own,
+    else on PATH, else beside this package in a source tree's build/bin;
+    None if not found and not `required`."""
     given = os.environ.get("MOE_COMPILE")
     if given:
         found = given if os.path.sep in given else shutil.which(given)
         if found and os.path.exists(found):
             return os.path.abspath(found)
         raise LayerError(f"MOE_COMPILE={given!r} is not an executable")
-    found = shutil.which("moe-compile")
+    found = native_tool("moe-compile") or shutil.which("moe-compile")
     if found:
         return found
     here = os.path.dirname(os.path.abspath(__file__))
@@ -72,8 +74,9 @@ def find_compiler(required=True):
     if os.path.exists(candidate):
         return os.path.abspath(candidate)
     if required:
-        raise LayerError("moe-compile not found: set MOE_COMPILE or put it "
-                         "on PATH")
+        raise LayerError("moe-compile not found: set MOE_COMPILE, install "
+                         "the wheel (pip install <checkout>) or put it on "
+                         "PATH")
     return None
 
 

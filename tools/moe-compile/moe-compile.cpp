@@ -10,6 +10,7 @@
 #include "codegen/nvidia/passes/Registration.h"
 #include "dialects/moe/MoeOps.h"
 #include "passes/Pipelines.h"
+#include "tools/Version.h"
 #include "tools/moe-compile/HFConfig.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -226,6 +227,7 @@ static bool takePipelineOptions(SmallVectorImpl<const char *> &argv,
 
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
+  cl::SetVersionPrinter(moe::printVersion);
   cl::HideUnrelatedOptions(category);
   // Response files first, as cl would expand them.
   SmallVector<const char *> args(argv, argv + argc);

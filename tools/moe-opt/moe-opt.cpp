@@ -6,6 +6,7 @@
 #include "dialects/moe/MoeOps.h"
 #include "passes/Passes.h"
 #include "passes/Pipelines.h"
+#include "tools/Version.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -13,6 +14,7 @@
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 
 int main(int argc, char **argv) {
+  llvm::cl::SetVersionPrinter(mlir::moe::printVersion);
   mlir::DialectRegistry registry;
   registry.insert<mlir::moe::MoeDialect, mlir::func::FuncDialect,
                   mlir::arith::ArithDialect, mlir::tensor::TensorDialect,
