@@ -20,6 +20,9 @@
 //   dispatch     each token's gradient is the sum of its choices' rows
 //   route        the logits' gradient (route_grad), then a dgrad and a
 //                wgrad with the router weight
+//   quantize     straight-through: a quantized operand's gradient is its
+//                bf16 input's, and the backward multiplies by the values
+//                the forward multiplied (the codes dequantized)
 //
 // The token's gradient sums every path (router, shared experts and gate in
 // f32, then the experts' rows) and is rounded to bf16 once.
@@ -28,7 +31,9 @@
 // and written in the IR: @f_train's `moe.saved` names its extra results. A
 // gated matmul's activation becomes a step of its own in @f_train so that
 // its input (the gate/up output) is saved; the activation itself is
-// recomputed from it.
+// recomputed from it. A quantized layer saves its quantized rows as codes
+// and scales, and quantizes its weights and input again rather than save
+// them.
 //
 //===----------------------------------------------------------------------===//
 
@@ -91,8 +96,12 @@ private:
   LogicalResult dispatchRule(DispatchOp op);
   LogicalResult routeRule(RouteOp op);
 
-  /// A forward value in the backward: an argument, or a saved value.
+  /// A forward value in the backward: an argument, a saved value, or one
+  /// quantized from an argument (quantized again).
   Value get(Value forward);
+  /// The matmul operand `operand` as the backward multiplies by it: itself,
+  /// or for moe.quantize's codes the values they stand for.
+  Value operandRead(Value operand);
   /// The gate/up output `forward` computed again in the backward from what
   /// its matmul reads.
   Value recomputed(Value forward);
@@ -123,7 +132,7 @@ private:
   bool recomputeGateUp, bf16Grads;
   func::FuncOp train, backward;
   ImplicitLocOpBuilder b;
-  DenseMap<Value, Value> recomputedValues;
+  DenseMap<Value, Value> recomputedValues, dequantizedValues;
   DenseMap<Value, Value> savedArgs;
   DenseMap<Value, Adjoint> adjoints;
   /// Weights whose gradient a later rule gives (combine's, deferred).
@@ -162,6 +171,20 @@ Value Differentiator::get(Value forward) {
   if (auto arg = dyn_cast<BlockArgument>(forward))
     if (arg.getOwner()->getParentOp() == train)
       return backward.getArgument(arg.getArgNumber());
+  // Weights (and the layer's input) quantized: quantizing again costs less
+  // than keeping a copy from the forward to the backward.
+  if (auto quantize = forward.getDefiningOp<QuantizeOp>();
+      quantize && isa<BlockArgument>(quantize.getInput())) {
+    Value &again = recomputedValues[quantize.getData()];
+    if (!again) {
+      IRMapping map;
+      map.map(quantize.getInput(), get(quantize.getInput()));
+      Operation *clone = b.clone(*quantize, map);
+      again = clone->getResult(0);
+      recomputedValues[quantize.getScales()] = clone->getResult(1);
+    }
+    return recomputedValues[forward];
+  }
   auto [it, added] = savedArgs.try_emplace(forward, Value());
   if (added) {
     saved.push_back(forward);
@@ -169,6 +192,28 @@ Value Differentiator::get(Value forward) {
                                                         forward.getLoc());
   }
   return it->second;
+}
+
+Value Differentiator::operandRead(Value operand) {
+  auto quantize = operand.getDefiningOp<QuantizeOp>();
+  if (!quantize)
+    return get(operand);
+  Value &read = dequantizedValues[operand];
+  if (!read)
+    read = DequantizeOp::create(b, quantize.getLoc(),
+                                quantize.getInput().getType(),
+                                get(quantize.getData()),
+                                get(quantize.getScales()), quantize.getScheme())
+               .getOutput();
+  return read;
+}
+
+/// The forward value whose gradient a matmul operand's is: the operand, or
+/// the input of the moe.quantize that gave it (straight-through).
+static Value unquantized(Value operand) {
+  if (auto quantize = operand.getDefiningOp<QuantizeOp>())
+    return quantize.getInput();
+  return operand;
 }
 
 SmallVector<Value> Differentiator::groups(GroupedMatmulOp op) {
@@ -267,7 +312,7 @@ LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
       b, loc, outType,
       bias ? RankedTensorType::get({outType.getDimSize(0), 1}, b.getF32Type())
            : Type(),
-      adjoint.value, get(op.getRhs()), counts, offsets, Value(), bias);
+      adjoint.value, operandRead(op.getRhs()), counts, offsets, Value(), bias);
   Value rowGrad = dgrad.getOut();
   Type weightGradType;
   if (adjoint.weights)
@@ -286,7 +331,7 @@ LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
       return failure();
   }
   // dW2 = sum of dy^T (w a): the weight moves to the activation.
-  Value rhs = op.getRhs();
+  Value rhs = unquantized(op.getRhs());
   auto rhsType = cast<RankedTensorType>(rhs.getType());
   Value rhsGrad =
       GroupedMatmulWgradOp::create(b, loc, gradTypeOf(rhsType), adjoint.value,
@@ -319,9 +364,14 @@ LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
 }
 
 LogicalResult Differentiator::matmulRule(GroupedMatmulOp op) {
-  if (op.getScheme() || op.getOutQuantAttr())
-    return op.emitOpError() << "is quantized: moe-differentiate builds the "
-                               "backward of bf16 layers";
+  if (op.getOutQuantAttr())
+    return op.emitOpError() << "quantizes its output in its epilogue: "
+                               "moe-differentiate runs before "
+                               "moe-fuse-quantization";
+  if (isa<BlockArgument>(op.getRhs()) && op.getRhsScale())
+    return op.emitOpError()
+           << "multiplies quantized weights the layer is given: a layer "
+              "trains from bf16 (or f32) weights, which it quantizes itself";
   if (op.getActivationAttr())
     return op.emitOpError() << "applies its activation in its epilogue: "
                                "moe-differentiate splits it off first";
@@ -329,7 +379,8 @@ LogicalResult Differentiator::matmulRule(GroupedMatmulOp op) {
   if (it == adjoints.end())
     return success();
   Adjoint adjoint = it->second;
-  if (auto activation = op.getLhs().getDefiningOp<ActivationOp>()) {
+  Value lhs = unquantized(op.getLhs()), rhs = unquantized(op.getRhs());
+  if (auto activation = lhs.getDefiningOp<ActivationOp>()) {
     if (!activation.getOut().hasOneUse())
       return activation.emitOpError()
              << "feeds more than its down matmul, which moe-differentiate "
@@ -347,9 +398,9 @@ LogicalResult Differentiator::matmulRule(GroupedMatmulOp op) {
   Value grad = adjoint.value;
   auto f32 = [&](Type type) { return gradTypeOf(type); };
   Value rhsGrad =
-      GroupedMatmulWgradOp::create(b, loc, f32(op.getRhs().getType()), grad,
-                                   get(op.getLhs()), counts, offsets);
-  if (failed(setArgGrad(op, op.getRhs(), rhsGrad)))
+      GroupedMatmulWgradOp::create(b, loc, f32(rhs.getType()), grad,
+                                   operandRead(op.getLhs()), counts, offsets);
+  if (failed(setArgGrad(op, rhs, rhsGrad)))
     return failure();
   if (Value bias = op.getBias()) {
     Value biasGrad = GroupedMatmulWgradOp::create(
@@ -357,16 +408,15 @@ LogicalResult Differentiator::matmulRule(GroupedMatmulOp op) {
     if (failed(setArgGrad(op, bias, biasGrad)))
       return failure();
   }
-  Value lhs = op.getLhs();
   if (isa<BlockArgument>(lhs)) {
     // The tokens: summed with their other gradients in f32.
-    addDgrad(lhs, grad, get(op.getRhs()), g);
+    addDgrad(lhs, grad, operandRead(op.getRhs()), g);
     return success();
   }
   return addGrad(op, lhs,
                  GroupedMatmulDgradOp::create(b, loc, lhs.getType(), Type(),
-                                              grad, get(op.getRhs()), counts,
-                                              offsets, Value(), Value())
+                                              grad, operandRead(op.getRhs()),
+                                              counts, offsets, Value(), Value())
                      .getOut());
 }
 
@@ -375,8 +425,9 @@ LogicalResult Differentiator::dispatchRule(DispatchOp op) {
   if (it == adjoints.end())
     return success();
   if (op.getQuantAttr())
-    return op.emitOpError() << "quantizes its rows: moe-differentiate builds "
-                               "the backward of bf16 layers";
+    return op.emitOpError() << "quantizes the rows it scatters: "
+                               "moe-differentiate runs before "
+                               "moe-fuse-quantization";
   if (op.isExpertParallel())
     return op.emitOpError() << "has ep_size = " << op.getEpSize()
                             << ": moe-differentiate builds the backward of a "
@@ -451,12 +502,17 @@ LogicalResult Differentiator::rule(Operation *op) {
                                   "which moe-differentiate does not take");
         return success();
       })
+      .Case([&](QuantizeOp) {
+        // Straight-through: the matmul reading its codes gave their
+        // gradient to its input.
+        return success();
+      })
       .Case([&](DispatchOp o) { return dispatchRule(o); })
       .Case([&](RouteOp o) { return routeRule(o); })
       .Default([&](Operation *other) -> LogicalResult {
         return other->emitOpError()
                << "has no adjoint rule in moe-differentiate (it builds the "
-                  "backward of bf16 MoE layers on one rank)";
+                  "backward of MoE layers on one rank)";
       });
 }
 

@@ -63,8 +63,14 @@ def Differentiate : Pass<"moe-differentiate", "::mlir::ModuleOp"> {
     routing weight's gradient comes from the down matmul's dgrad and the
     recomputed activation. Gradients of weights are f32 (bf16 with
     `bf16-grads`, the weights' own type). A selection-only
-    router bias (sigmoid_grouped_topk) takes none. Quantized and
-    expert-parallel layers are refused with a diagnostic. With `recompute`, the backward computes each gate/up output
+    router bias (sigmoid_grouped_topk) takes none. A `moe.quantize` is
+    straight-through: the gradient of its codes is its bf16 input's, and
+    the backward multiplies by the values the forward multiplied (the codes
+    dequantized); the forward saves quantized rows as codes and scales and
+    the backward quantizes weights and the layer's input again. Weights
+    must reach the layer in bf16 (or f32): quantized weights given to it
+    have no gradient to take. Expert-parallel layers are refused with a
+    diagnostic. With `recompute`, the backward computes each gate/up output
     again from the dispatched rows instead: less memory, one more matmul.
   }];
   let options = [

@@ -106,7 +106,8 @@ def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None,
     compiler is found). `quant`: None (as the config says), "fp8-block128"
     or "mxfp8"; `ep_size`: expert-parallel ranks; `router_logits`: the
     layer also outputs its router logits; `train`: the library also holds
-    the layer's training forward and backward (moe-compile --train);
+    the layer's training forward and backward (moe-compile --train); a
+    quantized one takes bf16 weights and quantizes them each call;
     `bf16_grads`: its backward writes the weights' gradients in bf16, as
     the weights are (--train-bf16-grads), rather than f32."""
     options = [f"--target={target}"]
@@ -114,11 +115,10 @@ def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None,
         raise LayerError("bf16_grads is an option of a library built for "
                          "training (train=True)")
     if train:
-        if quant is not None or ep_size != 1 or router_logits:
-            raise LayerError("training takes bf16 layers on one rank, "
-                             "without router logits (quant, expert "
-                             "parallelism and router logits are not "
-                             "differentiated yet)")
+        if ep_size != 1 or router_logits:
+            raise LayerError("training takes layers on one rank, without "
+                             "router logits (expert parallelism and router "
+                             "logits are not differentiated yet)")
         options.append("--train")
         if bf16_grads:
             options.append("--train-bf16-grads")
@@ -506,7 +506,8 @@ class MoE(torch.nn.Module):
         """Layer `layer` of a HuggingFace checkpoint folder. `library`: a
         layer already compiled from its config.json (else compiled here, or
         found in the cache). `quant`: "fp8-block128" or "mxfp8" quantizes
-        bf16 expert weights once, here. `ep_group`: a torch.distributed
+        bf16 expert weights once, here (with `train`, the layer quantizes
+        its bf16 weights each call). `ep_group`: a torch.distributed
         group (or "env") whose ranks split the experts; every rank calls
         this, and keeps only its experts' weights. `train`: the weights are
         nn.Parameters and the library is built for training too."""
@@ -516,12 +517,17 @@ class MoE(torch.nn.Module):
         total = sum(a.nbytes for a in weights.tensors.values())
         _progress(f"read {total / 2**20:.0f} MiB in {time.time() - start:.1f}"
                   f" s")
+        if train and "w13_scale" in weights.tensors:
+            raise LayerError("train=True: the checkpoint's experts are FP8, "
+                             "and training needs their bf16 (or f32) "
+                             "weights")
         ranks = ep_size_of(ep_group)
         if library is None:
             library = compile_layer(weights.config, target, cache_dir,
                                     compiler, quant, ranks, train=train)
         shared = Layer.open(library)
-        tensors = quantize_once(weights.tensors, quant, weights.config)
+        tensors = weights.tensors if train else \
+            quantize_once(weights.tensors, quant, weights.config)
         if ranks > 1:
             if device is None and shared.target != "cpu":
                 device = torch.device("cuda", torch.cuda.current_device())

@@ -325,6 +325,10 @@ def prepare(model, target="sm_90a", quant=None, ep_size=1, cache_dir=None,
     trainable block's training forward and backward use. Returns the
     library's path."""
     config, kind = _model_config(model)
+    if train and quant is not None and ep_size == 1:
+        # patch's quantized trainable blocks run the training library alone.
+        return compile_layer(config, target, cache_dir, compiler, quant,
+                             train=True, bf16_grads=_bf16_grads(target))
     path = compile_layer(config, target, cache_dir, compiler, quant, ep_size,
                          kind in RECORDS_LOGITS)
     if train:
@@ -348,7 +352,9 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
 
     `target`: "sm_90a" (the model on a Hopper GPU) or "cpu". `quant`: None
     (the weights as they are: bf16, or FP8 128 x 128 blocks as the config
-    says), "fp8-block128" or "mxfp8" (bf16 weights quantized once, here).
+    says), "fp8-block128" or "mxfp8": the block keeps its bf16 parameters,
+    which train, and the layer quantizes them each call (on several ranks,
+    bf16 weights are quantized once, here, and do not train).
     `ep_group`: a torch.distributed group (or "env", torchrun's variables)
     whose ranks split the experts; each rank keeps only its own."""
     config, kind = _model_config(model)
@@ -369,15 +375,15 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
     shared = None
     rank = 0
     # What can train keeps the model's own parameters: bf16 weights on one
-    # rank.
-    trainable = quant is None and ranks == 1 and \
-        not _fp8_block128(config)
+    # rank. Quantized, it runs the training library (bf16 weights quantized
+    # in each call) for every forward.
+    trainable = ranks == 1 and not _fp8_block128(config)
     train_layer = []
 
     def train_library():
         if not train_layer:
             train_layer.append(Layer.open(compile_layer(
-                config, target, cache_dir, compiler, train=True,
+                config, target, cache_dir, compiler, quant, train=True,
                 bf16_grads=_bf16_grads(target))))
         return train_layer[0]
     for (name, index, parent, attribute, block), device in zip(blocks,
@@ -388,8 +394,15 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
         except CheckpointError as e:
             raise LayerError(f"{name}: {e}") from None
         if shared is None:
-            library = compile_layer(config, target, cache_dir, compiler,
-                                    quant, ranks, kind in RECORDS_LOGITS)
+            if trainable and quant is not None:
+                # The training library takes the bf16 weights: it is the
+                # only one (no router logits to record).
+                library = compile_layer(config, target, cache_dir, compiler,
+                                        quant, train=True,
+                                        bf16_grads=_bf16_grads(target))
+            else:
+                library = compile_layer(config, target, cache_dir, compiler,
+                                        quant, ranks, kind in RECORDS_LOGITS)
             shared = Layer.open(library)
             # Its blocks call it with their own weights in turn, which would
             # re-capture a bucket's graph each call: launch directly (a graph
@@ -398,7 +411,8 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
             if ranks > 1:
                 rank = start_expert_parallel(shared, ep_group, device,
                                              timeout_ms=ep_timeout_ms)
-        tensors = quantize_once(weights.tensors, quant, config)
+        tensors = None if trainable else \
+            quantize_once(weights.tensors, quant, config)
         if ranks > 1:
             tensors = local_experts(tensors, rank, ranks)
         if trainable:

@@ -116,10 +116,27 @@ func.func @selection_bias(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
 
 // -----
 
+// FP8 block-128: a quantize is straight-through. The forward saves the
+// dispatched rows as the gate/up matmul read them, E4M3 codes and scales,
+// not in bf16; the backward quantizes the weights again rather than save
+// them, and multiplies by the values the codes stand for.
+// CHECK-LABEL: func.func @fp8_train
+// CHECK-SAME: moe.saved = ["dispatch.rows", "dispatch.expert_offsets", "route.weights", "dispatch.tokens_per_expert", "gate_up.out", "gate_up_input.scales", "gate_up_input.data", "route.logits", "route.expert_ids"]
+// CHECK-LABEL: func.func @fp8_backward
+// CHECK-SAME: %[[X:[^:]*]]: tensor<?x128xbf16>, %{{[^:]*}}: tensor<4x128xbf16>, %[[W13:[^:]*]]: tensor<4x256x128xbf16>, %[[W2:[^:]*]]: tensor<4x128x128xbf16>
+// CHECK-SAME: %[[SCALES:[^:]*]]: tensor<?x1xf32>, %[[CODES:[^:]*]]: tensor<?x128xf8E4M3FN>
+// CHECK-SAME: -> (tensor<?x128xbf16>, tensor<4x128xf32>, tensor<4x256x128xf32>, tensor<4x128x128xf32>)
+// CHECK: %[[W2Q:.*]], %[[W2S:.*]] = moe.quantize %[[W2]] {scheme = #moe.quant<kind = fp8_block128>} : (tensor<4x128x128xbf16>) -> (tensor<4x128x128xf8E4M3FN>, tensor<4x1x1xf32>)
+// CHECK: %[[W2D:.*]] = moe.dequantize %[[W2Q]], %[[W2S]]
+// CHECK: moe.grouped_matmul_dgrad %{{.*}}, %[[W2D]] groups
+// CHECK: %[[XD:.*]] = moe.dequantize %[[CODES]], %[[SCALES]] {scheme = #moe.quant<kind = fp8_block128>} : (tensor<?x128xf8E4M3FN>, tensor<?x1xf32>) -> tensor<?x128xbf16>
+// CHECK: moe.grouped_matmul_wgrad %{{.*}} lhs %[[XD]] groups
+// CHECK: %[[W13Q:.*]], %[[W13S:.*]] = moe.quantize %[[W13]]
+// CHECK: %[[W13D:.*]] = moe.dequantize %[[W13Q]], %[[W13S]]
+// CHECK: moe.grouped_matmul_dgrad %{{.*}}, %[[W13D]] groups
 func.func @fp8(%x: tensor<?x128xbf16>, %wr: tensor<4x128xbf16>,
                %w13: tensor<4x256x128xbf16>, %w2: tensor<4x128x128xbf16>)
     -> tensor<?x128xbf16> {
-  // expected-error @below {{is quantized: moe-differentiate builds the backward of bf16 layers}}
   %out = moe.layer %x router(%wr) experts(%w13, %w2)
       {config = #moe.config<experts = 4, top_k = 2, hidden = 128,
                             intermediate = 128, router = <kind = softmax_topk>,
@@ -127,6 +144,55 @@ func.func @fp8(%x: tensor<?x128xbf16>, %wr: tensor<4x128xbf16>,
                             quant = <kind = fp8_block128>>}
       : (tensor<?x128xbf16>, tensor<4x128xbf16>, tensor<4x256x128xbf16>,
          tensor<4x128x128xbf16>) -> tensor<?x128xbf16>
+  return %out : tensor<?x128xbf16>
+}
+
+// -----
+
+// MXFP8 with shared experts: their input, the layer's own, is quantized
+// again in the backward (its gradient joins the tokens' in f32), and so are
+// their weights; the gate is not quantized.
+// CHECK-LABEL: func.func @mxfp8_train
+// CHECK-NOT: moe.saved = [{{.*}}shared_gate_up_input
+// CHECK-LABEL: func.func @mxfp8_backward
+// CHECK-SAME: %[[X:[^:]*]]: tensor<?x64xbf16>
+// CHECK: %[[XQ:.*]], %[[XS:.*]] = moe.quantize %[[X]] {scheme = #moe.quant<kind = mxfp8>} : (tensor<?x64xbf16>) -> (tensor<?x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>)
+// CHECK: moe.dequantize %[[XQ]], %[[XS]]
+// CHECK: return
+func.func @mxfp8(%x: tensor<?x64xbf16>, %wr: tensor<4x64xbf16>,
+                 %w13: tensor<4x64x64xbf16>, %w2: tensor<4x64x32xbf16>,
+                 %s13: tensor<64x64xbf16>, %s2: tensor<64x32xbf16>,
+                 %sg: tensor<1x64xbf16>) -> tensor<?x64xbf16> {
+  %out = moe.layer %x router(%wr) experts(%w13, %w2) shared(%s13, %s2, %sg)
+      {config = #moe.config<experts = 4, top_k = 2, hidden = 64,
+                            intermediate = 32, router = <kind = softmax_topk>,
+                            activation = <kind = swiglu>,
+                            shared_intermediate = 32, shared_gate = true,
+                            quant = <kind = mxfp8>>}
+      : (tensor<?x64xbf16>, tensor<4x64xbf16>, tensor<4x64x64xbf16>,
+         tensor<4x64x32xbf16>, tensor<64x64xbf16>, tensor<64x32xbf16>,
+         tensor<1x64xbf16>) -> tensor<?x64xbf16>
+  return %out : tensor<?x64xbf16>
+}
+
+// -----
+
+// Quantized weights given to the layer (a checkpoint's, with their scales)
+// have no bf16 value for a gradient to belong to.
+func.func @fp8_weights(%x: tensor<?x128xbf16>, %wr: tensor<4x128xbf16>,
+                       %w13: tensor<4x256x128xf8E4M3FN>,
+                       %w2: tensor<4x128x128xf8E4M3FN>,
+                       %s13: tensor<4x2x1xf32>, %s2: tensor<4x1x1xf32>)
+    -> tensor<?x128xbf16> {
+  // expected-error @below {{multiplies quantized weights the layer is given: a layer trains from bf16 (or f32) weights, which it quantizes itself}}
+  %out = moe.layer %x router(%wr) experts(%w13, %w2) scales(%s13, %s2)
+      {config = #moe.config<experts = 4, top_k = 2, hidden = 128,
+                            intermediate = 128, router = <kind = softmax_topk>,
+                            activation = <kind = swiglu>,
+                            quant = <kind = fp8_block128>>}
+      : (tensor<?x128xbf16>, tensor<4x128xbf16>, tensor<4x256x128xf8E4M3FN>,
+         tensor<4x128x128xf8E4M3FN>, tensor<4x2x1xf32>, tensor<4x1x1xf32>)
+      -> tensor<?x128xbf16>
   return %out : tensor<?x128xbf16>
 }
 

@@ -230,9 +230,11 @@ static QuantAttr configuredQuant(MLIRContext &context, const json::Object &root,
   return {};
 }
 
-OwningOpRef<ModuleOp> mlir::moe::importHFConfig(
-    MLIRContext &context, StringRef path, StringRef text, StringRef name,
-    std::optional<QuantAttr> quantOverride, int64_t epSize, bool routerLogits) {
+OwningOpRef<ModuleOp>
+mlir::moe::importHFConfig(MLIRContext &context, StringRef path, StringRef text,
+                          StringRef name,
+                          std::optional<QuantAttr> quantOverride,
+                          int64_t epSize, bool routerLogits, bool bf16Weights) {
   context.loadDialect<MoeDialect, func::FuncDialect>();
   Location loc = FileLineColLoc::get(&context, path, 1, 1);
   llvm::Expected<json::Value> parsed = json::parse(text);
@@ -263,10 +265,11 @@ OwningOpRef<ModuleOp> mlir::moe::importHFConfig(
   }
 
   // A quantized layer takes its weights quantized (moe-quantize converts
-  // bf16 ones once), shared experts included, as DeepSeek-V3 ships them.
+  // bf16 ones once), shared experts included, as DeepSeek-V3 ships them; one
+  // that trains takes the bf16 weights its gradients are for.
   QuantAttr quant =
       quantOverride.value_or(configuredQuant(context, *object, loc));
-  bool fp8Weights = static_cast<bool>(quant);
+  bool fp8Weights = quant && !bf16Weights;
 
   FieldReader reader(*object, *modelType, loc);
   LayerFields f;

@@ -65,7 +65,10 @@ cl::opt<Emit> emit(
         clEnumValN(Emit::PTX, "ptx", "the GPU kernels' PTX (--target=sm_90a)")),
     cl::init(Emit::SharedLibrary), cl::cat(category));
 cl::opt<Quant> quant(
-    "quant", cl::desc("Quantization of a layer built from a config"),
+    "quant",
+    cl::desc("Quantization of a layer built from a config; with "
+             "--train the layer takes bf16 weights and quantizes "
+             "them each call"),
     cl::values(
         clEnumValN(Quant::Auto, "auto",
                    "as the config's quantization_config says: FP8 128x128 "
@@ -344,9 +347,9 @@ int main(int argc, char **argv) {
       scheme = make(moe::QuantKind::FP8Block128, moe::ScaleRounding::Floor);
       break;
     }
-    module =
-        moe::importHFConfig(context, path, input->getBuffer(), layerName,
-                            scheme, epSize ? int64_t(epSize) : 1, routerLogits);
+    module = moe::importHFConfig(context, path, input->getBuffer(), layerName,
+                                 scheme, epSize ? int64_t(epSize) : 1,
+                                 routerLogits, /*bf16Weights=*/options.train);
   } else {
     sourceMgr.AddNewSourceBuffer(std::move(input), llvm::SMLoc());
     module = parseSourceFile<ModuleOp>(sourceMgr, &context);
