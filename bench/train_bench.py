@@ -4,8 +4,10 @@
 autograd, SwiGLU, index_add), the same layer sizes and token counts, in
 the same run, and each of our kernels' time.
 
-  python3 -m bench.train_bench prepare DIR
-        on the build machine: each layer's training library
+  python3 -m bench.train_bench prepare DIR [--quant=fp8_block128|mxfp8]
+        on the build machine: each layer's training library (quantized:
+        bf16 weights, quantized in each call, as patch(model, quant=...)
+        trains)
   python3 -m bench.train_bench run DIR PEER [--tokens 4096,16384] [ONLY]
         on the GPU machine (PEER: the peer script's path); one JSON line
         per layer and token count: our forward and forward+backward, the
@@ -35,7 +37,7 @@ LAYERS = {
 }
 
 
-def layer_mlir(name, e, k, h, i, shared, router):
+def layer_mlir(name, e, k, h, i, shared, router, quant=None):
     """The peer's layer as moe.layer: softmax over every expert then the
     top k renormalized, or (DeepSeek-V3) sigmoid scores, the top k
     renormalized, one shared expert."""
@@ -63,19 +65,21 @@ def layer_mlir(name, e, k, h, i, shared, router):
     config += "activation = #moe.activation<kind = swiglu>"
     if shared:
         config += f", shared_intermediate = {shared}"
+    if quant:
+        config += f", quant = #moe.quant<kind = {quant}>"
     return (f"func.func @{name}({', '.join(args)}) -> {x} {{\n"
             f"  %out = moe.layer %x {operands} {{config = #moe.config<"
             f"{config}>}}\n      : ({', '.join(types)}) -> {x}\n"
             f"  return %out : {x}\n}}\n")
 
 
-def prepare(out_dir):
+def prepare(out_dir, quant=None):
     compile_ = os.path.join(ROOT, "build", "bin", "moe-compile")
     os.makedirs(out_dir, exist_ok=True)
     for name, spec in LAYERS.items():
         src = os.path.join(out_dir, name + ".mlir")
         with open(src, "w") as f:
-            f.write(layer_mlir(name, *spec))
+            f.write(layer_mlir(name, *spec, quant=quant))
         # Weight gradients in bf16, as the weights (and the peer's) are:
         # what patch(model) builds for the GPU.
         subprocess.run([compile_, src, "--target=sm_90a", "--train",
@@ -242,7 +246,9 @@ def step(lib_dir, name, tokens, graph=False):
 
 def main():
     if sys.argv[1] == "prepare":
-        prepare(sys.argv[2])
+        quant = [a.split("=")[1] for a in sys.argv[3:]
+                 if a.startswith("--quant=")]
+        prepare(sys.argv[2], quant[0] if quant else None)
         return
     if sys.argv[1] == "step":
         step(sys.argv[2], sys.argv[3], int(sys.argv[4]),

@@ -460,6 +460,9 @@ class MoE(torch.nn.Module):
         self._train_layer = train_layer
         self._train_id = None
         self._weights_fn = weights
+        # The forward library's weights made from weights() where the two
+        # differ (a quantized block that trains: FP8 from its bf16).
+        self._inference_weights_fn = None
         gpu = self.layer.target != "cpu"
         device = torch.device(device if device is not None else
                               ("cuda" if gpu else "cpu"))
@@ -543,6 +546,12 @@ class MoE(torch.nn.Module):
             return self._weights_fn()
         return [getattr(self, n) for n in self._names]
 
+    def _inference_weights(self, weights):
+        """The forward library's weights, given weights()."""
+        if self._inference_weights_fn is None:
+            return weights
+        return self._inference_weights_fn()
+
     def _training_layer(self):
         """The id of the library built for training (self.trainable),
         compiled on first use where it was given as a function."""
@@ -576,6 +585,7 @@ class MoE(torch.nn.Module):
             out, _ = torch.ops.moe_compiler.moe_forward_train(
                 flat, weights, self._training_layer())
             return out.reshape(hidden_states.shape)
+        weights = self._inference_weights(weights)
         with torch.no_grad():
             if self.router_logits:
                 out, _ = torch.ops.moe_compiler.moe_forward_logits(
@@ -614,10 +624,11 @@ class MoE(torch.nn.Module):
         if not self.router_logits:
             raise LayerError("the layer was compiled without router logits")
         flat, weights = self._flat(hidden_states), self.weights()
+        wants_grad = self._wants_grad(flat, weights)
         with torch.no_grad():
             out, logits = torch.ops.moe_compiler.moe_forward_logits(
-                flat, weights, self.layer_id)
-        if self._wants_grad(flat, weights):
+                flat, self._inference_weights(weights), self.layer_id)
+        if wants_grad:
             # Router logits take no gradient yet: a backward through this
             # forward says so.
             out = _NoBackward.apply(out, flat)

@@ -21,7 +21,8 @@ from .checkpoint import (Checkpoint, CheckpointError, _fp8_block128,
                          load_layer, text_config)
 from .layer import Layer, LayerError
 from .module import (MoE, compile_layer, ep_size_of, local_experts,
-                     quantize_once, start_expert_parallel, _progress)
+                     quantize_once, start_expert_parallel, _progress,
+                     _to_torch, _TORCH_DTYPES)
 
 # model_type -> the class name of its MoE block in transformers, and what
 # that block returns: "tensor" ([B, S, H]), "scores" (GPT-OSS: the output and
@@ -152,6 +153,15 @@ def pack_block(kind, p):
     raise LayerError(f"model type {kind!r} has no trainable packing")
 
 
+def _to_numpy(tensor):
+    """A bf16 or f32 torch tensor as a numpy array on the host (bf16
+    through ml_dtypes)."""
+    tensor = tensor.detach().cpu().contiguous()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
 class CompiledMoeBlock(torch.nn.Module):
     """A compiled layer in the place of a transformers MoE block.
 
@@ -161,12 +171,17 @@ class CompiledMoeBlock(torch.nn.Module):
     (pack_block); a forward that needs gradients runs the training
     forward, whose backward reaches them."""
 
-    def __init__(self, moe, returns, replaced, block=None, kind=None):
+    def __init__(self, moe, returns, replaced, block=None, kind=None,
+                 quant=None, train_args=None, config=None):
         super().__init__()
         self.moe = moe
         self.returns = returns
         self.replaced = replaced  # the class name of the block it replaces
         self._kind = kind
+        self._quant, self._config = quant, config
+        # The arguments the block's own tensors are packed as: the training
+        # library's (bf16 weights) where it differs from the forward's.
+        self._args = train_args or self.moe.layer.args
         if block is not None:
             for name, child in list(block.named_children()):
                 self.add_module(name, child)
@@ -175,6 +190,8 @@ class CompiledMoeBlock(torch.nn.Module):
             for name, buf in list(block.named_buffers(recurse=False)):
                 self.register_buffer(name, buf)
             self.moe._weights_fn = self._packed
+            if quant is not None:
+                self.moe._inference_weights_fn = self._quantized
 
     def _packed(self):
         """The layer's weights from the block's own tensors, in the ABI's
@@ -191,12 +208,33 @@ class CompiledMoeBlock(torch.nn.Module):
         if not grad and cached is not None and cached[0] == key:
             return cached[1]
         packed = pack_block(self._kind, tensors)
-        args = {a["name"]: a for a in self.moe.layer.args}
         dtypes = {"BF16": torch.bfloat16, "F32": torch.float32}
-        weights = [packed[n].to(dtypes[args[n]["dtype"]]).contiguous()
-                   for n in self.moe._names]
+        weights = [packed[a["name"]].to(dtypes[a["dtype"]]).contiguous()
+                   for a in self._args
+                   if not a["output"] and a["name"] != "hidden_states"]
         self._packed_cache = None if grad else (key, weights)
         return weights
+
+    def _quantized(self):
+        """The forward library's weights (FP8, with their scales) from the
+        block's own, quantized once and kept while no tensor changes: the
+        inference forward of a quantized block that trains."""
+        weights = self._packed()
+        key = tuple((id(t), t._version) for t in weights)
+        cached = getattr(self, "_quantized_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        names = [a["name"] for a in self._args
+                 if not a["output"] and a["name"] != "hidden_states"]
+        device = weights[0].device
+        arrays = {n: _to_numpy(w) for n, w in zip(names, weights)}
+        tensors = quantize_once(arrays, self._quant, self._config)
+        args = {a["name"]: a for a in self.moe.layer.args}
+        out = [_to_torch(tensors[n]).to(device) for n in self.moe._names]
+        for n, t in zip(self.moe._names, out):
+            assert t.dtype == _TORCH_DTYPES[args[n]["dtype"]], n
+        self._quantized_cache = (key, out)
+        return out
 
     def forward(self, hidden_states):
         logits = None
@@ -325,14 +363,10 @@ def prepare(model, target="sm_90a", quant=None, ep_size=1, cache_dir=None,
     trainable block's training forward and backward use. Returns the
     library's path."""
     config, kind = _model_config(model)
-    if train and quant is not None and ep_size == 1:
-        # patch's quantized trainable blocks run the training library alone.
-        return compile_layer(config, target, cache_dir, compiler, quant,
-                             train=True, bf16_grads=_bf16_grads(target))
     path = compile_layer(config, target, cache_dir, compiler, quant, ep_size,
                          kind in RECORDS_LOGITS)
     if train:
-        compile_layer(config, target, cache_dir, compiler, train=True,
+        compile_layer(config, target, cache_dir, compiler, quant, train=True,
                       bf16_grads=_bf16_grads(target))
     return path
 
@@ -345,7 +379,7 @@ def _bf16_grads(target):
 
 
 def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
-          compiler=None, ep_timeout_ms=0):
+          compiler=None, ep_timeout_ms=0, train=True):
     """Replaces every MoE block of `model` (Mixtral, Qwen2-MoE, Qwen3-MoE,
     DeepSeek-V2/V3, Kimi-K2, GPT-OSS, Llama-4) in place with a module that
     runs our compiled layer; returns the model.
@@ -353,8 +387,10 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
     `target`: "sm_90a" (the model on a Hopper GPU) or "cpu". `quant`: None
     (the weights as they are: bf16, or FP8 128 x 128 blocks as the config
     says), "fp8-block128" or "mxfp8": the block keeps its bf16 parameters,
-    which train, and the layer quantizes them each call (on several ranks,
-    bf16 weights are quantized once, here, and do not train).
+    which train (a training forward quantizes them inside the layer), and
+    other forwards run on FP8 weights quantized from them once per change.
+    `train=False` keeps the FP8 weights alone (quantized once, here: half
+    the memory) and nothing trains; so do expert-parallel blocks.
     `ep_group`: a torch.distributed group (or "env", torchrun's variables)
     whose ranks split the experts; each rank keeps only its own."""
     config, kind = _model_config(model)
@@ -375,9 +411,10 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
     shared = None
     rank = 0
     # What can train keeps the model's own parameters: bf16 weights on one
-    # rank. Quantized, it runs the training library (bf16 weights quantized
-    # in each call) for every forward.
-    trainable = ranks == 1 and not _fp8_block128(config)
+    # rank. Quantized, a training forward runs the training library, which
+    # quantizes them in each call; other forwards run the forward's library
+    # on FP8 weights quantized from them once per change.
+    trainable = train and ranks == 1 and not _fp8_block128(config)
     train_layer = []
 
     def train_library():
@@ -394,15 +431,8 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
         except CheckpointError as e:
             raise LayerError(f"{name}: {e}") from None
         if shared is None:
-            if trainable and quant is not None:
-                # The training library takes the bf16 weights: it is the
-                # only one (no router logits to record).
-                library = compile_layer(config, target, cache_dir, compiler,
-                                        quant, train=True,
-                                        bf16_grads=_bf16_grads(target))
-            else:
-                library = compile_layer(config, target, cache_dir, compiler,
-                                        quant, ranks, kind in RECORDS_LOGITS)
+            library = compile_layer(config, target, cache_dir, compiler,
+                                    quant, ranks, kind in RECORDS_LOGITS)
             shared = Layer.open(library)
             # Its blocks call it with their own weights in turn, which would
             # re-capture a bucket's graph each call: launch directly (a graph
@@ -420,8 +450,13 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
             # forward. The training library is compiled on first use.
             moe = MoE(library, None, device, layer=shared,
                       train_layer=train_library, weights=lambda: [])
+            # The training library's arguments: the forward's, but for
+            # bf16 weights where those are quantized.
+            args = train_library().args if quant is not None else None
             replacement = CompiledMoeBlock(moe, BLOCKS[kind][1],
-                                           type(block).__name__, block, kind)
+                                           type(block).__name__, block, kind,
+                                           quant=quant, train_args=args,
+                                           config=config)
             replacement._packed()  # checks the block's tensors now
         else:
             moe = MoE(library, tensors, device, layer=shared)

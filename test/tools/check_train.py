@@ -28,6 +28,10 @@ with --target=sm_90a, on the GPU (its libraries compiled beforehand with
       bf16.
   check_train.py prepare [MODEL...] --target=T
       compiles the libraries the other modes use into the cache.
+  check_train.py quant-api MODEL --quant SCHEME
+      a quantized block that trains: the state_dict unchanged, and its
+      inference forward bit for bit a train=False block's (FP8 weights
+      alone) on the same parameters, before and after a training step.
   check_train.py api MODEL
       state_dict keys, an optimizer made after patch, a checkpoint saved
       after training loaded into the unpatched model, gradient
@@ -174,6 +178,47 @@ def check_parity(args):
               f"({'unbounded' if args.quant else 'bound 1%'}), last "
               f"{end:.2%} (bound 0.5%) {'ok' if ok else 'FAILED'}")
         sys.stdout.flush()
+
+
+def check_quant_api(args):
+    """A quantized block that trains keeps the model's bf16 parameters;
+    its inference forward runs on FP8 weights quantized from them, once per
+    change: bit for bit a train=False block's (FP8 alone, quantized once)
+    on the same parameters, before and after a training step."""
+    name, quant = args.models[0], args.quant
+    model = build(name)
+    shapes = {k: (tuple(v.shape), v.dtype) for k, v in
+              model.state_dict().items()}
+    moe_compiler.patch(model, target="cpu", cache_dir=args.cache,
+                       quant=quant)
+    after = {k: (tuple(v.shape), v.dtype) for k, v in
+             model.state_dict().items()}
+    print(f"{quant} state_dict after patch: "
+          f"{'the same keys, shapes and dtypes' if after == shapes else 'CHANGED'}")
+    ids = next(iter(task(model, 1, seed=11)))
+
+    def same_as_fp8_only(label):
+        frozen = build(name)
+        frozen.load_state_dict(model.state_dict())
+        moe_compiler.patch(frozen, target="cpu", cache_dir=args.cache,
+                           quant=quant, train=False)
+        held = [p.dtype for _, b in blocks(frozen)
+                for p in b.moe.weights()]
+        model.eval()
+        with torch.no_grad():
+            ours, theirs = model(ids).logits, frozen(ids).logits
+        model.train()
+        print(f"{label}: no_grad logits bit-identical to a train=False "
+              f"model's ({torch.float8_e4m3fn in held and 'FP8 weights'}): "
+              f"{torch.equal(ours, theirs)}")
+        return ours
+
+    first_logits = same_as_fp8_only("before training")
+    losses = train(model, 1)
+    second = same_as_fp8_only("after a step")
+    print(f"the step changed the inference forward: "
+          f"{not torch.equal(first_logits, second)}; loss finite: "
+          f"{math.isfinite(losses[0])}")
 
 
 def check_api(args):
@@ -464,7 +509,7 @@ def prepare(args):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["grads", "parity", "api", "layers",
-                                         "prepare"])
+                                         "prepare", "quant-api"])
     parser.add_argument("models", nargs="*")
     parser.add_argument("--cache", required=True)
     parser.add_argument("--steps", type=int, default=200)
@@ -480,7 +525,8 @@ def main():
     args = parser.parse_intermixed_args()
     torch.manual_seed(0)
     {"grads": check_grads, "parity": check_parity, "api": check_api,
-     "layers": check_layers, "prepare": prepare}[args.mode](args)
+     "layers": check_layers, "prepare": prepare,
+     "quant-api": check_quant_api}[args.mode](args)
 
 
 if __name__ == "__main__":
