@@ -153,6 +153,17 @@ def pack_block(kind, p):
     raise LayerError(f"model type {kind!r} has no trainable packing")
 
 
+def _bf16_args(args):
+    """The arguments of a quantized layer's library built for training:
+    its quantized weights in bf16, without their scales."""
+    out = []
+    for a in args:
+        if a["name"].endswith("_scale"):
+            continue
+        out.append(dict(a, dtype="BF16") if a["dtype"] == "F8_E4M3" else a)
+    return out
+
+
 def _to_numpy(tensor):
     """A bf16 or f32 torch tensor as a numpy array on the host (bf16
     through ml_dtypes)."""
@@ -450,9 +461,10 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
             # forward. The training library is compiled on first use.
             moe = MoE(library, None, device, layer=shared,
                       train_layer=train_library, weights=lambda: [])
-            # The training library's arguments: the forward's, but for
-            # bf16 weights where those are quantized.
-            args = train_library().args if quant is not None else None
+            # The training library's arguments: the forward's, with bf16
+            # weights where those are quantized (it is compiled on first
+            # use, and checked against these then).
+            args = _bf16_args(shared.args) if quant is not None else None
             replacement = CompiledMoeBlock(moe, BLOCKS[kind][1],
                                            type(block).__name__, block, kind,
                                            quant=quant, train_args=args,

@@ -259,7 +259,7 @@ struct RowQuantizeConfig {
   }
 };
 
-/// The configuration of quantizing the rank-2 bf16 `input` in `scheme`.
+/// The configuration of quantizing the bf16 rows of `input` in `scheme`.
 RowQuantizeConfig configureRowQuantize(Value input, QuantAttr scheme);
 
 } // namespace mlir::moe::nvidia

@@ -2,9 +2,12 @@
 //
 // moe.quantize and moe.dequantize, running the block code the CPU backend
 // runs (codegen/common/Numerics.h), so both backends give the same codes and
-// scales: activations (bf16 rows) with a block of threads per row and the
-// lanes of a scale block meeting by shuffles; anything else with one thread
-// per scale block.
+// scales. Rows of a scale each (activations, MXFP8 weights): a block of
+// threads per row, the lanes of a scale block meeting by shuffles. FP8
+// block-128 weights: a block of threads per 128 x 128 scale block, meeting
+// in shared memory. Dequantizing: a thread per 8 elements. Each reads and
+// writes 8 elements at a time, coalesced along K; a layout none of these
+// takes (K not a multiple of 8) runs one thread per scale block.
 //
 //===----------------------------------------------------------------------===//
 
@@ -12,6 +15,9 @@
 #include "codegen/nvidia/kernels/KernelConfigs.h"
 #include "codegen/nvidia/kernels/Kernels.h"
 
+#include "codegen/common/FP8.h"
+
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 
 using namespace mlir;
@@ -39,7 +45,8 @@ ScaleBlockConfig nvidia::configureScaleBlocks(Value data, Value scales,
 
 RowQuantizeConfig nvidia::configureRowQuantize(Value input, QuantAttr scheme) {
   RowQuantizeConfig c;
-  c.cols = cast<RankedTensorType>(input.getType()).getDimSize(1);
+  auto type = cast<RankedTensorType>(input.getType());
+  c.cols = type.getDimSize(type.getRank() - 1);
   c.blockSize = scheme.getBlockSize();
   c.lanes = c.blockSize / c.width;
   return c;
@@ -108,28 +115,40 @@ static LogicalResult buildBlocks(LayerKernels &layer, Operation *op,
   return k.finish(op);
 }
 
-/// Activations (bf16 rows, a scale per row and block, rows a multiple of 8
-/// long): a block of 128 threads per row, each quantizing 8 elements of a
-/// block that its neighbours share, statistics combined by shuffles; loads
-/// and stores coalesced.
+/// Activations or MXFP8 weights (bf16 rows, a scale per row and block, rows
+/// a multiple of 8 long; [E, N, K] weights as E x N rows): a block of 128
+/// threads per row, each quantizing 8 elements of a block that its
+/// neighbours share, statistics combined by shuffles; loads and stores
+/// coalesced.
 LogicalResult nvidia::buildRowQuantize(LayerKernels &layer, Operation *op,
                                        Value inputTensor, Value dataTensor,
                                        Value scalesTensor, QuantAttr scheme) {
   RowQuantizeConfig cfg = configureRowQuantize(inputTensor, scheme);
   int64_t k = cfg.cols, width = cfg.width, bs = cfg.blockSize;
+  auto inputType = cast<RankedTensorType>(inputTensor.getType());
+  bool stacked = inputType.getRank() == 3;
+  int64_t perMatrix = stacked ? inputType.getDimSize(1) : 0;
   TokenLinear rows = layer.info(inputTensor).rows;
   layer.define(dataTensor, rows);
   layer.define(scalesTensor, rows);
   Kernel kernel =
       layer.kernel(op, "quantize", {inputTensor, dataTensor, scalesTensor});
-  kernel.launch.work = rows;
+  TokenLinear allRows =
+      stacked ? TokenLinear{inputType.getDimSize(0) * perMatrix, 0} : rows;
+  kernel.launch.work = allRows;
   kernel.launch.block = cfg.threads;
   Emitter &e = kernel.e;
   Value input = kernel.view(0, layer.info(inputTensor));
   Value data = kernel.view(1, layer.info(dataTensor));
   Value scales = kernel.view(2, layer.info(scalesTensor));
   Value r = kernel.blockId(gpu::Dimension::x), tid = kernel.threadId();
-  kernel.onlyIf(e.ult(r, kernel.linear(rows)));
+  kernel.onlyIf(e.ult(r, kernel.linear(allRows)));
+  // A stacked row's matrix and row within it.
+  auto at = [&](Value col) -> SmallVector<Value> {
+    if (!stacked)
+      return {r, col};
+    return {e.divUI(r, perMatrix), e.remUI(r, perMatrix), col};
+  };
   Type bf16 = e.b.getBF16Type(), i8 = e.b.getI8Type();
   auto vecType = VectorType::get({width}, bf16);
   // Every thread runs every chunk (zeros past K), so shuffles see whole
@@ -140,37 +159,234 @@ LogicalResult nvidia::buildRowQuantize(LayerKernels &layer, Operation *op,
         Value c = e.iadd(chunk, e.imul(tid, width));
         Value valid = e.ult(c, e.index(k));
         Value loaded = vector::LoadOp::create(
-            e.b, e.loc, vecType, input, {r, e.minUI(c, e.index(k - width))},
+            e.b, e.loc, vecType, input, at(e.minUI(c, e.index(k - width))),
             false, vectorAlign(width, bf16));
         Value zeros = arith::ConstantOp::create(
             e.b, e.loc, DenseElementsAttr::get(vecType, e.b.getZeroAttr(bf16)));
         auto [codes, stored] = quantizeVector(
             e, scheme, e.select(valid, loaded, zeros), cfg.lanes);
         e.ifThen(valid, [&] {
-          vector::StoreOp::create(e.b, e.loc, codes, data, {r, c}, false,
+          vector::StoreOp::create(e.b, e.loc, codes, data, at(c), false,
                                   vectorAlign(width, i8));
-          e.ifThen(e.eq(e.remUI(tid, cfg.lanes), e.index(0)), [&] {
-            e.storeRaw(stored, scales, {r, e.divUI(c, bs)});
-          });
+          e.ifThen(e.eq(e.remUI(tid, cfg.lanes), e.index(0)),
+                   [&] { e.storeRaw(stored, scales, at(e.divUI(c, bs))); });
         });
       },
       e.index(cfg.threads * width));
   return kernel.finish(op);
 }
 
+/// FP8 block-128 weights ([E,] N, K bf16, K a multiple of 8, a scale per
+/// 128 x 128 block): a block of 128 threads per scale block, each thread 8
+/// columns in every 8th of its rows. Statistics meet by shuffles, then
+/// across the four warps in shared memory; every thread then quantizes
+/// what it read (again, from cache).
+static LogicalResult buildSquareQuantize(LayerKernels &layer, QuantizeOp op) {
+  QuantAttr scheme = op.getScheme();
+  ScaleBlockConfig cfg =
+      configureScaleBlocks(op.getData(), op.getScales(), scheme);
+  constexpr int64_t width = 8, threads = 128, warps = threads / 32;
+  int64_t k = cfg.cols, bs = cfg.blockSize, rowsPerBlock = cfg.rowsPerBlock;
+  int64_t colLanes = bs / width, rowLanes = threads / colLanes;
+  auto inputType = cast<RankedTensorType>(op.getInput().getType());
+  int64_t n = inputType.getDimSize(cfg.rank - 2);
+  TokenLinear rows = layer.info(op.getInput()).rows;
+  layer.define(op.getData(), rows);
+  layer.define(op.getScales(), rows);
+  Kernel kernel = layer.kernel(op, "quantize",
+                               {op.getInput(), op.getData(), op.getScales()});
+  kernel.launch.work =
+      TokenLinear{cfg.prefix * cfg.rowBlocks * cfg.colBlocks, 0};
+  kernel.launch.block = threads;
+  Emitter &e = kernel.e;
+  Value input = kernel.view(0, layer.info(op.getInput()));
+  Value data = kernel.view(1, layer.info(op.getData()));
+  Value scales = kernel.view(2, layer.info(op.getScales()));
+  Value block = kernel.blockId(gpu::Dimension::x), tid = kernel.threadId();
+  Value kb = e.remUI(block, cfg.colBlocks);
+  Value rest = e.divUI(block, cfg.colBlocks);
+  Value rb = e.remUI(rest, cfg.rowBlocks);
+  SmallVector<Value> prefix;
+  if (cfg.rank == 3)
+    prefix.push_back(e.divUI(rest, cfg.rowBlocks));
+  Value c = e.iadd(e.imul(kb, bs), e.imul(e.remUI(tid, colLanes), width));
+  Value colValid = e.ult(c, e.index(k));
+  Value firstRow = e.iadd(e.imul(rb, rowsPerBlock), e.divUI(tid, colLanes));
+  Type bf16 = e.b.getBF16Type(), i8 = e.b.getI8Type(), f32 = e.b.getF32Type();
+  auto vecType = VectorType::get({width}, bf16);
+  auto at = [&](Value row, Value col) {
+    SmallVector<Value> index(prefix);
+    index.append({row, col});
+    return index;
+  };
+  // This thread's i-th row of the block, whether it holds one, and its
+  // elements (clamped inside the matrix; zeros where not valid).
+  auto rowOf = [&](Value i) { return e.iadd(firstRow, e.imul(i, rowLanes)); };
+  auto loadAt = [&](Value row, Value valid) {
+    Value loaded = vector::LoadOp::create(
+        e.b, e.loc, vecType, input,
+        at(e.minUI(row, e.index(n - 1)), e.minUI(c, e.index(k - width))), false,
+        vectorAlign(width, bf16));
+    Value zeros = arith::ConstantOp::create(
+        e.b, e.loc, DenseElementsAttr::get(vecType, e.b.getZeroAttr(bf16)));
+    return e.select(valid, loaded, zeros);
+  };
+  auto validAt = [&](Value row) {
+    return e.andi(colValid, e.ult(row, e.index(n)));
+  };
+  int64_t steps = rowsPerBlock / rowLanes;
+  SmallVector<Value> stats = e.reduce(
+      e.index(0), e.index(steps), {e.f32(0.0), e.f32(0.0)},
+      [&](Value i, ValueRange acc) -> SmallVector<Value> {
+        Value row = rowOf(i);
+        Value v = loadAt(row, validAt(row));
+        Value amax = acc[0], special = acc[1];
+        for (int64_t j = 0; j < width; ++j) {
+          Value x = arith::ExtFOp::create(
+              e.b, e.loc, f32,
+              Value(vector::ExtractOp::create(e.b, e.loc, v, j)));
+          Value isSpecial;
+          amax = arith::MaxNumFOp::create(e.b, e.loc, amax,
+                                          common::blockStats(e, x, isSpecial));
+          special = arith::MaximumFOp::create(e.b, e.loc, special, isSpecial);
+        }
+        return {amax, special};
+      });
+  Value amax = stats[0], special = stats[1];
+  reduceBlockStats(e, amax, special, 32);
+  // The warps' statistics, then every thread's of them all.
+  Value shared = kernel.workgroupBuffer({2, warps}, f32);
+  Value warp = e.divUI(tid, 32);
+  e.ifThen(e.eq(e.remUI(tid, 32), e.index(0)), [&] {
+    e.storeRaw(amax, shared, {e.index(0), warp});
+    e.storeRaw(special, shared, {e.index(1), warp});
+  });
+  gpu::BarrierOp::create(e.b, e.loc);
+  for (int64_t w = 0; w < warps; ++w) {
+    amax = arith::MaxNumFOp::create(
+        e.b, e.loc, amax, e.loadRaw(shared, {e.index(0), e.index(w)}));
+    special = arith::MaximumFOp::create(
+        e.b, e.loc, special, e.loadRaw(shared, {e.index(1), e.index(w)}));
+  }
+  common::BlockScale scale = common::blockScale(e, scheme, amax, special);
+  e.ifThen(e.eq(tid, e.index(0)), [&] {
+    SmallVector<Value> index(prefix);
+    index.append({rb, kb});
+    e.storeRaw(scale.stored, scales, index);
+  });
+  auto codesType = VectorType::get({width}, i8);
+  e.forEach(e.index(0), e.index(steps), [&](Value i) {
+    Value row = rowOf(i);
+    Value valid = validAt(row);
+    Value v = loadAt(row, valid);
+    Value codes = arith::ConstantOp::create(
+        e.b, e.loc, DenseElementsAttr::get(codesType, e.b.getI8IntegerAttr(0)));
+    for (int64_t j = 0; j < width; ++j) {
+      Value x = arith::ExtFOp::create(
+          e.b, e.loc, f32, Value(vector::ExtractOp::create(e.b, e.loc, v, j)));
+      codes =
+          vector::InsertOp::create(e.b, e.loc, scale.encode(e, x), codes, j);
+    }
+    e.ifThen(valid, [&] {
+      vector::StoreOp::create(e.b, e.loc, codes, data, at(row, c), false,
+                              vectorAlign(width, i8));
+    });
+  });
+  return kernel.finish(op);
+}
+
+/// Codes and their scales back to values (K a multiple of 8): a thread per 8
+/// consecutive codes, which one scale block holds (blocks are 32 or 128
+/// long), read and written 8 at a time.
+static LogicalResult buildVectorDequantize(LayerKernels &layer,
+                                           DequantizeOp op) {
+  ScaleBlockConfig cfg =
+      configureScaleBlocks(op.getData(), op.getScales(), op.getScheme());
+  constexpr int64_t width = 8, threads = 256;
+  int64_t k = cfg.cols, vectors = k / width;
+  TokenLinear rows = layer.info(op.getData()).rows;
+  layer.define(op.getOutput(), rows);
+  Kernel kernel = layer.kernel(op, "dequantize",
+                               {op.getData(), op.getScales(), op.getOutput()});
+  auto dataType = cast<RankedTensorType>(op.getData().getType());
+  int64_t perMatrix = dataType.getDimSize(cfg.rank - 2);
+  // Token rows are the leading dimension's; static ones every matrix's.
+  TokenLinear allRows =
+      cfg.dynamicRows ? rows : TokenLinear{cfg.prefix * perMatrix, 0};
+  kernel.launch.work = allRows * vectors;
+  kernel.launch.perBlock = threads;
+  kernel.launch.block = threads;
+  Emitter &e = kernel.e;
+  Value data = kernel.view(0, layer.info(op.getData()));
+  Value scales = kernel.view(1, layer.info(op.getScales()));
+  Value out = kernel.view(2, layer.info(op.getOutput()));
+  Value id = e.iadd(e.imul(kernel.blockId(gpu::Dimension::x), threads),
+                    kernel.threadId());
+  kernel.onlyIf(e.ult(id, e.imul(kernel.linear(allRows), vectors)));
+  Value c = e.imul(e.remUI(id, vectors), width);
+  Value r = e.divUI(id, vectors);
+  SmallVector<Value> index, scaleIndex;
+  if (cfg.rank == 3) {
+    index = {e.divUI(r, perMatrix), e.remUI(r, perMatrix), c};
+    scaleIndex = {index[0], e.divUI(index[1], cfg.rowsPerBlock),
+                  e.divUI(c, cfg.blockSize)};
+  } else {
+    index = {r, c};
+    scaleIndex = {e.divUI(r, cfg.rowsPerBlock), e.divUI(c, cfg.blockSize)};
+  }
+  Type i8 = e.b.getI8Type();
+  Type element = cast<MemRefType>(out.getType()).getElementType();
+  Value codes =
+      vector::LoadOp::create(e.b, e.loc, VectorType::get({width}, i8), data,
+                             index, false, vectorAlign(width, i8));
+  Value scale = common::loadScale(e, scales, scaleIndex);
+  auto outType = VectorType::get({width}, element);
+  Value values = arith::ConstantOp::create(
+      e.b, e.loc, DenseElementsAttr::get(outType, e.b.getZeroAttr(element)));
+  for (int64_t j = 0; j < width; ++j) {
+    Value x = e.mul(
+        common::decodeE4M3(e, vector::ExtractOp::create(e.b, e.loc, codes, j)),
+        scale);
+    if (!element.isF32())
+      x = arith::TruncFOp::create(e.b, e.loc, element, x);
+    values = vector::InsertOp::create(e.b, e.loc, x, values, j);
+  }
+  vector::StoreOp::create(e.b, e.loc, values, out, index, false,
+                          vectorAlign(width, element));
+  return kernel.finish(op);
+}
+
+/// Ranks 2 and 3 have kernels; buildBlocks refuses others.
+static bool hasKernelRank(Value data) {
+  int64_t rank = cast<RankedTensorType>(data.getType()).getRank();
+  return rank == 2 || rank == 3;
+}
+
 LogicalResult nvidia::buildQuantize(LayerKernels &layer, QuantizeOp op) {
   auto input = cast<RankedTensorType>(op.getInput().getType());
-  auto scales = cast<RankedTensorType>(op.getScales().getType());
-  if (input.getRank() == 2 && input.getElementType().isBF16() &&
-      input.getDimSize(1) % 8 == 0 &&
-      scales.getDimSize(0) == input.getDimSize(0))
+  if (!hasKernelRank(op.getData()))
+    return buildBlocks(layer, op, op.getInput(), op.getData(), op.getScales(),
+                       op.getScheme(), /*quantize=*/true);
+  ScaleBlockConfig cfg =
+      configureScaleBlocks(op.getData(), op.getScales(), op.getScheme());
+  bool vectors = input.getElementType().isBF16() && cfg.cols % 8 == 0;
+  // Rows of a scale each: activations, and static stacks of them.
+  if (vectors && cfg.rowsPerBlock == 1 &&
+      (input.getRank() == 2 || !cfg.dynamicRows))
     return buildRowQuantize(layer, op, op.getInput(), op.getData(),
                             op.getScales(), op.getScheme());
+  if (vectors && !cfg.dynamicRows && cfg.rowsPerBlock == cfg.blockSize)
+    return buildSquareQuantize(layer, op);
   return buildBlocks(layer, op, op.getInput(), op.getData(), op.getScales(),
                      op.getScheme(), /*quantize=*/true);
 }
 
 LogicalResult nvidia::buildDequantize(LayerKernels &layer, DequantizeOp op) {
+  if (hasKernelRank(op.getData()) &&
+      configureScaleBlocks(op.getData(), op.getScales(), op.getScheme()).cols %
+              8 ==
+          0)
+    return buildVectorDequantize(layer, op);
   return buildBlocks(layer, op, op.getData(), op.getOutput(), op.getScales(),
                      op.getScheme(), /*quantize=*/false);
 }
