@@ -21,8 +21,11 @@
 //   route        the logits' gradient (route_grad), then a dgrad and a
 //                wgrad with the router weight
 //   quantize     straight-through: a quantized operand's gradient is its
-//                bf16 input's, and the backward multiplies by the values
-//                the forward multiplied (the codes dequantized)
+//                bf16 input's. A dgrad of weights the layer quantizes in
+//                FP8 block-128 runs in FP8 (the gradient's rows and the
+//                transposed weights quantized along N); other products
+//                multiply by the values the forward multiplied (the codes
+//                dequantized)
 //
 // The token's gradient sums every path (router, shared experts and gate in
 // f32, then the experts' rows) and is rounded to bf16 once.
@@ -102,6 +105,11 @@ private:
   /// The matmul operand `operand` as the backward multiplies by it: itself,
   /// or for moe.quantize's codes the values they stand for.
   Value operandRead(Value operand);
+  /// `grad` times the weights `rhs` of `op` read along N (a dgrad's
+  /// product), in `op`'s scheme where it multiplied quantized weights the
+  /// layer quantizes; null otherwise.
+  Value quantizedDgrad(GroupedMatmulOp op, Value grad, Type outType,
+                       Value counts, Value offsets);
   /// The gate/up output `forward` computed again in the backward from what
   /// its matmul reads.
   Value recomputed(Value forward);
@@ -208,6 +216,53 @@ Value Differentiator::operandRead(Value operand) {
   return read;
 }
 
+Value Differentiator::quantizedDgrad(GroupedMatmulOp op, Value grad,
+                                     Type outType, Value counts,
+                                     Value offsets) {
+  // MXFP8's codes are converted to bf16 in sm_90a's main loop, which gains
+  // no FLOPs over bf16: its dgrads multiply the dequantized weights in bf16
+  // rather than pay for quantizing the gradient and the weights again.
+  auto weights = op.getRhs().getDefiningOp<QuantizeOp>();
+  if (!weights || !isa<BlockArgument>(weights.getInput()) ||
+      !op.getLhsScale() ||
+      weights.getScheme().getKind() != QuantKind::FP8Block128)
+    return Value();
+  auto gradType = cast<RankedTensorType>(grad.getType());
+  if (!gradType.getElementType().isBF16())
+    return Value();
+  // DeepSeek-V3's recipe quantizes along each matmul's contraction, here
+  // N: the gradient's rows in 1 x 128 tiles as the forward's activations,
+  // and the weights transposed to [.., K, N] in 128 x 128 blocks (the
+  // forward's codes and scales, transposed).
+  QuantAttr scheme = weights.getScheme();
+  Location loc = op.getLoc();
+  auto wType = cast<RankedTensorType>(weights.getInput().getType());
+  SmallVector<int64_t> shape(wType.getShape());
+  std::swap(shape[shape.size() - 1], shape[shape.size() - 2]);
+  auto scalesType = cast<RankedTensorType>(weights.getScales().getType());
+  bool square = scalesType.getRank() >= 2 &&
+                scalesType.getShape()[scalesType.getRank() - 2] !=
+                    wType.getShape()[wType.getRank() - 2];
+  Type f8 = b.getType<Float8E4M3FNType>();
+  Value transposed =
+      TransposeOp::create(b, loc, wType.clone(shape), get(weights.getInput()));
+  auto w = QuantizeOp::create(
+      b, loc, RankedTensorType::get(shape, f8),
+      RankedTensorType::get(getScaleShape(scheme, shape, square),
+                            scheme.getScaleType()),
+      transposed, scheme);
+  auto g = QuantizeOp::create(
+      b, loc, gradType.clone(f8),
+      RankedTensorType::get(getScaleShape(scheme, gradType.getShape(), false),
+                            scheme.getScaleType()),
+      grad, scheme);
+  return GroupedMatmulOp::create(
+             b, loc, outType, TypeRange(), g.getData(), w.getData(), counts,
+             offsets, g.getScales(), w.getScales(), Value(), ActivationAttr(),
+             QuantAttr(), ArrayAttr(), false, Value(), Value(), Value())
+      .getOut();
+}
+
 /// The forward value whose gradient a matmul operand's is: the operand, or
 /// the input of the moe.quantize that gave it (straight-through).
 static Value unquantized(Value operand) {
@@ -308,12 +363,20 @@ LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
   // gradient also takes each row's dot with it.
   bool weighted = adjoint.weights || adjoint.gate;
   Value bias = weighted && op.getBias() ? get(op.getBias()) : Value();
-  auto dgrad = GroupedMatmulDgradOp::create(
-      b, loc, outType,
-      bias ? RankedTensorType::get({outType.getDimSize(0), 1}, b.getF32Type())
-           : Type(),
-      adjoint.value, operandRead(op.getRhs()), counts, offsets, Value(), bias);
-  Value rowGrad = dgrad.getOut();
+  Value rowGrad =
+      bias ? Value()
+           : quantizedDgrad(op, adjoint.value, outType, counts, offsets);
+  Value biasDot;
+  if (!rowGrad) {
+    auto dgrad = GroupedMatmulDgradOp::create(
+        b, loc, outType,
+        bias ? RankedTensorType::get({outType.getDimSize(0), 1}, b.getF32Type())
+             : Type(),
+        adjoint.value, operandRead(op.getRhs()), counts, offsets, Value(),
+        bias);
+    rowGrad = dgrad.getOut();
+    biasDot = dgrad.getBiasDot();
+  }
   Type weightGradType;
   if (adjoint.weights)
     weightGradType = adjoint.weights.getType();
@@ -323,8 +386,7 @@ LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
         b.getF32Type());
   auto grads = ActivationGradOp::create(
       b, loc, h.getType(), outType, weightGradType, rowGrad, h, adjoint.rows,
-      adjoint.weights, adjoint.gate, dgrad.getBiasDot(),
-      activation.getActivation());
+      adjoint.weights, adjoint.gate, biasDot, activation.getActivation());
   if (adjoint.weightsOf) {
     pendingWeights.erase(adjoint.weightsOf);
     if (failed(addGrad(op, adjoint.weightsOf, grads.getWeightGrad())))
@@ -413,11 +475,13 @@ LogicalResult Differentiator::matmulRule(GroupedMatmulOp op) {
     addDgrad(lhs, grad, operandRead(op.getRhs()), g);
     return success();
   }
-  return addGrad(op, lhs,
-                 GroupedMatmulDgradOp::create(b, loc, lhs.getType(), Type(),
-                                              grad, operandRead(op.getRhs()),
-                                              counts, offsets, Value(), Value())
-                     .getOut());
+  Value lhsGrad = quantizedDgrad(op, grad, lhs.getType(), counts, offsets);
+  if (!lhsGrad)
+    lhsGrad = GroupedMatmulDgradOp::create(b, loc, lhs.getType(), Type(), grad,
+                                           operandRead(op.getRhs()), counts,
+                                           offsets, Value(), Value())
+                  .getOut();
+  return addGrad(op, lhs, lhsGrad);
 }
 
 LogicalResult Differentiator::dispatchRule(DispatchOp op) {

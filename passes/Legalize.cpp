@@ -19,7 +19,11 @@
 // matmul's weight gradient reads) is a step of its own, before the
 // matmul, and so is that weight gradient; the matmul writes the gate/up
 // gradient over the gate/up output (in_place), each row's <g, a> in
-// partial sums that a gather_dot adds up by choice.
+// partial sums that a gather_dot adds up by choice. A quantized dgrad
+// (moe-differentiate's quantized rows times transposed quantized weights)
+// takes the activation's backward into its epilogue the same way, and the
+// transpose and quantize of its weights become one pass (moe.quantize's
+// `transpose`).
 //
 //===----------------------------------------------------------------------===//
 
@@ -57,25 +61,35 @@ static bool definedBefore(Value value, Operation *op) {
          (def->getBlock() == op->getBlock() && def->isBeforeInBlock(op));
 }
 
-/// The dgrad `op` (read as it lies) with the activation backward `grads`,
-/// its one reader, as its epilogue; false where they do not fit that form.
-static bool fuseActivationGrad(GroupedMatmulDgradOp op,
+/// A dgrad's product g = dy W (W read along N), as the activation backward
+/// that reads it may take it into its epilogue: bf16 weights read as they
+/// lie (transpose_rhs), or quantized rows times quantized weights already
+/// transposed. `rows` is the bf16 dy (quantized into `lhs` in the latter).
+struct DgradProduct {
+  Operation *op;
+  Value out, rows, lhs, rhs, lhsScale, rhsScale, counts, offsets;
+  bool transposed;
+};
+
+/// The dgrad `product` with the activation backward `grads`, its one reader,
+/// as its epilogue; false where they do not fit that form.
+static bool fuseActivationGrad(const DgradProduct &product,
                                ActivationGradOp grads) {
-  if (grads.getGate() || grads.getOutGrad() != op.getOut())
+  if (grads.getGate() || grads.getOutGrad() != product.out)
     return false;
   ScatterOp scatter;
   if (grads.getRows()) {
-    scatter = op.getOutGrad().getDefiningOp<ScatterOp>();
+    scatter = product.rows.getDefiningOp<ScatterOp>();
     if (!scatter || scatter.getScale() || scatter.getWeights() ||
         scatter.getRows() != grads.getRows() ||
         !definedBefore(grads.getWeights(), scatter))
       return false;
   }
-  Location loc = op.getLoc();
-  Value lhs = op.getOutGrad(), rowWeights;
+  Location loc = product.op->getLoc();
+  Value lhs = product.lhs, rowWeights;
   Value h = grads.getInput();
   int64_t rows = cast<RankedTensorType>(h.getType()).getDimSize(0);
-  Type f32 = Float32Type::get(op.getContext());
+  Type f32 = Float32Type::get(product.op->getContext());
   if (scatter) {
     // The scatter also lays each row's routing weight out by row.
     OpBuilder at(scatter);
@@ -86,24 +100,25 @@ static bool fuseActivationGrad(GroupedMatmulDgradOp op,
         grads.getWeights(), scatter.getAlign());
     scatter.getOut().replaceAllUsesWith(laid.getOut());
     scatter.erase();
-    lhs = laid.getOut();
+    if (lhs == product.rows)
+      lhs = laid.getOut();
     rowWeights = laid.getRowWeights();
   }
   OpBuilder b(grads);
   ActivationAttr activation = grads.getActivationAttr();
   Value weighted = ActivationOp::create(b, loc, grads.getWeighted().getType(),
                                         h, rowWeights, activation);
-  int64_t n = cast<RankedTensorType>(op.getOut().getType()).getDimSize(1);
+  int64_t n = cast<RankedTensorType>(product.out.getType()).getDimSize(1);
   SmallVector<Type> rowDots;
   if (rowWeights)
     rowDots.push_back(RankedTensorType::get(
         {rows, int64_t(llvm::divideCeil(n, GroupedMatmulOp::kRowDotColumns))},
         f32));
   auto fused = GroupedMatmulOp::create(
-      b, loc, grads.getInputGrad().getType(), rowDots, lhs, op.getRhs(),
-      op.getTokensPerExpert(), op.getExpertOffsets(), Value(), Value(), Value(),
-      activation, QuantAttr(), ArrayAttr(),
-      /*transpose_rhs=*/true, h, rowWeights, grads.getBiasTerm());
+      b, loc, grads.getInputGrad().getType(), rowDots, lhs, product.rhs,
+      product.counts, product.offsets, product.lhsScale, product.rhsScale,
+      Value(), activation, QuantAttr(), ArrayAttr(), product.transposed, h,
+      rowWeights, grads.getBiasTerm());
   grads.getInputGrad().replaceAllUsesWith(fused.getOut());
   grads.getWeighted().replaceAllUsesWith(weighted);
   if (Value weightGrad = grads.getWeightGrad())
@@ -127,6 +142,31 @@ static bool fuseActivationGrad(GroupedMatmulDgradOp op,
   return true;
 }
 
+/// A quantized dgrad product (moe-differentiate's: quantized rows times
+/// the weights transposed and quantized) with its one reader, the
+/// activation backward, as its epilogue where that fits.
+static void fuseQuantizedDgrad(GroupedMatmulOp op) {
+  if (!op.getLhsScale() || op.getTransposeRhs() || op.getActivationAttr() ||
+      op.getBias() || !op.getOut().hasOneUse())
+    return;
+  auto grads = dyn_cast<ActivationGradOp>(*op.getOut().user_begin());
+  auto quantize = op.getLhs().getDefiningOp<QuantizeOp>();
+  if (!grads || !quantize)
+    return;
+  DgradProduct product{op,
+                       op.getOut(),
+                       quantize.getInput(),
+                       op.getLhs(),
+                       op.getRhs(),
+                       op.getLhsScale(),
+                       op.getRhsScale(),
+                       op.getTokensPerExpert(),
+                       op.getExpertOffsets(),
+                       /*transposed=*/false};
+  if (fuseActivationGrad(product, grads))
+    op.erase();
+}
+
 /// `op` as a grouped matmul, where it is one: bf16 operands, a bf16 or f32
 /// result, no `acc`. With a `bias`, the op stays for its bias_dot alone
 /// (its `out` unused), which sm_90a computes on CUDA cores.
@@ -145,7 +185,11 @@ static void dgradAsMatmul(GroupedMatmulDgradOp op) {
       dims[dims.size() - 1] % 8 == 0 && dims[dims.size() - 2] % 8 == 0;
   if (direct && op.getOut().hasOneUse())
     if (auto grads = dyn_cast<ActivationGradOp>(*op.getOut().user_begin());
-        grads && fuseActivationGrad(op, grads)) {
+        grads && fuseActivationGrad({op, op.getOut(), op.getOutGrad(),
+                                     op.getOutGrad(), op.getRhs(), Value(),
+                                     Value(), op.getTokensPerExpert(),
+                                     op.getExpertOffsets(), true},
+                                    grads)) {
       if (!op.getBias())
         op.erase();
       return;
@@ -166,6 +210,36 @@ static void dgradAsMatmul(GroupedMatmulDgradOp op) {
     op.erase();
 }
 
+/// A quantize of a transpose as one pass over the input, where sm_90a's
+/// square-block kernel takes it: bf16 weights in 128 x 128 blocks whose
+/// last two dimensions are static multiples of 8 (a dgrad's weights).
+static void quantizeTransposed(QuantizeOp op) {
+  auto transpose = op.getInput().getDefiningOp<TransposeOp>();
+  if (!transpose || !transpose.getResult().hasOneUse() || op.getTranspose())
+    return;
+  auto input = cast<RankedTensorType>(transpose.getInput().getType());
+  ArrayRef<int64_t> shape = input.getShape();
+  auto scales = cast<RankedTensorType>(op.getScales().getType());
+  int64_t rank = input.getRank();
+  bool square = op.getScheme().getKind() == QuantKind::FP8Block128 &&
+                scales.getRank() == rank &&
+                scales.getDimSize(rank - 2) ==
+                    int64_t(llvm::divideCeil(shape[rank - 1], 128));
+  if (!input.getElementType().isBF16() || !square || (rank != 2 && rank != 3) ||
+      !input.hasStaticShape() || shape[rank - 1] % 8 != 0 ||
+      shape[rank - 2] % 8 != 0)
+    return;
+  OpBuilder b(op);
+  auto fused = QuantizeOp::create(b, op.getLoc(), op.getData().getType(),
+                                  op.getScales().getType(),
+                                  transpose.getInput(), op.getScheme(),
+                                  /*transpose=*/true);
+  op.getData().replaceAllUsesWith(fused.getData());
+  op.getScales().replaceAllUsesWith(fused.getScales());
+  op.erase();
+  transpose.erase();
+}
+
 namespace {
 struct LegalizePass : public moe::impl::LegalizeBase<LegalizePass> {
   void runOnOperation() override {
@@ -174,6 +248,14 @@ struct LegalizePass : public moe::impl::LegalizeBase<LegalizePass> {
         [&](GroupedMatmulDgradOp op) { dgrads.push_back(op); });
     for (GroupedMatmulDgradOp op : dgrads)
       dgradAsMatmul(op);
+    SmallVector<GroupedMatmulOp> products;
+    getOperation()->walk([&](GroupedMatmulOp op) { products.push_back(op); });
+    for (GroupedMatmulOp op : products)
+      fuseQuantizedDgrad(op);
+    SmallVector<QuantizeOp> quantizes;
+    getOperation()->walk([&](QuantizeOp op) { quantizes.push_back(op); });
+    for (QuantizeOp op : quantizes)
+      quantizeTransposed(op);
     getOperation()->walk([&](GroupedMatmulOp op) {
       if (op.getTransposeRhs())
         return;

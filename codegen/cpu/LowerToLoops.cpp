@@ -526,8 +526,42 @@ static FailureOr<int64_t> scaleRowsPerBlock(Operation *op, MemRefType data,
   return common::scaleRowsPerBlock(data.getShape(), scaleShape, scheme);
 }
 
+/// `out`[..., j, i] = `input`[..., i, j].
+static void transposeInto(Emitter &e, Value input, Value out) {
+  int64_t rank = cast<MemRefType>(input.getType()).getRank();
+  SmallVector<Value> ivs;
+  std::function<void(int64_t)> nest = [&](int64_t d) {
+    if (d == rank) {
+      SmallVector<Value> to(ivs);
+      std::swap(to[rank - 1], to[rank - 2]);
+      e.storeRaw(e.loadRaw(input, ivs), out, to);
+      return;
+    }
+    e.forEach(e.index(0), e.dim(input, d), [&](Value i) {
+      ivs.push_back(i);
+      nest(d + 1);
+      ivs.pop_back();
+    });
+  };
+  nest(0);
+}
+
 LogicalResult FunctionLowering::lowerQuantize(QuantizeOp op) {
   Value input = buffer(op.getInput());
+  if (op.getTranspose()) {
+    // The reference transposes first: the codes do not depend on the order
+    // in which a block is read.
+    auto type = cast<MemRefType>(input.getType());
+    SmallVector<int64_t> shape(type.getShape());
+    std::swap(shape[shape.size() - 1], shape[shape.size() - 2]);
+    SmallVector<Value> sizes;
+    if (type.isDynamicDim(0))
+      sizes.push_back(e.dim(input, 0));
+    Value swapped =
+        e.alloc(MemRefType::get(shape, type.getElementType()), sizes);
+    transposeInto(e, input, swapped);
+    input = swapped;
+  }
   auto inputType = cast<MemRefType>(input.getType());
   auto scaleShape = cast<RankedTensorType>(op.getScales().getType()).getShape();
   FailureOr<int64_t> rowsPerBlock =
@@ -554,22 +588,7 @@ LogicalResult FunctionLowering::lowerQuantize(QuantizeOp op) {
 LogicalResult FunctionLowering::lowerTranspose(TransposeOp op) {
   Value input = buffer(op.getInput());
   Value out = resultBuffer(op.getResult(), dynamicSizes(op.getResult(), input));
-  int64_t rank = cast<MemRefType>(input.getType()).getRank();
-  SmallVector<Value> ivs;
-  std::function<void(int64_t)> nest = [&](int64_t d) {
-    if (d == rank) {
-      SmallVector<Value> to(ivs);
-      std::swap(to[rank - 1], to[rank - 2]);
-      e.storeRaw(e.loadRaw(input, ivs), out, to);
-      return;
-    }
-    e.forEach(e.index(0), e.dim(input, d), [&](Value i) {
-      ivs.push_back(i);
-      nest(d + 1);
-      ivs.pop_back();
-    });
-  };
-  nest(0);
+  transposeInto(e, input, out);
   return success();
 }
 

@@ -576,15 +576,15 @@ LogicalResult DispatchOp::verify() {
 
 /// Shared by quantize and dequantize: `data` and `real` have one shape and
 /// `scales` fit it.
-static LogicalResult verifyQuantPair(Operation *op, Value real,
+static LogicalResult verifyQuantPair(Operation *op, ArrayRef<int64_t> realShape,
                                      StringRef realName, Value data,
                                      Value scales, QuantAttr scheme) {
   ArrayRef<int64_t> shape = shapeOf(data);
   if (shape.empty())
     return op->emitOpError() << "quantized data must have rank 1 or more";
-  if (failed(verifyCompatibleShape(shapeOf(real), shape)))
+  if (failed(verifyCompatibleShape(realShape, shape)))
     return op->emitOpError()
-           << realName << " shape " << formatShape(shapeOf(real))
+           << realName << " shape " << formatShape(realShape)
            << " differs from the quantized data's " << formatShape(shape);
   if (ShapedType::isDynamic(shape.back()) || shape.back() < 1)
     return op->emitOpError() << "the quantized (last) dimension must be "
@@ -593,8 +593,19 @@ static LogicalResult verifyQuantPair(Operation *op, Value real,
 }
 
 LogicalResult QuantizeOp::verify() {
-  return verifyQuantPair(getOperation(), getInput(), "input", getData(),
-                         getScales(), getScheme());
+  SmallVector<int64_t> shape(shapeOf(getInput()));
+  if (getTranspose()) {
+    size_t rank = shape.size();
+    if (rank < 2 || ShapedType::isDynamic(shape[rank - 1]) ||
+        ShapedType::isDynamic(shape[rank - 2]))
+      return emitOpError() << "transpose swaps the last two dimensions of the "
+                              "input, which must be static (input shape "
+                           << formatShape(shapeOf(getInput())) << ")";
+    std::swap(shape[rank - 1], shape[rank - 2]);
+  }
+  return verifyQuantPair(getOperation(), shape,
+                         getTranspose() ? "transposed input" : "input",
+                         getData(), getScales(), getScheme());
 }
 
 LogicalResult TransposeOp::verify() {
@@ -648,8 +659,8 @@ LogicalResult PadOp::verify() {
 }
 
 LogicalResult DequantizeOp::verify() {
-  return verifyQuantPair(getOperation(), getOutput(), "output", getData(),
-                         getScales(), getScheme());
+  return verifyQuantPair(getOperation(), shapeOf(getOutput()), "output",
+                         getData(), getScales(), getScheme());
 }
 
 //===----------------------------------------------------------------------===//
@@ -681,9 +692,16 @@ LogicalResult GroupedMatmulOp::verify() {
   if (transposed && getActivation() && !activationGrad)
     return emitOpError() << "transpose_rhs takes an activation only as its "
                             "backward (activation_input)";
-  if (activationGrad && !(transposed && getActivation()))
+  if (activationGrad && !getActivation())
     return emitOpError() << "activation_input (an activation's backward "
-                            "epilogue) needs transpose_rhs and an activation";
+                            "epilogue) needs an activation";
+  if (activationGrad && !transposed && !getLhsScale())
+    return emitOpError() << "activation_input (an activation's backward "
+                            "epilogue) takes bf16 weights read along N "
+                            "(transpose_rhs) or quantized ones transposed";
+  if (activationGrad && (getBias() || getOutQuant()))
+    return emitOpError() << "activation_input (an activation's backward "
+                            "epilogue) takes no bias or quantized result";
   if ((getRowWeights() || getInPlace()) && !activationGrad)
     return emitOpError() << (getInPlace() ? "in_place" : "row_weights")
                          << " needs activation_input";

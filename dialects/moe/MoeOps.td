@@ -216,8 +216,13 @@ def Moe_QuantizeOp : Moe_Op<"quantize", [Pure]> {
     MXFP8, [..., ceil(K/128)] `f32` for FP8 block-128, whose weights may also
     share one scale per 128 x 128 block: [..., ceil(N/128), ceil(K/128)].
     input = data * scale, up to rounding.
+
+    With `transpose`, `data` and `scales` are those of the input with its
+    last two (static) dimensions swapped: a moe.transpose and a quantize in
+    one pass over the input (a dgrad's weights, quantized along N).
   }];
-  let arguments = (ins Moe_RealTensor:$input, Moe_QuantAttr:$scheme);
+  let arguments = (ins Moe_RealTensor:$input, Moe_QuantAttr:$scheme,
+                       UnitAttr:$transpose);
   let results = (outs Moe_QuantData:$data, Moe_Scales:$scales);
   let assemblyFormat = [{
     $input attr-dict `:` functional-type(operands, results)

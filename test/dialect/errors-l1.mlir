@@ -209,8 +209,16 @@ func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x64x32xbf16>, %c: tensor<4xi32>,
 // -----
 
 func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x64xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>, %h: tensor<?x64xbf16>) {
-  // expected-error @+1 {{activation_input (an activation's backward epilogue) needs transpose_rhs and an activation}}
+  // expected-error @+1 {{activation_input (an activation's backward epilogue) needs an activation}}
   %y = moe.grouped_matmul %a, %b groups(%c, %o) activation_input %h : (tensor<?x64xbf16>, tensor<4x32x64xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x64xbf16>) -> tensor<?x64xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<?x64xbf16>, %b: tensor<4x32x64xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>, %h: tensor<?x64xbf16>) {
+  // expected-error @+1 {{activation_input (an activation's backward epilogue) takes bf16 weights read along N (transpose_rhs) or quantized ones transposed}}
+  %y = moe.grouped_matmul %a, %b groups(%c, %o) activation_input %h {activation = #moe.activation<kind = swiglu>} : (tensor<?x64xbf16>, tensor<4x32x64xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x64xbf16>) -> tensor<?x64xbf16>
   return
 }
 
@@ -747,5 +755,21 @@ func.func @f(%v: tensor<?x4xf32>, %rows: tensor<?x2xi32>) {
 func.func @f(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>, %logits: tensor<?x8xf32>, %ids: tensor<?x2xi32>, %dw: tensor<?x2xf32>) {
   // expected-error @+1 {{logits dimension 1 (experts) must be 4, but is 8}}
   %d = moe.route_grad %x, %wr logits %logits choices(%ids, %dw) {router = #moe.router<kind = softmax_topk>} : (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<?x8xf32>, tensor<?x2xi32>, tensor<?x2xf32>) -> tensor<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @f(%w: tensor<4x32x64xbf16>) {
+  // expected-error @+1 {{transposed input shape [4, 64, 32] differs from the quantized data's [4, 32, 64]}}
+  %d, %s = moe.quantize %w {scheme = #moe.quant<kind = fp8_block128>, transpose} : (tensor<4x32x64xbf16>) -> (tensor<4x32x64xf8E4M3FN>, tensor<4x1x1xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x64xbf16>) {
+  // expected-error @+1 {{transpose swaps the last two dimensions of the input, which must be static (input shape [?, 64])}}
+  %d, %s = moe.quantize %x {scheme = #moe.quant<kind = fp8_block128>, transpose} : (tensor<?x64xbf16>) -> (tensor<64x?xf8E4M3FN>, tensor<1x?xf32>)
   return
 }

@@ -118,22 +118,29 @@ func.func @selection_bias(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
 
 // FP8 block-128: a quantize is straight-through. The forward saves the
 // dispatched rows as the gate/up matmul read them, E4M3 codes and scales,
-// not in bf16; the backward quantizes the weights again rather than save
-// them, and multiplies by the values the codes stand for.
+// not in bf16. Each dgrad runs in FP8 as DeepSeek-V3's recipe does: the
+// rows' gradient quantized in 1 x 128 tiles along N, the weights
+// transposed and quantized again in 128 x 128 blocks rather than saved.
+// The wgrad multiplies by the values the saved codes stand for.
 // CHECK-LABEL: func.func @fp8_train
 // CHECK-SAME: moe.saved = ["dispatch.rows", "dispatch.expert_offsets", "route.weights", "dispatch.tokens_per_expert", "gate_up.out", "gate_up_input.scales", "gate_up_input.data", "route.logits", "route.expert_ids"]
 // CHECK-LABEL: func.func @fp8_backward
 // CHECK-SAME: %[[X:[^:]*]]: tensor<?x128xbf16>, %{{[^:]*}}: tensor<4x128xbf16>, %[[W13:[^:]*]]: tensor<4x256x128xbf16>, %[[W2:[^:]*]]: tensor<4x128x128xbf16>
 // CHECK-SAME: %[[SCALES:[^:]*]]: tensor<?x1xf32>, %[[CODES:[^:]*]]: tensor<?x128xf8E4M3FN>
 // CHECK-SAME: -> (tensor<?x128xbf16>, tensor<4x128xf32>, tensor<4x256x128xf32>, tensor<4x128x128xf32>)
-// CHECK: %[[W2Q:.*]], %[[W2S:.*]] = moe.quantize %[[W2]] {scheme = #moe.quant<kind = fp8_block128>} : (tensor<4x128x128xbf16>) -> (tensor<4x128x128xf8E4M3FN>, tensor<4x1x1xf32>)
-// CHECK: %[[W2D:.*]] = moe.dequantize %[[W2Q]], %[[W2S]]
-// CHECK: moe.grouped_matmul_dgrad %{{.*}}, %[[W2D]] groups
+// CHECK: %[[DY:.*]] = moe.scatter
+// CHECK: %[[W2T:.*]] = moe.transpose %[[W2]] : tensor<4x128x128xbf16> -> tensor<4x128x128xbf16>
+// CHECK: %[[W2Q:.*]], %[[W2S:.*]] = moe.quantize %[[W2T]] {scheme = #moe.quant<kind = fp8_block128>} : (tensor<4x128x128xbf16>) -> (tensor<4x128x128xf8E4M3FN>, tensor<4x1x1xf32>)
+// CHECK: %[[DYQ:.*]], %[[DYS:.*]] = moe.quantize %[[DY]] {scheme = #moe.quant<kind = fp8_block128>} : (tensor<?x128xbf16>) -> (tensor<?x128xf8E4M3FN>, tensor<?x1xf32>)
+// CHECK: %[[G:.*]] = moe.grouped_matmul %[[DYQ]], %[[W2Q]] groups(%{{.*}}) scales(%[[DYS]], %[[W2S]])
+// CHECK: %[[DH:.*]], %{{.*}}, %{{.*}} = moe.activation_grad %[[G]]
 // CHECK: %[[XD:.*]] = moe.dequantize %[[CODES]], %[[SCALES]] {scheme = #moe.quant<kind = fp8_block128>} : (tensor<?x128xf8E4M3FN>, tensor<?x1xf32>) -> tensor<?x128xbf16>
 // CHECK: moe.grouped_matmul_wgrad %{{.*}} lhs %[[XD]] groups
-// CHECK: %[[W13Q:.*]], %[[W13S:.*]] = moe.quantize %[[W13]]
-// CHECK: %[[W13D:.*]] = moe.dequantize %[[W13Q]], %[[W13S]]
-// CHECK: moe.grouped_matmul_dgrad %{{.*}}, %[[W13D]] groups
+// CHECK: %[[W13T:.*]] = moe.transpose %[[W13]] : tensor<4x256x128xbf16> -> tensor<4x128x256xbf16>
+// CHECK: %[[W13Q:.*]], %[[W13S:.*]] = moe.quantize %[[W13T]] {{.*}} -> (tensor<4x128x256xf8E4M3FN>, tensor<4x1x2xf32>)
+// CHECK: %[[DHQ:.*]], %[[DHS:.*]] = moe.quantize %[[DH]] {{.*}} -> (tensor<?x256xf8E4M3FN>, tensor<?x2xf32>)
+// CHECK: moe.grouped_matmul %[[DHQ]], %[[W13Q]] groups(%{{.*}}) scales(%[[DHS]], %[[W13S]]) {{.*}} -> tensor<?x128xbf16>
+// CHECK-NOT: moe.grouped_matmul_dgrad {{.*}} groups
 func.func @fp8(%x: tensor<?x128xbf16>, %wr: tensor<4x128xbf16>,
                %w13: tensor<4x256x128xbf16>, %w2: tensor<4x128x128xbf16>)
     -> tensor<?x128xbf16> {
@@ -151,13 +158,16 @@ func.func @fp8(%x: tensor<?x128xbf16>, %wr: tensor<4x128xbf16>,
 
 // MXFP8 with shared experts: their input, the layer's own, is quantized
 // again in the backward (its gradient joins the tokens' in f32), and so are
-// their weights; the gate is not quantized.
+// their weights; the gate is not quantized. On Hopper MXFP8 gains nothing
+// over bf16 in a matmul, so its dgrads multiply dequantized weights.
 // CHECK-LABEL: func.func @mxfp8_train
 // CHECK-NOT: moe.saved = [{{.*}}shared_gate_up_input
 // CHECK-LABEL: func.func @mxfp8_backward
 // CHECK-SAME: %[[X:[^:]*]]: tensor<?x64xbf16>
+// CHECK-NOT: moe.transpose
 // CHECK: %[[XQ:.*]], %[[XS:.*]] = moe.quantize %[[X]] {scheme = #moe.quant<kind = mxfp8>} : (tensor<?x64xbf16>) -> (tensor<?x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>)
 // CHECK: moe.dequantize %[[XQ]], %[[XS]]
+// CHECK-NOT: moe.transpose
 // CHECK: return
 func.func @mxfp8(%x: tensor<?x64xbf16>, %wr: tensor<4x64xbf16>,
                  %w13: tensor<4x64x64xbf16>, %w2: tensor<4x64x32xbf16>,

@@ -132,3 +132,31 @@ func.func @dgrad_activation_grad_shared(%dy: tensor<?x32xbf16>, %w2: tensor<32x6
   %dh2, %aw2, %dg = moe.activation_grad %d2, %h gate %gate {activation = #moe.activation<kind = swiglu>} : (tensor<?x64xbf16>, tensor<?x128xbf16>, tensor<?x1xbf16>) -> (tensor<?x128xbf16>, tensor<?x64xbf16>, tensor<?x1xf32>)
   return %dh, %aw, %dh2, %h : tensor<?x128xbf16>, tensor<?x64xbf16>, tensor<?x128xbf16>, tensor<?x128xbf16>
 }
+
+// -----
+
+// An FP8 dgrad (moe-differentiate's: quantized rows times the weights
+// transposed and quantized) takes the activation's backward as its
+// epilogue as the bf16 one does, reading its weights as they lie; the
+// transpose and the quantize of the weights become one pass.
+// CHECK-LABEL: func @fp8_dgrad_activation_grad
+// CHECK: %[[DY:.*]], %[[RW:.*]] = moe.scatter %arg0, %arg1 offsets %arg3 weights %arg2
+// CHECK-NOT: moe.transpose
+// CHECK: %[[WQ:.*]], %[[WS:.*]] = moe.quantize %arg5 {scheme = #moe.quant<kind = fp8_block128>, transpose} : (tensor<4x32x64xbf16>) -> (tensor<4x64x32xf8E4M3FN>, tensor<4x1x1xf32>)
+// CHECK: %[[GQ:.*]], %[[GS:.*]] = moe.quantize %[[DY]]
+// CHECK: %[[AW:.*]] = moe.activation %arg6 row_weights %[[RW]]
+// CHECK-NEXT: %[[DW:.*]] = moe.grouped_matmul_wgrad %[[DY]] lhs %[[AW]]
+// CHECK-NEXT: %[[DH:.*]], %[[DOTS:.*]] = moe.grouped_matmul %[[GQ]], %[[WQ]] groups(%arg4, %arg3) scales(%[[GS]], %[[WS]]) activation_input %arg6 row_weights %[[RW]] {activation = #moe.activation<kind = swiglu>, in_place}
+// CHECK-NEXT: %[[G:.*]] = moe.gather_dot %[[DOTS]] rows %arg1
+// CHECK-NOT: moe.activation_grad
+// CHECK: return %[[DH]], %[[DW]], %[[G]]
+func.func @fp8_dgrad_activation_grad(%g: tensor<?x32xbf16>, %rows: tensor<?x2xi32>, %w: tensor<?x2xf32>, %offsets: tensor<5xi32>, %counts: tensor<4xi32>, %w2: tensor<4x32x64xbf16>, %h: tensor<?x128xbf16>) -> (tensor<?x128xbf16>, tensor<4x32x64xbf16>, tensor<?x2xf32>) {
+  %dy = moe.scatter %g, %rows offsets %offsets : (tensor<?x32xbf16>, tensor<?x2xi32>, tensor<5xi32>) -> tensor<?x32xbf16>
+  %t = moe.transpose %w2 : tensor<4x32x64xbf16> -> tensor<4x64x32xbf16>
+  %wq, %ws = moe.quantize %t {scheme = #moe.quant<kind = fp8_block128>} : (tensor<4x64x32xbf16>) -> (tensor<4x64x32xf8E4M3FN>, tensor<4x1x1xf32>)
+  %gq, %gs = moe.quantize %dy {scheme = #moe.quant<kind = fp8_block128>} : (tensor<?x32xbf16>) -> (tensor<?x32xf8E4M3FN>, tensor<?x1xf32>)
+  %d = moe.grouped_matmul %gq, %wq groups(%counts, %offsets) scales(%gs, %ws) : (tensor<?x32xf8E4M3FN>, tensor<4x64x32xf8E4M3FN>, tensor<4xi32>, tensor<5xi32>, tensor<?x1xf32>, tensor<4x1x1xf32>) -> tensor<?x64xbf16>
+  %dh, %aw, %dw = moe.activation_grad %d, %h rows(%rows, %w) {activation = #moe.activation<kind = swiglu>} : (tensor<?x64xbf16>, tensor<?x128xbf16>, tensor<?x2xi32>, tensor<?x2xf32>) -> (tensor<?x128xbf16>, tensor<?x64xbf16>, tensor<?x2xf32>)
+  %dw2 = moe.grouped_matmul_wgrad %dy lhs %aw groups(%counts, %offsets) : (tensor<?x32xbf16>, tensor<?x64xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<4x32x64xbf16>
+  return %dh, %dw2, %dw : tensor<?x128xbf16>, tensor<4x32x64xbf16>, tensor<?x2xf32>
+}

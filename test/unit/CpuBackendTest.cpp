@@ -240,6 +240,43 @@ TEST(CpuBackendQuantize, DequantizeInvertsTheCodes) {
   }
 }
 
+// A quantize with `transpose` gives the codes and scales of its input's
+// transpose (a dgrad's weights, quantized along N), partial blocks too.
+TEST(CpuBackendQuantize, TransposedQuantizeQuantizesTheTranspose) {
+  std::mt19937 rng(5);
+  int64_t experts = 2, n = 130, k = 300;
+  std::vector<float> w = awkwardMatrix(rng, experts * n, k);
+  auto engine = compile(
+      "func.func @q(%x: tensor<2x130x300xf32>) -> (tensor<2x300x130xf8E4M3FN>, "
+      "tensor<2x3x2xf32>) attributes {llvm.emit_c_interface} {\n"
+      "  %d, %s = moe.quantize %x {scheme = #moe.quant<kind = fp8_block128>, "
+      "transpose} : (tensor<2x130x300xf32>) -> (tensor<2x300x130xf8E4M3FN>, "
+      "tensor<2x3x2xf32>)\n"
+      "  return %d, %s : tensor<2x300x130xf8E4M3FN>, tensor<2x3x2xf32>\n}\n");
+  ASSERT_TRUE(engine);
+  std::vector<uint8_t> data(experts * n * k, 0xAA);
+  std::vector<float> scales(experts * 6, -1.0f);
+  ASSERT_TRUE(call(*engine, "q",
+                   {{w.data(), {experts, n, k}},
+                    {data.data(), {experts, k, n}},
+                    {scales.data(), {experts, 3, 2}}}));
+  for (int64_t x = 0; x < experts; ++x) {
+    std::vector<float> t(k * n);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < k; ++j)
+        t[j * n + i] = w[(x * n + i) * k + j];
+    auto ref = ::moe::ref::quantizeFP8Block128(t, k, n, 128);
+    EXPECT_TRUE(
+        std::equal(ref.data.begin(), ref.data.end(), data.begin() + x * n * k))
+        << "expert " << x;
+    for (int64_t i = 0; i < 6; ++i)
+      EXPECT_TRUE(
+          scales[x * 6 + i] == ref.f32Scales[i] ||
+          (std::isnan(scales[x * 6 + i]) && std::isnan(ref.f32Scales[i])))
+          << "expert " << x << " block " << i;
+  }
+}
+
 // An FP8 grouped matmul equals the float64 product of the decoded operands
 // to f32 accumulation accuracy, for both scale layouts.
 TEST(CpuBackendQuantize, FP8GroupedMatmulMatchesFloat64) {

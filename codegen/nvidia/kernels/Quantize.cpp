@@ -186,29 +186,34 @@ static LogicalResult buildSquareQuantize(LayerKernels &layer, QuantizeOp op) {
   ScaleBlockConfig cfg =
       configureScaleBlocks(op.getData(), op.getScales(), scheme);
   constexpr int64_t width = 8, threads = 128, warps = threads / 32;
-  int64_t k = cfg.cols, bs = cfg.blockSize, rowsPerBlock = cfg.rowsPerBlock;
+  int64_t bs = cfg.blockSize, rowsPerBlock = cfg.rowsPerBlock;
   int64_t colLanes = bs / width, rowLanes = threads / colLanes;
+  // Rows and columns of the input (with `transpose`, the data's columns
+  // and rows); its blocks are the data's, transposed.
   auto inputType = cast<RankedTensorType>(op.getInput().getType());
   int64_t n = inputType.getDimSize(cfg.rank - 2);
+  int64_t k = inputType.getDimSize(cfg.rank - 1);
+  int64_t rowBlocks = llvm::divideCeil(n, bs),
+          colBlocks = llvm::divideCeil(k, bs);
+  bool transposed = op.getTranspose();
   TokenLinear rows = layer.info(op.getInput()).rows;
   layer.define(op.getData(), rows);
   layer.define(op.getScales(), rows);
   Kernel kernel = layer.kernel(op, "quantize",
                                {op.getInput(), op.getData(), op.getScales()});
-  kernel.launch.work =
-      TokenLinear{cfg.prefix * cfg.rowBlocks * cfg.colBlocks, 0};
+  kernel.launch.work = TokenLinear{cfg.prefix * rowBlocks * colBlocks, 0};
   kernel.launch.block = threads;
   Emitter &e = kernel.e;
   Value input = kernel.view(0, layer.info(op.getInput()));
   Value data = kernel.view(1, layer.info(op.getData()));
   Value scales = kernel.view(2, layer.info(op.getScales()));
   Value block = kernel.blockId(gpu::Dimension::x), tid = kernel.threadId();
-  Value kb = e.remUI(block, cfg.colBlocks);
-  Value rest = e.divUI(block, cfg.colBlocks);
-  Value rb = e.remUI(rest, cfg.rowBlocks);
+  Value kb = e.remUI(block, colBlocks);
+  Value rest = e.divUI(block, colBlocks);
+  Value rb = e.remUI(rest, rowBlocks);
   SmallVector<Value> prefix;
   if (cfg.rank == 3)
-    prefix.push_back(e.divUI(rest, cfg.rowBlocks));
+    prefix.push_back(e.divUI(rest, rowBlocks));
   Value c = e.iadd(e.imul(kb, bs), e.imul(e.remUI(tid, colLanes), width));
   Value colValid = e.ult(c, e.index(k));
   Value firstRow = e.iadd(e.imul(rb, rowsPerBlock), e.divUI(tid, colLanes));
@@ -271,10 +276,18 @@ static LogicalResult buildSquareQuantize(LayerKernels &layer, QuantizeOp op) {
   common::BlockScale scale = common::blockScale(e, scheme, amax, special);
   e.ifThen(e.eq(tid, e.index(0)), [&] {
     SmallVector<Value> index(prefix);
-    index.append({rb, kb});
+    if (transposed)
+      index.append({kb, rb});
+    else
+      index.append({rb, kb});
     e.storeRaw(scale.stored, scales, index);
   });
   auto codesType = VectorType::get({width}, i8);
+  // Transposed, the codes meet in shared memory (rows of 129 bytes, so
+  // that reading down a column touches different banks), and each thread
+  // then writes 8 of a data row: 8 input rows of one column.
+  Value tile = transposed ? kernel.workgroupBuffer({bs, bs + 1}, i8) : Value();
+  Value localCol = e.imul(e.remUI(tid, colLanes), width);
   e.forEach(e.index(0), e.index(steps), [&](Value i) {
     Value row = rowOf(i);
     Value valid = validAt(row);
@@ -287,10 +300,38 @@ static LogicalResult buildSquareQuantize(LayerKernels &layer, QuantizeOp op) {
       codes =
           vector::InsertOp::create(e.b, e.loc, scale.encode(e, x), codes, j);
     }
+    if (transposed) {
+      Value localRow = e.iadd(e.divUI(tid, colLanes), e.imul(i, rowLanes));
+      for (int64_t j = 0; j < width; ++j)
+        e.storeRaw(Value(vector::ExtractOp::create(e.b, e.loc, codes, j)), tile,
+                   {localRow, e.iadd(localCol, e.index(j))});
+      return;
+    }
     e.ifThen(valid, [&] {
       vector::StoreOp::create(e.b, e.loc, codes, data, at(row, c), false,
                               vectorAlign(width, i8));
     });
+  });
+  if (!transposed)
+    return kernel.finish(op);
+  gpu::BarrierOp::create(e.b, e.loc);
+  // Data row (input column) kb * bs + r, columns rb * bs + 8 q ... + 7.
+  int64_t chunks = bs / width, rowsAtOnce = threads / chunks;
+  Value q = e.remUI(tid, chunks);
+  Value dataCol = e.iadd(e.imul(rb, bs), e.imul(q, width));
+  e.forEach(e.index(0), e.index(bs / rowsAtOnce), [&](Value i) {
+    Value r = e.iadd(e.divUI(tid, chunks), e.imul(i, rowsAtOnce));
+    SmallVector<Value> bytes;
+    for (int64_t j = 0; j < width; ++j)
+      bytes.push_back(
+          e.loadRaw(tile, {e.iadd(e.imul(q, width), e.index(j)), r}));
+    Value codes = vector::FromElementsOp::create(e.b, e.loc, codesType, bytes);
+    Value dataRow = e.iadd(e.imul(kb, bs), r);
+    e.ifThen(
+        e.andi(e.ult(dataRow, e.index(k)), e.ult(dataCol, e.index(n))), [&] {
+          vector::StoreOp::create(e.b, e.loc, codes, data, at(dataRow, dataCol),
+                                  false, vectorAlign(width, i8));
+        });
   });
   return kernel.finish(op);
 }
@@ -369,6 +410,20 @@ LogicalResult nvidia::buildQuantize(LayerKernels &layer, QuantizeOp op) {
                        op.getScheme(), /*quantize=*/true);
   ScaleBlockConfig cfg =
       configureScaleBlocks(op.getData(), op.getScales(), op.getScheme());
+  if (op.getTranspose()) {
+    // moe-legalize makes these from a transpose and a quantize where they
+    // fit this kernel.
+    ArrayRef<int64_t> shape = input.getShape();
+    if (!input.getElementType().isBF16() || cfg.dynamicRows ||
+        cfg.rowsPerBlock != cfg.blockSize || shape.back() % 8 != 0 ||
+        shape[shape.size() - 2] % 8 != 0)
+      return op.emitOpError()
+             << "transposes its input, which sm_90a does for bf16 input "
+                "whose last two dimensions are static multiples of 8, "
+                "quantized in square blocks (input shape "
+             << input << ")";
+    return buildSquareQuantize(layer, op);
+  }
   bool vectors = input.getElementType().isBF16() && cfg.cols % 8 == 0;
   // Rows of a scale each: activations, and static stacks of them.
   if (vectors && cfg.rowsPerBlock == 1 &&
