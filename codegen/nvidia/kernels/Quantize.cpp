@@ -239,22 +239,36 @@ static LogicalResult buildSquareQuantize(LayerKernels &layer, QuantizeOp op) {
   auto validAt = [&](Value row) {
     return e.andi(colValid, e.ult(row, e.index(n)));
   };
-  int64_t steps = rowsPerBlock / rowLanes;
+  // A thread's rows, `unroll` loads in flight at a time: one at a time
+  // leaves the memory idle, all 16 at once costs the registers of
+  // occupancy.
+  int64_t steps = rowsPerBlock / rowLanes, unroll = 4;
+  auto loadRows = [&](Value i) {
+    SmallVector<std::pair<Value, Value>> loaded;
+    for (int64_t u = 0; u < unroll; ++u) {
+      Value row = rowOf(e.iadd(e.imul(i, unroll), e.index(u)));
+      Value valid = validAt(row);
+      loaded.push_back({row, valid});
+    }
+    SmallVector<Value> vectors;
+    for (auto [row, valid] : loaded)
+      vectors.push_back(loadAt(row, valid));
+    return std::make_pair(loaded, vectors);
+  };
   SmallVector<Value> stats = e.reduce(
-      e.index(0), e.index(steps), {e.f32(0.0), e.f32(0.0)},
+      e.index(0), e.index(steps / unroll), {e.f32(0.0), e.f32(0.0)},
       [&](Value i, ValueRange acc) -> SmallVector<Value> {
-        Value row = rowOf(i);
-        Value v = loadAt(row, validAt(row));
         Value amax = acc[0], special = acc[1];
-        for (int64_t j = 0; j < width; ++j) {
-          Value x = arith::ExtFOp::create(
-              e.b, e.loc, f32,
-              Value(vector::ExtractOp::create(e.b, e.loc, v, j)));
-          Value isSpecial;
-          amax = arith::MaxNumFOp::create(e.b, e.loc, amax,
-                                          common::blockStats(e, x, isSpecial));
-          special = arith::MaximumFOp::create(e.b, e.loc, special, isSpecial);
-        }
+        for (Value v : loadRows(i).second)
+          for (int64_t j = 0; j < width; ++j) {
+            Value x = arith::ExtFOp::create(
+                e.b, e.loc, f32,
+                Value(vector::ExtractOp::create(e.b, e.loc, v, j)));
+            Value isSpecial;
+            amax = arith::MaxNumFOp::create(
+                e.b, e.loc, amax, common::blockStats(e, x, isSpecial));
+            special = arith::MaximumFOp::create(e.b, e.loc, special, isSpecial);
+          }
         return {amax, special};
       });
   Value amax = stats[0], special = stats[1];
@@ -288,29 +302,35 @@ static LogicalResult buildSquareQuantize(LayerKernels &layer, QuantizeOp op) {
   // then writes 8 of a data row: 8 input rows of one column.
   Value tile = transposed ? kernel.workgroupBuffer({bs, bs + 1}, i8) : Value();
   Value localCol = e.imul(e.remUI(tid, colLanes), width);
-  e.forEach(e.index(0), e.index(steps), [&](Value i) {
-    Value row = rowOf(i);
-    Value valid = validAt(row);
-    Value v = loadAt(row, valid);
-    Value codes = arith::ConstantOp::create(
-        e.b, e.loc, DenseElementsAttr::get(codesType, e.b.getI8IntegerAttr(0)));
-    for (int64_t j = 0; j < width; ++j) {
-      Value x = arith::ExtFOp::create(
-          e.b, e.loc, f32, Value(vector::ExtractOp::create(e.b, e.loc, v, j)));
-      codes =
-          vector::InsertOp::create(e.b, e.loc, scale.encode(e, x), codes, j);
+  e.forEach(e.index(0), e.index(steps / unroll), [&](Value i) {
+    auto [loaded, vectors] = loadRows(i);
+    for (int64_t u = 0; u < unroll; ++u) {
+      auto [row, valid] = loaded[u];
+      Value v = vectors[u];
+      Value codes = arith::ConstantOp::create(
+          e.b, e.loc,
+          DenseElementsAttr::get(codesType, e.b.getI8IntegerAttr(0)));
+      for (int64_t j = 0; j < width; ++j) {
+        Value x = arith::ExtFOp::create(
+            e.b, e.loc, f32,
+            Value(vector::ExtractOp::create(e.b, e.loc, v, j)));
+        codes =
+            vector::InsertOp::create(e.b, e.loc, scale.encode(e, x), codes, j);
+      }
+      if (transposed) {
+        Value localRow =
+            e.iadd(e.divUI(tid, colLanes),
+                   e.imul(e.iadd(e.imul(i, unroll), e.index(u)), rowLanes));
+        for (int64_t j = 0; j < width; ++j)
+          e.storeRaw(Value(vector::ExtractOp::create(e.b, e.loc, codes, j)),
+                     tile, {localRow, e.iadd(localCol, e.index(j))});
+        continue;
+      }
+      e.ifThen(valid, [&] {
+        vector::StoreOp::create(e.b, e.loc, codes, data, at(row, c), false,
+                                vectorAlign(width, i8));
+      });
     }
-    if (transposed) {
-      Value localRow = e.iadd(e.divUI(tid, colLanes), e.imul(i, rowLanes));
-      for (int64_t j = 0; j < width; ++j)
-        e.storeRaw(Value(vector::ExtractOp::create(e.b, e.loc, codes, j)), tile,
-                   {localRow, e.iadd(localCol, e.index(j))});
-      return;
-    }
-    e.ifThen(valid, [&] {
-      vector::StoreOp::create(e.b, e.loc, codes, data, at(row, c), false,
-                              vectorAlign(width, i8));
-    });
   });
   if (!transposed)
     return kernel.finish(op);
