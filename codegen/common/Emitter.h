@@ -224,6 +224,10 @@ public:
   OpBuilder &b;
   Location loc;
   SmallVector<Value> allocations;
+  /// The target's E4M3 encode of an f32 in one instruction, where it has
+  /// one that rounds as encodeE4M3 does (ties to even, magnitudes
+  /// saturated to 448); encodeE4M3 keeps NaN's code itself.
+  std::function<Value(Emitter &, Value)> nativeE4M3;
 };
 
 } // namespace mlir::moe::common

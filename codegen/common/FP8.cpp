@@ -46,6 +46,9 @@ Value mlir::moe::common::encodeE4M3(Emitter &e, Value value) {
   Value magnitude = bits.toF32(bits.andi(raw, 0x7FFFFFFF));
   Value isNan = arith::CmpFOp::create(e.b, e.loc, arith::CmpFPredicate::UNO,
                                       magnitude, magnitude);
+  if (e.nativeE4M3)
+    return e.select(isNan, bits.toI8(e.ori(sign, bits.c(0x7F))),
+                    e.nativeE4M3(e, value));
   Value clamped = e.minf(magnitude, e.f32(448.0));
   // Normal: round the 23-bit mantissa to 3 bits, ties to even, on the bits;
   // a carry moves into the exponent, and E4M3's bias is 120 below f32's.

@@ -47,6 +47,17 @@ Kernel::Kernel(gpu::GPUModuleOp module, StringRef name, Launch &launch,
     : b(module.getContext()), e(b, loc), launch(launch) {
   func = createKernelFunc(b, module, name, args, loc);
   b.setInsertionPointToStart(&func.getBody().front());
+  // sm_89+ converts f32 to E4M3 in one instruction: round to nearest even,
+  // saturating finite values to 448, the reference's rounding (checked on
+  // every f32 by bench/e4m3_check.py).
+  e.nativeE4M3 = [](Emitter &e, Value x) -> Value {
+    Value pair = NVVM::ConvertF32x2ToF8x2Op::create(
+        e.b, e.loc, e.b.getI16Type(), e.f32(0.0), x, NVVM::FPRoundingMode::RN,
+        NVVM::SaturationMode::SATFINITE, false,
+        e.b.getType<Float8E4M3FNType>());
+    // `x`'s code is the low byte.
+    return arith::TruncIOp::create(e.b, e.loc, e.b.getI8Type(), pair);
+  };
   // Launched as a programmatic dependent of the stream's previous kernel
   // (runtime/Launch.cpp): wait for it to finish before any memory access.
   // No kernel signals its dependents early: they launch as its blocks
