@@ -526,24 +526,31 @@ static FailureOr<int64_t> scaleRowsPerBlock(Operation *op, MemRefType data,
   return common::scaleRowsPerBlock(data.getShape(), scaleShape, scheme);
 }
 
-/// `out`[..., j, i] = `input`[..., i, j].
-static void transposeInto(Emitter &e, Value input, Value out) {
-  int64_t rank = cast<MemRefType>(input.getType()).getRank();
+/// Calls body(index) for every index of the first `dims` dimensions of
+/// `buffer`.
+static void forEachIndex(Emitter &e, Value buffer, int64_t dims,
+                         function_ref<void(ArrayRef<Value>)> body) {
   SmallVector<Value> ivs;
   std::function<void(int64_t)> nest = [&](int64_t d) {
-    if (d == rank) {
-      SmallVector<Value> to(ivs);
-      std::swap(to[rank - 1], to[rank - 2]);
-      e.storeRaw(e.loadRaw(input, ivs), out, to);
-      return;
-    }
-    e.forEach(e.index(0), e.dim(input, d), [&](Value i) {
+    if (d == dims)
+      return body(ivs);
+    e.forEach(e.index(0), e.dim(buffer, d), [&](Value i) {
       ivs.push_back(i);
       nest(d + 1);
       ivs.pop_back();
     });
   };
   nest(0);
+}
+
+/// `out`[..., j, i] = `input`[..., i, j].
+static void transposeInto(Emitter &e, Value input, Value out) {
+  int64_t rank = cast<MemRefType>(input.getType()).getRank();
+  forEachIndex(e, input, rank, [&](ArrayRef<Value> index) {
+    SmallVector<Value> to(index);
+    std::swap(to[rank - 1], to[rank - 2]);
+    e.storeRaw(e.loadRaw(input, index), out, to);
+  });
 }
 
 LogicalResult FunctionLowering::lowerQuantize(QuantizeOp op) {
@@ -601,31 +608,21 @@ LogicalResult FunctionLowering::lowerPad(PadOp op) {
   Type element = outType.getElementType();
   Value zero =
       arith::ConstantOp::create(e.b, e.loc, element, e.b.getZeroAttr(element));
-  SmallVector<Value> ivs;
-  std::function<void(int64_t)> nest = [&](int64_t d) {
-    if (d == last) {
-      e.forEach(e.index(0), e.index(outType.getDimSize(last)), [&](Value c) {
-        ivs.push_back(c);
-        auto inside = scf::IfOp::create(e.b, e.loc, TypeRange{element},
-                                        e.ult(c, e.index(k)), true);
-        OpBuilder::InsertionGuard guard(e.b);
-        e.b.setInsertionPointToStart(&inside.getThenRegion().front());
-        scf::YieldOp::create(e.b, e.loc, e.loadRaw(input, ivs));
-        e.b.setInsertionPointToStart(&inside.getElseRegion().front());
-        scf::YieldOp::create(e.b, e.loc, zero);
-        e.b.setInsertionPointAfter(inside);
-        e.storeRaw(inside.getResult(0), out, ivs);
-        ivs.pop_back();
-      });
-      return;
-    }
-    e.forEach(e.index(0), e.dim(input, d), [&](Value i) {
-      ivs.push_back(i);
-      nest(d + 1);
-      ivs.pop_back();
+  forEachIndex(e, input, last, [&](ArrayRef<Value> outer) {
+    e.forEach(e.index(0), e.index(outType.getDimSize(last)), [&](Value c) {
+      SmallVector<Value> ivs(outer);
+      ivs.push_back(c);
+      auto inside = scf::IfOp::create(e.b, e.loc, TypeRange{element},
+                                      e.ult(c, e.index(k)), true);
+      OpBuilder::InsertionGuard guard(e.b);
+      e.b.setInsertionPointToStart(&inside.getThenRegion().front());
+      scf::YieldOp::create(e.b, e.loc, e.loadRaw(input, ivs));
+      e.b.setInsertionPointToStart(&inside.getElseRegion().front());
+      scf::YieldOp::create(e.b, e.loc, zero);
+      e.b.setInsertionPointAfter(inside);
+      e.storeRaw(inside.getResult(0), out, ivs);
     });
-  };
-  nest(0);
+  });
   return success();
 }
 

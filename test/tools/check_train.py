@@ -25,7 +25,8 @@ with --target=sm_90a, on the GPU (its libraries compiled beforehand with
       first; tokens the two backends route differently (a near-tie, in
       the saved expert ids) take a zero output gradient and are left out.
       With --bf16-grads, both libraries write the weights' gradients in
-      bf16.
+      bf16. A MODEL ending in .json is a HF config.json: its layer alone
+      (odd shapes).
   check_train.py prepare [MODEL...] --target=T
       compiles the libraries the other modes use into the cache.
   check_train.py quant-api MODEL --quant SCHEME
@@ -361,7 +362,12 @@ def check_api(args):
     # weights' gradients are bf16, the f32 sums rounded once.
     from moe_compiler.module import compile_layer
     from moe_compiler.patching import _model_config
-    config, _ = _model_config(build(name))
+    if name.endswith(".json"):
+        # A HF config.json (odd shapes): the layer alone, no model.
+        with open(name) as f:
+            config = json.load(f)
+    else:
+        config, _ = _model_config(build(name))
     lib16 = moe_compiler.Layer.open(compile_layer(
         config, "cpu", cache, train=True, bf16_grads=True))
     saved16 = torch.empty(lib16.saved_size(5), dtype=torch.uint8)
@@ -396,7 +402,12 @@ def libraries(name, args):
     there)."""
     from moe_compiler.module import compile_layer
     from moe_compiler.patching import _model_config
-    config, _ = _model_config(build(name))
+    if name.endswith(".json"):
+        # A HF config.json (odd shapes): the layer alone, no model.
+        with open(name) as f:
+            config = json.load(f)
+    else:
+        config, _ = _model_config(build(name))
     return [moe_compiler.Layer.open(compile_layer(
         config, target, args.cache, quant=args.quant, train=True,
         bf16_grads=args.bf16_grads)) for target in (args.target, "cpu")]
@@ -497,9 +508,10 @@ def check_layers(args):
 def prepare(args):
     names = args.models or list(json.load(open(MODELS)))
     for name in names:
-        model = build(name)
-        moe_compiler.prepare(model, target=args.target, cache_dir=args.cache,
-                             train=True, quant=args.quant)
+        if not name.endswith(".json"):
+            moe_compiler.prepare(build(name), target=args.target,
+                                 cache_dir=args.cache, train=True,
+                                 quant=args.quant)
         if args.target != "cpu":
             for args.bf16_grads in (False, True):
                 libraries(name, args)
@@ -510,7 +522,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["grads", "parity", "api", "layers",
                                          "prepare", "quant-api"])
-    parser.add_argument("models", nargs="*")
+    parser.add_argument("models", nargs="*",
+                        help="model names of Inputs/hf-models.json; layers "
+                        "and prepare also take a HF config.json's path")
     parser.add_argument("--cache", required=True)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--bound", type=float, default=2e-2)

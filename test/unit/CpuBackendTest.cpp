@@ -143,6 +143,19 @@ std::string quantizeSource(const std::string &shape, const std::string &data,
          "xf8E4M3FN>, tensor<" + scales + ">)\n  return %d, %s : tensor<" +
          data + "xf8E4M3FN>, tensor<" + scales + ">\n}\n";
 }
+/// Expert `expert`'s codes and scales, `data` and `scales` from their
+/// first, are the reference's of its [rows, cols] matrix `slice` in 128 x
+/// 128 blocks (NaN scales alike).
+void expectBlocksOf(const std::vector<float> &slice, int64_t rows, int64_t cols,
+                    const uint8_t *data, const float *scales, int64_t expert) {
+  auto ref = ::moe::ref::quantizeFP8Block128(slice, rows, cols, 128);
+  EXPECT_TRUE(std::equal(ref.data.begin(), ref.data.end(), data))
+      << "expert " << expert;
+  for (size_t i = 0; i < ref.f32Scales.size(); ++i)
+    EXPECT_TRUE(scales[i] == ref.f32Scales[i] ||
+                (std::isnan(scales[i]) && std::isnan(ref.f32Scales[i])))
+        << "expert " << expert << " block " << i;
+}
 } // namespace
 
 // The backend's quantizers equal the reference ones bit for bit, which are
@@ -198,19 +211,10 @@ TEST(CpuBackendQuantize, MatchesTheReferenceQuantizersBitForBit) {
                    {{w.data(), {experts, n, k}},
                     {wData.data(), {experts, n, k}},
                     {wScales.data(), {experts, 2, 3}}}));
-  for (int64_t x = 0; x < experts; ++x) {
-    std::vector<float> slice(w.begin() + x * n * k,
-                             w.begin() + (x + 1) * n * k);
-    auto ref = ::moe::ref::quantizeFP8Block128(slice, n, k, 128);
-    EXPECT_TRUE(
-        std::equal(ref.data.begin(), ref.data.end(), wData.begin() + x * n * k))
-        << "expert " << x;
-    for (int64_t i = 0; i < 6; ++i)
-      EXPECT_TRUE(
-          wScales[x * 6 + i] == ref.f32Scales[i] ||
-          (std::isnan(wScales[x * 6 + i]) && std::isnan(ref.f32Scales[i])))
-          << "expert " << x << " block " << i;
-  }
+  for (int64_t x = 0; x < experts; ++x)
+    expectBlocksOf(
+        std::vector<float>(w.begin() + x * n * k, w.begin() + (x + 1) * n * k),
+        n, k, wData.data() + x * n * k, wScales.data() + x * 6, x);
 }
 
 TEST(CpuBackendQuantize, DequantizeInvertsTheCodes) {
@@ -265,15 +269,7 @@ TEST(CpuBackendQuantize, TransposedQuantizeQuantizesTheTranspose) {
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < k; ++j)
         t[j * n + i] = w[(x * n + i) * k + j];
-    auto ref = ::moe::ref::quantizeFP8Block128(t, k, n, 128);
-    EXPECT_TRUE(
-        std::equal(ref.data.begin(), ref.data.end(), data.begin() + x * n * k))
-        << "expert " << x;
-    for (int64_t i = 0; i < 6; ++i)
-      EXPECT_TRUE(
-          scales[x * 6 + i] == ref.f32Scales[i] ||
-          (std::isnan(scales[x * 6 + i]) && std::isnan(ref.f32Scales[i])))
-          << "expert " << x << " block " << i;
+    expectBlocksOf(t, k, n, data.data() + x * n * k, scales.data() + x * 6, x);
   }
 }
 
