@@ -70,6 +70,20 @@ struct Adjoint {
   /// where the layout's experts start and its alignment.
   Value tokens, offsets;
   uint64_t align = 1;
+  /// An expert-parallel rank's rows: each one's weight [R, 1], which came
+  /// with it (in place of `rows` and `weights`).
+  Value rowWeights;
+};
+
+/// The backward's exchanges of an expert-parallel dispatch: the output's
+/// gradient sent to the experts' ranks (where the forward's tokens went),
+/// then the rows' gradients brought home.
+struct EpExchange {
+  /// Where each choice's row gradient lands at home, and each received
+  /// row's source (the gradient's send and receive).
+  Value rows, origin;
+  /// The combine's weights (forward) and their rows' gradients [R, 1].
+  Value weightsOf, rowWeightGrad;
 };
 
 class Differentiator {
@@ -98,6 +112,9 @@ private:
                               const Adjoint &adjoint);
   LogicalResult dispatchRule(DispatchOp op);
   LogicalResult routeRule(RouteOp op);
+  /// combine's rule where `dispatch` is expert parallel: the output's
+  /// gradient goes to the experts' ranks with each choice's weight.
+  FailureOr<Adjoint> epRowGrads(CombineOp op, DispatchOp dispatch, Value grad);
 
   /// A forward value in the backward: an argument, a saved value, or one
   /// quantized from an argument (quantized again).
@@ -141,6 +158,10 @@ private:
   func::FuncOp train, backward;
   ImplicitLocOpBuilder b;
   DenseMap<Value, Value> recomputedValues, dequantizedValues;
+  /// Expert-parallel dispatches' exchanges in the backward, and the
+  /// forward's layout values they give again (counts, offsets).
+  DenseMap<Operation *, EpExchange> epExchanges;
+  DenseMap<Value, Value> epValues;
   DenseMap<Value, Value> savedArgs;
   DenseMap<Value, Adjoint> adjoints;
   /// Weights whose gradient a later rule gives (combine's, deferred).
@@ -176,6 +197,8 @@ Value Differentiator::recomputed(Value forward) {
 }
 
 Value Differentiator::get(Value forward) {
+  if (Value again = epValues.lookup(forward))
+    return again;
   if (auto arg = dyn_cast<BlockArgument>(forward))
     if (arg.getOwner()->getParentOp() == train)
       return backward.getArgument(arg.getArgNumber());
@@ -319,15 +342,24 @@ LogicalResult Differentiator::combineRule(CombineOp op) {
   if (it == adjoints.end())
     return success();
   Value grad = it->second.value;
-  if (!op.getRows().getDefiningOp<DispatchOp>())
+  auto dispatch = op.getRows().getDefiningOp<DispatchOp>();
+  if (!dispatch)
     return op.emitOpError() << "gathers rows that no moe.dispatch laid out";
   if (isa<BlockArgument>(op.getExpertOut()) ||
       (op.getShared() && isa<BlockArgument>(op.getShared())))
     return op.emitOpError() << "combines an argument of the layer, whose "
                                "gradient moe-differentiate does not give";
-  Adjoint rows{scattered(grad, op.getRows(), op.getLoc())};
-  rows.align = op.getRows().getDefiningOp<DispatchOp>().getAlign();
-  if (op.getWeights()) {
+  Adjoint rows;
+  if (dispatch.isExpertParallel()) {
+    FailureOr<Adjoint> sent = epRowGrads(op, dispatch, grad);
+    if (failed(sent))
+      return failure();
+    rows = *sent;
+  } else {
+    rows.value = scattered(grad, op.getRows(), op.getLoc());
+    rows.align = dispatch.getAlign();
+  }
+  if (op.getWeights() && !dispatch.isExpertParallel()) {
     rows.rows = get(op.getRows());
     rows.weights = get(op.getWeights());
     rows.weightsOf = op.getWeights();
@@ -349,6 +381,48 @@ LogicalResult Differentiator::combineRule(CombineOp op) {
   return addAdjoint(op, op.getShared(), shared);
 }
 
+FailureOr<Adjoint> Differentiator::epRowGrads(CombineOp op, DispatchOp dispatch,
+                                              Value grad) {
+  // The combine's adjoint is a dispatch of the output's gradient: the same
+  // expert ids lay it out as the forward laid out the tokens, so the rows
+  // the forward saved and these match row for row. The weights travel
+  // with it, unapplied (the activation's backward applies them, as on one
+  // rank).
+  Location loc = op.getLoc();
+  auto ranks = RankedTensorType::get({dispatch.getEpSize()}, b.getI32Type());
+  auto counts = cast<RankedTensorType>(dispatch.getTokensPerExpert().getType());
+  Value weights = op.getWeights() ? get(op.getWeights()) : Value();
+  auto send = EpDispatchSendOp::create(
+      b, loc, ranks, dispatch.getRows().getType(), TypeRange(), grad,
+      get(dispatch.getExpertIds()), weights,
+      b.getI64IntegerAttr(counts.getDimSize(0)), QuantAttr());
+  auto gradType = cast<RankedTensorType>(grad.getType());
+  auto rowsType = RankedTensorType::get(
+      {ShapedType::kDynamic, gradType.getDimSize(1)}, b.getBF16Type());
+  SmallVector<Type> rowWeights;
+  if (weights)
+    rowWeights.push_back(
+        RankedTensorType::get({ShapedType::kDynamic, 1}, b.getF32Type()));
+  auto recv = EpDispatchRecvOp::create(
+      b, loc, rowsType, counts, dispatch.getExpertOffsets().getType(),
+      RankedTensorType::get({ShapedType::kDynamic, 2}, b.getI32Type()),
+      rowWeights, send.getSent(), UnitAttr(),
+      weights ? b.getUnitAttr() : UnitAttr(), QuantAttr());
+  epValues[dispatch.getTokensPerExpert()] = recv.getTokensPerExpert();
+  epValues[dispatch.getExpertOffsets()] = recv.getExpertOffsets();
+  EpExchange &exchange = epExchanges[dispatch];
+  exchange.rows = send.getRows();
+  exchange.origin = recv.getOrigin();
+  Adjoint rows{recv.getDispatched()};
+  if (weights) {
+    rows.rowWeights = recv.getQuantized()[0];
+    rows.weightsOf = op.getWeights();
+    exchange.weightsOf = op.getWeights();
+    pendingWeights.insert(op.getWeights());
+  }
+  return rows;
+}
+
 LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
                                             ActivationOp activation,
                                             const Adjoint &adjoint) {
@@ -361,7 +435,12 @@ LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
   auto outType = cast<RankedTensorType>(activation.getOut().getType());
   // g = dy W2 for each row, before its weight; with a bias, the weight's
   // gradient also takes each row's dot with it.
-  bool weighted = adjoint.weights || adjoint.gate;
+  bool weighted = adjoint.weights || adjoint.gate || adjoint.rowWeights;
+  if (adjoint.rowWeights && op.getBias())
+    return op.emitOpError()
+           << "has a bias on an expert-parallel layer's experts, whose "
+              "backward moe-differentiate does not build yet (the bias's "
+              "gradient needs each row's weight applied to its gradient)";
   Value bias = weighted && op.getBias() ? get(op.getBias()) : Value();
   Value rowGrad =
       bias ? Value()
@@ -384,10 +463,20 @@ LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
     weightGradType = RankedTensorType::get(
         cast<RankedTensorType>(adjoint.gate.getType()).getShape(),
         b.getF32Type());
+  else if (adjoint.rowWeights)
+    weightGradType = adjoint.rowWeights.getType();
+  Value gate = adjoint.rowWeights ? adjoint.rowWeights : adjoint.gate;
   auto grads = ActivationGradOp::create(
       b, loc, h.getType(), outType, weightGradType, rowGrad, h, adjoint.rows,
-      adjoint.weights, adjoint.gate, biasDot, activation.getActivation());
-  if (adjoint.weightsOf) {
+      adjoint.weights, gate, biasDot, activation.getActivation(),
+      adjoint.rowWeights ? b.getUnitAttr() : UnitAttr());
+  if (adjoint.rowWeights) {
+    // Their rows' gradients go home with the rows' (dispatchRule).
+    auto exchange = llvm::find_if(epExchanges, [&](auto &entry) {
+      return entry.second.weightsOf == adjoint.weightsOf;
+    });
+    exchange->second.rowWeightGrad = grads.getWeightGrad();
+  } else if (adjoint.weightsOf) {
     pendingWeights.erase(adjoint.weightsOf);
     if (failed(addGrad(op, adjoint.weightsOf, grads.getWeightGrad())))
       return failure();
@@ -449,7 +538,7 @@ LogicalResult Differentiator::matmulRule(GroupedMatmulOp op) {
                 "does not take";
     return gatedDownRule(op, activation, adjoint);
   }
-  if (adjoint.rows || adjoint.gate)
+  if (adjoint.rows || adjoint.gate || adjoint.rowWeights)
     return op.emitOpError() << "multiplies rows that are weighted later but "
                                "are not a gated activation's, which "
                                "moe-differentiate does not take";
@@ -492,25 +581,52 @@ LogicalResult Differentiator::dispatchRule(DispatchOp op) {
     return op.emitOpError() << "quantizes the rows it scatters: "
                                "moe-differentiate runs before "
                                "moe-fuse-quantization";
-  if (op.isExpertParallel())
-    return op.emitOpError() << "has ep_size = " << op.getEpSize()
-                            << ": moe-differentiate builds the backward of a "
-                               "layer on one rank";
   if (!isa<BlockArgument>(op.getHiddenStates()))
     return op.emitOpError() << "dispatches a value that is not the layer's "
                                "input";
+  Value rowGrad = it->second.value;
+  Value rows;
+  if (op.isExpertParallel()) {
+    // The dispatch's adjoint is a combine: each row's gradient (and its
+    // weight's) goes back to its token's rank, laid out as the output's
+    // gradient was sent, so the sum below is one rank's.
+    auto exchange = epExchanges.find(op);
+    if (exchange == epExchanges.end())
+      return op.emitOpError() << "has ep_size = " << op.getEpSize()
+                              << " but no moe.combine of its rows, whose "
+                                 "backward would send the gradients";
+    EpExchange &ep = exchange->second;
+    auto gradType = cast<RankedTensorType>(rowGrad.getType());
+    auto ranks = RankedTensorType::get({op.getEpSize()}, b.getI32Type());
+    auto back = EpCombineSendOp::create(b, op.getLoc(), ranks, rowGrad,
+                                        ep.origin, ep.rowWeightGrad);
+    Type valuesType = ep.rowWeightGrad ? ep.weightsOf.getType() : Type();
+    auto home = EpCombineRecvOp::create(
+        b, op.getLoc(),
+        RankedTensorType::get({ShapedType::kDynamic, gradType.getDimSize(1)},
+                              gradType.getElementType()),
+        valuesType, back.getSent(), ep.rows);
+    if (ep.rowWeightGrad) {
+      pendingWeights.erase(ep.weightsOf);
+      if (failed(addGrad(op, ep.weightsOf, home.getValues())))
+        return failure();
+    }
+    rowGrad = home.getGathered();
+    rows = ep.rows;
+  } else {
+    rows = get(op.getRows());
+  }
   // Each token's gradient sums its choices' rows (each times the weight
   // that scaled it in), after its other parts.
-  Value rowGrad = it->second.value;
   Value scale = op.getScale() ? get(op.getScale()) : Value();
-  tokenRows[op.getHiddenStates()] = {rowGrad, get(op.getRows()), scale};
+  tokenRows[op.getHiddenStates()] = {rowGrad, rows, scale};
   if (!scale)
     return success();
   // A weight that scaled the token in (Llama-4) takes the dot of its row's
   // gradient and the token.
   Value weightGrad =
       GatherDotOp::create(b, op.getLoc(), scale.getType(), rowGrad,
-                          get(op.getHiddenStates()), get(op.getRows()));
+                          get(op.getHiddenStates()), rows);
   return addGrad(op, op.getScale(), weightGrad);
 }
 
@@ -724,7 +840,9 @@ static FailureOr<TokenLinear> rowsOf(Value v) {
     FailureOr<TokenLinear> tokens = rowsOf(dispatch.getHiddenStates());
     if (failed(tokens))
       return failure();
-    TokenLinear rows = *tokens * ids.getDimSize(1);
+    // An expert-parallel rank's: every rank's tokens may choose its
+    // experts (a training step takes the same count on every rank).
+    TokenLinear rows = *tokens * (ids.getDimSize(1) * dispatch.getEpSize());
     rows.fixed += counts.getDimSize(0) * (int64_t(dispatch.getAlign()) - 1);
     return rows;
   }

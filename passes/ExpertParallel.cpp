@@ -69,7 +69,8 @@ static LogicalResult splitDispatch(DispatchOp dispatch) {
       dispatch.getTokensPerExpert().getType(),
       dispatch.getExpertOffsets().getType(),
       RankedTensorType::get({ShapedType::kDynamic, 2}, i32), scales,
-      send.getSent(), scale ? rewriter.getUnitAttr() : UnitAttr(), quant);
+      send.getSent(), scale ? rewriter.getUnitAttr() : UnitAttr(), UnitAttr(),
+      quant);
   rewriter.replaceAllUsesWith(dispatch.getDispatched(), recv.getDispatched());
   rewriter.replaceAllUsesWith(dispatch.getTokensPerExpert(),
                               recv.getTokensPerExpert());
@@ -97,13 +98,13 @@ static LogicalResult splitDispatch(DispatchOp dispatch) {
       rewriter.setInsertionPointAfter(recv);
     auto back = EpCombineSendOp::create(rewriter, combine.getLoc(),
                                         RankedTensorType::get({ranks}, i32),
-                                        expertOut, recv.getOrigin());
+                                        expertOut, recv.getOrigin(), Value());
     rewriter.setInsertionPoint(combine);
     auto home = EpCombineRecvOp::create(
         rewriter, combine.getLoc(),
         RankedTensorType::get({ShapedType::kDynamic, hidden},
                               rewriter.getBF16Type()),
-        back.getSent(), send.getRows());
+        Type(), back.getSent(), send.getRows());
     rewriter.modifyOpInPlace(combine, [&] {
       combine.getExpertOutMutable().assign(home.getGathered());
       combine.getRowsMutable().assign(send.getRows());

@@ -24,6 +24,7 @@
 #include "moe_transport.h"
 #include "runtime/EpJoin.h"
 #include "runtime/EpLayout.h"
+#include "runtime/moert.h"
 
 #include <algorithm>
 #include <csignal>
@@ -55,7 +56,8 @@ struct State {
   Shape shape;
   int rank = 0;
   int timeoutMs = 30000;
-  int killAfterSend = -1; // test hook: this rank dies mid-forward
+  int killAfterSend = -1;  // test hook: this rank dies mid-forward
+  int sendsBeforeKill = 0; // after this many dispatches (a step's backward)
   uint8_t *send = nullptr, *recv = nullptr;
   // Cumulative arrivals expected from each peer, per counter.
   std::vector<uint64_t> countsExpected, payloadExpected, combineExpected;
@@ -64,7 +66,8 @@ struct State {
 
   // This forward.
   bool inForward = false;
-  int64_t tokens = 0;
+  bool training = false; // every rank must pass the same token count
+  int64_t tokens = 0, given = 0;
   std::string localFailure, groupFailure;
   size_t dataRowBytes = 0, scaleRowBytes = 0, recordBytes = 0;
   std::vector<uint32_t> choices;  // choices this rank sent each rank
@@ -82,6 +85,9 @@ template <typename T> T *at(int64_t address) {
 
 int32_t fail(const std::string &message) {
   lastError = message;
+  // The library's moe_last_error reads the runtime's, which training
+  // calls set too.
+  moert_set_error(message.c_str());
   return 1;
 }
 
@@ -183,12 +189,20 @@ int32_t moe_ep_init(int64_t hidden, int64_t topK, int64_t experts,
   state.combineExpected.assign(ranks, 0);
   if (const char *kill = std::getenv("MOE_EP_TEST_KILL_RANK"))
     state.killAfterSend = std::atoi(kill);
+  if (const char *after = std::getenv("MOE_EP_TEST_KILL_AFTER"))
+    state.sendsBeforeKill = std::atoi(after);
   return 0;
 }
 
 void moe_ep_finalize(void) {
   moe_transport_close(state.transport);
   state = State();
+}
+
+int32_t moe_ep_begin_training(int64_t tokens) {
+  int32_t status = moe_ep_begin(tokens);
+  state.training = status == 0;
+  return status;
 }
 
 int32_t moe_ep_begin(int64_t tokens) {
@@ -199,6 +213,8 @@ int32_t moe_ep_begin(int64_t tokens) {
     return fail("the expert-parallel group failed earlier: " + state.broken);
   int64_t ranks = state.shape.ranks;
   state.inForward = true;
+  state.training = false;
+  state.given = tokens;
   state.localFailure.clear();
   state.groupFailure.clear();
   state.tokens = tokens;
@@ -333,7 +349,7 @@ void moe_ep_dispatch_send(int64_t data, int64_t dataRowBytes, int64_t scales,
                         moe::rt::kCounterDispatchPayload))
       return;
   }
-  if (state.killAfterSend == state.rank)
+  if (state.killAfterSend == state.rank && state.sendsBeforeKill-- <= 0)
     std::raise(SIGKILL);
 }
 
@@ -363,6 +379,23 @@ int64_t moe_ep_dispatch_wait(void) {
         !waitFor(int(q), moe::rt::kCounterDispatchPayload,
                  ++state.payloadExpected[q]))
       return 0;
+  }
+  // A training step's saved buffer holds ranks x tokens x top-k expert
+  // rows: every rank must have passed the same count. Each rank sees every
+  // count, so all refuse alike.
+  if (state.training && state.groupFailure.empty()) {
+    bool same = true;
+    std::string counts;
+    for (int64_t q = 0; q < s.ranks; ++q) {
+      same &= state.arrived[q].detail == state.arrived[0].detail;
+      counts += (q ? ", " : "") + std::to_string(state.arrived[q].detail);
+    }
+    if (!same)
+      state.groupFailure =
+          "the ranks passed " + counts +
+          " tokens: an expert-parallel training step takes the same count "
+          "on every rank (its saved buffer holds ranks x tokens x top-k "
+          "expert rows)";
   }
   flush();
   if (!ok())
@@ -459,17 +492,19 @@ void moe_ep_dispatch_unpack(int64_t data, int64_t scales, int64_t weights,
 }
 
 void moe_ep_combine_send(int64_t expertOut, int64_t rowBytes, int64_t origin,
-                         int64_t rows, int64_t sent) {
+                         int64_t capacity, int64_t sent, int64_t values) {
   const Shape &s = state.shape;
   int32_t *sentOut = at<int32_t>(sent);
   for (int64_t q = 0; q < s.ranks; ++q)
     sentOut[q] = 0;
   if (!ok())
     return;
-  if (size_t(rowBytes) != s.outRowBytes() || rows != state.received) {
-    state.broken = "combine was given " + std::to_string(rows) + " rows of " +
-                   std::to_string(rowBytes) + " bytes, but " +
-                   std::to_string(state.received) + " of " +
+  // The rows that arrived go back; `capacity` is the buffer's room.
+  int64_t rows = state.received;
+  if (size_t(rowBytes) != s.outRowBytes() || capacity < rows) {
+    state.broken = "combine was given " + std::to_string(capacity) +
+                   " rows of " + std::to_string(rowBytes) + " bytes, but " +
+                   std::to_string(rows) + " of " +
                    std::to_string(s.outRowBytes()) + " arrived";
     return;
   }
@@ -480,11 +515,16 @@ void moe_ep_combine_send(int64_t expertOut, int64_t rowBytes, int64_t origin,
   const int32_t *origins = at<const int32_t>(origin);
   size_t bytes = s.outRowBytes();
   uint8_t *packed = state.send + s.sendDataOffset();
+  float *packedValues =
+      reinterpret_cast<float *>(packed + s.sendValuesOffset());
+  const float *rowValues = values ? at<const float>(values) : nullptr;
   for (int64_t i = 0; i < rows; ++i) {
     int64_t q = origins[2 * i];
     int64_t back = int64_t(origins[2 * i + 1]) - state.arrived[q].returnBase;
     std::memcpy(packed + (start[q] + size_t(back)) * bytes,
                 out + size_t(i) * bytes, bytes);
+    if (rowValues)
+      packedValues[start[q] + size_t(back)] = rowValues[i];
   }
   for (int64_t q = 0; q < s.ranks; ++q) {
     sentOut[q] = int32_t(state.returns[q]);
@@ -493,32 +533,58 @@ void moe_ep_combine_send(int64_t expertOut, int64_t rowBytes, int64_t origin,
         s.combineOffset() + size_t(state.arrived[q].returnBase) * bytes;
     if (!length)
       continue;
+    size_t valuesDst =
+        s.combineValuesOffset() + 4 * size_t(state.arrived[q].returnBase);
+    size_t valuesLength = 4 * size_t(state.returns[q]);
     if (q == state.rank) {
       std::memcpy(state.recv + dst, packed + start[q] * bytes, length);
+      if (rowValues)
+        std::memcpy(state.recv + valuesDst, packedValues + start[q],
+                    valuesLength);
       continue;
     }
     if (!write(int(q), s.sendDataOffset() + start[q] * bytes, length, dst,
                moe::rt::kCounterCombinePayload))
       return;
+    if (rowValues &&
+        !write(int(q), s.sendDataOffset() + s.sendValuesOffset() + 4 * start[q],
+               valuesLength, valuesDst, moe::rt::kCounterCombinePayload))
+      return;
   }
 }
 
-void moe_ep_combine_recv(int64_t gathered, int64_t rows) {
+void moe_ep_combine_recv(int64_t gathered, int64_t rows, int64_t choiceRows,
+                         int64_t values) {
   const Shape &s = state.shape;
   uint8_t *out = at<uint8_t>(gathered);
   size_t bytes = s.outRowBytes();
   size_t total = 0;
   for (uint32_t c : state.choices)
     total += c;
+  // With values, each peer's rows and values land as two writes.
+  uint64_t writes = values ? 2 : 1;
   if (ok()) {
     for (int64_t q = 0; q < s.ranks; ++q)
       if (q != state.rank && state.choices[q] &&
           !waitFor(int(q), moe::rt::kCounterCombinePayload,
-                   ++state.combineExpected[q]))
+                   state.combineExpected[q] += writes))
         break;
     flush();
   }
-  if (!ok() || total > size_t(rows)) {
+  bool good = ok() && total <= size_t(rows);
+  if (values) {
+    // Laid out as the choices: rows [T, k] says where each one's row is.
+    const int32_t *where = at<const int32_t>(choiceRows);
+    float *valuesOut = at<float>(values);
+    const float *arrived =
+        reinterpret_cast<const float *>(state.recv + s.combineValuesOffset());
+    for (int64_t i = 0; i < rows; ++i) {
+      int32_t row = where[i];
+      valuesOut[i] =
+          good && row >= 0 && size_t(row) < total ? arrived[row] : 0.0f;
+    }
+  }
+  if (!good) {
     std::memset(out, 0, size_t(rows) * bytes);
     return;
   }

@@ -60,16 +60,29 @@ struct EpLayout {
   size_t combineOffset() const {
     return dispatchOffset() + size_t(ranks) * regionBytes();
   }
+  // After the combined rows, a value (f32) each: the backward's routing
+  // weights' gradients, which travel with the rows.
+  size_t combineValuesOffset() const {
+    return alignUp(
+        combineOffset() + size_t(maxTokens) * size_t(topK) * outRowBytes(), 16);
+  }
+  // (Linear in maxTokens: the alignment's room is counted whole.)
   size_t recvBytes() const {
-    return combineOffset() + size_t(maxTokens) * size_t(topK) * outRowBytes();
+    return combineOffset() + 16 +
+           size_t(maxTokens) * size_t(topK) * (outRowBytes() + 4);
   }
   // Send: staged counts, then dispatch regions or, later, combine rows.
   size_t sendDataOffset() const { return countsBytes(); }
   size_t sendBytes() const {
     size_t dispatch = size_t(ranks) * regionBytes();
-    size_t combine =
-        size_t(ranks) * size_t(maxTokens) * size_t(topK) * outRowBytes();
+    size_t combine = 16 + size_t(ranks) * size_t(maxTokens) * size_t(topK) *
+                              (outRowBytes() + 4);
     return sendDataOffset() + (dispatch > combine ? dispatch : combine);
+  }
+  // The combine's values, staged after its rows (from sendDataOffset()).
+  size_t sendValuesOffset() const {
+    return alignUp(
+        size_t(ranks) * size_t(maxTokens) * size_t(topK) * outRowBytes(), 16);
   }
 };
 

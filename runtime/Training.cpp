@@ -64,6 +64,11 @@ extern "C" int32_t moert_saved_begin(void *saved, int64_t tokens,
   return 0;
 }
 
+extern "C" void moert_saved_clear(void *saved) {
+  if (saved)
+    std::memset(saved, 0, sizeof(SavedHeader));
+}
+
 extern "C" int32_t moert_backward_check(const void *saved, int64_t tokens,
                                         int64_t layer, int32_t flags) {
   if (flags & ~(MOERT_GRAD_ACCUMULATE | MOERT_GRAD_BF16))
@@ -87,7 +92,7 @@ extern "C" int32_t moert_backward_check(const void *saved, int64_t tokens,
 }
 
 extern "C" void *moert_grad_target(void *dst, int64_t bytes, int32_t mode) {
-  bool direct = dst && !(mode & MOERT_GRAD_ACCUMULATE) &&
+  bool direct = dst && !(mode & (MOERT_GRAD_ACCUMULATE | MOERT_GRAD_STAGED)) &&
                 targetBF16(mode) == sourceBF16(mode);
   if (direct)
     return dst;

@@ -52,6 +52,10 @@ void moe_ep_finalize(void);
 const char *moe_ep_last_error(void);
 /* Around each forward: begin checks the call, end reports how it went. */
 int32_t moe_ep_begin(int64_t tokens);
+/* A training forward or backward: every rank must pass the same count (its
+ * saved buffer holds ranks x tokens x top-k expert rows), else every rank
+ * refuses the call alike. */
+int32_t moe_ep_begin_training(int64_t tokens);
 int32_t moe_ep_end(void);
 /* The four halves of moe.ep_dispatch_send/recv and moe.ep_combine_send/recv;
  * pointers are passed as integers. A failure is kept for moe_ep_end, and
@@ -65,9 +69,13 @@ int64_t moe_ep_dispatch_wait(void);
 void moe_ep_dispatch_unpack(int64_t data, int64_t scales, int64_t weights,
                             int64_t tokens_per_expert, int64_t expert_offsets,
                             int64_t origin);
+/* `capacity`: the rows `expert_out` has room for (at least those that
+ * arrived, which go back). `values` (0: none), an f32 a row, travels with
+ * the rows; the receiver lays them out as `choice_rows` [rows] says. */
 void moe_ep_combine_send(int64_t expert_out, int64_t row_bytes, int64_t origin,
-                         int64_t rows, int64_t sent);
-void moe_ep_combine_recv(int64_t gathered, int64_t rows);
+                         int64_t capacity, int64_t sent, int64_t values);
+void moe_ep_combine_recv(int64_t gathered, int64_t rows, int64_t choice_rows,
+                         int64_t values);
 
 /* ---- called by a GPU layer's generated code (EpCudaGroup.cpp) -----------
  * Init allocates the rank's state (`state_bytes`, for `capacity` tokens per

@@ -89,6 +89,9 @@ int32_t moert_graph_prepare(void **graphs, moert_enqueue_fn enqueue,
  * digest of its description) and the token count; begin writes it, after
  * checking the buffer is there. */
 int32_t moert_saved_begin(void *saved, int64_t tokens, int64_t layer);
+/* Unmarks a saved buffer whose training forward failed, so that no backward
+ * reads it. */
+void moert_saved_clear(void *saved);
 /* Nonzero (with the reason in moert_last_error) unless `saved` holds what
  * this layer's training forward wrote for `tokens` tokens and `flags` are
  * the backward's (MOERT_GRAD_*). */
@@ -100,6 +103,10 @@ int32_t moert_backward_check(const void *saved, int64_t tokens, int64_t layer,
 #define MOERT_GRAD_BF16 2
 /* Set by generated code on a gradient the backward computes in bf16. */
 #define MOERT_GRAD_SOURCE_BF16 4
+/* Set by generated code where the backward may fail after computing (an
+ * expert-parallel exchange): every gradient goes through scratch, moved
+ * only once the call has succeeded. */
+#define MOERT_GRAD_STAGED 8
 /* Where the backward writes gradient `dst` (`bytes` as it computes it,
  * `mode` its flags): `dst` itself where the caller's dtype is the
  * backward's and nothing is added, else scratch memory; null (with the

@@ -819,13 +819,15 @@ LogicalResult FunctionLowering::lowerActivation(ActivationOp op) {
 LogicalResult FunctionLowering::lowerActivationGrad(ActivationGradOp op) {
   Value g = buffer(op.getOutGrad()), h = buffer(op.getInput());
   int64_t outN = cast<MemRefType>(h.getType()).getDimSize(1) / 2;
-  Value rowCount = e.dim(h, 0);
+  // The gradient's rows: an expert-parallel rank's saved input may have
+  // room for more.
+  Value rowCount = e.dim(g, 0);
   Value dh = resultBuffer(op.getInputGrad(), {rowCount});
   Value aw = resultBuffer(op.getWeighted(), {rowCount});
   Value dw = Value();
   Value rows = op.getRows() ? buffer(op.getRows()) : Value();
   if (op.getWeightGrad())
-    dw = resultBuffer(op.getWeightGrad(), {e.dim(rows ? rows : h, 0)});
+    dw = resultBuffer(op.getWeightGrad(), {rows ? e.dim(rows, 0) : rowCount});
   ActivationAttr activation = op.getActivation();
   // One row of weight w: dh and w a stored, <g, a> returned (a rounded to
   // bf16, as the forward's down matmul read it).
@@ -851,13 +853,20 @@ LogicalResult FunctionLowering::lowerActivationGrad(ActivationGradOp op) {
   };
   if (!rows) {
     Value gate = op.getGate() ? buffer(op.getGate()) : Value();
+    bool linear = op.getLinearGate();
     e.forEach(e.index(0), rowCount, [&](Value r) {
-      Value s = gate ? e.sigmoid(e.load(gate, {r, e.index(0)})) : e.f32(1.0);
+      Value s = e.f32(1.0);
+      if (gate) {
+        s = e.load(gate, {r, e.index(0)});
+        if (!linear)
+          s = e.sigmoid(s);
+      }
       Value dot = withBias(row(r, s), r);
       // d sigmoid(x) / dx = s (1 - s).
+      if (gate && !linear)
+        dot = e.mul(dot, e.mul(s, e.sub(e.f32(1.0), s)));
       if (gate)
-        e.store(e.mul(dot, e.mul(s, e.sub(e.f32(1.0), s))), dw,
-                {r, e.index(0)});
+        e.storeRaw(dot, dw, {r, e.index(0)});
     });
     return success();
   }
@@ -1118,6 +1127,8 @@ LogicalResult FunctionLowering::lowerEpDispatchRecv(EpDispatchRecvOp op) {
   if (scaled)
     weights = e.alloc(MemRefType::get({ShapedType::kDynamic}, e.b.getF32Type()),
                       {count});
+  else if (op.getWeights())
+    weights = resultBuffer(op.getQuantized()[0], {count});
   callRuntime(RuntimeImport::moe_ep_dispatch_unpack,
               {address(data), address(scales), address(weights),
                address(counts), address(offsets), address(origin)});
@@ -1141,10 +1152,13 @@ LogicalResult FunctionLowering::lowerEpDispatchRecv(EpDispatchRecvOp op) {
 LogicalResult FunctionLowering::lowerEpCombineSend(EpCombineSendOp op) {
   Value out = buffer(op.getExpertOut());
   Value sent = resultBuffer(op.getSent(), {});
+  Value values = op.getValues() ? buffer(op.getValues()) : Value();
+  // The rows that arrived; `out` may have room for more (a training
+  // forward's saved rows).
   callRuntime(RuntimeImport::moe_ep_combine_send,
               {address(out), i64(rowBytes(out)),
                address(buffer(op.getOrigin())), indexToI64(e.dim(out, 0)),
-               address(sent)});
+               address(sent), address(values)});
   return success();
 }
 
@@ -1153,8 +1167,11 @@ LogicalResult FunctionLowering::lowerEpCombineRecv(EpCombineRecvOp op) {
   int64_t topK = cast<MemRefType>(rows.getType()).getDimSize(1);
   Value count = e.imul(e.dim(rows, 0), topK);
   Value gathered = resultBuffer(op.getGathered(), {count});
-  callRuntime(RuntimeImport::moe_ep_combine_recv,
-              {address(gathered), indexToI64(count)});
+  Value values =
+      op.getValues() ? resultBuffer(op.getValues(), {e.dim(rows, 0)}) : Value();
+  callRuntime(
+      RuntimeImport::moe_ep_combine_recv,
+      {address(gathered), indexToI64(count), address(rows), address(values)});
   return success();
 }
 

@@ -141,14 +141,21 @@ LogicalResult host::addTrainingEntryPoints(ModuleOp module,
   auto forward = h.statusFunction(module, interface.getSymbol("forward_train"),
                                   {h.ptr, h.i64, h.ptr});
   Value tokens = forward.getArgument(1), saved = forward.getArgument(2);
+  bool ep = static_cast<bool>(interface.getExpertParallel());
   h.check(h.call(RuntimeImport::moert_saved_begin,
                  {saved, tokens, h.c64(layerId)}));
+  if (ep)
+    h.check(h.call(RuntimeImport::moe_ep_begin_training, {tokens}));
   SmallVector<Value> operands =
       memrefOperands(h, interface, forward.getArgument(0), tokens);
   appendSaved(h, operands, training, saved, tokens);
   if (failed(callLowered(h, module, (interface.getName() + "_train").str(),
                          operands)))
     return failure();
+  // A step the group refused leaves no saved buffer a backward takes.
+  if (ep)
+    h.check(h.call(RuntimeImport::moe_ep_end, {}),
+            [&] { h.call(RuntimeImport::moert_saved_clear, {saved}); });
   LLVM::ReturnOp::create(b, h.loc, h.c32(0));
 
   // backward(args, tokens, output_grad, saved, grads, flags).
@@ -179,11 +186,14 @@ LogicalResult host::addTrainingEntryPoints(ModuleOp module,
       count = LLVM::MulOp::create(b, h.loc, count,
                                   ShapedType::isDynamic(d) ? tokens : h.c64(d));
     int64_t width = type.getElementTypeBitWidth() / 8;
+    // An expert-parallel backward learns whether the group ran it only at
+    // its end: every gradient waits in scratch until then.
+    int32_t extra =
+        (type.getElementType().isBF16() ? MOERT_GRAD_SOURCE_BF16 : 0) |
+        (ep ? MOERT_GRAD_STAGED : 0);
     Value mode =
-        type.getElementType().isBF16()
-            ? LLVM::OrOp::create(b, h.loc, flags, h.c32(MOERT_GRAD_SOURCE_BF16))
-                  .getResult()
-            : flags;
+        extra ? LLVM::OrOp::create(b, h.loc, flags, h.c32(extra)).getResult()
+              : flags;
     Value dst = h.pointerAt(grads, i);
     Value target =
         h.call(RuntimeImport::moert_grad_target,
@@ -195,9 +205,19 @@ LogicalResult host::addTrainingEntryPoints(ModuleOp module,
     appendDescriptor(h, operands, target, type.getShape(), tokens);
     moves.emplace_back(dst, target, count, mode);
   }
+  // Every check passed: the rank joins the group's exchanges.
+  if (ep)
+    h.check(h.call(RuntimeImport::moe_ep_begin_training, {tokens}));
   if (failed(callLowered(h, module, (interface.getName() + "_backward").str(),
                          operands)))
     return failure();
+  // Refused by the group: the scratch is freed, nothing is written.
+  if (ep)
+    h.check(h.call(RuntimeImport::moe_ep_end, {}), [&] {
+      Value null = LLVM::ZeroOp::create(b, h.loc, h.ptr);
+      for (auto [dst, target, count, mode] : moves)
+        h.call(RuntimeImport::moert_grad_finish, {null, target, count, mode});
+    });
   for (auto [dst, target, count, mode] : moves)
     h.call(RuntimeImport::moert_grad_finish, {dst, target, count, mode});
   LLVM::ReturnOp::create(b, h.loc, h.c32(0));

@@ -78,6 +78,20 @@ struct HostBuilder {
                                      ArrayRef<LLVM::GEPArg>{int32_t(i)});
     return LLVM::LoadOp::create(b, loc, ptr, slot);
   }
+  /// Returns `status` from the function if it is nonzero, after
+  /// `cleanup` has run.
+  void check(Value status, llvm::function_ref<void()> cleanup) {
+    Block *current = b.getInsertionBlock();
+    Block *failed = b.createBlock(current->getParent());
+    cleanup();
+    LLVM::BrOp::create(b, loc, ValueRange{status}, failure);
+    Block *next = b.createBlock(current->getParent());
+    b.setInsertionPointToEnd(current);
+    Value bad =
+        LLVM::ICmpOp::create(b, loc, LLVM::ICmpPredicate::ne, status, c32(0));
+    LLVM::CondBrOp::create(b, loc, bad, failed, next);
+    b.setInsertionPointToStart(next);
+  }
   /// Returns `status` from the function if it is nonzero.
   void check(Value status) {
     Block *current = b.getInsertionBlock();

@@ -387,10 +387,7 @@ static LogicalResult addEntries(ModuleOp host, ModuleOp module,
     // What the last failing runtime call said (the runtime's own symbols
     // stay inside the library).
     addForwarder(
-        host, lastError, {},
-        gpu || !interface.getExpertParallel()
-            ? RuntimeImport::moert_last_error
-            : RuntimeImport::moe_ep_last_error,
+        host, lastError, {}, RuntimeImport::moert_last_error,
         [](HostBuilder &, ValueRange) { return SmallVector<Value>(); });
   addLayerInfo(host, interface);
   return success();
@@ -422,8 +419,9 @@ static FailureOr<LinkLine> linkLine(ModuleOp module, InterfaceAttr interface,
     line.archives.push_back(archive("libmoe_ep.a"));
     line.libraries = {"fabric", "pthread"};
   }
-  // A training library's saved buffer and gradients are the runtime's.
-  if (gpu || interface.getTraining())
+  // A training library's saved buffer and gradients are the runtime's, as
+  // is the last error an expert-parallel call reports.
+  if (gpu || interface.getTraining() || interface.getExpertParallel())
     line.archives.push_back(runtimeArchive.str());
   if (interface.getExpertParallel())
     line.archives.push_back(archive("libmoe_transport.a"));

@@ -885,6 +885,11 @@ LogicalResult ActivationGradOp::verify() {
   if (getRows() && getGate())
     return emitOpError() << "takes a row's weight from rows(rows, weights) or "
                             "from a gate, not both";
+  if (getLinearGate() &&
+      (!getGate() ||
+       !cast<RankedTensorType>(getGate().getType()).getElementType().isF32()))
+    return emitOpError() << "has linear_gate but no f32 gate: the rows' "
+                            "weights themselves";
   if (getBiasTerm() &&
       failed(checkRows(op, "bias_term", getBiasTerm(), rows, 1, "one")))
     return failure();
@@ -1153,6 +1158,15 @@ LogicalResult EpDispatchRecvOp::verify() {
     return emitOpError() << "has " << getQuantized().size()
                          << " quantized results: none, or the dispatched "
                             "rows' scales";
+  if (getWeights()) {
+    if (getScaled() || getQuantAttr())
+      return emitOpError() << "gives its rows' weights, so its rows are "
+                              "neither scaled nor quantized";
+    if (getQuantized().size() != 1)
+      return emitOpError() << "gives its rows' weights as a fifth result";
+    return checkShape(op, "weights", getQuantized()[0],
+                      {count(rows, "rows"), size(1, "one weight")});
+  }
   Value scales = getQuantized().empty() ? Value() : getQuantized()[0];
   return verifyQuantizedResult(op, "dispatched", getDispatched(), scales,
                                getQuantAttr());
@@ -1164,9 +1178,13 @@ LogicalResult EpCombineSendOp::verify() {
       failed(checkShape(op, "expert_out", getExpertOut(),
                         {count(kAny, "rows"), size(kAny, "hidden")})))
     return failure();
-  return checkShape(
-      op, "origin", getOrigin(),
-      {count(shapeOf(getExpertOut())[0], "rows"), size(2, "rank and row")});
+  int64_t rows = shapeOf(getExpertOut())[0];
+  if (getValues() &&
+      failed(checkShape(op, "values", getValues(),
+                        {count(rows, "rows"), size(1, "one value")})))
+    return failure();
+  return checkShape(op, "origin", getOrigin(),
+                    {count(rows, "rows"), size(2, "rank and row")});
 }
 
 LogicalResult EpCombineRecvOp::verify() {
@@ -1177,6 +1195,14 @@ LogicalResult EpCombineRecvOp::verify() {
     return failure();
   ArrayRef<int64_t> rows = shapeOf(getRows());
   int64_t expected = ShapedType::isDynamic(rows[0]) ? kAny : rows[0] * rows[1];
+  if (getValues()) {
+    auto send = getSent().getDefiningOp<EpCombineSendOp>();
+    if (send && !send.getValues())
+      return emitOpError() << "gives values its send did not carry";
+    if (failed(checkShape(op, "values", getValues(),
+                          {count(rows[0], "tokens"), size(rows[1], "top-k")})))
+      return failure();
+  }
   return checkShape(op, "gathered", getGathered(),
                     {count(expected, "tokens x top-k"), size(kAny, "hidden")});
 }

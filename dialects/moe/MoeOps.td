@@ -477,8 +477,10 @@ def Moe_ActivationGradOp : Moe_Op<"activation_grad",
     (t, j) is rows[t, j] and its weight weights[t, j], whose gradient is
     `weight_grad`[t, j]; a row no choice maps to (alignment padding) has
     weight 0. With `gate` [R, 1] a row's weight is sigmoid(gate[r]) and
-    `weight_grad` [R, 1] the gate's gradient. With neither, every weight is
-    1 and there is no `weight_grad`.
+    `weight_grad` [R, 1] the gate's gradient; with `linear_gate` too, the
+    gate (f32) is the row's weight itself and `weight_grad` [R, 1] its
+    gradient (an expert-parallel rank's rows, whose weights came with them).
+    With neither, every weight is 1 and there is no `weight_grad`.
   }];
   let arguments = (ins
     Moe_Activations:$out_grad,
@@ -487,7 +489,8 @@ def Moe_ActivationGradOp : Moe_Op<"activation_grad",
     Optional<Moe_F32Tensor>:$weights,
     Optional<Moe_RealTensor>:$gate,
     Optional<Moe_F32Tensor>:$bias_term,
-    Moe_ActivationAttr:$activation
+    Moe_ActivationAttr:$activation,
+    UnitAttr:$linear_gate
   );
   let results = (outs Moe_Activations:$input_grad, Moe_Activations:$weighted,
                      Optional<Moe_F32Tensor>:$weight_grad);
@@ -707,11 +710,15 @@ def Moe_EpDispatchRecvOp : Moe_Op<"ep_dispatch_recv"> {
     choice's weight and rounded to bf16 (as moe.dispatch's `scale`); with
     `quant`, rows are E4M3 codes and the one `quantized` result their
     scales. `origin` [R, 2] gives each row's source rank and where its
-    output goes in that rank's moe.ep_combine_recv result.
+    output goes in that rank's moe.ep_combine_recv result. With `weights`
+    (a send with `scale`, the rows not scaled), the one `quantized` result
+    is each row's weight instead, [R, 1] f32: the backward's rows, whose
+    weights multiply later.
   }];
   let arguments = (ins
     Moe_IndexTensor:$sent,
     UnitAttr:$scaled,
+    UnitAttr:$weights,
     OptionalAttr<Moe_QuantAttr>:$quant
   );
   let results = (outs
@@ -732,12 +739,16 @@ def Moe_EpCombineSendOp : Moe_Op<"ep_combine_send"> {
   let description = [{
     Sends row i of `expert_out` [R, H] to rank `origin`[i, 0], where it
     lands at row `origin`[i, 1] of that rank's moe.ep_combine_recv result.
-    `sent` [ep_size] counts the rows sent to each rank.
+    `sent` [ep_size] counts the rows sent to each rank. With `values`
+    [R, 1] (f32), each row's value travels with it (the backward's
+    routing-weight gradients).
   }];
-  let arguments = (ins Moe_Activations:$expert_out, Moe_IndexTensor:$origin);
+  let arguments = (ins Moe_Activations:$expert_out, Moe_IndexTensor:$origin,
+                       Optional<Moe_F32Tensor>:$values);
   let results = (outs Moe_IndexTensor:$sent);
   let assemblyFormat = [{
-    $expert_out `,` $origin attr-dict `:` functional-type(operands, results)
+    $expert_out `,` $origin (`values` $values^)? attr-dict `:`
+    functional-type(operands, results)
   }];
   let hasVerifier = 1;
 }
@@ -748,10 +759,13 @@ def Moe_EpCombineRecvOp : Moe_Op<"ep_combine_recv"> {
     Waits for every expert output row of this rank's tokens and gives them
     as `gathered` [T * k, H], laid out as `rows` [T, k] (from
     moe.ep_dispatch_send) says, so moe.combine with those rows sums them
-    exactly as on one rank. `sent` is this rank's own moe.ep_combine_send.
+    exactly as on one rank. `sent` is this rank's own moe.ep_combine_send;
+    where it sent `values`, `values` [T, k] (f32) gives each choice's, 0
+    for a choice no rank holds.
   }];
   let arguments = (ins Moe_IndexTensor:$sent, Moe_IndexTensor:$rows);
-  let results = (outs Moe_Activations:$gathered);
+  let results = (outs Moe_Activations:$gathered,
+                      Optional<Moe_F32Tensor>:$values);
   let assemblyFormat = [{
     $sent `,` $rows attr-dict `:` functional-type(operands, results)
   }];

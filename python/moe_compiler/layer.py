@@ -290,6 +290,7 @@ class Layer:
         gpu = self.target != "cpu"
         params = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         fn = self._training_entry("forward", params + params[2:] * 2 * gpu)
+        self._check_ep(tensors)
         tokens = self.check(tensors)
         self._check_saved(saved, tokens, tensors[0].device)
         pointers = (ctypes.c_void_p * len(tensors))(
@@ -349,6 +350,7 @@ class Layer:
         if len(tensors) != len(inputs):
             raise LayerError(f"the backward takes the forward's "
                              f"{len(inputs)} inputs; {len(tensors)} given")
+        self._check_ep(tensors)
         tokens = self.check(tensors, inputs_only=True)
         device = tensors[0].device
         out = next(a for a in self.args if a["output"])

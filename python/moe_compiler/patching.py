@@ -183,9 +183,12 @@ class CompiledMoeBlock(torch.nn.Module):
     forward, whose backward reaches them."""
 
     def __init__(self, moe, returns, replaced, block=None, kind=None,
-                 quant=None, train_args=None, config=None):
+                 quant=None, train_args=None, config=None,
+                 expert_parallel=None):
         super().__init__()
         self.moe = moe
+        # (rank, ranks): the layer takes this rank's experts' slices.
+        self._expert_parallel = expert_parallel
         self.returns = returns
         self.replaced = replaced  # the class name of the block it replaces
         self._kind = kind
@@ -219,6 +222,10 @@ class CompiledMoeBlock(torch.nn.Module):
         if not grad and cached is not None and cached[0] == key:
             return cached[1]
         packed = pack_block(self._kind, tensors)
+        if self._expert_parallel is not None:
+            # Slices of the block's tensors: autograd gives the other
+            # ranks' experts zeros.
+            packed = local_experts(packed, *self._expert_parallel)
         dtypes = {"BF16": torch.bfloat16, "F32": torch.float32}
         weights = [packed[a["name"]].to(dtypes[a["dtype"]]).contiguous()
                    for a in self._args
@@ -401,9 +408,16 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
     which train (a training forward quantizes them inside the layer), and
     other forwards run on FP8 weights quantized from them once per change.
     `train=False` keeps the FP8 weights alone (quantized once, here: half
-    the memory) and nothing trains; so do expert-parallel blocks.
+    the memory) and nothing trains.
     `ep_group`: a torch.distributed group (or "env", torchrun's variables)
-    whose ranks split the experts; each rank keeps only its own."""
+    whose ranks split the experts; each rank computes only its own. Such a
+    block trains on the CPU backend: it keeps every parameter, passes the
+    layer its experts' slices, and its backward gives its own experts'
+    gradients and this rank's tokens' part of the others' (router, shared
+    experts), zeros for the other ranks' experts; summing gradients over
+    the group (as DistributedDataParallel does) gives the whole batch's.
+    Every rank passes the same number of tokens to each training forward.
+    Without training, each rank keeps only its own experts."""
     config, kind = _model_config(model)
     blocks = find_blocks(model, kind)
     if not blocks:
@@ -425,13 +439,14 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
     # rank. Quantized, a training forward runs the training library, which
     # quantizes them in each call; other forwards run the forward's library
     # on FP8 weights quantized from them once per change.
-    trainable = train and ranks == 1 and not _fp8_block128(config)
+    trainable = train and (ranks == 1 or target == "cpu") and \
+        not _fp8_block128(config)
     train_layer = []
 
     def train_library():
         if not train_layer:
             train_layer.append(Layer.open(compile_layer(
-                config, target, cache_dir, compiler, quant, train=True,
+                config, target, cache_dir, compiler, quant, ranks, train=True,
                 bf16_grads=_bf16_grads(target))))
         return train_layer[0]
     for (name, index, parent, attribute, block), device in zip(blocks,
@@ -441,6 +456,14 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
                                  index)
         except CheckpointError as e:
             raise LayerError(f"{name}: {e}") from None
+        if shared is None and trainable and ranks > 1:
+            # One library joins the group: the training one, whose forward
+            # serves the other calls too (on the bf16 weights, quantized in
+            # each call).
+            shared = train_library()
+            shared.set_graphs(False)
+            rank = start_expert_parallel(shared, ep_group, device,
+                                         timeout_ms=ep_timeout_ms)
         if shared is None:
             library = compile_layer(config, target, cache_dir, compiler,
                                     quant, ranks, kind in RECORDS_LOGITS)
@@ -454,7 +477,7 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
                                              timeout_ms=ep_timeout_ms)
         tensors = None if trainable else \
             quantize_once(weights.tensors, quant, config)
-        if ranks > 1:
+        if ranks > 1 and not trainable:
             tensors = local_experts(tensors, rank, ranks)
         if trainable:
             # The block's own tensors stay; the layer reads them each
@@ -465,10 +488,11 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
             # weights where those are quantized (it is compiled on first
             # use, and checked against these then).
             args = _bf16_args(shared.args) if quant is not None else None
-            replacement = CompiledMoeBlock(moe, BLOCKS[kind][1],
-                                           type(block).__name__, block, kind,
-                                           quant=quant, train_args=args,
-                                           config=config)
+            expert_parallel = (rank, ranks) if ranks > 1 else None
+            replacement = CompiledMoeBlock(
+                moe, BLOCKS[kind][1], type(block).__name__, block, kind,
+                quant=None if expert_parallel else quant, train_args=args,
+                config=config, expert_parallel=expert_parallel)
             replacement._packed()  # checks the block's tensors now
         else:
             moe = MoE(library, tensors, device, layer=shared)

@@ -561,6 +561,47 @@ func.func @f(%sent: tensor<2xi32>, %rows: tensor<3x2xi32>) {
 
 // -----
 
+func.func @f(%sent: tensor<2xi32>) {
+  // expected-error @+1 {{gives its rows' weights, so its rows are neither scaled nor quantized}}
+  %d, %c, %o, %origin, %w = moe.ep_dispatch_recv %sent {scaled, weights} : (tensor<2xi32>) -> (tensor<?x8xbf16>, tensor<2xi32>, tensor<3xi32>, tensor<?x2xi32>, tensor<?x1xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%sent: tensor<2xi32>) {
+  // expected-error @+1 {{weights dimension 1 (one weight) must be 1, but is 2}}
+  %d, %c, %o, %origin, %w = moe.ep_dispatch_recv %sent {weights} : (tensor<2xi32>) -> (tensor<?x8xbf16>, tensor<2xi32>, tensor<3xi32>, tensor<?x2xi32>, tensor<?x2xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%y: tensor<4x8xbf16>, %origin: tensor<4x2xi32>, %v: tensor<5x1xf32>) {
+  // expected-error @+1 {{values dimension 0 (rows) must be 4, but is 5}}
+  %s = moe.ep_combine_send %y, %origin values %v : (tensor<4x8xbf16>, tensor<4x2xi32>, tensor<5x1xf32>) -> tensor<2xi32>
+  return
+}
+
+// -----
+
+func.func @f(%y: tensor<4x8xbf16>, %origin: tensor<4x2xi32>, %rows: tensor<3x2xi32>) {
+  %s = moe.ep_combine_send %y, %origin : (tensor<4x8xbf16>, tensor<4x2xi32>) -> tensor<2xi32>
+  // expected-error @+1 {{gives values its send did not carry}}
+  %g, %v = moe.ep_combine_recv %s, %rows : (tensor<2xi32>, tensor<3x2xi32>) -> (tensor<6x8xbf16>, tensor<3x2xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%g: tensor<?x8xbf16>, %h: tensor<?x16xbf16>, %gate: tensor<?x1xbf16>) {
+  // expected-error @+1 {{has linear_gate but no f32 gate: the rows' weights themselves}}
+  %dh, %aw, %dw = moe.activation_grad %g, %h gate %gate {activation = #moe.activation<kind = swiglu>, linear_gate} : (tensor<?x8xbf16>, tensor<?x16xbf16>, tensor<?x1xbf16>) -> (tensor<?x16xbf16>, tensor<?x8xbf16>, tensor<?x1xf32>)
+  return
+}
+
+// -----
+
 func.func @f(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) {
   // expected-error @+1 {{ep_size must be at least 1, but is 0}}
   %d, %c, %o, %r = moe.dispatch %x, %ids {ep_size = 0 : i64} : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<?x8xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x2xi32>)

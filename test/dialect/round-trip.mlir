@@ -177,6 +177,21 @@ func.func @expert_parallel(%x: tensor<?x64xbf16>, %ids: tensor<?x2xi32>, %w: ten
   return %g : tensor<?x64xbf16>
 }
 
+// The backward's exchanges: rows with their weights, home with a value each.
+// CHECK-LABEL: func @expert_parallel_backward
+// CHECK: moe.ep_dispatch_recv %{{[^ ,)]+}} {weights}
+// CHECK: moe.activation_grad %{{[^ ]+}}, %{{[^ ]+}} gate %{{[^ ]+}} {activation = #moe.activation<kind = swiglu>, linear_gate}
+// CHECK: moe.ep_combine_send %{{[^ ,)]+}}, %{{[^ ,)]+}} values %{{[^ ,)]+}} :
+// CHECK: moe.ep_combine_recv %{{[^ ,)]+}}, %{{[^ ,)]+}} : (tensor<2xi32>, tensor<?x2xi32>) -> (tensor<?x16xbf16>, tensor<?x2xf32>)
+func.func @expert_parallel_backward(%dy: tensor<?x16xbf16>, %ids: tensor<?x2xi32>, %w: tensor<?x2xf32>, %h: tensor<?x16xbf16>, %g: tensor<?x8xbf16>) -> (tensor<?x16xbf16>, tensor<?x2xf32>) {
+  %sent, %rows = moe.ep_dispatch_send %dy, %ids scale %w {local_experts = 2 : i64} : (tensor<?x16xbf16>, tensor<?x2xi32>, tensor<?x2xf32>) -> (tensor<2xi32>, tensor<?x2xi32>)
+  %d, %c, %o, %origin, %rw = moe.ep_dispatch_recv %sent {weights} : (tensor<2xi32>) -> (tensor<?x16xbf16>, tensor<2xi32>, tensor<3xi32>, tensor<?x2xi32>, tensor<?x1xf32>)
+  %dh, %aw, %dw = moe.activation_grad %g, %h gate %rw {activation = #moe.activation<kind = swiglu>, linear_gate} : (tensor<?x8xbf16>, tensor<?x16xbf16>, tensor<?x1xf32>) -> (tensor<?x16xbf16>, tensor<?x8xbf16>, tensor<?x1xf32>)
+  %back = moe.ep_combine_send %dh, %origin values %dw : (tensor<?x16xbf16>, tensor<?x2xi32>, tensor<?x1xf32>) -> tensor<2xi32>
+  %home, %dwt = moe.ep_combine_recv %back, %rows : (tensor<2xi32>, tensor<?x2xi32>) -> (tensor<?x16xbf16>, tensor<?x2xf32>)
+  return %home, %dwt : tensor<?x16xbf16>, tensor<?x2xf32>
+}
+
 // The training ops (moe-differentiate).
 // CHECK-LABEL: func @training_ops
 // CHECK: moe.activation %{{[^ ]+}} {activation = #moe.activation<kind = swiglu>} : (tensor<?x16xbf16>) -> tensor<?x8xbf16>

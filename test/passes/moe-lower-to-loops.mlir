@@ -103,8 +103,8 @@ func.func @returns_argument(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) -> tens
 
 // Expert-parallel halves call the runtime (runtime/moe_ep.h) with buffer
 // addresses and the row sizes the generated code fixed: 8 bf16 = 16 bytes.
-// CHECK-LABEL: func.func private @moe_ep_combine_recv(i64, i64)
-// CHECK-LABEL: func.func private @moe_ep_combine_send(i64, i64, i64, i64, i64)
+// CHECK-LABEL: func.func private @moe_ep_combine_recv(i64, i64, i64, i64)
+// CHECK-LABEL: func.func private @moe_ep_combine_send(i64, i64, i64, i64, i64, i64)
 // CHECK-LABEL: func.func private @moe_ep_dispatch_unpack(i64, i64, i64, i64, i64, i64)
 // CHECK-LABEL: func.func private @moe_ep_dispatch_wait() -> i64
 // CHECK-LABEL: func.func private @moe_ep_dispatch_send(i64, i64, i64, i64, i64, i64, i64, i64, i64)

@@ -38,6 +38,13 @@ with --target=sm_90a, on the GPU (its libraries compiled beforehand with
       after training loaded into the unpatched model, gradient
       accumulation, activation checkpointing, and the bad inputs the
       backward refuses.
+  check_train.py ep [MODEL...] [--ranks N] [--quant SCHEME]
+      a model patched with ep_group= on N processes (torch.distributed,
+      gloo, the CPU backend), each on its own sequences, its gradients
+      summed over the group (as DistributedDataParallel does), against the
+      one-process patched model on the same sequences (a forward per
+      rank's share): the loss and every parameter's gradient (bf16: the
+      two sum the shares' expert gradients in different orders).
 """
 import argparse
 import copy
@@ -518,10 +525,68 @@ def prepare(args):
         print(f"{name}: compiled for {args.target} (training too)")
 
 
+def ep_rank(rank, args, name, port, out):
+    """One rank of check_ep: its sequences, its gradients summed over the
+    group."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=args.ranks)
+    model = build(name)
+    moe_compiler.patch(model, target="cpu", cache_dir=args.cache,
+                       quant=args.quant, ep_group=dist.group.WORLD)
+    ids = next(task(model, 1, batch=2 * args.ranks))
+    mine = ids.chunk(args.ranks)[rank]
+    loss = model(mine, labels=mine).loss
+    loss.backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= args.ranks
+    dist.all_reduce(loss.detach())
+    if rank == 0:
+        torch.save({"loss": loss.item() / args.ranks, "grads": {
+            n: p.grad.clone() for n, p in model.named_parameters()}}, out)
+    dist.destroy_process_group()
+
+
+def check_ep(args):
+    import socket
+    import torch.multiprocessing as mp
+    names = args.models or ["mixtral", "qwen2_moe", "deepseek_v3"]
+    for name in names:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        out = os.path.join(args.cache, f"ep-{name}.pt")
+        mp.spawn(ep_rank, args=(args, name, port, out), nprocs=args.ranks)
+        got = torch.load(out)
+        # One process, all the sequences: the mean of the ranks' losses.
+        model = build(name)
+        moe_compiler.patch(model, target="cpu", cache_dir=args.cache,
+                           quant=args.quant)
+        ids = next(task(model, 1, batch=2 * args.ranks))
+        loss = sum(model(part, labels=part).loss
+                   for part in ids.chunk(args.ranks)) / args.ranks
+        loss.backward()
+        loss_error = abs(got["loss"] - loss.item()) / abs(loss.item())
+        worst, where = 0.0, ""
+        for n, p in model.named_parameters():
+            want = p.grad.double()
+            delta = (got["grads"][n].double() - want).norm().item()
+            error = delta / want.norm().item() if want.norm() > 0 else delta
+            if error > worst:
+                worst, where = error, n
+        ok = loss_error <= 1e-3 and worst <= args.bound
+        print(f"{name}: {args.ranks} ranks: loss within {loss_error:.1e}, "
+              f"every gradient within {worst:.1e} of one process's (bound "
+              f"{args.bound:g}; largest: {where}) "
+              f"{'ok' if ok else 'FAILED'}")
+        sys.stdout.flush()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["grads", "parity", "api", "layers",
-                                         "prepare", "quant-api"])
+                                         "prepare", "quant-api", "ep"])
     parser.add_argument("models", nargs="*",
                         help="model names of Inputs/hf-models.json; layers "
                         "and prepare also take a HF config.json's path")
@@ -533,6 +598,7 @@ def main():
     parser.add_argument("--quant", choices=["fp8-block128", "mxfp8"],
                         help="grads, parity: patch(model, quant=...); "
                         "layers, prepare: libraries of that scheme")
+    parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--bf16-grads", action="store_true",
                         help="layers: both libraries write bf16 weight "
                         "gradients (--train-bf16-grads)")
@@ -540,7 +606,7 @@ def main():
     torch.manual_seed(0)
     {"grads": check_grads, "parity": check_parity, "api": check_api,
      "layers": check_layers, "prepare": prepare,
-     "quant-api": check_quant_api}[args.mode](args)
+     "quant-api": check_quant_api, "ep": check_ep}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -151,14 +151,19 @@ LogicalResult nvidia::buildActivationGrad(LayerKernels &layer,
   e.ifThen(e.ult(unit, k.linear(units)), [&] {
     if (!op.getRows()) {
       Value gate = view(op.getGate());
-      Value s = gate ? e.sigmoid(e.load(gate, {unit, e.index(0)})) : e.f32(1.0);
+      bool linear = op.getLinearGate();
+      Value s = e.f32(1.0);
+      if (gate) {
+        s = e.load(gate, {unit, e.index(0)});
+        if (!linear)
+          s = e.sigmoid(s);
+      }
       Value dot = withBias(grad.row(unit, s), unit);
       // d sigmoid(x) / dx = s (1 - s).
+      if (gate && !linear)
+        dot = e.mul(dot, e.mul(s, e.sub(e.f32(1.0), s)));
       if (gate)
-        e.ifThen(first, [&] {
-          e.store(e.mul(dot, e.mul(s, e.sub(e.f32(1.0), s))), dw,
-                  {unit, e.index(0)});
-        });
+        e.ifThen(first, [&] { e.storeRaw(dot, dw, {unit, e.index(0)}); });
       return;
     }
     Value rows = view(op.getRows()), weights = view(op.getWeights());

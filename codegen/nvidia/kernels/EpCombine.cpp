@@ -27,6 +27,11 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
   auto outType = cast<RankedTensorType>(op.getExpertOut().getType());
   int64_t ranks = cast<RankedTensorType>(op.getSent().getType()).getDimSize(0);
   int64_t hidden = outType.getDimSize(1);
+  if (op.getValues())
+    return op.emitOpError() << "carries a value with each row (an "
+                               "expert-parallel backward); sm_90a exchanges "
+                               "do not yet: train expert-parallel layers on "
+                               "the CPU backend";
   if (failed(checkEpShape(op, hidden, outType.getElementType(), ranks)))
     return failure();
   auto recv = op.getOrigin().getDefiningOp<EpDispatchRecvOp>();

@@ -783,6 +783,11 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
   if (op.getScaled())
     return op.emitOpError() << "receives weighted tokens (Llama-4); sm_90a "
                                "layers exchange unweighted tokens so far";
+  if (op.getWeights())
+    return op.emitOpError() << "gives its rows' weights (an expert-parallel "
+                               "backward); sm_90a exchanges do not carry "
+                               "them yet: train expert-parallel layers on "
+                               "the CPU backend";
   bool quantized = !op.getQuantized().empty();
   if (failed(checkEpShape(op, hidden, dispatchedType.getElementType(), ranks)))
     return failure();

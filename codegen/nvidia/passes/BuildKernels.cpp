@@ -251,6 +251,14 @@ struct BuildKernelsPass
     // forward's results tell them.
     llvm::StringMap<SmallVector<TokenLinear>> savedRows;
     for (func::FuncOp func : layers) {
+      if (func->hasAttr("moe.saved") &&
+          !func.getBody().getOps<EpDispatchSendOp>().empty()) {
+        func.emitOpError()
+            << "trains an expert-parallel layer, which sm_90a does not yet "
+               "(its exchanges carry no routing weights or their "
+               "gradients): build it for the CPU, or with ep_size 1";
+        return signalPassFailure();
+      }
       DenseMap<unsigned, TokenLinear> argRows;
       StringRef name = func.getName();
       if (func->hasAttr("moe.gradients") && name.consume_back("_backward")) {

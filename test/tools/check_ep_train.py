@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Trains one step of a layer compiled with ep_size N (moe-compile --train
+--ep-size N, the CPU backend) on N processes and checks every result bit
+for bit against the same layer compiled with ep_size 1:
+
+  * each rank's output and its tokens' gradient: the one-rank layer's on
+    every rank's tokens together, that rank's rows;
+  * each rank's experts' weight gradients: the one-rank layer's (on every
+    rank's tokens), those experts' slice;
+  * the parameters every rank holds (router, shared experts and their
+    gate): the one-rank layer's on that rank's tokens alone. They are this
+    rank's part, which the caller sums over ranks as data parallelism
+    does.
+
+Prints one line per rank count. --uneven gives rank 0 one more token and
+checks that every rank refuses the step with the same message. --kill R
+kills rank R in its backward (after it sent the output's gradient): every
+other rank must name it and leave every gradient buffer as it was.
+"""
+import argparse
+import math
+import os
+import socket
+import subprocess
+import sys
+
+import torch
+
+import moe_compiler
+from moe_compiler import ep
+from moe_compiler.layer import LayerError
+
+
+def compile_layer(opts, ranks):
+    path = os.path.join(opts.workdir,
+                        f"lib{opts.tag}-train-ep{ranks}.so")
+    if not os.path.exists(path):
+        subprocess.run([opts.moe_compile, "--from-hf-config", opts.config,
+                        f"--quant={opts.quant}", "--name", "layer", "--train",
+                        "--ep-size", str(ranks), "-o", path], check=True)
+    return path
+
+
+def random_inputs(layer, tokens, seed):
+    gen = torch.Generator().manual_seed(seed)
+    dtypes = {"BF16": torch.bfloat16, "F32": torch.float32}
+    inputs = []
+    for arg in layer.args:
+        if arg["output"]:
+            continue
+        shape = [tokens if d < 0 else d for d in arg["shape"]]
+        scale = 1.0 if arg["name"] == "hidden_states" else shape[-1] ** -0.5
+        t = torch.randn(shape, generator=gen, dtype=torch.float64) * scale
+        inputs.append(t.to(dtypes[arg["dtype"]]))
+    hidden = inputs[0].shape[1]
+    dy = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)
+    return inputs, dy
+
+
+def step(layer, inputs, dy, grads=None):
+    """forward_train and backward, every result poisoned first."""
+    tokens = inputs[0].shape[0]
+    out = torch.full(inputs[0].shape, math.nan, dtype=torch.bfloat16)
+    saved = torch.full((layer.saved_size(tokens),), 255, dtype=torch.uint8)
+    layer.forward_train(*inputs, out, saved=saved)
+    if grads is None:
+        grads = [torch.full(shape, math.nan, dtype=dtype)
+                 for _, dtype, shape in layer.gradient_shapes(tokens)]
+    layer.backward(inputs, dy, saved, grads)
+    return [out] + grads
+
+
+def sharded(layer1, layerN):
+    """Which inputs an expert-parallel rank holds a slice of (its experts')."""
+    args1 = [a for a in layer1.args if not a["output"]]
+    argsN = [a for a in layerN.args if not a["output"]]
+    return {a["name"]: a["shape"] != b["shape"] for a, b in zip(args1, argsN)}
+
+
+def worker(opts):
+    """One rank: its slice of the tokens and of the experts' weights."""
+    data = torch.load(opts.data)
+    layer = moe_compiler.Layer.open(data["lib"])
+    r, n = opts.worker, data["ranks"]
+    rendezvous = ep.Rendezvous(r, n, "127.0.0.1", data["port"],
+                               data["fd"] if r == 0 else -1, True)
+    layer.ep_init(rendezvous, max_tokens=data["tokens"] + 1,
+                  timeout_ms=data["timeout_ms"])
+    split = sharded(moe_compiler.Layer.open(data["lib1"]), layer)
+    inputs = []
+    for arg, t in zip([a for a in layer.args if not a["output"]],
+                      data["inputs"]):
+        if arg["name"] == "hidden_states":
+            t = t[data["starts"][r]:data["starts"][r + 1]]
+        elif split[arg["name"]]:
+            local = t.shape[0] // n
+            t = t[r * local:(r + 1) * local]
+        inputs.append(t.contiguous())
+    dy = data["dy"][data["starts"][r]:data["starts"][r + 1]].contiguous()
+    # Gradients hold a known value: a refused backward must leave it.
+    tokens = inputs[0].shape[0]
+    grads = [torch.full(shape, 7.0, dtype=dtype)
+             for _, dtype, shape in layer.gradient_shapes(tokens)]
+    try:
+        results = step(layer, inputs, dy, grads)
+        torch.save({"results": results}, f"{opts.data}.rank{r}")
+    except LayerError as e:
+        untouched = all(bool((g == 7.0).all()) for g in grads)
+        torch.save({"error": str(e), "untouched": untouched},
+                   f"{opts.data}.rank{r}")
+    layer.ep_finalize()
+
+
+def run_ranks(opts, lib1, libN, n, inputs, dy, starts):
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    fd = sock.detach()
+    data = os.path.join(opts.workdir, f"{opts.tag}-train-ep{n}.pt")
+    env = dict(os.environ)
+    if opts.kill is not None:
+        # Its second dispatch: the backward's.
+        env.update(MOE_EP_TEST_KILL_RANK=str(opts.kill),
+                   MOE_EP_TEST_KILL_AFTER="1")
+    torch.save({"lib": libN, "lib1": lib1, "ranks": n, "port": port,
+                "timeout_ms": 3000 if opts.kill is not None else 0,
+                "fd": fd, "tokens": max(b - a for a, b in
+                                        zip(starts, starts[1:])),
+                "inputs": inputs, "dy": dy, "starts": starts}, data)
+    procs = []
+    for r in range(n):
+        procs.append(subprocess.Popen(
+            [sys.executable, __file__, opts.config, "--worker", str(r),
+             "--data", data, "--compile", opts.moe_compile,
+             "--workdir", opts.workdir],
+            pass_fds=(fd,) if r == 0 else (), env=env))
+    os.close(fd)
+    results = []
+    for r, p in enumerate(procs):
+        code = p.wait(timeout=600)
+        if r == opts.kill and code == -9:
+            results.append({"killed": True})
+            continue
+        if code != 0:
+            raise SystemExit(f"rank {r} exited {code}")
+        results.append(torch.load(f"{data}.rank{r}"))
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("config")
+    ap.add_argument("--compile", dest="moe_compile", required=True)
+    ap.add_argument("--ranks", default="2")
+    ap.add_argument("--tokens", type=int, default=9,
+                    help="tokens a rank")
+    ap.add_argument("--quant", default="auto")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--uneven", action="store_true")
+    ap.add_argument("--kill", type=int)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    opts = ap.parse_args()
+    name = os.path.splitext(os.path.basename(opts.config))[0]
+    opts.tag = f"{name}-{opts.quant}"
+    if opts.worker is not None:
+        return worker(opts)
+
+    os.makedirs(opts.workdir, exist_ok=True)
+    lib1 = compile_layer(opts, 1)
+    layer1 = moe_compiler.Layer.open(lib1)
+    status = 0
+    for n in [int(x) for x in opts.ranks.split(",")]:
+        counts = [opts.tokens + (1 if opts.uneven and r == 0 else 0)
+                  for r in range(n)]
+        starts = [sum(counts[:r]) for r in range(n + 1)]
+        inputs, dy = random_inputs(layer1, starts[-1], opts.seed)
+        libN = compile_layer(opts, n)
+        got = run_ranks(opts, lib1, libN, n, inputs, dy, starts)
+        label = f"{opts.tag}, {n} ranks x {opts.tokens} tokens"
+        if opts.uneven:
+            errors = {g.get("error") for g in got}
+            ok = len(errors) == 1 and None not in errors
+            print(f"{label}, rank 0 one more: " +
+                  (f"refused by every rank alike ({errors.pop()})" if ok
+                   else f"NOT refused alike: {errors}"))
+            status |= 0 if ok else 1
+            continue
+        if opts.kill is not None:
+            for r, g in enumerate(got):
+                if r == opts.kill:
+                    ok = g.get("killed", False)
+                    print(f"{label}: rank {r} " +
+                          ("was killed in its backward" if ok else
+                           "was NOT killed"))
+                else:
+                    ok = "error" in g and g["untouched"]
+                    print(f"{label}: rank {r}: " +
+                          (f"{g['error']}; every gradient untouched" if ok
+                           else f"NOT refused cleanly: {g}"))
+                status |= 0 if ok else 1
+            continue
+        whole = step(layer1, inputs, dy)
+        names = ["output"] + [g for g, *_ in layer1.gradient_shapes(1)]
+        split = sharded(layer1, moe_compiler.Layer.open(libN))
+        differ = []
+        for r in range(n):
+            if "error" in got[r]:
+                differ.append(f"rank {r}: {got[r]['error']}")
+                continue
+            mine = [t[starts[r]:starts[r + 1]] if i == 0 else t
+                    for i, t in enumerate(inputs)]
+            alone = step(layer1, mine, dy[starts[r]:starts[r + 1]])
+            for i, gname in enumerate(names):
+                if gname in ("output", "hidden_states"):
+                    want = whole[i][starts[r]:starts[r + 1]]
+                elif split.get(gname):
+                    local = whole[i].shape[0] // n
+                    want = whole[i][r * local:(r + 1) * local]
+                else:
+                    want = alone[i]
+                g = got[r]["results"][i]
+                if g.shape != want.shape or not torch.isfinite(g).all() or \
+                        not torch.equal(
+                        g.view(torch.uint8) if g.dtype != torch.float32
+                        else g.view(torch.int32),
+                        want.view(torch.uint8) if want.dtype != torch.float32
+                        else want.view(torch.int32)):
+                    differ.append(f"rank {r} {gname}")
+        print(f"{label}: {len(names)} results a rank " +
+              ("bit-identical to one rank" if not differ else
+               "DIFFER: " + ", ".join(differ)))
+        status |= 1 if differ else 0
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
