@@ -60,7 +60,7 @@ std::pair<Value, Value> LayerDecomposer::quantize(Value value, bool isWeight) {
       QuantizeOp::create(b, tensorType(shape, b.getType<Float8E4M3FNType>()),
                          tensorType(getScaleShape(quant, shape, squareBlocks),
                                     quant.getScaleType()),
-                         value, quant);
+                         TypeRange(), value, quant);
   return {op.getData(), op.getScales()};
 }
 

@@ -36,7 +36,8 @@
 // its input (the gate/up output) is saved; the activation itself is
 // recomputed from it. A quantized layer saves its quantized rows as codes
 // and scales, and quantizes its weights and input again rather than save
-// them.
+// them; the transposed FP8 weights a dgrad reads are the training
+// forward's, quantized beside its own codes (one pass on sm_90a).
 //
 //===----------------------------------------------------------------------===//
 
@@ -267,22 +268,33 @@ Value Differentiator::quantizedDgrad(GroupedMatmulOp op, Value grad,
                 scalesType.getShape()[scalesType.getRank() - 2] !=
                     wType.getShape()[wType.getRank() - 2];
   Type f8 = b.getType<Float8E4M3FNType>();
-  Value transposed =
-      TransposeOp::create(b, loc, wType.clone(shape), get(weights.getInput()));
+  // The transposed weights' codes come from the training forward, beside
+  // its own: sm_90a quantizes both in one pass over the weights
+  // (moe-legalize), and the backward reads them saved.
+  OpBuilder forward(weights);
+  forward.setInsertionPointAfter(weights);
+  Location named = weights.getLoc();
+  if (auto step = dyn_cast<NameLoc>(named))
+    named = NameLoc::get(
+        forward.getStringAttr(step.getName().str() + "_transposed"),
+        step.getChildLoc());
+  Value transposed = TransposeOp::create(forward, named, wType.clone(shape),
+                                         weights.getInput());
   auto w = QuantizeOp::create(
-      b, loc, RankedTensorType::get(shape, f8),
+      forward, named, RankedTensorType::get(shape, f8),
       RankedTensorType::get(getScaleShape(scheme, shape, square),
                             scheme.getScaleType()),
-      transposed, scheme);
+      TypeRange(), transposed, scheme);
   auto g = QuantizeOp::create(
       b, loc, gradType.clone(f8),
       RankedTensorType::get(getScaleShape(scheme, gradType.getShape(), false),
                             scheme.getScaleType()),
-      grad, scheme);
-  return GroupedMatmulOp::create(
-             b, loc, outType, TypeRange(), g.getData(), w.getData(), counts,
-             offsets, g.getScales(), w.getScales(), Value(), ActivationAttr(),
-             QuantAttr(), ArrayAttr(), false, Value(), Value(), Value())
+      TypeRange(), grad, scheme);
+  return GroupedMatmulOp::create(b, loc, outType, TypeRange(), g.getData(),
+                                 get(w.getData()), counts, offsets,
+                                 g.getScales(), get(w.getScales()), Value(),
+                                 ActivationAttr(), QuantAttr(), ArrayAttr(),
+                                 false, Value(), Value(), Value())
       .getOut();
 }
 

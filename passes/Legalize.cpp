@@ -231,13 +231,51 @@ static void quantizeTransposed(QuantizeOp op) {
     return;
   OpBuilder b(op);
   auto fused = QuantizeOp::create(b, op.getLoc(), op.getData().getType(),
-                                  op.getScales().getType(),
+                                  op.getScales().getType(), TypeRange(),
                                   transpose.getInput(), op.getScheme(),
                                   /*transpose=*/true);
   op.getData().replaceAllUsesWith(fused.getData());
   op.getScales().replaceAllUsesWith(fused.getScales());
   op.erase();
   transpose.erase();
+}
+
+/// A weight quantized in 128 x 128 blocks both as it is and transposed
+/// (the forward's codes and the dgrad's) becomes one moe.quantize giving
+/// both: one read of the weights.
+static void quantizeBothWays(QuantizeOp transposed) {
+  // `a`'s shape with its last two dimensions swapped is `b`'s.
+  auto swapped = [](Value a, Value b) {
+    auto at = cast<RankedTensorType>(a.getType());
+    SmallVector<int64_t> shape(at.getShape());
+    if (shape.size() < 2)
+      return false;
+    std::swap(shape[shape.size() - 1], shape[shape.size() - 2]);
+    return at.clone(shape) == b.getType();
+  };
+  QuantizeOp plain;
+  for (Operation *user : transposed.getInput().getUsers())
+    if (auto q = dyn_cast<QuantizeOp>(user);
+        q && q != transposed && !q.getTranspose() &&
+        q.getTransposed().empty() && q.getScheme() == transposed.getScheme() &&
+        q->getBlock() == transposed->getBlock() &&
+        swapped(q.getData(), transposed.getData()) &&
+        swapped(q.getScales(), transposed.getScales()))
+      plain = q;
+  if (!plain)
+    return;
+  OpBuilder b(plain->isBeforeInBlock(transposed) ? plain : transposed);
+  auto both = QuantizeOp::create(
+      b, plain.getLoc(), plain.getData().getType(), plain.getScales().getType(),
+      TypeRange{transposed.getData().getType(),
+                transposed.getScales().getType()},
+      plain.getInput(), plain.getScheme(), /*transpose=*/false);
+  plain.getData().replaceAllUsesWith(both.getData());
+  plain.getScales().replaceAllUsesWith(both.getScales());
+  transposed.getData().replaceAllUsesWith(both.getTransposed()[0]);
+  transposed.getScales().replaceAllUsesWith(both.getTransposed()[1]);
+  plain.erase();
+  transposed.erase();
 }
 
 namespace {
@@ -256,6 +294,13 @@ struct LegalizePass : public moe::impl::LegalizeBase<LegalizePass> {
     getOperation()->walk([&](QuantizeOp op) { quantizes.push_back(op); });
     for (QuantizeOp op : quantizes)
       quantizeTransposed(op);
+    quantizes.clear();
+    getOperation()->walk([&](QuantizeOp op) {
+      if (op.getTranspose())
+        quantizes.push_back(op);
+    });
+    for (QuantizeOp op : quantizes)
+      quantizeBothWays(op);
     getOperation()->walk([&](GroupedMatmulOp op) {
       if (op.getTransposeRhs())
         return;

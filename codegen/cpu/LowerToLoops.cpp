@@ -143,6 +143,10 @@ private:
                     function_ref<void(Value, Value, Value)> body);
   // Expert parallelism: the bytes move through the runtime's calls
   // (runtime/moe_ep.h) over lib/transport; the arithmetic stays here.
+  /// `op`'s input (transposed first with `transpose`) quantized into the
+  /// results `data` and `scales`.
+  LogicalResult quantizeInto(QuantizeOp op, bool transpose, Value data,
+                             Value scales);
   LogicalResult lowerEpDispatchSend(EpDispatchSendOp op);
   LogicalResult lowerEpDispatchRecv(EpDispatchRecvOp op);
   LogicalResult lowerEpCombineSend(EpCombineSendOp op);
@@ -554,8 +558,20 @@ static void transposeInto(Emitter &e, Value input, Value out) {
 }
 
 LogicalResult FunctionLowering::lowerQuantize(QuantizeOp op) {
+  if (failed(quantizeInto(op, op.getTranspose(), op.getData(), op.getScales())))
+    return failure();
+  // Both ways: the transpose's codes and scales as a second quantize.
+  if (!op.getTransposed().empty())
+    return quantizeInto(op, /*transpose=*/true, op.getTransposed()[0],
+                        op.getTransposed()[1]);
+  return success();
+}
+
+LogicalResult FunctionLowering::quantizeInto(QuantizeOp op, bool transpose,
+                                             Value dataResult,
+                                             Value scalesResult) {
   Value input = buffer(op.getInput());
-  if (op.getTranspose()) {
+  if (transpose) {
     // The reference transposes first: the codes do not depend on the order
     // in which a block is read.
     auto type = cast<MemRefType>(input.getType());
@@ -570,17 +586,17 @@ LogicalResult FunctionLowering::lowerQuantize(QuantizeOp op) {
     input = swapped;
   }
   auto inputType = cast<MemRefType>(input.getType());
-  auto scaleShape = cast<RankedTensorType>(op.getScales().getType()).getShape();
+  auto scaleShape = cast<RankedTensorType>(scalesResult.getType()).getShape();
   FailureOr<int64_t> rowsPerBlock =
       scaleRowsPerBlock(op, inputType, scaleShape, op.getScheme());
   if (failed(rowsPerBlock))
     return failure();
   QuantAttr scheme = op.getScheme();
-  Value data = resultBuffer(op.getData(), dynamicSizes(op.getData(), input));
+  Value data = resultBuffer(dataResult, dynamicSizes(dataResult, input));
   SmallVector<Value> scaleSizes;
   if (ShapedType::isDynamic(scaleShape[0]))
     scaleSizes.push_back(e.dim(input, 0));
-  Value scales = resultBuffer(op.getScales(), scaleSizes);
+  Value scales = resultBuffer(scalesResult, scaleSizes);
   int64_t kBlock = scheme.getBlockSize();
 
   forEachBlock(input, *rowsPerBlock, kBlock,

@@ -603,9 +603,27 @@ LogicalResult QuantizeOp::verify() {
                            << formatShape(shapeOf(getInput())) << ")";
     std::swap(shape[rank - 1], shape[rank - 2]);
   }
-  return verifyQuantPair(getOperation(), shape,
-                         getTranspose() ? "transposed input" : "input",
-                         getData(), getScales(), getScheme());
+  if (failed(verifyQuantPair(getOperation(), shape,
+                             getTranspose() ? "transposed input" : "input",
+                             getData(), getScales(), getScheme())))
+    return failure();
+  if (getTransposed().empty())
+    return success();
+  size_t rank = shape.size();
+  auto scales = cast<RankedTensorType>(getScales().getType());
+  bool square = getScheme().getKind() == QuantKind::FP8Block128 &&
+                scales.getRank() == int64_t(rank) && rank >= 2 &&
+                scales.getDimSize(rank - 2) != ShapedType::kDynamic &&
+                scales.getDimSize(rank - 2) != shape[rank - 2];
+  if (getTranspose() || getTransposed().size() != 2 || !square ||
+      ShapedType::isDynamic(shape[rank - 1]) ||
+      ShapedType::isDynamic(shape[rank - 2]))
+    return emitOpError() << "gives the transpose's codes and scales (two "
+                            "results) only for 128 x 128 blocks of static "
+                            "last dimensions, without transpose";
+  std::swap(shape[rank - 1], shape[rank - 2]);
+  return verifyQuantPair(getOperation(), shape, "transposed input",
+                         getTransposed()[0], getTransposed()[1], getScheme());
 }
 
 LogicalResult TransposeOp::verify() {

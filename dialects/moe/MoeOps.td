@@ -220,10 +220,16 @@ def Moe_QuantizeOp : Moe_Op<"quantize", [Pure]> {
     With `transpose`, `data` and `scales` are those of the input with its
     last two (static) dimensions swapped: a moe.transpose and a quantize in
     one pass over the input (a dgrad's weights, quantized along N).
+
+    With two `transposed` results (128 x 128 blocks, not `transpose`), they
+    are the codes and scales of the input's transpose too: a square block
+    has one scale whichever way it is read, so one pass gives both (a
+    weight's codes for the forward and for the dgrad).
   }];
   let arguments = (ins Moe_RealTensor:$input, Moe_QuantAttr:$scheme,
                        UnitAttr:$transpose);
-  let results = (outs Moe_QuantData:$data, Moe_Scales:$scales);
+  let results = (outs Moe_QuantData:$data, Moe_Scales:$scales,
+                      Variadic<AnyRankedTensor>:$transposed);
   let assemblyFormat = [{
     $input attr-dict `:` functional-type(operands, results)
   }];

@@ -814,3 +814,11 @@ func.func @f(%x: tensor<?x64xbf16>) {
   %d, %s = moe.quantize %x {scheme = #moe.quant<kind = fp8_block128>, transpose} : (tensor<?x64xbf16>) -> (tensor<64x?xf8E4M3FN>, tensor<1x?xf32>)
   return
 }
+
+// -----
+
+func.func @f(%w: tensor<4x256x128xbf16>) {
+  // expected-error @+1 {{gives the transpose's codes and scales (two results) only for 128 x 128 blocks of static last dimensions, without transpose}}
+  %q, %s, %qt, %st = moe.quantize %w {scheme = #moe.quant<kind = fp8_block128>} : (tensor<4x256x128xbf16>) -> (tensor<4x256x128xf8E4M3FN>, tensor<4x256x1xf32>, tensor<4x128x256xf8E4M3FN>, tensor<4x128x2xf32>)
+  return
+}

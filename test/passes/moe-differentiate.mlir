@@ -120,27 +120,33 @@ func.func @selection_bias(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
 // dispatched rows as the gate/up matmul read them, E4M3 codes and scales,
 // not in bf16. Each dgrad runs in FP8 as DeepSeek-V3's recipe does: the
 // rows' gradient quantized in 1 x 128 tiles along N, the weights
-// transposed and quantized again in 128 x 128 blocks rather than saved.
-// The wgrad multiplies by the values the saved codes stand for.
-// CHECK-LABEL: func.func @fp8_train
-// CHECK-SAME: moe.saved = ["dispatch.rows", "dispatch.expert_offsets", "route.weights", "dispatch.tokens_per_expert", "gate_up.out", "gate_up_input.scales", "gate_up_input.data", "route.logits", "route.expert_ids"]
+// transposed and quantized in 128 x 128 blocks by the training forward,
+// beside its own codes (moe-legalize makes the two one pass on sm_90a),
+// and saved. The wgrad multiplies by the values the saved codes stand for.
+// CHECK-LABEL: func.func @fp8_train(
+// CHECK-SAME: %{{[^:]*}}: tensor<?x128xbf16>, %{{[^:]*}}: tensor<4x128xbf16>, %[[FW13:[^:]*]]: tensor<4x256x128xbf16>, %[[FW2:[^:]*]]: tensor<4x128x128xbf16>
+// CHECK-SAME: moe.saved = ["dispatch.rows", "dispatch.expert_offsets", "route.weights", "dispatch.tokens_per_expert", "gate_up.out", "down_weights_transposed.scales", "down_weights_transposed.data", "gate_up_input.scales", "gate_up_input.data", "gate_up_weights_transposed.scales", "gate_up_weights_transposed.data", "route.logits", "route.expert_ids"]
+// CHECK: moe.quantize %[[FW13]] {{.*}} -> (tensor<4x256x128xf8E4M3FN>, tensor<4x2x1xf32>)
+// CHECK: %[[FW13T:.*]] = moe.transpose %[[FW13]] : tensor<4x256x128xbf16> -> tensor<4x128x256xbf16>
+// CHECK: moe.quantize %[[FW13T]] {{.*}} -> (tensor<4x128x256xf8E4M3FN>, tensor<4x1x2xf32>)
+// CHECK: moe.quantize %[[FW2]] {{.*}} -> (tensor<4x128x128xf8E4M3FN>, tensor<4x1x1xf32>)
+// CHECK: %[[FW2T:.*]] = moe.transpose %[[FW2]] : tensor<4x128x128xbf16> -> tensor<4x128x128xbf16>
+// CHECK: moe.quantize %[[FW2T]]
 // CHECK-LABEL: func.func @fp8_backward
 // CHECK-SAME: %[[X:[^:]*]]: tensor<?x128xbf16>, %{{[^:]*}}: tensor<4x128xbf16>, %[[W13:[^:]*]]: tensor<4x256x128xbf16>, %[[W2:[^:]*]]: tensor<4x128x128xbf16>
-// CHECK-SAME: %[[SCALES:[^:]*]]: tensor<?x1xf32>, %[[CODES:[^:]*]]: tensor<?x128xf8E4M3FN>
+// CHECK-SAME: %[[W2S:[^:]*]]: tensor<4x1x1xf32>, %[[W2Q:[^:]*]]: tensor<4x128x128xf8E4M3FN>, %[[SCALES:[^:]*]]: tensor<?x1xf32>, %[[CODES:[^:]*]]: tensor<?x128xf8E4M3FN>, %[[W13S:[^:]*]]: tensor<4x1x2xf32>, %[[W13Q:[^:]*]]: tensor<4x128x256xf8E4M3FN>
 // CHECK-SAME: -> (tensor<?x128xbf16>, tensor<4x128xf32>, tensor<4x256x128xf32>, tensor<4x128x128xf32>)
+// CHECK-NOT: moe.transpose
 // CHECK: %[[DY:.*]] = moe.scatter
-// CHECK: %[[W2T:.*]] = moe.transpose %[[W2]] : tensor<4x128x128xbf16> -> tensor<4x128x128xbf16>
-// CHECK: %[[W2Q:.*]], %[[W2S:.*]] = moe.quantize %[[W2T]] {scheme = #moe.quant<kind = fp8_block128>} : (tensor<4x128x128xbf16>) -> (tensor<4x128x128xf8E4M3FN>, tensor<4x1x1xf32>)
 // CHECK: %[[DYQ:.*]], %[[DYS:.*]] = moe.quantize %[[DY]] {scheme = #moe.quant<kind = fp8_block128>} : (tensor<?x128xbf16>) -> (tensor<?x128xf8E4M3FN>, tensor<?x1xf32>)
 // CHECK: %[[G:.*]] = moe.grouped_matmul %[[DYQ]], %[[W2Q]] groups(%{{.*}}) scales(%[[DYS]], %[[W2S]])
 // CHECK: %[[DH:.*]], %{{.*}}, %{{.*}} = moe.activation_grad %[[G]]
 // CHECK: %[[XD:.*]] = moe.dequantize %[[CODES]], %[[SCALES]] {scheme = #moe.quant<kind = fp8_block128>} : (tensor<?x128xf8E4M3FN>, tensor<?x1xf32>) -> tensor<?x128xbf16>
 // CHECK: moe.grouped_matmul_wgrad %{{.*}} lhs %[[XD]] groups
-// CHECK: %[[W13T:.*]] = moe.transpose %[[W13]] : tensor<4x256x128xbf16> -> tensor<4x128x256xbf16>
-// CHECK: %[[W13Q:.*]], %[[W13S:.*]] = moe.quantize %[[W13T]] {{.*}} -> (tensor<4x128x256xf8E4M3FN>, tensor<4x1x2xf32>)
 // CHECK: %[[DHQ:.*]], %[[DHS:.*]] = moe.quantize %[[DH]] {{.*}} -> (tensor<?x256xf8E4M3FN>, tensor<?x2xf32>)
 // CHECK: moe.grouped_matmul %[[DHQ]], %[[W13Q]] groups(%{{.*}}) scales(%[[DHS]], %[[W13S]]) {{.*}} -> tensor<?x128xbf16>
 // CHECK-NOT: moe.grouped_matmul_dgrad {{.*}} groups
+// CHECK-NOT: moe.transpose
 func.func @fp8(%x: tensor<?x128xbf16>, %wr: tensor<4x128xbf16>,
                %w13: tensor<4x256x128xbf16>, %w2: tensor<4x128x128xbf16>)
     -> tensor<?x128xbf16> {

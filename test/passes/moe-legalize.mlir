@@ -160,3 +160,19 @@ func.func @fp8_dgrad_activation_grad(%g: tensor<?x32xbf16>, %rows: tensor<?x2xi3
   %dw2 = moe.grouped_matmul_wgrad %dy lhs %aw groups(%counts, %offsets) : (tensor<?x32xbf16>, tensor<?x64xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<4x32x64xbf16>
   return %dh, %dw2, %dw : tensor<?x128xbf16>, tensor<4x32x64xbf16>, tensor<?x2xf32>
 }
+
+// -----
+
+// A training forward quantizes each weight for its own matmul and, for the
+// backward's FP8 dgrad, transposed: one pass gives both.
+// CHECK-LABEL: func @weights_both_ways
+// CHECK-NOT: moe.transpose
+// CHECK: %[[Q:.*]], %[[S:.*]], %[[T:.*]]:2 = moe.quantize %arg0 {scheme = #moe.quant<kind = fp8_block128>} : (tensor<4x256x128xbf16>) -> (tensor<4x256x128xf8E4M3FN>, tensor<4x2x1xf32>, tensor<4x128x256xf8E4M3FN>, tensor<4x1x2xf32>)
+// CHECK-NOT: moe.quantize
+// CHECK: return %[[Q]], %[[S]], %[[T]]#0, %[[T]]#1
+func.func @weights_both_ways(%w: tensor<4x256x128xbf16>) -> (tensor<4x256x128xf8E4M3FN>, tensor<4x2x1xf32>, tensor<4x128x256xf8E4M3FN>, tensor<4x1x2xf32>) {
+  %q, %s = moe.quantize %w {scheme = #moe.quant<kind = fp8_block128>} : (tensor<4x256x128xbf16>) -> (tensor<4x256x128xf8E4M3FN>, tensor<4x2x1xf32>)
+  %t = moe.transpose %w : tensor<4x256x128xbf16> -> tensor<4x128x256xbf16>
+  %qt, %st = moe.quantize %t {scheme = #moe.quant<kind = fp8_block128>} : (tensor<4x128x256xbf16>) -> (tensor<4x128x256xf8E4M3FN>, tensor<4x1x2xf32>)
+  return %q, %s, %qt, %st : tensor<4x256x128xf8E4M3FN>, tensor<4x2x1xf32>, tensor<4x128x256xf8E4M3FN>, tensor<4x1x2xf32>
+}

@@ -273,6 +273,44 @@ TEST(CpuBackendQuantize, TransposedQuantizeQuantizesTheTranspose) {
   }
 }
 
+// Quantized both ways, the codes and scales are the input's and its
+// transpose's, each as a quantize of its own gives them.
+TEST(CpuBackendQuantize, BothWaysQuantizesTheInputAndItsTranspose) {
+  std::mt19937 rng(6);
+  int64_t experts = 2, n = 130, k = 300;
+  std::vector<float> w = awkwardMatrix(rng, experts * n, k);
+  auto engine = compile(
+      "func.func @q(%x: tensor<2x130x300xf32>) -> (tensor<2x130x300xf8E4M3FN>, "
+      "tensor<2x2x3xf32>, tensor<2x300x130xf8E4M3FN>, tensor<2x3x2xf32>) "
+      "attributes {llvm.emit_c_interface} {\n"
+      "  %d, %s, %t:2 = moe.quantize %x {scheme = #moe.quant<kind = "
+      "fp8_block128>} : (tensor<2x130x300xf32>) -> (tensor<2x130x300xf8E4M3FN>,"
+      " tensor<2x2x3xf32>, tensor<2x300x130xf8E4M3FN>, tensor<2x3x2xf32>)\n"
+      "  return %d, %s, %t#0, %t#1 : tensor<2x130x300xf8E4M3FN>, "
+      "tensor<2x2x3xf32>, tensor<2x300x130xf8E4M3FN>, tensor<2x3x2xf32>\n}\n");
+  ASSERT_TRUE(engine);
+  std::vector<uint8_t> data(experts * n * k, 0xAA), tData(data);
+  std::vector<float> scales(experts * 6, -1.0f), tScales(scales);
+  ASSERT_TRUE(call(*engine, "q",
+                   {{w.data(), {experts, n, k}},
+                    {data.data(), {experts, n, k}},
+                    {scales.data(), {experts, 2, 3}},
+                    {tData.data(), {experts, k, n}},
+                    {tScales.data(), {experts, 3, 2}}}));
+  for (int64_t x = 0; x < experts; ++x) {
+    std::vector<float> plain(w.begin() + x * n * k,
+                             w.begin() + (x + 1) * n * k);
+    expectBlocksOf(plain, n, k, data.data() + x * n * k, scales.data() + x * 6,
+                   x);
+    std::vector<float> t(k * n);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < k; ++j)
+        t[j * n + i] = w[(x * n + i) * k + j];
+    expectBlocksOf(t, k, n, tData.data() + x * n * k, tScales.data() + x * 6,
+                   x);
+  }
+}
+
 // An FP8 grouped matmul equals the float64 product of the decoded operands
 // to f32 accumulation accuracy, for both scale layouts.
 TEST(CpuBackendQuantize, FP8GroupedMatmulMatchesFloat64) {

@@ -195,18 +195,31 @@ static LogicalResult buildSquareQuantize(LayerKernels &layer, QuantizeOp op) {
   int64_t k = inputType.getDimSize(cfg.rank - 1);
   int64_t rowBlocks = llvm::divideCeil(n, bs),
           colBlocks = llvm::divideCeil(k, bs);
-  bool transposed = op.getTranspose();
+  // With `transpose` the codes are written transposed only; with
+  // `transposed` results, both ways.
+  bool both = !op.getTransposed().empty();
+  bool transposed = op.getTranspose() || both;
   TokenLinear rows = layer.info(op.getInput()).rows;
   layer.define(op.getData(), rows);
   layer.define(op.getScales(), rows);
-  Kernel kernel = layer.kernel(op, "quantize",
-                               {op.getInput(), op.getData(), op.getScales()});
+  SmallVector<Value> buffers = {op.getInput(), op.getData(), op.getScales()};
+  for (Value v : op.getTransposed()) {
+    layer.define(v, rows);
+    buffers.push_back(v);
+  }
+  Kernel kernel = layer.kernel(op, "quantize", buffers);
   kernel.launch.work = TokenLinear{cfg.prefix * rowBlocks * colBlocks, 0};
   kernel.launch.block = threads;
   Emitter &e = kernel.e;
   Value input = kernel.view(0, layer.info(op.getInput()));
   Value data = kernel.view(1, layer.info(op.getData()));
   Value scales = kernel.view(2, layer.info(op.getScales()));
+  // Where the transposed codes and scales go.
+  Value tData = data, tScales = scales;
+  if (both) {
+    tData = kernel.view(3, layer.info(op.getTransposed()[0]));
+    tScales = kernel.view(4, layer.info(op.getTransposed()[1]));
+  }
   Value block = kernel.blockId(gpu::Dimension::x), tid = kernel.threadId();
   Value kb = e.remUI(block, colBlocks);
   Value rest = e.divUI(block, colBlocks);
@@ -289,12 +302,13 @@ static LogicalResult buildSquareQuantize(LayerKernels &layer, QuantizeOp op) {
   }
   common::BlockScale scale = common::blockScale(e, scheme, amax, special);
   e.ifThen(e.eq(tid, e.index(0)), [&] {
-    SmallVector<Value> index(prefix);
+    SmallVector<Value> index(prefix), swapped(prefix);
+    index.append({rb, kb});
+    swapped.append({kb, rb});
+    if (both || !transposed)
+      e.storeRaw(scale.stored, scales, index);
     if (transposed)
-      index.append({kb, rb});
-    else
-      index.append({rb, kb});
-    e.storeRaw(scale.stored, scales, index);
+      e.storeRaw(scale.stored, tScales, swapped);
   });
   auto codesType = VectorType::get({width}, i8);
   // Transposed, the codes meet in shared memory (rows of 129 bytes, so
@@ -324,7 +338,8 @@ static LogicalResult buildSquareQuantize(LayerKernels &layer, QuantizeOp op) {
         for (int64_t j = 0; j < width; ++j)
           e.storeRaw(Value(vector::ExtractOp::create(e.b, e.loc, codes, j)),
                      tile, {localRow, e.iadd(localCol, e.index(j))});
-        continue;
+        if (!both)
+          continue;
       }
       e.ifThen(valid, [&] {
         vector::StoreOp::create(e.b, e.loc, codes, data, at(row, c), false,
@@ -347,11 +362,12 @@ static LogicalResult buildSquareQuantize(LayerKernels &layer, QuantizeOp op) {
           e.loadRaw(tile, {e.iadd(e.imul(q, width), e.index(j)), r}));
     Value codes = vector::FromElementsOp::create(e.b, e.loc, codesType, bytes);
     Value dataRow = e.iadd(e.imul(kb, bs), r);
-    e.ifThen(
-        e.andi(e.ult(dataRow, e.index(k)), e.ult(dataCol, e.index(n))), [&] {
-          vector::StoreOp::create(e.b, e.loc, codes, data, at(dataRow, dataCol),
-                                  false, vectorAlign(width, i8));
-        });
+    e.ifThen(e.andi(e.ult(dataRow, e.index(k)), e.ult(dataCol, e.index(n))),
+             [&] {
+               vector::StoreOp::create(e.b, e.loc, codes, tData,
+                                       at(dataRow, dataCol), false,
+                                       vectorAlign(width, i8));
+             });
   });
   return kernel.finish(op);
 }
@@ -445,6 +461,17 @@ LogicalResult nvidia::buildQuantize(LayerKernels &layer, QuantizeOp op) {
     return buildSquareQuantize(layer, op);
   }
   bool vectors = input.getElementType().isBF16() && cfg.cols % 8 == 0;
+  if (!op.getTransposed().empty()) {
+    ArrayRef<int64_t> shape = input.getShape();
+    if (!vectors || cfg.dynamicRows || cfg.rowsPerBlock != cfg.blockSize ||
+        shape[shape.size() - 2] % 8 != 0)
+      return op.emitOpError()
+             << "gives its transpose's codes too, which sm_90a does for bf16 "
+                "input whose last two dimensions are static multiples of 8, "
+                "quantized in square blocks (input shape "
+             << input << ")";
+    return buildSquareQuantize(layer, op);
+  }
   // Rows of a scale each: activations, and static stacks of them.
   if (vectors && cfg.rowsPerBlock == 1 &&
       (input.getRank() == 2 || !cfg.dynamicRows))
