@@ -115,7 +115,7 @@ private:
   LogicalResult routeRule(RouteOp op);
   /// combine's rule where `dispatch` is expert parallel: the output's
   /// gradient goes to the experts' ranks with each choice's weight.
-  FailureOr<Adjoint> epRowGrads(CombineOp op, DispatchOp dispatch, Value grad);
+  Adjoint epRowGrads(CombineOp op, DispatchOp dispatch, Value grad);
 
   /// A forward value in the backward: an argument, a saved value, or one
   /// quantized from an argument (quantized again).
@@ -363,10 +363,7 @@ LogicalResult Differentiator::combineRule(CombineOp op) {
                                "gradient moe-differentiate does not give";
   Adjoint rows;
   if (dispatch.isExpertParallel()) {
-    FailureOr<Adjoint> sent = epRowGrads(op, dispatch, grad);
-    if (failed(sent))
-      return failure();
-    rows = *sent;
+    rows = epRowGrads(op, dispatch, grad);
   } else {
     rows.value = scattered(grad, op.getRows(), op.getLoc());
     rows.align = dispatch.getAlign();
@@ -393,8 +390,8 @@ LogicalResult Differentiator::combineRule(CombineOp op) {
   return addAdjoint(op, op.getShared(), shared);
 }
 
-FailureOr<Adjoint> Differentiator::epRowGrads(CombineOp op, DispatchOp dispatch,
-                                              Value grad) {
+Adjoint Differentiator::epRowGrads(CombineOp op, DispatchOp dispatch,
+                                   Value grad) {
   // The combine's adjoint is a dispatch of the output's gradient: the same
   // expert ids lay it out as the forward laid out the tokens, so the rows
   // the forward saved and these match row for row. The weights travel
