@@ -398,7 +398,8 @@ Adjoint Differentiator::epRowGrads(CombineOp op, DispatchOp dispatch,
   // with it, unapplied (the activation's backward applies them, as on one
   // rank).
   Location loc = op.getLoc();
-  auto ranks = RankedTensorType::get({dispatch.getEpSize()}, b.getI32Type());
+  auto ranks =
+      RankedTensorType::get({int64_t(dispatch.getEpSize())}, b.getI32Type());
   auto counts = cast<RankedTensorType>(dispatch.getTokensPerExpert().getType());
   Value weights = op.getWeights() ? get(op.getWeights()) : Value();
   auto send = EpDispatchSendOp::create(
@@ -606,7 +607,8 @@ LogicalResult Differentiator::dispatchRule(DispatchOp op) {
                                  "backward would send the gradients";
     EpExchange &ep = exchange->second;
     auto gradType = cast<RankedTensorType>(rowGrad.getType());
-    auto ranks = RankedTensorType::get({op.getEpSize()}, b.getI32Type());
+    auto ranks =
+        RankedTensorType::get({int64_t(op.getEpSize())}, b.getI32Type());
     auto back = EpCombineSendOp::create(b, op.getLoc(), ranks, rowGrad,
                                         ep.origin, ep.rowWeightGrad);
     Type valuesType = ep.rowWeightGrad ? ep.weightsOf.getType() : Type();
@@ -851,7 +853,8 @@ static FailureOr<TokenLinear> rowsOf(Value v) {
       return failure();
     // An expert-parallel rank's: every rank's tokens may choose its
     // experts (a training step takes the same count on every rank).
-    TokenLinear rows = *tokens * (ids.getDimSize(1) * dispatch.getEpSize());
+    TokenLinear rows =
+        *tokens * (ids.getDimSize(1) * int64_t(dispatch.getEpSize()));
     rows.fixed += counts.getDimSize(0) * (int64_t(dispatch.getAlign()) - 1);
     return rows;
   }
