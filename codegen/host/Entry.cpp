@@ -205,19 +205,20 @@ LogicalResult host::addTrainingEntryPoints(ModuleOp module,
     appendDescriptor(h, operands, target, type.getShape(), tokens);
     moves.emplace_back(dst, target, count, mode);
   }
+  // Refused by the group: the scratch is freed, nothing is written.
+  auto discard = [&] {
+    Value null = LLVM::ZeroOp::create(b, h.loc, h.ptr);
+    for (auto [dst, target, count, mode] : moves)
+      h.call(RuntimeImport::moert_grad_finish, {null, target, count, mode});
+  };
   // Every check passed: the rank joins the group's exchanges.
   if (ep)
-    h.check(h.call(RuntimeImport::moe_ep_begin_training, {tokens}));
+    h.check(h.call(RuntimeImport::moe_ep_begin_training, {tokens}), discard);
   if (failed(callLowered(h, module, (interface.getName() + "_backward").str(),
                          operands)))
     return failure();
-  // Refused by the group: the scratch is freed, nothing is written.
   if (ep)
-    h.check(h.call(RuntimeImport::moe_ep_end, {}), [&] {
-      Value null = LLVM::ZeroOp::create(b, h.loc, h.ptr);
-      for (auto [dst, target, count, mode] : moves)
-        h.call(RuntimeImport::moert_grad_finish, {null, target, count, mode});
-    });
+    h.check(h.call(RuntimeImport::moe_ep_end, {}), discard);
   for (auto [dst, target, count, mode] : moves)
     h.call(RuntimeImport::moert_grad_finish, {dst, target, count, mode});
   LLVM::ReturnOp::create(b, h.loc, h.c32(0));

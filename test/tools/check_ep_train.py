@@ -26,6 +26,7 @@ import sys
 
 import torch
 
+import check_train
 import moe_compiler
 from moe_compiler import ep
 from moe_compiler.layer import LayerError
@@ -42,19 +43,11 @@ def compile_layer(opts, ranks):
 
 
 def random_inputs(layer, tokens, seed):
+    """check_train's random inputs, and an output gradient."""
     gen = torch.Generator().manual_seed(seed)
-    dtypes = {"BF16": torch.bfloat16, "F32": torch.float32}
-    inputs = []
-    for arg in layer.args:
-        if arg["output"]:
-            continue
-        shape = [tokens if d < 0 else d for d in arg["shape"]]
-        scale = 1.0 if arg["name"] == "hidden_states" else shape[-1] ** -0.5
-        t = torch.randn(shape, generator=gen, dtype=torch.float64) * scale
-        inputs.append(t.to(dtypes[arg["dtype"]]))
-    hidden = inputs[0].shape[1]
-    dy = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)
-    return inputs, dy
+    inputs = check_train.random_inputs(layer, tokens, gen)
+    dy = torch.randn(tokens, inputs[0].shape[1], generator=gen)
+    return inputs, dy.to(torch.bfloat16)
 
 
 def step(layer, inputs, dy, grads=None):

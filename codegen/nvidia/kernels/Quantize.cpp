@@ -446,32 +446,21 @@ LogicalResult nvidia::buildQuantize(LayerKernels &layer, QuantizeOp op) {
                        op.getScheme(), /*quantize=*/true);
   ScaleBlockConfig cfg =
       configureScaleBlocks(op.getData(), op.getScales(), op.getScheme());
-  if (op.getTranspose()) {
-    // moe-legalize makes these from a transpose and a quantize where they
-    // fit this kernel.
+  if (op.getTranspose() || !op.getTransposed().empty()) {
+    // moe-legalize makes these from a transpose and a quantize (and a
+    // quantize of the same weights) where they fit this kernel.
     ArrayRef<int64_t> shape = input.getShape();
     if (!input.getElementType().isBF16() || cfg.dynamicRows ||
         cfg.rowsPerBlock != cfg.blockSize || shape.back() % 8 != 0 ||
         shape[shape.size() - 2] % 8 != 0)
       return op.emitOpError()
-             << "transposes its input, which sm_90a does for bf16 input "
-                "whose last two dimensions are static multiples of 8, "
-                "quantized in square blocks (input shape "
-             << input << ")";
-    return buildSquareQuantize(layer, op);
-  }
-  bool vectors = input.getElementType().isBF16() && cfg.cols % 8 == 0;
-  if (!op.getTransposed().empty()) {
-    ArrayRef<int64_t> shape = input.getShape();
-    if (!vectors || cfg.dynamicRows || cfg.rowsPerBlock != cfg.blockSize ||
-        shape[shape.size() - 2] % 8 != 0)
-      return op.emitOpError()
-             << "gives its transpose's codes too, which sm_90a does for bf16 "
+             << "quantizes its input transposed, which sm_90a does for bf16 "
                 "input whose last two dimensions are static multiples of 8, "
                 "quantized in square blocks (input shape "
              << input << ")";
     return buildSquareQuantize(layer, op);
   }
+  bool vectors = input.getElementType().isBF16() && cfg.cols % 8 == 0;
   // Rows of a scale each: activations, and static stacks of them.
   if (vectors && cfg.rowsPerBlock == 1 &&
       (input.getRank() == 2 || !cfg.dynamicRows))
