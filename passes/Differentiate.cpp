@@ -123,6 +123,12 @@ private:
   /// The matmul operand `operand` as the backward multiplies by it: itself,
   /// or for moe.quantize's codes the values they stand for.
   Value operandRead(Value operand);
+  /// The weight gradient of `op`'s rhs (or, with `lhs` its activation's
+  /// rows, of the down matmul's): in E4M3 for an fp8_block128 layer, as
+  /// DeepSeek-V3's recipe takes it, reading the forward's saved codes of
+  /// the rows rather than the values they stand for.
+  Value weightGrad(GroupedMatmulOp op, Type type, Value grad, Value lhs,
+                   Value counts, Value offsets);
   /// `grad` times the weights `rhs` of `op` read along N (a dgrad's
   /// product), in `op`'s scheme where it multiplied quantized weights the
   /// layer quantizes; null otherwise.
@@ -226,6 +232,12 @@ Value Differentiator::get(Value forward) {
   return it->second;
 }
 
+static Value unquantized(Value operand) {
+  if (auto quantize = operand.getDefiningOp<QuantizeOp>())
+    return quantize.getInput();
+  return operand;
+}
+
 Value Differentiator::operandRead(Value operand) {
   auto quantize = operand.getDefiningOp<QuantizeOp>();
   if (!quantize)
@@ -238,6 +250,41 @@ Value Differentiator::operandRead(Value operand) {
                                 get(quantize.getScales()), quantize.getScheme())
                .getOutput();
   return read;
+}
+
+Value Differentiator::weightGrad(GroupedMatmulOp op, Type type, Value grad,
+                                 Value lhs, Value counts, Value offsets) {
+  Location loc = op.getLoc();
+  QuantAttr scheme = op.getScheme();
+  bool fp8 = scheme && scheme.getKind() == QuantKind::FP8Block128 &&
+             cast<RankedTensorType>(grad.getType()).getElementType().isBF16();
+  if (!fp8) {
+    Value rows = lhs ? lhs : operandRead(op.getLhs());
+    return GroupedMatmulWgradOp::create(b, loc, type, grad, rows, counts,
+                                        offsets, Value(), QuantAttr());
+  }
+  Value scale;
+  if (!lhs) {
+    // The rows' codes along K, 1 x 128, as the forward saved them.
+    auto quantize = op.getLhs().getDefiningOp<QuantizeOp>();
+    auto scales = quantize
+                      ? cast<RankedTensorType>(quantize.getScales().getType())
+                      : RankedTensorType();
+    if (quantize && !quantize.getTranspose() &&
+        quantize.getScheme() == scheme && scales.getRank() == 2 &&
+        scales.getDimSize(1) ==
+            llvm::divideCeil(
+                cast<RankedTensorType>(quantize.getData().getType())
+                    .getDimSize(1),
+                128)) {
+      lhs = get(quantize.getData());
+      scale = get(quantize.getScales());
+    } else {
+      lhs = operandRead(op.getLhs());
+    }
+  }
+  return GroupedMatmulWgradOp::create(b, loc, type, grad, lhs, counts, offsets,
+                                      scale, scheme);
 }
 
 Value Differentiator::quantizedDgrad(GroupedMatmulOp op, Value grad,
@@ -300,12 +347,6 @@ Value Differentiator::quantizedDgrad(GroupedMatmulOp op, Value grad,
 
 /// The forward value whose gradient a matmul operand's is: the operand, or
 /// the input of the moe.quantize that gave it (straight-through).
-static Value unquantized(Value operand) {
-  if (auto quantize = operand.getDefiningOp<QuantizeOp>())
-    return quantize.getInput();
-  return operand;
-}
-
 SmallVector<Value> Differentiator::groups(GroupedMatmulOp op) {
   if (!op.getTokensPerExpert())
     return {};
@@ -494,9 +535,8 @@ LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
   // dW2 = sum of dy^T (w a): the weight moves to the activation.
   Value rhs = unquantized(op.getRhs());
   auto rhsType = cast<RankedTensorType>(rhs.getType());
-  Value rhsGrad =
-      GroupedMatmulWgradOp::create(b, loc, gradTypeOf(rhsType), adjoint.value,
-                                   grads.getWeighted(), counts, offsets);
+  Value rhsGrad = weightGrad(op, gradTypeOf(rhsType), adjoint.value,
+                             grads.getWeighted(), counts, offsets);
   if (failed(setArgGrad(op, rhs, rhsGrad)))
     return failure();
   if (Value bias = op.getBias()) {
@@ -517,7 +557,7 @@ LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
               .getOut();
     auto biasType = cast<RankedTensorType>(bias.getType());
     Value biasGrad = GroupedMatmulWgradOp::create(
-        b, loc, gradTypeOf(biasType), weighted, Value(), counts, offsets);
+        b, loc, gradTypeOf(biasType), weighted, Value(), counts, offsets, Value(), QuantAttr());
     if (failed(setArgGrad(op, bias, biasGrad)))
       return failure();
   }
@@ -559,13 +599,12 @@ LogicalResult Differentiator::matmulRule(GroupedMatmulOp op) {
   Value grad = adjoint.value;
   auto f32 = [&](Type type) { return gradTypeOf(type); };
   Value rhsGrad =
-      GroupedMatmulWgradOp::create(b, loc, f32(rhs.getType()), grad,
-                                   operandRead(op.getLhs()), counts, offsets);
+      weightGrad(op, f32(rhs.getType()), grad, Value(), counts, offsets);
   if (failed(setArgGrad(op, rhs, rhsGrad)))
     return failure();
   if (Value bias = op.getBias()) {
     Value biasGrad = GroupedMatmulWgradOp::create(
-        b, loc, f32(bias.getType()), grad, Value(), counts, offsets);
+        b, loc, f32(bias.getType()), grad, Value(), counts, offsets, Value(), QuantAttr());
     if (failed(setArgGrad(op, bias, biasGrad)))
       return failure();
   }
@@ -661,7 +700,7 @@ LogicalResult Differentiator::routeRule(RouteOp op) {
       b, loc, logitType, hidden, get(op.getRouterWeight()), bias, logits,
       get(op.getExpertIds()), it->second.value, op.getRouter());
   Value weightGrad = GroupedMatmulWgradOp::create(
-      b, loc, gradTypeOf(weightType), logitGrad, hidden, Value(), Value());
+      b, loc, gradTypeOf(weightType), logitGrad, hidden, Value(), Value(), Value(), QuantAttr());
   if (failed(setArgGrad(op, op.getRouterWeight(), weightGrad)))
     return failure();
   // A bias that moves the logits takes their gradient; one that only ranks
@@ -672,7 +711,7 @@ LogicalResult Differentiator::routeRule(RouteOp op) {
         b, loc,
         bf16Grads ? Type(gradTypeOf(op.getBias().getType()))
                   : op.getBias().getType(),
-        logitGrad, Value(), Value(), Value());
+        logitGrad, Value(), Value(), Value(), Value(), QuantAttr());
     if (failed(setArgGrad(op, op.getBias(), biasGrad)))
       return failure();
   }

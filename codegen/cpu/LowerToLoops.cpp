@@ -133,6 +133,12 @@ private:
   LogicalResult lowerActivationGrad(ActivationGradOp op);
   LogicalResult lowerDgrad(GroupedMatmulDgradOp op);
   LogicalResult lowerWgrad(GroupedMatmulWgradOp op);
+  LogicalResult lowerQuantizedWgrad(GroupedMatmulWgradOp op);
+  /// Each column of `input`'s rows [first, last) quantized as one block:
+  /// the values its codes stand for into `codes`, its scale into
+  /// `scales`'s rows; `inputScales`, when given, dequantizes `input` first.
+  void quantizeColumns(QuantAttr scheme, Value input, Value inputScales,
+                       Value codes, Value scales, Value first, Value last);
   LogicalResult lowerRouteGrad(RouteGradOp op);
   LogicalResult lowerGatherDot(GatherDotOp op);
   LogicalResult lowerScatter(ScatterOp op);
@@ -960,7 +966,102 @@ LogicalResult FunctionLowering::lowerDgrad(GroupedMatmulDgradOp op) {
   return success();
 }
 
+void FunctionLowering::quantizeColumns(QuantAttr scheme, Value input,
+                                       Value inputScales, Value codes,
+                                       Value scales, Value first, Value last) {
+  auto value = [&](Value r, Value c) {
+    if (!inputScales)
+      return e.load(input, {r, c});
+    Value scale =
+        common::loadScale(e, inputScales, {r, e.divUI(c, e.index(128))});
+    return e.mul(decodeE4M3(e, e.loadRaw(input, {r, c})), scale);
+  };
+  int64_t columns = cast<MemRefType>(input.getType()).getDimSize(1);
+  e.forEach(e.index(0), e.index(columns), [&](Value c) {
+    auto stats = e.reduce(
+        first, last, {e.f32(0.0), e.f32(0.0)},
+        [&](Value r, ValueRange acc) -> SmallVector<Value> {
+          Value special;
+          Value x = common::blockStats(e, value(r, c), special);
+          return {arith::MaxNumFOp::create(e.b, e.loc, acc[0], x),
+                  arith::MaximumFOp::create(e.b, e.loc, acc[1], special)};
+        });
+    common::BlockScale scale =
+        common::blockScale(e, scheme, stats[0], stats[1]);
+    e.forEach(first, last, [&](Value r) {
+      e.storeRaw(decodeE4M3(e, scale.encode(e, value(r, c))), codes, {r, c});
+      e.storeRaw(scale.stored, scales, {r, c});
+    });
+  });
+}
+
+LogicalResult FunctionLowering::lowerQuantizedWgrad(GroupedMatmulWgradOp op) {
+  Value dy = buffer(op.getOutGrad()), lhs = buffer(op.getLhs());
+  Value lhsScale = op.getLhsScale() ? buffer(op.getLhsScale()) : Value();
+  int64_t n = cast<MemRefType>(dy.getType()).getDimSize(1);
+  int64_t k = cast<MemRefType>(lhs.getType()).getDimSize(1);
+  Value out = resultBuffer(op.getOut(), {});
+  Value counts =
+      op.getTokensPerExpert() ? buffer(op.getTokensPerExpert()) : Value();
+  int64_t experts =
+      counts ? cast<MemRefType>(counts.getType()).getDimSize(0) : 0;
+  Value rows = e.dim(dy, 0);
+  Type f32 = e.b.getF32Type();
+  // Each row's codes as the values they stand for, and its block's scale
+  // per column: [R, N] and [R, K] each.
+  auto scratch = [&](int64_t columns) {
+    return e.alloc(MemRefType::get({ShapedType::kDynamic, columns}, f32),
+                   {rows});
+  };
+  Value qy = scratch(n), sy = scratch(n), qx = scratch(k), sx = scratch(k);
+  QuantAttr scheme = op.getQuantAttr();
+  forEachGroup(
+      counts, counts ? buffer(op.getExpertOffsets()) : Value(), experts, rows,
+      [&](Value first, Value last, Value x) {
+        Value size = e.isub(last, first);
+        Value blocks = e.divUI(e.iadd(size, e.index(127)), e.index(128));
+        auto blockRows = [&](Value blk) {
+          Value from = e.iadd(first, e.imul(blk, e.index(128)));
+          return std::make_pair(from,
+                                e.minUI(e.iadd(from, e.index(128)), last));
+        };
+        e.forEach(e.index(0), blocks, [&](Value blk) {
+          auto [from, to] = blockRows(blk);
+          quantizeColumns(scheme, dy, Value(), qy, sy, from, to);
+          quantizeColumns(scheme, lhs, lhsScale, qx, sx, from, to);
+        });
+        // Each block's product of the codes in f32, then scaled by its
+        // two columns' scales, as the promotion of an E4M3 matmul.
+        e.forEach(e.index(0), e.index(n), [&](Value i) {
+          e.forEach(e.index(0), e.index(k), [&](Value c) {
+            Value sum = e.reduce(
+                e.index(0), blocks, {e.f32(0.0)},
+                [&](Value blk, ValueRange acc) -> SmallVector<Value> {
+                  auto [from, to] = blockRows(blk);
+                  Value partial = e.reduce(
+                      from, to, {e.f32(0.0)},
+                      [&](Value r, ValueRange p) -> SmallVector<Value> {
+                        return {e.add(p[0], e.mul(e.loadRaw(qy, {r, i}),
+                                                  e.loadRaw(qx, {r, c})))};
+                      })[0];
+                  Value scale = e.mul(e.loadRaw(sy, {from, i}),
+                                      e.loadRaw(sx, {from, c}));
+                  return {e.add(acc[0], e.mul(partial, scale))};
+                })[0];
+            SmallVector<Value> index;
+            if (x)
+              index.push_back(x);
+            index.append({i, c});
+            e.store(sum, out, index);
+          });
+        });
+      });
+  return success();
+}
+
 LogicalResult FunctionLowering::lowerWgrad(GroupedMatmulWgradOp op) {
+  if (op.getQuant())
+    return lowerQuantizedWgrad(op);
   Value dy = buffer(op.getOutGrad());
   Value lhs = op.getLhs() ? buffer(op.getLhs()) : Value();
   int64_t n = cast<MemRefType>(dy.getType()).getDimSize(1);

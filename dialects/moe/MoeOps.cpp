@@ -1032,7 +1032,43 @@ LogicalResult GroupedMatmulWgradOp::verify() {
       result.push_back(size(type.getDimSize(1), "K"));
     }
   }
+  if (failed(checkQuantizedWgrad(rows)))
+    return failure();
   return checkShape(op, "result", getOut(), result);
+}
+
+LogicalResult GroupedMatmulWgradOp::checkQuantizedWgrad(int64_t rows) {
+  Value lhs = getLhs();
+  bool codes =
+      lhs && isa<Float8E4M3FNType>(
+                 cast<RankedTensorType>(lhs.getType()).getElementType());
+  if (!getQuant()) {
+    if (getLhsScale())
+      return emitOpError() << "has lhs_scale but no quant: only a quantized "
+                              "weight gradient reads lhs as codes";
+    if (codes)
+      return emitOpError() << "multiplies E4M3 codes without quant and "
+                              "lhs_scale, which say what they stand for";
+    return success();
+  }
+  if (getQuantAttr().getKind() != QuantKind::FP8Block128)
+    return emitOpError() << "has quant = " << getQuantAttr()
+                         << ": a quantized weight gradient takes "
+                            "fp8_block128 (1 x 32 MX blocks along the rows "
+                            "are not built)";
+  if (!lhs || cast<RankedTensorType>(lhs.getType()).getRank() != 2)
+    return emitOpError() << "has quant but no matrix lhs: only a product of "
+                            "two matrices is taken in E4M3";
+  if (codes != static_cast<bool>(getLhsScale()))
+    return emitOpError() << (codes ? "has E4M3 codes as lhs but no lhs_scale"
+                                   : "has lhs_scale but lhs is not E4M3 codes");
+  if (!codes)
+    return success();
+  int64_t k = cast<RankedTensorType>(lhs.getType()).getDimSize(1);
+  return checkShape(getOperation(), "lhs_scale", getLhsScale(),
+                    {count(rows, "rows"),
+                     size(llvm::divideCeil(k, 128), "the 128-column blocks "
+                                                     "of K")});
 }
 
 LogicalResult RouteGradOp::verify() {

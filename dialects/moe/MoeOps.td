@@ -553,18 +553,36 @@ def Moe_GroupedMatmulWgradOp : Moe_Op<"grouped_matmul_wgrad",
     ([N, K]). A rank-1 `lhs` [R] gives out[e] = sum of lhs[r] out_grad[r]
     ([E, N] or [N]); no `lhs`, the sum of the rows (a bias's gradient).
     Accumulated in f32, returned in f32 or bf16 (rounded once).
+
+    With `quant` (fp8_block128; a rank-2 `lhs`), the product is taken in
+    E4M3 as DeepSeek-V3's recipe takes it, along the contraction: each
+    expert's rows (every row, without groups) in blocks of 128 from its
+    first, and in each block each column of `out_grad` and of `lhs` is
+    quantized with its own scale (amax / 448, as moe.quantize does). Each
+    block's product of the codes is summed in f32, then scaled by its two
+    columns' scales and added: out = sum over blocks of (codes^T codes) x
+    scale(n) x scale(k). With `lhs_scale`, `lhs` holds E4M3 codes
+    quantized along K in 1 x 128 tiles ([R, ceil(K / 128)] scales), taken
+    as the f32 values they stand for.
   }];
   let arguments = (ins
     Moe_RealTensor:$out_grad,
-    Optional<Moe_RealTensor>:$lhs,
+    Optional<Moe_MatmulInput>:$lhs,
     Optional<Moe_IndexTensor>:$tokens_per_expert,
-    Optional<Moe_IndexTensor>:$expert_offsets
+    Optional<Moe_IndexTensor>:$expert_offsets,
+    Optional<Moe_F32Tensor>:$lhs_scale,
+    OptionalAttr<Moe_QuantAttr>:$quant
   );
   let results = (outs Moe_RealTensor:$out);
   let assemblyFormat = [{
     $out_grad (`lhs` $lhs^)?
     (`groups` `(` $tokens_per_expert^ `,` $expert_offsets `)`)?
+    (`scale` $lhs_scale^)?
     attr-dict `:` functional-type(operands, results)
+  }];
+  let extraClassDeclaration = [{
+    /// The verifier's part for `quant` and `lhs_scale`.
+    ::llvm::LogicalResult checkQuantizedWgrad(int64_t rows);
   }];
   let hasVerifier = 1;
 }

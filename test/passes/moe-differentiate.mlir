@@ -122,10 +122,11 @@ func.func @selection_bias(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
 // rows' gradient quantized in 1 x 128 tiles along N, the weights
 // transposed and quantized in 128 x 128 blocks by the training forward,
 // beside its own codes (moe-legalize makes the two one pass on sm_90a),
-// and saved. The wgrad multiplies by the values the saved codes stand for.
+// and saved. Each wgrad runs in FP8 too, along its contraction (the
+// rows): the saved codes of the rows are what the gate/up wgrad reads.
 // CHECK-LABEL: func.func @fp8_train(
 // CHECK-SAME: %{{[^:]*}}: tensor<?x128xbf16>, %{{[^:]*}}: tensor<4x128xbf16>, %[[FW13:[^:]*]]: tensor<4x256x128xbf16>, %[[FW2:[^:]*]]: tensor<4x128x128xbf16>
-// CHECK-SAME: moe.saved = ["dispatch.rows", "dispatch.expert_offsets", "route.weights", "dispatch.tokens_per_expert", "gate_up.out", "down_weights_transposed.scales", "down_weights_transposed.data", "gate_up_input.scales", "gate_up_input.data", "gate_up_weights_transposed.scales", "gate_up_weights_transposed.data", "route.logits", "route.expert_ids"]
+// CHECK-SAME: moe.saved = ["dispatch.rows", "dispatch.expert_offsets", "route.weights", "dispatch.tokens_per_expert", "gate_up.out", "down_weights_transposed.scales", "down_weights_transposed.data", "gate_up_input.data", "gate_up_input.scales", "gate_up_weights_transposed.scales", "gate_up_weights_transposed.data", "route.logits", "route.expert_ids"]
 // CHECK: moe.quantize %[[FW13]] {{.*}} -> (tensor<4x256x128xf8E4M3FN>, tensor<4x2x1xf32>)
 // CHECK: %[[FW13T:.*]] = moe.transpose %[[FW13]] : tensor<4x256x128xbf16> -> tensor<4x128x256xbf16>
 // CHECK: moe.quantize %[[FW13T]] {{.*}} -> (tensor<4x128x256xf8E4M3FN>, tensor<4x1x2xf32>)
@@ -134,15 +135,16 @@ func.func @selection_bias(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
 // CHECK: moe.quantize %[[FW2T]]
 // CHECK-LABEL: func.func @fp8_backward
 // CHECK-SAME: %[[X:[^:]*]]: tensor<?x128xbf16>, %{{[^:]*}}: tensor<4x128xbf16>, %[[W13:[^:]*]]: tensor<4x256x128xbf16>, %[[W2:[^:]*]]: tensor<4x128x128xbf16>
-// CHECK-SAME: %[[W2S:[^:]*]]: tensor<4x1x1xf32>, %[[W2Q:[^:]*]]: tensor<4x128x128xf8E4M3FN>, %[[SCALES:[^:]*]]: tensor<?x1xf32>, %[[CODES:[^:]*]]: tensor<?x128xf8E4M3FN>, %[[W13S:[^:]*]]: tensor<4x1x2xf32>, %[[W13Q:[^:]*]]: tensor<4x128x256xf8E4M3FN>
+// CHECK-SAME: %[[W2S:[^:]*]]: tensor<4x1x1xf32>, %[[W2Q:[^:]*]]: tensor<4x128x128xf8E4M3FN>, %[[CODES:[^:]*]]: tensor<?x128xf8E4M3FN>, %[[SCALES:[^:]*]]: tensor<?x1xf32>, %[[W13S:[^:]*]]: tensor<4x1x2xf32>, %[[W13Q:[^:]*]]: tensor<4x128x256xf8E4M3FN>
 // CHECK-SAME: -> (tensor<?x128xbf16>, tensor<4x128xf32>, tensor<4x256x128xf32>, tensor<4x128x128xf32>)
 // CHECK-NOT: moe.transpose
 // CHECK: %[[DY:.*]] = moe.scatter
 // CHECK: %[[DYQ:.*]], %[[DYS:.*]] = moe.quantize %[[DY]] {scheme = #moe.quant<kind = fp8_block128>} : (tensor<?x128xbf16>) -> (tensor<?x128xf8E4M3FN>, tensor<?x1xf32>)
 // CHECK: %[[G:.*]] = moe.grouped_matmul %[[DYQ]], %[[W2Q]] groups(%{{.*}}) scales(%[[DYS]], %[[W2S]])
-// CHECK: %[[DH:.*]], %{{.*}}, %{{.*}} = moe.activation_grad %[[G]]
-// CHECK: %[[XD:.*]] = moe.dequantize %[[CODES]], %[[SCALES]] {scheme = #moe.quant<kind = fp8_block128>} : (tensor<?x128xf8E4M3FN>, tensor<?x1xf32>) -> tensor<?x128xbf16>
-// CHECK: moe.grouped_matmul_wgrad %{{.*}} lhs %[[XD]] groups
+// CHECK: %[[DH:.*]], %[[AW:.*]], %{{.*}} = moe.activation_grad %[[G]]
+// CHECK: moe.grouped_matmul_wgrad %[[DY]] lhs %[[AW]] groups(%{{.*}}) {quant = #moe.quant<kind = fp8_block128>} : {{.*}} -> tensor<4x128x128xf32>
+// CHECK-NOT: moe.dequantize
+// CHECK: moe.grouped_matmul_wgrad %[[DH]] lhs %[[CODES]] groups(%{{.*}}) scale %[[SCALES]] {quant = #moe.quant<kind = fp8_block128>} : (tensor<?x256xbf16>, tensor<?x128xf8E4M3FN>, tensor<4xi32>, tensor<5xi32>, tensor<?x1xf32>) -> tensor<4x256x128xf32>
 // CHECK: %[[DHQ:.*]], %[[DHS:.*]] = moe.quantize %[[DH]] {{.*}} -> (tensor<?x256xf8E4M3FN>, tensor<?x2xf32>)
 // CHECK: moe.grouped_matmul %[[DHQ]], %[[W13Q]] groups(%{{.*}}) scales(%[[DHS]], %[[W13S]]) {{.*}} -> tensor<?x128xbf16>
 // CHECK-NOT: moe.grouped_matmul_dgrad {{.*}} groups
