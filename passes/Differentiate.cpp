@@ -273,10 +273,10 @@ Value Differentiator::weightGrad(GroupedMatmulOp op, Type type, Value grad,
     if (quantize && !quantize.getTranspose() &&
         quantize.getScheme() == scheme && scales.getRank() == 2 &&
         scales.getDimSize(1) ==
-            llvm::divideCeil(
+            static_cast<int64_t>(llvm::divideCeil(
                 cast<RankedTensorType>(quantize.getData().getType())
                     .getDimSize(1),
-                128)) {
+                128))) {
       lhs = get(quantize.getData());
       scale = get(quantize.getScales());
     } else {
@@ -557,7 +557,8 @@ LogicalResult Differentiator::gatedDownRule(GroupedMatmulOp op,
               .getOut();
     auto biasType = cast<RankedTensorType>(bias.getType());
     Value biasGrad = GroupedMatmulWgradOp::create(
-        b, loc, gradTypeOf(biasType), weighted, Value(), counts, offsets, Value(), QuantAttr());
+        b, loc, gradTypeOf(biasType), weighted, Value(), counts, offsets,
+        Value(), QuantAttr());
     if (failed(setArgGrad(op, bias, biasGrad)))
       return failure();
   }
@@ -603,8 +604,9 @@ LogicalResult Differentiator::matmulRule(GroupedMatmulOp op) {
   if (failed(setArgGrad(op, rhs, rhsGrad)))
     return failure();
   if (Value bias = op.getBias()) {
-    Value biasGrad = GroupedMatmulWgradOp::create(
-        b, loc, f32(bias.getType()), grad, Value(), counts, offsets, Value(), QuantAttr());
+    Value biasGrad =
+        GroupedMatmulWgradOp::create(b, loc, f32(bias.getType()), grad, Value(),
+                                     counts, offsets, Value(), QuantAttr());
     if (failed(setArgGrad(op, bias, biasGrad)))
       return failure();
   }
@@ -700,7 +702,8 @@ LogicalResult Differentiator::routeRule(RouteOp op) {
       b, loc, logitType, hidden, get(op.getRouterWeight()), bias, logits,
       get(op.getExpertIds()), it->second.value, op.getRouter());
   Value weightGrad = GroupedMatmulWgradOp::create(
-      b, loc, gradTypeOf(weightType), logitGrad, hidden, Value(), Value(), Value(), QuantAttr());
+      b, loc, gradTypeOf(weightType), logitGrad, hidden, Value(), Value(),
+      Value(), QuantAttr());
   if (failed(setArgGrad(op, op.getRouterWeight(), weightGrad)))
     return failure();
   // A bias that moves the logits takes their gradient; one that only ranks

@@ -988,8 +988,12 @@ void FunctionLowering::quantizeColumns(QuantAttr scheme, Value input,
         });
     common::BlockScale scale =
         common::blockScale(e, scheme, stats[0], stats[1]);
+    // x times the scale's reciprocal, as a kernel quantizing 128 rows of
+    // a column takes it.
+    Value inverse = e.div(e.f32(1.0), scale.stored);
     e.forEach(first, last, [&](Value r) {
-      e.storeRaw(decodeE4M3(e, scale.encode(e, value(r, c))), codes, {r, c});
+      e.storeRaw(decodeE4M3(e, encodeE4M3(e, e.mul(value(r, c), inverse))),
+                 codes, {r, c});
       e.storeRaw(scale.stored, scales, {r, c});
     });
   });
@@ -1044,8 +1048,8 @@ LogicalResult FunctionLowering::lowerQuantizedWgrad(GroupedMatmulWgradOp op) {
                         return {e.add(p[0], e.mul(e.loadRaw(qy, {r, i}),
                                                   e.loadRaw(qx, {r, c})))};
                       })[0];
-                  Value scale = e.mul(e.loadRaw(sy, {from, i}),
-                                      e.loadRaw(sx, {from, c}));
+                  Value scale =
+                      e.mul(e.loadRaw(sy, {from, i}), e.loadRaw(sx, {from, c}));
                   return {e.add(acc[0], e.mul(partial, scale))};
                 })[0];
             SmallVector<Value> index;

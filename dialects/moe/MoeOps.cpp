@@ -1068,7 +1068,7 @@ LogicalResult GroupedMatmulWgradOp::checkQuantizedWgrad(int64_t rows) {
   return checkShape(getOperation(), "lhs_scale", getLhsScale(),
                     {count(rows, "rows"),
                      size(llvm::divideCeil(k, 128), "the 128-column blocks "
-                                                     "of K")});
+                                                    "of K")});
 }
 
 LogicalResult RouteGradOp::verify() {

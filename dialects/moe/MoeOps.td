@@ -18,6 +18,7 @@ def Moe_IndexTensor : RankedTensorOf<[I32]>;
 def Moe_QuantData : RankedTensorOf<[F8E4M3FN]>;
 def Moe_Scales : RankedTensorOf<[F8E8M0FNU, F32]>;
 def Moe_MatmulInput : RankedTensorOf<[BF16, F8E4M3FN]>;
+def Moe_WgradInput : RankedTensorOf<[BF16, F32, F8E4M3FN]>;
 def Moe_MatmulOutput : RankedTensorOf<[BF16, F32, F8E4M3FN]>;
 
 //===----------------------------------------------------------------------===//
@@ -558,7 +559,8 @@ def Moe_GroupedMatmulWgradOp : Moe_Op<"grouped_matmul_wgrad",
     E4M3 as DeepSeek-V3's recipe takes it, along the contraction: each
     expert's rows (every row, without groups) in blocks of 128 from its
     first, and in each block each column of `out_grad` and of `lhs` is
-    quantized with its own scale (amax / 448, as moe.quantize does). Each
+    quantized with its own scale (amax / 448, as moe.quantize takes it;
+    the codes of x times the scale's reciprocal, in f32). Each
     block's product of the codes is summed in f32, then scaled by its two
     columns' scales and added: out = sum over blocks of (codes^T codes) x
     scale(n) x scale(k). With `lhs_scale`, `lhs` holds E4M3 codes
@@ -567,7 +569,7 @@ def Moe_GroupedMatmulWgradOp : Moe_Op<"grouped_matmul_wgrad",
   }];
   let arguments = (ins
     Moe_RealTensor:$out_grad,
-    Optional<Moe_MatmulInput>:$lhs,
+    Optional<Moe_WgradInput>:$lhs,
     Optional<Moe_IndexTensor>:$tokens_per_expert,
     Optional<Moe_IndexTensor>:$expert_offsets,
     Optional<Moe_F32Tensor>:$lhs_scale,

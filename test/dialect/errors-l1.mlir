@@ -769,6 +769,54 @@ func.func @f(%dy: tensor<?x16xbf16>, %w2: tensor<4x16x8xbf16>, %c: tensor<4xi32>
 
 // -----
 
+func.func @f(%dy: tensor<?x16xbf16>, %x: tensor<?x8xf8E4M3FN>, %c: tensor<4xi32>, %o: tensor<5xi32>) {
+  // expected-error @+1 {{multiplies E4M3 codes without quant and lhs_scale}}
+  %d = moe.grouped_matmul_wgrad %dy lhs %x groups(%c, %o) : (tensor<?x16xbf16>, tensor<?x8xf8E4M3FN>, tensor<4xi32>, tensor<5xi32>) -> tensor<4x16x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%dy: tensor<?x16xbf16>, %x: tensor<?x8xbf16>, %s: tensor<?x1xf32>, %c: tensor<4xi32>, %o: tensor<5xi32>) {
+  // expected-error @+1 {{has lhs_scale but no quant}}
+  %d = moe.grouped_matmul_wgrad %dy lhs %x groups(%c, %o) scale %s : (tensor<?x16xbf16>, tensor<?x8xbf16>, tensor<4xi32>, tensor<5xi32>, tensor<?x1xf32>) -> tensor<4x16x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%dy: tensor<?x16xbf16>, %x: tensor<?x8xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>) {
+  // expected-error @+1 {{a quantized weight gradient takes fp8_block128}}
+  %d = moe.grouped_matmul_wgrad %dy lhs %x groups(%c, %o) {quant = #moe.quant<kind = mxfp8>} : (tensor<?x16xbf16>, tensor<?x8xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<4x16x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%dy: tensor<?x16xbf16>, %x: tensor<?xf32>, %c: tensor<4xi32>, %o: tensor<5xi32>) {
+  // expected-error @+1 {{has quant but no matrix lhs}}
+  %d = moe.grouped_matmul_wgrad %dy lhs %x groups(%c, %o) {quant = #moe.quant<kind = fp8_block128>} : (tensor<?x16xbf16>, tensor<?xf32>, tensor<4xi32>, tensor<5xi32>) -> tensor<4x16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%dy: tensor<?x16xbf16>, %x: tensor<?x8xf8E4M3FN>, %c: tensor<4xi32>, %o: tensor<5xi32>) {
+  // expected-error @+1 {{has E4M3 codes as lhs but no lhs_scale}}
+  %d = moe.grouped_matmul_wgrad %dy lhs %x groups(%c, %o) {quant = #moe.quant<kind = fp8_block128>} : (tensor<?x16xbf16>, tensor<?x8xf8E4M3FN>, tensor<4xi32>, tensor<5xi32>) -> tensor<4x16x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%dy: tensor<?x16xbf16>, %x: tensor<?x8xf8E4M3FN>, %s: tensor<?x2xf32>, %c: tensor<4xi32>, %o: tensor<5xi32>) {
+  // expected-error @+1 {{lhs_scale dimension 1 (the 128-column blocks of K) must be 1, but is 2}}
+  %d = moe.grouped_matmul_wgrad %dy lhs %x groups(%c, %o) scale %s {quant = #moe.quant<kind = fp8_block128>} : (tensor<?x16xbf16>, tensor<?x8xf8E4M3FN>, tensor<4xi32>, tensor<5xi32>, tensor<?x2xf32>) -> tensor<4x16x8xf32>
+  return
+}
+
+// -----
+
 func.func @f(%dy: tensor<?x16xbf16>, %x: tensor<?x8xbf16>, %c: tensor<4xi32>, %o: tensor<5xi32>) {
   // expected-error @+1 {{result dimension 2 (K) must be 8, but is 4}}
   %d = moe.grouped_matmul_wgrad %dy lhs %x groups(%c, %o) : (tensor<?x16xbf16>, tensor<?x8xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<4x16x4xf32>

@@ -201,6 +201,7 @@ func.func @expert_parallel_backward(%dy: tensor<?x16xbf16>, %ids: tensor<?x2xi32
 // CHECK: moe.grouped_matmul_dgrad %{{[^ ]+}}, %{{[^ ]+}} groups(%{{[^ ]+}}, %{{[^ ]+}}) acc %{{[^ ]+}} :
 // CHECK: moe.grouped_matmul_wgrad %{{[^ ]+}} lhs %{{[^ ]+}} groups(%{{[^ ]+}}, %{{[^ ]+}}) : {{.*}} -> tensor<4x8x16xf32>
 // CHECK: moe.grouped_matmul_wgrad %{{[^ ]+}} groups(%{{[^ ]+}}, %{{[^ ]+}}) : {{.*}} -> tensor<4x8xf32>
+// CHECK: moe.grouped_matmul_wgrad %{{[^ ]+}} lhs %{{[^ ]+}} groups(%{{[^ ]+}}, %{{[^ ]+}}) scale %{{[^ ]+}} {quant = #moe.quant<kind = fp8_block128>} : {{.*}} -> tensor<4x8x16xf32>
 // CHECK: moe.route_grad %{{[^ ]+}}, %{{[^ ]+}} bias %{{[^ ]+}} choices(%{{[^ ]+}}, %{{[^ ]+}}) {router = #moe.router<kind = topk_softmax>}
 // CHECK: moe.route_grad %{{[^ ]+}}, %{{[^ ]+}} logits %{{[^ ]+}} choices(%{{[^ ]+}}, %{{[^ ]+}}) {router = #moe.router<kind = softmax_topk>}
 // CHECK: moe.gather_dot %{{[^ ]+}}, %{{[^ ]+}} rows %{{[^ ]+}} : (tensor<?x16xbf16>, tensor<?x16xbf16>, tensor<?x2xi32>) -> tensor<?x2xf32>
@@ -212,7 +213,8 @@ func.func @training_ops(%h: tensor<?x16xbf16>, %g: tensor<?x8xbf16>,
                         %b2: tensor<4x16xbf16>, %acc: tensor<?x8xf32>,
                         %x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>,
                         %br: tensor<4xf32>, %ids: tensor<?x2xi32>,
-                        %dw: tensor<?x2xf32>, %logits: tensor<?x4xf32>) {
+                        %dw: tensor<?x2xf32>, %logits: tensor<?x4xf32>,
+                        %q: tensor<?x16xf8E4M3FN>, %qs: tensor<?x1xf32>) {
   %a = moe.activation %h {activation = #moe.activation<kind = swiglu>}
       : (tensor<?x16xbf16>) -> tensor<?x8xbf16>
   %dh, %aw, %dwr = moe.activation_grad %g, %h rows(%rows, %w) bias_term %bt
@@ -235,6 +237,10 @@ func.func @training_ops(%h: tensor<?x16xbf16>, %g: tensor<?x8xbf16>,
       -> tensor<4x8x16xf32>
   %db = moe.grouped_matmul_wgrad %a groups(%c, %o)
       : (tensor<?x8xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<4x8xf32>
+  %dwq = moe.grouped_matmul_wgrad %a lhs %q groups(%c, %o) scale %qs
+      {quant = #moe.quant<kind = fp8_block128>}
+      : (tensor<?x8xbf16>, tensor<?x16xf8E4M3FN>, tensor<4xi32>, tensor<5xi32>,
+         tensor<?x1xf32>) -> tensor<4x8x16xf32>
   %dl = moe.route_grad %x, %wr bias %br choices(%ids, %dw)
       {router = #moe.router<kind = topk_softmax>}
       : (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<4xf32>, tensor<?x2xi32>,

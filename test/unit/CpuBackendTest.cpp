@@ -311,6 +311,118 @@ TEST(CpuBackendQuantize, BothWaysQuantizesTheInputAndItsTranspose) {
   }
 }
 
+// An E4M3 weight gradient quantizes each expert's rows in blocks of 128
+// from its first, each column of a block with its own scale (its values
+// times the scale's reciprocal, in f32, to E4M3), and sums each
+// block's product of the codes times its two columns' scales; rows of codes
+// with 1 x 128 scales are taken as the values they stand for first.
+TEST(CpuBackendQuantize, FP8WgradQuantizesEachExpertsRowsAlongTheRows) {
+  std::mt19937 rng(13);
+  int64_t experts = 3, n = 20, k = 33, rows = 140;
+  // Expert 0 takes a full block and a partial one; row 130 is no expert's.
+  std::vector<int32_t> counts = {130, 0, 9}, offsets = {0, 131, 131, 140};
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-6, 6), code(0, 0x7E), sign(0, 1);
+  std::vector<float> dy(rows * n), x(rows * k), xScales(rows);
+  std::vector<uint8_t> xCodes(rows * k);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < n; ++c)
+      dy[r * n + c] = std::ldexp(normal(rng), exponent(rng));
+    for (int64_t c = 0; c < k; ++c) {
+      x[r * k + c] = std::ldexp(normal(rng), exponent(rng));
+      xCodes[r * k + c] = static_cast<uint8_t>(code(rng) | (sign(rng) << 7));
+    }
+    xScales[r] = std::ldexp(1.0f + normal(rng) * 0.1f, exponent(rng));
+  }
+  // Column c of rows [from, from + count) of a [rows, cols] matrix, as the
+  // values its block's codes stand for, and its scale.
+  auto columns = [&](const std::vector<float> &m, int64_t cols, int64_t from,
+                     int64_t count, std::vector<double> &values,
+                     std::vector<double> &scales) {
+    values.assign(cols * count, 0.0);
+    scales.assign(cols, 0.0);
+    for (int64_t c = 0; c < cols; ++c) {
+      float amax = 0.0f;
+      for (int64_t r = 0; r < count; ++r)
+        amax = std::max(amax, std::fabs(m[(from + r) * cols + c]));
+      float scale = std::max(amax, 1e-4f) / 448.0f, inverse = 1.0f / scale;
+      scales[c] = scale;
+      for (int64_t r = 0; r < count; ++r)
+        values[c * count + r] = ::moe::ref::decodeE4M3(
+            ::moe::ref::encodeE4M3(m[(from + r) * cols + c] * inverse));
+    }
+  };
+  // The sums and the sums of their terms' magnitudes (what f32 rounding
+  // is relative to).
+  std::vector<double> magnitude(experts * n * k);
+  auto expected = [&](const std::vector<float> &lhs) {
+    std::vector<double> out(experts * n * k, 0.0);
+    std::fill(magnitude.begin(), magnitude.end(), 0.0);
+    for (int64_t e = 0; e < experts; ++e)
+      for (int64_t from = offsets[e]; from < offsets[e] + counts[e];
+           from += 128) {
+        int64_t count = std::min<int64_t>(128, offsets[e] + counts[e] - from);
+        std::vector<double> qy, sy, qx, sx;
+        columns(dy, n, from, count, qy, sy);
+        columns(lhs, k, from, count, qx, sx);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t c = 0; c < k; ++c) {
+            double sum = 0.0, size = 0.0;
+            for (int64_t r = 0; r < count; ++r) {
+              sum += qy[i * count + r] * qx[c * count + r];
+              size += std::fabs(qy[i * count + r] * qx[c * count + r]);
+            }
+            out[(e * n + i) * k + c] += sum * sy[i] * sx[c];
+            magnitude[(e * n + i) * k + c] += size * sy[i] * sx[c];
+          }
+      }
+    return out;
+  };
+  auto source = [&](bool codes) {
+    std::string lhsType = codes ? "f8E4M3FN" : "f32";
+    std::string args = "%dy: tensor<?x20xf32>, %x: tensor<?x33x" + lhsType +
+                       ">, %c: tensor<3xi32>, %o: tensor<4xi32>";
+    std::string operandTypes = "tensor<?x20xf32>, tensor<?x33x" + lhsType +
+                               ">, tensor<3xi32>, tensor<4xi32>";
+    if (codes) {
+      args += ", %s: tensor<?x1xf32>";
+      operandTypes += ", tensor<?x1xf32>";
+    }
+    return "func.func @w(" + args +
+           ") -> tensor<3x20x33xf32> attributes {llvm.emit_c_interface} {\n"
+           "  %r = moe.grouped_matmul_wgrad %dy lhs %x groups(%c, %o) " +
+           (codes ? std::string("scale %s ") : std::string()) +
+           "{quant = #moe.quant<kind = fp8_block128>} : (" + operandTypes +
+           ") -> tensor<3x20x33xf32>\n  return %r : tensor<3x20x33xf32>\n}\n";
+  };
+  for (bool codes : {false, true}) {
+    auto engine = compile(source(codes));
+    ASSERT_TRUE(engine) << codes;
+    std::vector<float> out(experts * n * k, -1.0f);
+    std::vector<Buffer> args = {{dy.data(), {rows, n}}};
+    if (codes)
+      args.push_back({xCodes.data(), {rows, k}});
+    else
+      args.push_back({x.data(), {rows, k}});
+    args.push_back({counts.data(), {experts}});
+    args.push_back({offsets.data(), {experts + 1}});
+    if (codes)
+      args.push_back({xScales.data(), {rows, 1}});
+    args.push_back({out.data(), {experts, n, k}});
+    ASSERT_TRUE(call(*engine, "w", args));
+    std::vector<float> lhs = x;
+    if (codes)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < k; ++c)
+          lhs[r * k + c] = static_cast<float>(
+              ::moe::ref::decodeE4M3(xCodes[r * k + c]) * xScales[r]);
+    std::vector<double> want = expected(lhs);
+    for (int64_t i = 0; i < experts * n * k; ++i)
+      EXPECT_NEAR(out[i], want[i], 1e-6 * magnitude[i] + 1e-12)
+          << "codes " << codes << " at " << i;
+  }
+}
+
 // An FP8 grouped matmul equals the float64 product of the decoded operands
 // to f32 accumulation accuracy, for both scale layouts.
 TEST(CpuBackendQuantize, FP8GroupedMatmulMatchesFloat64) {

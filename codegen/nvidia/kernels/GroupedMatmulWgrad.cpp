@@ -22,7 +22,11 @@
 #include "codegen/nvidia/support/Hopper.h"
 #include "codegen/nvidia/support/Ring.h"
 
+#include "codegen/common/FP8.h"
+#include "codegen/common/Numerics.h"
+
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 
 using namespace mlir;
@@ -257,8 +261,13 @@ struct WgradStage {
   }
 };
 
+static LogicalResult buildQuantizedWgrad(LayerKernels &layer,
+                                         GroupedMatmulWgradOp op);
+
 LogicalResult nvidia::buildGroupedMatmulWgrad(LayerKernels &layer,
                                               GroupedMatmulWgradOp op) {
+  if (op.getQuant())
+    return buildQuantizedWgrad(layer, op);
   if (failed(checkWgrad(op)))
     return failure();
   int64_t n = cast<RankedTensorType>(op.getOutGrad().getType()).getDimSize(1);
@@ -447,6 +456,545 @@ LogicalResult nvidia::buildGroupedMatmulWgrad(LayerKernels &layer,
     });
     epilogue.store(fenceFragment(b, loc, loop.getResult(0)), at);
   });
+  epilogue.drain();
+  b.setInsertionPointAfter(roles);
+  return k.finish(op);
+}
+
+//===----------------------------------------------------------------------===//
+// In E4M3 (quant = fp8_block128)
+//===----------------------------------------------------------------------===//
+//
+// FP8 wgmma reads both operands K-major, and K is the rows here. So each
+// operand is first quantized into blocks of 128 of an expert's rows, a
+// kernel a block: each block is a [columns, 128] matrix of codes (a
+// column's 128 rows in one 128-byte row) with one f32 scale a column, and
+// rows past the expert's are zero. The matmul then loads one block of both
+// operands a stage with TMA, multiplies it into a fresh fragment and
+// promotes that: acc += partial x row scale x column scale, the two
+// consumer warpgroups taking turns to issue so one promotes while the
+// other's wgmma runs.
+
+static constexpr int64_t kBlockRows = 128;
+static constexpr int64_t kQuantizeThreads = 256;
+/// Named barriers 4 + g: consumer warpgroup g's turn to issue.
+static constexpr int64_t kTurnBarrier = 4;
+
+namespace {
+/// Where an operand's blocks live: codes [blocks x columns, 128] (i8) and
+/// scales [blocks x columns] (f32), block b's column c at b x columns + c.
+/// Blocks are numbered expert by expert.
+struct RowBlocks {
+  TensorInfo codes, scales;
+  int64_t columns;
+};
+} // namespace
+
+/// Workspace for the blocks of an operand of `rows` rows and `columns`
+/// columns: each expert's last block may be partial, so there are at most
+/// rows / 128 + experts + 1.
+static RowBlocks rowBlocks(LayerKernels &layer, MLIRContext *ctx,
+                           TokenLinear rows, int64_t columns, int64_t experts) {
+  TokenLinear entries;
+  entries.fixed = llvm::divideCeil(rows.fixed * columns, kBlockRows) +
+                  columns * (experts + 1);
+  entries.perToken = llvm::divideCeil(rows.perToken * columns, kBlockRows);
+  RowBlocks blocks;
+  blocks.columns = columns;
+  blocks.codes = TensorInfo{layer.plan.addWorkspace(entries * kBlockRows),
+                            MemRefType::get({ShapedType::kDynamic, kBlockRows},
+                                            IntegerType::get(ctx, 8)),
+                            entries};
+  blocks.scales = TensorInfo{
+      layer.plan.addWorkspace(entries * 4),
+      MemRefType::get({ShapedType::kDynamic}, Float32Type::get(ctx)), entries};
+  return blocks;
+}
+
+/// The first block of `expert`: those before it take ceil(count / 128)
+/// each.
+static Value firstBlockOf(Emitter &e, Value counts, Value expert) {
+  return e.reduce(e.index(0), expert, {e.index(0)},
+                  [&](Value x, ValueRange acc) -> SmallVector<Value> {
+                    Value c = e.toIndex(e.loadRaw(counts, {x}));
+                    return {e.iadd(acc[0], e.divUI(e.iadd(c, e.index(127)),
+                                                   e.index(kBlockRows)))};
+                  })[0];
+}
+
+/// Two E4M3 codes (an i16, the first in the low byte) as f32, by the
+/// sm_89+ conversion to an f16 pair (every E4M3 value is an f16).
+static SmallVector<Value> decodeCodePair(Emitter &e, Value codes) {
+  OpBuilder &b = e.b;
+  Location loc = e.loc;
+  Value pair = inlinePtx(b, loc, b.getI32Type(), {codes},
+                         "cvt.rn.f16x2.e4m3x2 $0, $1;", "=r,h");
+  Value f16s = vector::BitCastOp::create(
+      b, loc, VectorType::get({2}, b.getF16Type()),
+      vector::BroadcastOp::create(b, loc, VectorType::get({1}, b.getI32Type()),
+                                  pair));
+  SmallVector<Value> values;
+  for (int64_t i = 0; i < 2; ++i)
+    values.push_back(arith::ExtFOp::create(
+        b, loc, b.getF32Type(),
+        vector::ExtractOp::create(b, loc, f16s, i).getResult()));
+  return values;
+}
+
+/// Quantizes `source` ([R, columns] bf16, or E4M3 codes with
+/// `sourceScales` [R, ceil(columns / 128)]) into `blocks`, a block of rows
+/// a CTA, 128 columns at a time. Warp w takes 32 of the columns (w % 4)
+/// and 64 of the rows (w / 4); lane l of it 8 columns (l % 4) by 8 rows
+/// (l / 4), read 16 bytes a row: a column's largest magnitude is the
+/// warp's (three shuffles) and then the other row half's (through shared
+/// memory), and its 8 rows' codes are one 8-byte store.
+static LogicalResult buildRowBlockQuantize(LayerKernels &layer,
+                                           GroupedMatmulWgradOp op,
+                                           Value source, Value sourceScales,
+                                           const RowBlocks &blocks,
+                                           int64_t experts) {
+  bool grouped = static_cast<bool>(op.getTokensPerExpert());
+  TensorInfo src = layer.info(source);
+  SmallVector<unsigned> indices = {src.buffer, blocks.codes.buffer,
+                                   blocks.scales.buffer};
+  TensorInfo srcScales{}, countsInfo{}, offsetsInfo{};
+  if (sourceScales) {
+    srcScales = layer.info(sourceScales);
+    indices.push_back(srcScales.buffer);
+  }
+  if (grouped) {
+    countsInfo = layer.info(op.getTokensPerExpert());
+    offsetsInfo = layer.info(op.getExpertOffsets());
+    indices.append({countsInfo.buffer, offsetsInfo.buffer});
+  }
+  Kernel k = layer.kernelOn(op, "wgrad_quantize", indices);
+  k.launch.work = src.rowCount();
+  k.launch.perBlock = kBlockRows;
+  k.launch.extraBlocks = grouped ? experts : 0;
+  k.launch.block = kQuantizeThreads;
+  Emitter &e = k.e;
+  OpBuilder &b = k.b;
+  Location loc = e.loc;
+  Type f32 = b.getF32Type(), i8 = b.getI8Type();
+  Value in = k.view(0, src);
+  Value codes = k.view(1, blocks.codes), scales = k.view(2, blocks.scales);
+  unsigned next = 3;
+  Value inScales = sourceScales ? k.view(next++, srcScales) : Value();
+  Value counts = grouped ? k.view(next++, countsInfo) : Value();
+  Value offsets = grouped ? k.view(next++, offsetsInfo) : Value();
+  Value tid = k.threadId(), block = k.blockId(gpu::Dimension::x);
+  int64_t columns = blocks.columns;
+
+  // The block's rows: [rowStart, rowStart + valid).
+  Value rowStart, valid;
+  if (!grouped) {
+    Value rows = k.linear(src.rowCount());
+    rowStart = e.imul(block, e.index(kBlockRows));
+    Value inside = e.ult(rowStart, rows);
+    valid =
+        e.select(inside, e.minUI(e.isub(rows, rowStart), e.index(kBlockRows)),
+                 e.index(0));
+  } else {
+    auto found = e.reduce(
+        e.index(0), e.index(experts), {e.index(0), e.index(0), e.index(0)},
+        [&](Value x, ValueRange acc) -> SmallVector<Value> {
+          Value c = e.toIndex(e.loadRaw(counts, {x}));
+          Value n =
+              e.divUI(e.iadd(c, e.index(kBlockRows - 1)), e.index(kBlockRows));
+          Value j = e.isub(block, acc[0]);
+          Value inside = arith::AndIOp::create(
+              b, loc, e.icmp(arith::CmpIPredicate::uge, block, acc[0]),
+              e.ult(block, e.iadd(acc[0], n)));
+          Value first = e.iadd(e.toIndex(e.loadRaw(offsets, {x})),
+                               e.imul(j, e.index(kBlockRows)));
+          Value rowsLeft = e.minUI(e.isub(c, e.imul(j, e.index(kBlockRows))),
+                                   e.index(kBlockRows));
+          return {e.iadd(acc[0], n), e.select(inside, first, acc[1]),
+                  e.select(inside, rowsLeft, acc[2])};
+        });
+    rowStart = found[1];
+    valid = found[2];
+  }
+  k.onlyIf(e.ult(e.index(0), valid));
+
+  constexpr int64_t width = 8, chunkColumns = 128;
+  Value warp = e.divUI(tid, e.index(32)), lane = e.remUI(tid, e.index(32));
+  Value half = e.divUI(warp, e.index(4));
+  Value firstRow = e.iadd(e.imul(half, e.index(64)),
+                          e.imul(e.divUI(lane, e.index(4)), e.index(width)));
+  Value columnInChunk =
+      e.iadd(e.imul(e.remUI(warp, e.index(4)), e.index(32)),
+             e.imul(e.remUI(lane, e.index(4)), e.index(width)));
+  // [chunk parity][row half][column]: each half's largest magnitudes.
+  Value partials = k.workgroupBuffer({2, 2, chunkColumns}, f32);
+  // Whole 16-byte rows of a thread's columns when every row is aligned.
+  bool vectors = columns % width == 0;
+  Value lastRow = e.iadd(rowStart, e.isub(valid, e.index(1)));
+  e.forEach(
+      e.index(0), e.index(llvm::divideCeil(columns, chunkColumns)),
+      [&](Value chunk) {
+        Value col0 =
+            e.iadd(e.imul(chunk, e.index(chunkColumns)), columnInChunk);
+        // values[i][j]: row firstRow + i, column col0 + j; zero past the
+        // expert's rows and the columns.
+        SmallVector<SmallVector<Value>> values(width);
+        SmallVector<Value> amax(width, e.f32(0.0));
+        for (int64_t i = 0; i < width; ++i) {
+          Value r = e.iadd(firstRow, e.index(i));
+          Value row = e.minUI(e.iadd(rowStart, r), lastRow);
+          Value rowValid = e.ult(r, valid);
+          SmallVector<Value> row8;
+          if (vectors) {
+            Value at = e.minUI(col0, e.index(columns - width));
+            if (inScales) {
+              Value raw = vector::BitCastOp::create(
+                  b, loc, VectorType::get({width / 2}, b.getI16Type()),
+                  vector::LoadOp::create(b, loc, VectorType::get({width}, i8),
+                                         in, ValueRange{row, at}));
+              for (int64_t q = 0; q < width / 2; ++q)
+                llvm::append_range(
+                    row8,
+                    decodeCodePair(
+                        e,
+                        vector::ExtractOp::create(b, loc, raw, q).getResult()));
+            } else {
+              Value wide = loadF32Vector(e, in, {row, at}, width);
+              for (int64_t j = 0; j < width; ++j)
+                row8.push_back(vector::ExtractOp::create(b, loc, wide, j));
+            }
+          } else {
+            for (int64_t j = 0; j < width; ++j) {
+              Value c = e.minUI(e.iadd(col0, e.index(j)), e.index(columns - 1));
+              row8.push_back(inScales ? decodeE4M3(e, e.loadRaw(in, {row, c}))
+                                      : e.load(in, {row, c}));
+            }
+          }
+          Value rowScale =
+              inScales ? common::loadScale(
+                             e, inScales,
+                             {row, e.divUI(e.minUI(col0, e.index(columns - 1)),
+                                           e.index(kBlockRows))})
+                       : Value();
+          for (int64_t j = 0; j < width; ++j) {
+            Value v = rowScale ? e.mul(row8[j], rowScale) : row8[j];
+            Value ok = arith::AndIOp::create(
+                b, loc, rowValid,
+                e.ult(e.iadd(col0, e.index(j)), e.index(columns)));
+            v = e.select(ok, v, e.f32(0.0));
+            Value special;
+            amax[j] = arith::MaxNumFOp::create(
+                b, loc, amax[j], common::blockStats(e, v, special));
+            values[i].push_back(v);
+          }
+        }
+        // The warp's 64 rows, then the other half's.
+        Value parity = e.remUI(chunk, e.index(2));
+        Value other = e.isub(e.index(1), half);
+        for (int64_t j = 0; j < width; ++j) {
+          // Lanes l, l ^ 4, l ^ 8, ... hold the column's other rows.
+          for (int64_t offset = 4; offset < 32; offset *= 2)
+            amax[j] = arith::MaxNumFOp::create(
+                b, loc, amax[j],
+                gpu::ShuffleOp::create(b, loc, amax[j], offset, 32,
+                                       gpu::ShuffleMode::XOR)
+                    .getShuffleResult());
+          Value c = e.iadd(columnInChunk, e.index(j));
+          memref::StoreOp::create(b, loc, amax[j], partials,
+                                  ValueRange{parity, half, c});
+        }
+        gpu::BarrierOp::create(b, loc);
+        for (int64_t j = 0; j < width; ++j) {
+          Value c = e.iadd(columnInChunk, e.index(j));
+          Value col = e.iadd(col0, e.index(j));
+          Value both = arith::MaxNumFOp::create(
+              b, loc, amax[j],
+              memref::LoadOp::create(b, loc, partials,
+                                     ValueRange{parity, other, c}));
+          common::BlockScale scale =
+              common::blockScale(e, op.getQuantAttr(), both, e.f32(0.0));
+          Value inverse = e.div(e.f32(1.0), scale.stored);
+          e.ifThen(e.ult(col, e.index(columns)), [&] {
+            SmallVector<Value> bytes;
+            for (int64_t i = 0; i < width; ++i)
+              bytes.push_back(encodeE4M3(e, e.mul(values[i][j], inverse)));
+            Value at = e.iadd(e.imul(block, e.index(columns)), col);
+            vector::StoreOp::create(
+                b, loc,
+                vector::FromElementsOp::create(
+                    b, loc, VectorType::get({width}, i8), bytes),
+                codes, ValueRange{at, firstRow}, false, vectorAlign(width, i8));
+            e.ifThen(e.eq(firstRow, e.index(0)),
+                     [&] { e.storeRaw(scale.stored, scales, {at}); });
+          });
+        }
+      });
+  return k.finish(op);
+}
+
+namespace {
+/// The E4M3 weight-gradient kernel's shared memory: the ring of stages
+/// (128 rows of both operands' codes, 128 bytes each: the bf16 layout's
+/// stage size), the epilogue's buffers, then each stage's scales.
+struct QuantizedWgradLayout : Layout {
+  static constexpr int64_t kMaxStages = 6;
+  int64_t scaleOffset() const { return epilogueOffset() + epilogueBytes(); }
+  int64_t scaleBytes() const { return (tileM + tileN) * 4; }
+  int64_t totalBytes() const {
+    return scaleOffset() + stages * scaleBytes() + sm90a::kSwizzleAlign;
+  }
+  QuantizedWgradLayout() {
+    tileN = 128;
+    int64_t fits =
+        (sm90a::kSharedPerBlock - sm90a::kSwizzleAlign - epilogueBytes()) /
+        (stageBytes() + scaleBytes() + 2 * sm90a::kMbarrierBytes);
+    stages = std::min(fits, kMaxStages);
+  }
+};
+} // namespace
+
+static LogicalResult buildQuantizedWgrad(LayerKernels &layer,
+                                         GroupedMatmulWgradOp op) {
+  MLIRContext *ctx = op.getContext();
+  int64_t n = cast<RankedTensorType>(op.getOutGrad().getType()).getDimSize(1);
+  int64_t kDim = cast<RankedTensorType>(op.getLhs().getType()).getDimSize(1);
+  bool grouped = static_cast<bool>(op.getTokensPerExpert());
+  int64_t experts =
+      grouped ? cast<RankedTensorType>(op.getTokensPerExpert().getType())
+                    .getDimSize(0)
+              : 1;
+  TokenLinear rows = layer.info(op.getOutGrad()).rowCount();
+  RowBlocks a = rowBlocks(layer, ctx, rows, n, experts);
+  RowBlocks bBlocks = rowBlocks(layer, ctx, rows, kDim, experts);
+  if (failed(buildRowBlockQuantize(layer, op, op.getOutGrad(), Value(), a,
+                                   experts)) ||
+      failed(buildRowBlockQuantize(layer, op, op.getLhs(), op.getLhsScale(),
+                                   bBlocks, experts)))
+    return failure();
+
+  QuantizedWgradLayout l;
+  int64_t mTiles = llvm::divideCeil(n, l.tileM);
+  int64_t nTiles = llvm::divideCeil(kDim, l.tileN);
+  int64_t tiles = experts * mTiles * nTiles;
+  TensorInfo out = layer.define(op.getOut(), {});
+  Type outElement =
+      cast<RankedTensorType>(op.getOut().getType()).getElementType();
+  int64_t outBytes = outElement.getIntOrFloatBitWidth() / 8;
+  unsigned mapA = layer.plan.addTensorMap(a.codes.buffer, 1, a.codes.rows,
+                                          kBlockRows, l.tileM, kBlockRows);
+  unsigned mapB =
+      layer.plan.addTensorMap(bBlocks.codes.buffer, 1, bBlocks.codes.rows,
+                              kBlockRows, l.tileN, kBlockRows);
+  SmallVector<int64_t> outer;
+  if (grouped)
+    outer = {experts, n * kDim, 1};
+  unsigned mapOut = layer.plan.addTensorMap(
+      out.buffer, outBytes, n, kDim, kDim, sm90a::kWgmmaM,
+      sm90a::kTmaSwizzleBytes / outBytes, outer);
+  SmallVector<unsigned> bufferIndices = {out.buffer, a.scales.buffer,
+                                         bBlocks.scales.buffer};
+  TensorInfo countsInfo{};
+  if (grouped) {
+    countsInfo = layer.info(op.getTokensPerExpert());
+    bufferIndices.push_back(countsInfo.buffer);
+  }
+  Kernel k = layer.kernelOn(op, "grouped_matmul_wgrad", bufferIndices,
+                            {mapA, mapB, mapOut});
+  k.launch.work = {tiles, 0};
+  k.launch.persistent = true;
+  k.launch.block = kConsumers + 128;
+  k.func.setKnownBlockSizeAttr(
+      k.b.getDenseI32ArrayAttr({int32_t(k.launch.block), 1, 1}));
+  k.launch.sharedBytes = l.totalBytes();
+  k.launch.accumulators = l.tileN;
+
+  Emitter &e = k.e;
+  OpBuilder &b = k.b;
+  Location loc = e.loc;
+  Type i8 = b.getI8Type(), f32 = b.getF32Type();
+  Value scalesA = k.view(1, a.scales), scalesB = k.view(2, bBlocks.scales);
+  Value counts = grouped ? k.view(3, countsInfo) : Value();
+  auto mapType = matmulMapType(ctx, i8, l.tileM, kBlockRows);
+  Value descA = k.tensorMap(bufferIndices.size(), mapType);
+  Value descB = k.tensorMap(bufferIndices.size() + 1, mapType);
+  Value tid = k.threadId();
+
+  bool sweepRows = kDim > n;
+  auto tileAt = [&](Value t) {
+    WgradTile at;
+    at.expert = e.divUI(t, e.index(mTiles * nTiles));
+    Value within = e.remUI(t, e.index(mTiles * nTiles));
+    at.mTile = sweepRows ? e.remUI(within, e.index(mTiles))
+                         : e.divUI(within, e.index(nTiles));
+    at.nTile = sweepRows ? e.divUI(within, e.index(mTiles))
+                         : e.remUI(within, e.index(nTiles));
+    // rowStart: the expert's first block.
+    at.rowStart = grouped ? firstBlockOf(e, counts, at.expert) : e.index(0);
+    at.rowCount =
+        grouped ? e.toIndex(e.loadRaw(counts, {at.expert})) : k.linear(rows);
+    at.slabs = e.divUI(e.iadd(at.rowCount, e.index(kBlockRows - 1)),
+                       e.index(kBlockRows));
+    return at;
+  };
+  auto walkTiles = [&](function_ref<void(const WgradTile &, Value)> body) {
+    auto loop =
+        scf::ForOp::create(b, loc, k.blockId(gpu::Dimension::x), e.index(tiles),
+                           gpu::GridDimOp::create(b, loc, gpu::Dimension::x),
+                           ValueRange{e.index(0)});
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    WgradTile at = tileAt(loop.getInductionVar());
+    Value first = loop.getRegionIterArgs()[0];
+    body(at, first);
+    scf::YieldOp::create(b, loc, e.iadd(first, at.slabs));
+  };
+
+  AlignedShared shared(e);
+  Ring ring{shared, l.stages, l.stageBytes()};
+  Value scaleTile = shared.view(sharedType({l.stages, l.tileM + l.tileN}, f32),
+                                e.index(l.scaleOffset()));
+  Value full = createBarriers(e, l.stages);
+  Value empty = createBarriers(e, l.stages);
+  Value leader = e.eq(tid, e.index(0));
+  initBarriers(e, leader, l.stages, {{full, 128}, {empty, kConsumers}});
+  fenceBarrierInits(e, leader);
+  gpu::BarrierOp::create(b, loc);
+
+  auto roles = scf::IfOp::create(b, loc, e.ult(tid, e.index(kConsumers)),
+                                 /*withElse=*/true);
+  // The producers: each thread stages a row scale of both operands, and
+  // the first loads the block's codes.
+  b.setInsertionPointToStart(&roles.getElseRegion().front());
+  producerRegisters(e, sm90a::kProducerRegisters);
+  Value p = e.isub(tid, e.index(kConsumers));
+  auto tileType = sharedType({l.tileM, kBlockRows}, i8);
+  walkTiles([&](const WgradTile &at, Value first) {
+    e.forEach(e.index(0), at.slabs, [&](Value s) {
+      Value stage = e.iadd(first, s);
+      Value slot = ring.slot(stage);
+      ring.waitReleased(empty, stage, slot);
+      Value blk = e.iadd(at.rowStart, s);
+      auto stageScale = [&](Value scales, int64_t columns, Value tile,
+                            int64_t place) {
+        Value col = e.iadd(e.imul(tile, e.index(128)), p);
+        Value at2 = e.iadd(e.imul(blk, e.index(columns)),
+                           e.minUI(col, e.index(columns - 1)));
+        Value scale = e.select(e.ult(col, e.index(columns)),
+                               e.loadRaw(scales, {at2}), e.f32(0.0));
+        memref::StoreOp::create(b, loc, scale, scaleTile,
+                                ValueRange{slot, e.iadd(p, e.index(place))});
+      };
+      stageScale(scalesA, n, at.mTile, 0);
+      stageScale(scalesB, kDim, at.nTile, l.tileM);
+      auto lead = scf::IfOp::create(b, loc, e.eq(p, e.index(0)),
+                                    /*withElse=*/true);
+      {
+        OpBuilder::InsertionGuard guard(b);
+        b.setInsertionPointToStart(&lead.getThenRegion().front());
+        expectBytes(e, full, l.stageBytes(), slot);
+        tmaLoad(
+            e, ring.view(tileType, slot, e.index(0)), full, descA,
+            ValueRange{e.index(0), e.iadd(e.imul(blk, e.index(n)),
+                                          e.imul(at.mTile, e.index(l.tileM)))},
+            slot);
+        tmaLoad(
+            e, ring.view(tileType, slot, e.index(l.tileM * kBlockRows)), full,
+            descB,
+            ValueRange{e.index(0), e.iadd(e.imul(blk, e.index(kDim)),
+                                          e.imul(at.nTile, e.index(l.tileN)))},
+            slot);
+        b.setInsertionPointToStart(&lead.getElseRegion().front());
+        mbarrierArrive(b, loc, full, slot);
+      }
+    });
+  });
+
+  // The consumers: warpgroup g multiplies the tile's rows [64 g, 64 g + 64).
+  b.setInsertionPointToStart(&roles.getThenRegion().front());
+  consumerRegisters(e, sm90a::kConsumerRegisters);
+  SmallVector<Type> fields(l.tileN / 2, f32);
+  Type fragment = LLVM::LLVMStructType::getLiteral(ctx, fields);
+  Value g = e.divUI(tid, 128);
+  Value myTurn = e.toI32(e.iadd(g, e.index(kTurnBarrier)));
+  Value otherTurn = arith::XOrIOp::create(b, loc, myTurn, e.i32(1));
+  Value firstGroup = e.eq(g, e.index(0));
+  // Warpgroup 0 takes the first turn, and at the end the turn warpgroup 1
+  // passed it last, so every arrival is waited for.
+  e.ifThen(arith::XOrIOp::create(b, loc, firstGroup,
+                                 arith::ConstantIntOp::create(b, loc, 1, 1)),
+           [&] { namedBarrierArrive(b, loc, otherTurn, kConsumers); });
+  Value warp = e.remUI(e.divUI(tid, 32), 4), lane = e.remUI(tid, 32);
+  Value fragmentRow = e.iadd(e.imul(g, sm90a::kWgmmaM),
+                             e.iadd(e.imul(warp, 16), e.divUI(lane, 4)));
+  Value pairColumn = e.imul(e.remUI(lane, 4), 2);
+  WgradEpilogue epilogue{e, shared, l, Value(), tid, g, outElement, grouped};
+  epilogue.desc = k.tensorMap(bufferIndices.size() + 2,
+                              matmulMapType(ctx, outElement, epilogue.box()));
+  auto pairType = VectorType::get({2}, f32);
+  walkTiles([&](const WgradTile &at, Value first) {
+    auto loop = scf::ForOp::create(b, loc, e.index(0), at.slabs, e.index(1),
+                                   ValueRange{zeroFragment(b, loc, fragment)});
+    {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(loop.getBody());
+      Value stage = e.iadd(first, loop.getInductionVar());
+      Value acc = loop.getRegionIterArgs()[0];
+      Value slot = ring.slot(stage);
+      waitBarrier(e, full, ring.parity(stage, /*released=*/false), slot);
+      namedBarrierSync(b, loc, myTurn, kConsumers);
+      Value aAddress = LLVM::AddOp::create(
+          b, loc, ring.address(slot, 0),
+          arith::IndexCastOp::create(b, loc, b.getI64Type(),
+                                     e.imul(g, sm90a::kWgmmaM * kBlockRows)));
+      Value bAddress = ring.address(slot, l.tileM * kBlockRows);
+      NVVM::WgmmaFenceAlignedOp::create(b, loc);
+      int64_t instK = sm90a::wgmmaK(1);
+      Value partial = LLVM::PoisonOp::create(b, loc, fragment);
+      for (int64_t kk = 0; kk < kBlockRows / instK; ++kk) {
+        auto descriptor = [&](Value address) {
+          return swizzledDescriptor(
+              b, loc,
+              LLVM::AddOp::create(b, loc, address, k.constI64(kk * instK)));
+        };
+        partial = wgmmaKMajor(b, loc, fragment, partial, descriptor(aAddress),
+                              descriptor(bAddress), l.tileN, instK,
+                              NVVM::WGMMATypes::e4m3, /*accumulate=*/kk > 0);
+      }
+      NVVM::WgmmaGroupSyncAlignedOp::create(b, loc);
+      namedBarrierArrive(b, loc, otherTurn, kConsumers);
+      NVVM::WgmmaWaitGroupSyncOp::create(b, loc, 0);
+      partial = fenceFragment(b, loc, partial);
+      // acc += partial x (row scale x column scale): fragment element i
+      // is row fragmentRow + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (l % 4)
+      // + i % 2.
+      Value rowScales[2];
+      for (int64_t h = 0; h < 2; ++h)
+        rowScales[h] = memref::LoadOp::create(
+            b, loc, scaleTile,
+            ValueRange{slot, e.iadd(fragmentRow, e.index(8 * h))});
+      for (int64_t j = 0; j < l.tileN / 8; ++j) {
+        Value columns = vector::LoadOp::create(
+            b, loc, pairType, scaleTile,
+            ValueRange{slot, e.iadd(pairColumn, e.index(l.tileM + 8 * j))});
+        for (int64_t i = 4 * j; i < 4 * j + 4; ++i) {
+          Value scale =
+              e.mul(rowScales[(i / 2) % 2],
+                    vector::ExtractOp::create(b, loc, columns, i % 2));
+          Value pi = LLVM::ExtractValueOp::create(b, loc, partial,
+                                                  ArrayRef<int64_t>{i});
+          Value ai =
+              LLVM::ExtractValueOp::create(b, loc, acc, ArrayRef<int64_t>{i});
+          Value sum = math::FmaOp::create(b, loc, pi, scale, ai).getResult();
+          acc = LLVM::InsertValueOp::create(b, loc, acc, sum,
+                                            ArrayRef<int64_t>{i});
+        }
+      }
+      acc = fenceFragment(b, loc, acc);
+      mbarrierArrive(b, loc, empty, slot);
+      scf::YieldOp::create(b, loc, acc);
+    }
+    epilogue.store(loop.getResult(0), at);
+  });
+  e.ifThen(firstGroup, [&] { namedBarrierSync(b, loc, myTurn, kConsumers); });
   epilogue.drain();
   b.setInsertionPointAfter(roles);
   return k.finish(op);

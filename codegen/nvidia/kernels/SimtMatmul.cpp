@@ -133,8 +133,9 @@ bool nvidia::takesSimtMatmul(Operation *op) {
     return cast<RankedTensorType>(v.getType()).getElementType().isF32();
   };
   if (auto wgrad = dyn_cast<GroupedMatmulWgradOp>(op))
-    return f32Grad(wgrad.getOutGrad()) || !wgrad.getLhs() ||
-           cast<RankedTensorType>(wgrad.getLhs().getType()).getRank() == 1;
+    return !wgrad.getQuant() &&
+           (f32Grad(wgrad.getOutGrad()) || !wgrad.getLhs() ||
+            cast<RankedTensorType>(wgrad.getLhs().getType()).getRank() == 1);
   return isa<GroupedMatmulDgradOp>(op);
 }
 
