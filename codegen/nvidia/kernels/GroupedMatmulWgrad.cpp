@@ -572,6 +572,10 @@ static LogicalResult buildRowBlockQuantize(LayerKernels &layer,
   k.launch.perBlock = kBlockRows;
   k.launch.extraBlocks = grouped ? experts : 0;
   k.launch.block = kQuantizeThreads;
+  // Two blocks a multiprocessor at least: a block's loads, shuffles and
+  // stores run in turn, and another block's fill the gaps.
+  k.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
+                  k.b.getI32IntegerAttr(2));
   Emitter &e = k.e;
   OpBuilder &b = k.b;
   Location loc = e.loc;
@@ -635,56 +639,78 @@ static LogicalResult buildRowBlockQuantize(LayerKernels &layer,
       [&](Value chunk) {
         Value col0 =
             e.iadd(e.imul(chunk, e.index(chunkColumns)), columnInChunk);
-        // values[i][j]: row firstRow + i, column col0 + j; zero past the
-        // expert's rows and the columns.
-        SmallVector<SmallVector<Value>> values(width);
-        SmallVector<Value> amax(width, e.f32(0.0));
+        // Each row's loaded bytes (or its values, where rows are not
+        // aligned) are kept rather than its f32 values, which the encode
+        // computes again: fewer registers, more blocks a multiprocessor.
+        SmallVector<Value> raws(width), rowScales(width), rowValid(width);
+        SmallVector<SmallVector<Value>> scalar(width);
         for (int64_t i = 0; i < width; ++i) {
           Value r = e.iadd(firstRow, e.index(i));
           Value row = e.minUI(e.iadd(rowStart, r), lastRow);
-          Value rowValid = e.ult(r, valid);
-          SmallVector<Value> row8;
+          rowValid[i] = e.ult(r, valid);
           if (vectors) {
             Value at = e.minUI(col0, e.index(columns - width));
-            if (inScales) {
-              Value raw = vector::BitCastOp::create(
-                  b, loc, VectorType::get({width / 2}, b.getI16Type()),
-                  vector::LoadOp::create(b, loc, VectorType::get({width}, i8),
-                                         in, ValueRange{row, at}));
-              for (int64_t q = 0; q < width / 2; ++q)
-                llvm::append_range(
-                    row8,
-                    decodeCodePair(
-                        e,
-                        vector::ExtractOp::create(b, loc, raw, q).getResult()));
-            } else {
-              Value wide = loadF32Vector(e, in, {row, at}, width);
-              for (int64_t j = 0; j < width; ++j)
-                row8.push_back(vector::ExtractOp::create(b, loc, wide, j));
-            }
+            raws[i] =
+                inScales
+                    ? vector::BitCastOp::create(
+                          b, loc, VectorType::get({width / 2}, b.getI16Type()),
+                          vector::LoadOp::create(b, loc,
+                                                 VectorType::get({width}, i8),
+                                                 in, ValueRange{row, at}))
+                          .getResult()
+                    : vector::LoadOp::create(
+                          b, loc, VectorType::get({width}, b.getBF16Type()), in,
+                          ValueRange{row, at})
+                          .getResult();
           } else {
             for (int64_t j = 0; j < width; ++j) {
               Value c = e.minUI(e.iadd(col0, e.index(j)), e.index(columns - 1));
-              row8.push_back(inScales ? decodeE4M3(e, e.loadRaw(in, {row, c}))
+              scalar[i].push_back(inScales
+                                      ? decodeE4M3(e, e.loadRaw(in, {row, c}))
                                       : e.load(in, {row, c}));
             }
           }
-          Value rowScale =
-              inScales ? common::loadScale(
-                             e, inScales,
-                             {row, e.divUI(e.minUI(col0, e.index(columns - 1)),
-                                           e.index(kBlockRows))})
-                       : Value();
+          if (inScales)
+            rowScales[i] = common::loadScale(
+                e, inScales,
+                {row, e.divUI(e.minUI(col0, e.index(columns - 1)),
+                              e.index(kBlockRows))});
+        }
+        SmallVector<Value> columnValid;
+        for (int64_t j = 0; j < width; ++j)
+          columnValid.push_back(
+              e.ult(e.iadd(col0, e.index(j)), e.index(columns)));
+        // Row i's values at columns col0 + j: zero past the expert's rows
+        // and the columns.
+        auto valuesOf = [&](int64_t i) {
+          SmallVector<Value> row8 = scalar[i];
+          if (vectors && inScales) {
+            for (int64_t q = 0; q < width / 2; ++q)
+              llvm::append_range(
+                  row8, decodeCodePair(
+                            e, vector::ExtractOp::create(b, loc, raws[i], q)
+                                   .getResult()));
+          } else if (vectors) {
+            for (int64_t j = 0; j < width; ++j)
+              row8.push_back(arith::ExtFOp::create(
+                  b, loc, f32,
+                  vector::ExtractOp::create(b, loc, raws[i], j).getResult()));
+          }
           for (int64_t j = 0; j < width; ++j) {
-            Value v = rowScale ? e.mul(row8[j], rowScale) : row8[j];
-            Value ok = arith::AndIOp::create(
-                b, loc, rowValid,
-                e.ult(e.iadd(col0, e.index(j)), e.index(columns)));
-            v = e.select(ok, v, e.f32(0.0));
+            Value v = inScales ? e.mul(row8[j], rowScales[i]) : row8[j];
+            row8[j] = e.select(
+                arith::AndIOp::create(b, loc, rowValid[i], columnValid[j]), v,
+                e.f32(0.0));
+          }
+          return row8;
+        };
+        SmallVector<Value> amax(width, e.f32(0.0));
+        for (int64_t i = 0; i < width; ++i) {
+          SmallVector<Value> row8 = valuesOf(i);
+          for (int64_t j = 0; j < width; ++j) {
             Value special;
             amax[j] = arith::MaxNumFOp::create(
-                b, loc, amax[j], common::blockStats(e, v, special));
-            values[i].push_back(v);
+                b, loc, amax[j], common::blockStats(e, row8[j], special));
           }
         }
         // The warp's 64 rows, then the other half's.
@@ -703,28 +729,38 @@ static LogicalResult buildRowBlockQuantize(LayerKernels &layer,
                                   ValueRange{parity, half, c});
         }
         gpu::BarrierOp::create(b, loc);
+        SmallVector<Value> stored, inverses, columnCodes;
+        auto codesType = VectorType::get({width}, i8);
         for (int64_t j = 0; j < width; ++j) {
           Value c = e.iadd(columnInChunk, e.index(j));
-          Value col = e.iadd(col0, e.index(j));
           Value both = arith::MaxNumFOp::create(
               b, loc, amax[j],
               memref::LoadOp::create(b, loc, partials,
                                      ValueRange{parity, other, c}));
           common::BlockScale scale =
               common::blockScale(e, op.getQuantAttr(), both, e.f32(0.0));
-          Value inverse = e.div(e.f32(1.0), scale.stored);
-          e.ifThen(e.ult(col, e.index(columns)), [&] {
-            SmallVector<Value> bytes;
-            for (int64_t i = 0; i < width; ++i)
-              bytes.push_back(encodeE4M3(e, e.mul(values[i][j], inverse)));
+          stored.push_back(scale.stored);
+          inverses.push_back(e.div(e.f32(1.0), scale.stored));
+          columnCodes.push_back(arith::ConstantOp::create(
+              b, loc,
+              DenseElementsAttr::get(codesType, b.getI8IntegerAttr(0))));
+        }
+        for (int64_t i = 0; i < width; ++i) {
+          SmallVector<Value> row8 = valuesOf(i);
+          for (int64_t j = 0; j < width; ++j)
+            columnCodes[j] = vector::InsertOp::create(
+                b, loc, encodeE4M3(e, e.mul(row8[j], inverses[j])),
+                columnCodes[j], i);
+        }
+        for (int64_t j = 0; j < width; ++j) {
+          Value col = e.iadd(col0, e.index(j));
+          e.ifThen(columnValid[j], [&] {
             Value at = e.iadd(e.imul(block, e.index(columns)), col);
-            vector::StoreOp::create(
-                b, loc,
-                vector::FromElementsOp::create(
-                    b, loc, VectorType::get({width}, i8), bytes),
-                codes, ValueRange{at, firstRow}, false, vectorAlign(width, i8));
+            vector::StoreOp::create(b, loc, columnCodes[j], codes,
+                                    ValueRange{at, firstRow}, false,
+                                    vectorAlign(width, i8));
             e.ifThen(e.eq(firstRow, e.index(0)),
-                     [&] { e.storeRaw(scale.stored, scales, {at}); });
+                     [&] { e.storeRaw(stored[j], scales, {at}); });
           });
         }
       });
@@ -742,8 +778,12 @@ struct QuantizedWgradLayout : Layout {
   int64_t totalBytes() const {
     return scaleOffset() + stages * scaleBytes() + sm90a::kSwizzleAlign;
   }
-  QuantizedWgradLayout() {
-    tileN = 128;
+  /// [128, tileN] tiles: 192 columns where K has more than 128, which
+  /// reads 20% fewer bytes a product than 128 (two 64 x 192 fragments a
+  /// consumer thread, the sums and a block's product, fit its registers;
+  /// 256 would not).
+  explicit QuantizedWgradLayout(int64_t k) {
+    tileN = k > 128 ? 192 : 128;
     int64_t fits =
         (sm90a::kSharedPerBlock - sm90a::kSwizzleAlign - epilogueBytes()) /
         (stageBytes() + scaleBytes() + 2 * sm90a::kMbarrierBytes);
@@ -771,7 +811,7 @@ static LogicalResult buildQuantizedWgrad(LayerKernels &layer,
                                    bBlocks, experts)))
     return failure();
 
-  QuantizedWgradLayout l;
+  QuantizedWgradLayout l(kDim);
   int64_t mTiles = llvm::divideCeil(n, l.tileM);
   int64_t nTiles = llvm::divideCeil(kDim, l.tileN);
   int64_t tiles = experts * mTiles * nTiles;
@@ -813,9 +853,10 @@ static LogicalResult buildQuantizedWgrad(LayerKernels &layer,
   Type i8 = b.getI8Type(), f32 = b.getF32Type();
   Value scalesA = k.view(1, a.scales), scalesB = k.view(2, bBlocks.scales);
   Value counts = grouped ? k.view(3, countsInfo) : Value();
-  auto mapType = matmulMapType(ctx, i8, l.tileM, kBlockRows);
-  Value descA = k.tensorMap(bufferIndices.size(), mapType);
-  Value descB = k.tensorMap(bufferIndices.size() + 1, mapType);
+  Value descA = k.tensorMap(bufferIndices.size(),
+                            matmulMapType(ctx, i8, l.tileM, kBlockRows));
+  Value descB = k.tensorMap(bufferIndices.size() + 1,
+                            matmulMapType(ctx, i8, l.tileN, kBlockRows));
   Value tid = k.threadId();
 
   bool sweepRows = kDim > n;
@@ -855,7 +896,10 @@ static LogicalResult buildQuantizedWgrad(LayerKernels &layer,
   Value full = createBarriers(e, l.stages);
   Value empty = createBarriers(e, l.stages);
   Value leader = e.eq(tid, e.index(0));
-  initBarriers(e, leader, l.stages, {{full, 128}, {empty, kConsumers}});
+  // A stage is full once its codes have landed (the first producer
+  // thread's expected bytes, one arrival) and every producer thread has
+  // staged its scales.
+  initBarriers(e, leader, l.stages, {{full, 128 + 1}, {empty, kConsumers}});
   fenceBarrierInits(e, leader);
   gpu::BarrierOp::create(b, loc);
 
@@ -867,29 +911,32 @@ static LogicalResult buildQuantizedWgrad(LayerKernels &layer,
   producerRegisters(e, sm90a::kProducerRegisters);
   Value p = e.isub(tid, e.index(kConsumers));
   auto tileType = sharedType({l.tileM, kBlockRows}, i8);
+  auto bTileType = sharedType({l.tileN, kBlockRows}, i8);
   walkTiles([&](const WgradTile &at, Value first) {
     e.forEach(e.index(0), at.slabs, [&](Value s) {
       Value stage = e.iadd(first, s);
       Value slot = ring.slot(stage);
       ring.waitReleased(empty, stage, slot);
       Value blk = e.iadd(at.rowStart, s);
+      // Thread p stages the tile's columns p, p + 128, ... of an operand.
       auto stageScale = [&](Value scales, int64_t columns, Value tile,
-                            int64_t place) {
-        Value col = e.iadd(e.imul(tile, e.index(128)), p);
-        Value at2 = e.iadd(e.imul(blk, e.index(columns)),
-                           e.minUI(col, e.index(columns - 1)));
-        Value scale = e.select(e.ult(col, e.index(columns)),
-                               e.loadRaw(scales, {at2}), e.f32(0.0));
-        memref::StoreOp::create(b, loc, scale, scaleTile,
-                                ValueRange{slot, e.iadd(p, e.index(place))});
+                            int64_t count, int64_t place) {
+        for (int64_t o = 0; o < count; o += 128) {
+          Value inTile = e.iadd(p, e.index(o));
+          Value col = e.iadd(e.imul(tile, e.index(count)), inTile);
+          Value at2 = e.iadd(e.imul(blk, e.index(columns)),
+                             e.minUI(col, e.index(columns - 1)));
+          e.ifThen(e.ult(inTile, e.index(count)), [&] {
+            Value scale = e.select(e.ult(col, e.index(columns)),
+                                   e.loadRaw(scales, {at2}), e.f32(0.0));
+            memref::StoreOp::create(
+                b, loc, scale, scaleTile,
+                ValueRange{slot, e.iadd(inTile, e.index(place))});
+          });
+        }
       };
-      stageScale(scalesA, n, at.mTile, 0);
-      stageScale(scalesB, kDim, at.nTile, l.tileM);
-      auto lead = scf::IfOp::create(b, loc, e.eq(p, e.index(0)),
-                                    /*withElse=*/true);
-      {
-        OpBuilder::InsertionGuard guard(b);
-        b.setInsertionPointToStart(&lead.getThenRegion().front());
+      // The codes' loads go first: the scales' global reads overlap them.
+      e.ifThen(e.eq(p, e.index(0)), [&] {
         expectBytes(e, full, l.stageBytes(), slot);
         tmaLoad(
             e, ring.view(tileType, slot, e.index(0)), full, descA,
@@ -897,14 +944,15 @@ static LogicalResult buildQuantizedWgrad(LayerKernels &layer,
                                           e.imul(at.mTile, e.index(l.tileM)))},
             slot);
         tmaLoad(
-            e, ring.view(tileType, slot, e.index(l.tileM * kBlockRows)), full,
+            e, ring.view(bTileType, slot, e.index(l.tileM * kBlockRows)), full,
             descB,
             ValueRange{e.index(0), e.iadd(e.imul(blk, e.index(kDim)),
                                           e.imul(at.nTile, e.index(l.tileN)))},
             slot);
-        b.setInsertionPointToStart(&lead.getElseRegion().front());
-        mbarrierArrive(b, loc, full, slot);
-      }
+      });
+      stageScale(scalesA, n, at.mTile, l.tileM, 0);
+      stageScale(scalesB, kDim, at.nTile, l.tileN, l.tileM);
+      mbarrierArrive(b, loc, full, slot);
     });
   });
 
