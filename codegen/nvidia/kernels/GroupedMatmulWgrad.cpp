@@ -476,7 +476,6 @@ LogicalResult nvidia::buildGroupedMatmulWgrad(LayerKernels &layer,
 // other's wgmma runs.
 
 static constexpr int64_t kBlockRows = 128;
-static constexpr int64_t kQuantizeThreads = 256;
 /// Named barriers 4 + g: consumer warpgroup g's turn to issue.
 static constexpr int64_t kTurnBarrier = 4;
 
@@ -544,10 +543,10 @@ static SmallVector<Value> decodeCodePair(Emitter &e, Value codes) {
 /// Quantizes `source` ([R, columns] bf16, or E4M3 codes with
 /// `sourceScales` [R, ceil(columns / 128)]) into `blocks`, a block of rows
 /// a CTA, 128 columns at a time. Warp w takes 32 of the columns (w % 4)
-/// and 64 of the rows (w / 4); lane l of it 8 columns (l % 4) by 8 rows
-/// (l / 4), read 16 bytes a row: a column's largest magnitude is the
-/// warp's (three shuffles) and then the other row half's (through shared
-/// memory), and its 8 rows' codes are one 8-byte store.
+/// and 8 x `rows` of the rows (w / 4); lane l of it 8 columns (l % 4) by
+/// `rows` rows (l / 4), read 16 (or 8) bytes a row: a column's largest
+/// magnitude is the warp's (three shuffles) and then every warp's (through
+/// shared memory), and its rows' codes are one store.
 static LogicalResult buildRowBlockQuantize(LayerKernels &layer,
                                            GroupedMatmulWgradOp op,
                                            Value source, Value sourceScales,
@@ -571,11 +570,12 @@ static LogicalResult buildRowBlockQuantize(LayerKernels &layer,
   k.launch.work = src.rowCount();
   k.launch.perBlock = kBlockRows;
   k.launch.extraBlocks = grouped ? experts : 0;
-  k.launch.block = kQuantizeThreads;
-  // Two blocks a multiprocessor at least: a block's loads, shuffles and
-  // stores run in turn, and another block's fill the gaps.
-  k.func->setAttr(NVVM::NVVMDialect::getMinctasmAttrName(),
-                  k.b.getI32IntegerAttr(2));
+  // A thread keeps the values of 8 columns in `rows` rows: 4 from E4M3
+  // codes, whose decoding takes registers too, else 8; a warp covers 32
+  // columns and 8 x `rows` rows of the block's 128.
+  const int64_t rows = sourceScales ? 4 : 8;
+  const int64_t rowWarps = kBlockRows / (8 * rows);
+  k.launch.block = 4 * rowWarps * 32;
   Emitter &e = k.e;
   OpBuilder &b = k.b;
   Location loc = e.loc;
@@ -623,14 +623,14 @@ static LogicalResult buildRowBlockQuantize(LayerKernels &layer,
 
   constexpr int64_t width = 8, chunkColumns = 128;
   Value warp = e.divUI(tid, e.index(32)), lane = e.remUI(tid, e.index(32));
-  Value half = e.divUI(warp, e.index(4));
-  Value firstRow = e.iadd(e.imul(half, e.index(64)),
-                          e.imul(e.divUI(lane, e.index(4)), e.index(width)));
+  Value rowWarp = e.divUI(warp, e.index(4));
+  Value firstRow = e.iadd(e.imul(rowWarp, e.index(8 * rows)),
+                          e.imul(e.divUI(lane, e.index(4)), e.index(rows)));
   Value columnInChunk =
       e.iadd(e.imul(e.remUI(warp, e.index(4)), e.index(32)),
              e.imul(e.remUI(lane, e.index(4)), e.index(width)));
-  // [chunk parity][row half][column]: each half's largest magnitudes.
-  Value partials = k.workgroupBuffer({2, 2, chunkColumns}, f32);
+  // [chunk parity][row warp][column]: each warp's largest magnitudes.
+  Value partials = k.workgroupBuffer({2, rowWarps, chunkColumns}, f32);
   // Whole 16-byte rows of a thread's columns when every row is aligned.
   bool vectors = columns % width == 0;
   Value lastRow = e.iadd(rowStart, e.isub(valid, e.index(1)));
@@ -639,83 +639,60 @@ static LogicalResult buildRowBlockQuantize(LayerKernels &layer,
       [&](Value chunk) {
         Value col0 =
             e.iadd(e.imul(chunk, e.index(chunkColumns)), columnInChunk);
-        // Each row's loaded bytes (or its values, where rows are not
-        // aligned) are kept rather than its f32 values, which the encode
-        // computes again: fewer registers, more blocks a multiprocessor.
-        SmallVector<Value> raws(width), rowScales(width), rowValid(width);
-        SmallVector<SmallVector<Value>> scalar(width);
-        for (int64_t i = 0; i < width; ++i) {
+        // values[i][j]: row firstRow + i, column col0 + j; zero past the
+        // expert's rows and the columns.
+        SmallVector<SmallVector<Value>> values(rows);
+        SmallVector<Value> amax(width, e.f32(0.0));
+        for (int64_t i = 0; i < rows; ++i) {
           Value r = e.iadd(firstRow, e.index(i));
           Value row = e.minUI(e.iadd(rowStart, r), lastRow);
-          rowValid[i] = e.ult(r, valid);
+          Value rowValid = e.ult(r, valid);
+          SmallVector<Value> row8;
           if (vectors) {
             Value at = e.minUI(col0, e.index(columns - width));
-            raws[i] =
-                inScales
-                    ? vector::BitCastOp::create(
-                          b, loc, VectorType::get({width / 2}, b.getI16Type()),
-                          vector::LoadOp::create(b, loc,
-                                                 VectorType::get({width}, i8),
-                                                 in, ValueRange{row, at}))
-                          .getResult()
-                    : vector::LoadOp::create(
-                          b, loc, VectorType::get({width}, b.getBF16Type()), in,
-                          ValueRange{row, at})
-                          .getResult();
+            if (inScales) {
+              Value raw = vector::BitCastOp::create(
+                  b, loc, VectorType::get({width / 2}, b.getI16Type()),
+                  vector::LoadOp::create(b, loc, VectorType::get({width}, i8),
+                                         in, ValueRange{row, at}));
+              for (int64_t q = 0; q < width / 2; ++q)
+                llvm::append_range(
+                    row8,
+                    decodeCodePair(
+                        e,
+                        vector::ExtractOp::create(b, loc, raw, q).getResult()));
+            } else {
+              Value wide = loadF32Vector(e, in, {row, at}, width);
+              for (int64_t j = 0; j < width; ++j)
+                row8.push_back(vector::ExtractOp::create(b, loc, wide, j));
+            }
           } else {
             for (int64_t j = 0; j < width; ++j) {
               Value c = e.minUI(e.iadd(col0, e.index(j)), e.index(columns - 1));
-              scalar[i].push_back(inScales
-                                      ? decodeE4M3(e, e.loadRaw(in, {row, c}))
+              row8.push_back(inScales ? decodeE4M3(e, e.loadRaw(in, {row, c}))
                                       : e.load(in, {row, c}));
             }
           }
-          if (inScales)
-            rowScales[i] = common::loadScale(
-                e, inScales,
-                {row, e.divUI(e.minUI(col0, e.index(columns - 1)),
-                              e.index(kBlockRows))});
-        }
-        SmallVector<Value> columnValid;
-        for (int64_t j = 0; j < width; ++j)
-          columnValid.push_back(
-              e.ult(e.iadd(col0, e.index(j)), e.index(columns)));
-        // Row i's values at columns col0 + j: zero past the expert's rows
-        // and the columns.
-        auto valuesOf = [&](int64_t i) {
-          SmallVector<Value> row8 = scalar[i];
-          if (vectors && inScales) {
-            for (int64_t q = 0; q < width / 2; ++q)
-              llvm::append_range(
-                  row8, decodeCodePair(
-                            e, vector::ExtractOp::create(b, loc, raws[i], q)
-                                   .getResult()));
-          } else if (vectors) {
-            for (int64_t j = 0; j < width; ++j)
-              row8.push_back(arith::ExtFOp::create(
-                  b, loc, f32,
-                  vector::ExtractOp::create(b, loc, raws[i], j).getResult()));
-          }
+          Value rowScale =
+              inScales ? common::loadScale(
+                             e, inScales,
+                             {row, e.divUI(e.minUI(col0, e.index(columns - 1)),
+                                           e.index(kBlockRows))})
+                       : Value();
           for (int64_t j = 0; j < width; ++j) {
-            Value v = inScales ? e.mul(row8[j], rowScales[i]) : row8[j];
-            row8[j] = e.select(
-                arith::AndIOp::create(b, loc, rowValid[i], columnValid[j]), v,
-                e.f32(0.0));
-          }
-          return row8;
-        };
-        SmallVector<Value> amax(width, e.f32(0.0));
-        for (int64_t i = 0; i < width; ++i) {
-          SmallVector<Value> row8 = valuesOf(i);
-          for (int64_t j = 0; j < width; ++j) {
+            Value v = rowScale ? e.mul(row8[j], rowScale) : row8[j];
+            Value ok = arith::AndIOp::create(
+                b, loc, rowValid,
+                e.ult(e.iadd(col0, e.index(j)), e.index(columns)));
+            v = e.select(ok, v, e.f32(0.0));
             Value special;
             amax[j] = arith::MaxNumFOp::create(
-                b, loc, amax[j], common::blockStats(e, row8[j], special));
+                b, loc, amax[j], common::blockStats(e, v, special));
+            values[i].push_back(v);
           }
         }
-        // The warp's 64 rows, then the other half's.
+        // The warp's rows, then every warp's.
         Value parity = e.remUI(chunk, e.index(2));
-        Value other = e.isub(e.index(1), half);
         for (int64_t j = 0; j < width; ++j) {
           // Lanes l, l ^ 4, l ^ 8, ... hold the column's other rows.
           for (int64_t offset = 4; offset < 32; offset *= 2)
@@ -726,41 +703,33 @@ static LogicalResult buildRowBlockQuantize(LayerKernels &layer,
                     .getShuffleResult());
           Value c = e.iadd(columnInChunk, e.index(j));
           memref::StoreOp::create(b, loc, amax[j], partials,
-                                  ValueRange{parity, half, c});
+                                  ValueRange{parity, rowWarp, c});
         }
         gpu::BarrierOp::create(b, loc);
-        SmallVector<Value> stored, inverses, columnCodes;
-        auto codesType = VectorType::get({width}, i8);
         for (int64_t j = 0; j < width; ++j) {
           Value c = e.iadd(columnInChunk, e.index(j));
-          Value both = arith::MaxNumFOp::create(
-              b, loc, amax[j],
-              memref::LoadOp::create(b, loc, partials,
-                                     ValueRange{parity, other, c}));
+          Value col = e.iadd(col0, e.index(j));
+          Value both = amax[j];
+          for (int64_t q = 0; q < rowWarps; ++q)
+            both = arith::MaxNumFOp::create(
+                b, loc, both,
+                memref::LoadOp::create(b, loc, partials,
+                                       ValueRange{parity, e.index(q), c}));
           common::BlockScale scale =
               common::blockScale(e, op.getQuantAttr(), both, e.f32(0.0));
-          stored.push_back(scale.stored);
-          inverses.push_back(e.div(e.f32(1.0), scale.stored));
-          columnCodes.push_back(arith::ConstantOp::create(
-              b, loc,
-              DenseElementsAttr::get(codesType, b.getI8IntegerAttr(0))));
-        }
-        for (int64_t i = 0; i < width; ++i) {
-          SmallVector<Value> row8 = valuesOf(i);
-          for (int64_t j = 0; j < width; ++j)
-            columnCodes[j] = vector::InsertOp::create(
-                b, loc, encodeE4M3(e, e.mul(row8[j], inverses[j])),
-                columnCodes[j], i);
-        }
-        for (int64_t j = 0; j < width; ++j) {
-          Value col = e.iadd(col0, e.index(j));
-          e.ifThen(columnValid[j], [&] {
+          Value inverse = e.div(e.f32(1.0), scale.stored);
+          e.ifThen(e.ult(col, e.index(columns)), [&] {
+            SmallVector<Value> bytes;
+            for (int64_t i = 0; i < rows; ++i)
+              bytes.push_back(encodeE4M3(e, e.mul(values[i][j], inverse)));
             Value at = e.iadd(e.imul(block, e.index(columns)), col);
-            vector::StoreOp::create(b, loc, columnCodes[j], codes,
-                                    ValueRange{at, firstRow}, false,
-                                    vectorAlign(width, i8));
+            vector::StoreOp::create(
+                b, loc,
+                vector::FromElementsOp::create(
+                    b, loc, VectorType::get({rows}, i8), bytes),
+                codes, ValueRange{at, firstRow}, false, vectorAlign(rows, i8));
             e.ifThen(e.eq(firstRow, e.index(0)),
-                     [&] { e.storeRaw(stored[j], scales, {at}); });
+                     [&] { e.storeRaw(scale.stored, scales, {at}); });
           });
         }
       });
