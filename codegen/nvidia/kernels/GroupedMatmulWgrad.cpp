@@ -570,10 +570,11 @@ static LogicalResult buildRowBlockQuantize(LayerKernels &layer,
   k.launch.work = src.rowCount();
   k.launch.perBlock = kBlockRows;
   k.launch.extraBlocks = grouped ? experts : 0;
-  // A thread keeps the values of 8 columns in `rows` rows: 4 from E4M3
-  // codes, whose decoding takes registers too, else 8; a warp covers 32
-  // columns and 8 x `rows` rows of the block's 128.
-  const int64_t rows = sourceScales ? 4 : 8;
+  // A thread keeps the values of 8 columns in `rows` rows; a warp covers
+  // 32 columns and 8 x `rows` rows of the block's 128. (4 rows a thread
+  // from E4M3 codes, 512 threads, measured no faster for DeepSeek-V3's
+  // rows and slower for Qwen3-MoE's.)
+  const int64_t rows = 8;
   const int64_t rowWarps = kBlockRows / (8 * rows);
   k.launch.block = 4 * rowWarps * 32;
   Emitter &e = k.e;
@@ -761,6 +762,123 @@ struct QuantizedWgradLayout : Layout {
 };
 } // namespace
 
+namespace {
+/// A stage of the E4M3 weight gradient: one block of 128 rows of both
+/// operands' codes, and their scales.
+struct QuantizedWgradStage {
+  Emitter &e;
+  Kernel &k;
+  const Ring &ring;
+  const QuantizedWgradLayout &l;
+  Value scaleTile, full, descA, descB;
+  int64_t n, kDim;
+  Value scalesA, scalesB;
+
+  /// Producer thread p's part of loading stage s of tile `at` into `slot`.
+  void load(const WgradTile &at, Value s, Value slot, Value p) const {
+    OpBuilder &b = e.b;
+    Location loc = e.loc;
+    Type i8 = b.getI8Type();
+    auto tileType = sharedType({l.tileM, kBlockRows}, i8);
+    auto bTileType = sharedType({l.tileN, kBlockRows}, i8);
+    Value blk = e.iadd(at.rowStart, s);
+    // Thread p stages the tile's columns p, p + 128, ... of an operand.
+    auto stageScale = [&](Value scales, int64_t columns, Value tile,
+                          int64_t count, int64_t place) {
+      for (int64_t o = 0; o < count; o += 128) {
+        Value inTile = e.iadd(p, e.index(o));
+        Value col = e.iadd(e.imul(tile, e.index(count)), inTile);
+        Value at2 = e.iadd(e.imul(blk, e.index(columns)),
+                           e.minUI(col, e.index(columns - 1)));
+        e.ifThen(e.ult(inTile, e.index(count)), [&] {
+          Value scale = e.select(e.ult(col, e.index(columns)),
+                                 e.loadRaw(scales, {at2}), e.f32(0.0));
+          memref::StoreOp::create(
+              b, loc, scale, scaleTile,
+              ValueRange{slot, e.iadd(inTile, e.index(place))});
+        });
+      }
+    };
+    // The codes' loads go first: the scales' global reads overlap them.
+    e.ifThen(e.eq(p, e.index(0)), [&] {
+      expectBytes(e, full, l.stageBytes(), slot);
+      tmaLoad(
+          e, ring.view(tileType, slot, e.index(0)), full, descA,
+          ValueRange{e.index(0), e.iadd(e.imul(blk, e.index(n)),
+                                        e.imul(at.mTile, e.index(l.tileM)))},
+          slot);
+      tmaLoad(
+          e, ring.view(bTileType, slot, e.index(l.tileM * kBlockRows)), full,
+          descB,
+          ValueRange{e.index(0), e.iadd(e.imul(blk, e.index(kDim)),
+                                        e.imul(at.nTile, e.index(l.tileN)))},
+          slot);
+    });
+    stageScale(scalesA, n, at.mTile, l.tileM, 0);
+    stageScale(scalesB, kDim, at.nTile, l.tileN, l.tileM);
+    mbarrierArrive(b, loc, full, slot);
+  }
+
+  /// Warpgroup g's wgmma over the block in `slot`, into a fresh fragment.
+  Value multiply(Value slot, Value g, Type fragment) const {
+    OpBuilder &b = e.b;
+    Location loc = e.loc;
+    Value aAddress = LLVM::AddOp::create(
+        b, loc, ring.address(slot, 0),
+        arith::IndexCastOp::create(b, loc, b.getI64Type(),
+                                   e.imul(g, sm90a::kWgmmaM * kBlockRows)));
+    Value bAddress = ring.address(slot, l.tileM * kBlockRows);
+    NVVM::WgmmaFenceAlignedOp::create(b, loc);
+    int64_t instK = sm90a::wgmmaK(1);
+    Value partial = LLVM::PoisonOp::create(b, loc, fragment);
+    for (int64_t kk = 0; kk < kBlockRows / instK; ++kk) {
+      auto descriptor = [&](Value address) {
+        return swizzledDescriptor(
+            b, loc,
+            LLVM::AddOp::create(b, loc, address, k.constI64(kk * instK)));
+      };
+      partial = wgmmaKMajor(b, loc, fragment, partial, descriptor(aAddress),
+                            descriptor(bAddress), l.tileN, instK,
+                            NVVM::WGMMATypes::e4m3, /*accumulate=*/kk > 0);
+    }
+    return partial;
+  }
+
+  /// acc + partial x (row scale x column scale).
+  Value promote(Value acc, Value partial, Value slot, Value fragmentRow,
+                Value pairColumn) const {
+    OpBuilder &b = e.b;
+    Location loc = e.loc;
+    auto pairType = VectorType::get({2}, b.getF32Type());
+    // acc += partial x (row scale x column scale): fragment element i
+    // is row fragmentRow + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (l % 4)
+    // + i % 2.
+    Value rowScales[2];
+    for (int64_t h = 0; h < 2; ++h)
+      rowScales[h] = memref::LoadOp::create(
+          b, loc, scaleTile,
+          ValueRange{slot, e.iadd(fragmentRow, e.index(8 * h))});
+    for (int64_t j = 0; j < l.tileN / 8; ++j) {
+      Value columns = vector::LoadOp::create(
+          b, loc, pairType, scaleTile,
+          ValueRange{slot, e.iadd(pairColumn, e.index(l.tileM + 8 * j))});
+      for (int64_t i = 4 * j; i < 4 * j + 4; ++i) {
+        Value scale = e.mul(rowScales[(i / 2) % 2],
+                            vector::ExtractOp::create(b, loc, columns, i % 2));
+        Value pi =
+            LLVM::ExtractValueOp::create(b, loc, partial, ArrayRef<int64_t>{i});
+        Value ai =
+            LLVM::ExtractValueOp::create(b, loc, acc, ArrayRef<int64_t>{i});
+        Value sum = math::FmaOp::create(b, loc, pi, scale, ai).getResult();
+        acc =
+            LLVM::InsertValueOp::create(b, loc, acc, sum, ArrayRef<int64_t>{i});
+      }
+    }
+    return acc;
+  }
+};
+} // namespace
+
 static LogicalResult buildQuantizedWgrad(LayerKernels &layer,
                                          GroupedMatmulWgradOp op) {
   MLIRContext *ctx = op.getContext();
@@ -871,6 +989,8 @@ static LogicalResult buildQuantizedWgrad(LayerKernels &layer,
   initBarriers(e, leader, l.stages, {{full, 128 + 1}, {empty, kConsumers}});
   fenceBarrierInits(e, leader);
   gpu::BarrierOp::create(b, loc);
+  QuantizedWgradStage stages{e,     k,     ring, l,    scaleTile, full,
+                             descA, descB, n,    kDim, scalesA,   scalesB};
 
   auto roles = scf::IfOp::create(b, loc, e.ult(tid, e.index(kConsumers)),
                                  /*withElse=*/true);
@@ -879,49 +999,12 @@ static LogicalResult buildQuantizedWgrad(LayerKernels &layer,
   b.setInsertionPointToStart(&roles.getElseRegion().front());
   producerRegisters(e, sm90a::kProducerRegisters);
   Value p = e.isub(tid, e.index(kConsumers));
-  auto tileType = sharedType({l.tileM, kBlockRows}, i8);
-  auto bTileType = sharedType({l.tileN, kBlockRows}, i8);
   walkTiles([&](const WgradTile &at, Value first) {
     e.forEach(e.index(0), at.slabs, [&](Value s) {
       Value stage = e.iadd(first, s);
       Value slot = ring.slot(stage);
       ring.waitReleased(empty, stage, slot);
-      Value blk = e.iadd(at.rowStart, s);
-      // Thread p stages the tile's columns p, p + 128, ... of an operand.
-      auto stageScale = [&](Value scales, int64_t columns, Value tile,
-                            int64_t count, int64_t place) {
-        for (int64_t o = 0; o < count; o += 128) {
-          Value inTile = e.iadd(p, e.index(o));
-          Value col = e.iadd(e.imul(tile, e.index(count)), inTile);
-          Value at2 = e.iadd(e.imul(blk, e.index(columns)),
-                             e.minUI(col, e.index(columns - 1)));
-          e.ifThen(e.ult(inTile, e.index(count)), [&] {
-            Value scale = e.select(e.ult(col, e.index(columns)),
-                                   e.loadRaw(scales, {at2}), e.f32(0.0));
-            memref::StoreOp::create(
-                b, loc, scale, scaleTile,
-                ValueRange{slot, e.iadd(inTile, e.index(place))});
-          });
-        }
-      };
-      // The codes' loads go first: the scales' global reads overlap them.
-      e.ifThen(e.eq(p, e.index(0)), [&] {
-        expectBytes(e, full, l.stageBytes(), slot);
-        tmaLoad(
-            e, ring.view(tileType, slot, e.index(0)), full, descA,
-            ValueRange{e.index(0), e.iadd(e.imul(blk, e.index(n)),
-                                          e.imul(at.mTile, e.index(l.tileM)))},
-            slot);
-        tmaLoad(
-            e, ring.view(bTileType, slot, e.index(l.tileM * kBlockRows)), full,
-            descB,
-            ValueRange{e.index(0), e.iadd(e.imul(blk, e.index(kDim)),
-                                          e.imul(at.nTile, e.index(l.tileN)))},
-            slot);
-      });
-      stageScale(scalesA, n, at.mTile, l.tileM, 0);
-      stageScale(scalesB, kDim, at.nTile, l.tileN, l.tileM);
-      mbarrierArrive(b, loc, full, slot);
+      stages.load(at, s, slot, p);
     });
   });
 
@@ -946,7 +1029,6 @@ static LogicalResult buildQuantizedWgrad(LayerKernels &layer,
   WgradEpilogue epilogue{e, shared, l, Value(), tid, g, outElement, grouped};
   epilogue.desc = k.tensorMap(bufferIndices.size() + 2,
                               matmulMapType(ctx, outElement, epilogue.box()));
-  auto pairType = VectorType::get({2}, f32);
   walkTiles([&](const WgradTile &at, Value first) {
     auto loop = scf::ForOp::create(b, loc, e.index(0), at.slabs, e.index(1),
                                    ValueRange{zeroFragment(b, loc, fragment)});
@@ -958,53 +1040,12 @@ static LogicalResult buildQuantizedWgrad(LayerKernels &layer,
       Value slot = ring.slot(stage);
       waitBarrier(e, full, ring.parity(stage, /*released=*/false), slot);
       namedBarrierSync(b, loc, myTurn, kConsumers);
-      Value aAddress = LLVM::AddOp::create(
-          b, loc, ring.address(slot, 0),
-          arith::IndexCastOp::create(b, loc, b.getI64Type(),
-                                     e.imul(g, sm90a::kWgmmaM * kBlockRows)));
-      Value bAddress = ring.address(slot, l.tileM * kBlockRows);
-      NVVM::WgmmaFenceAlignedOp::create(b, loc);
-      int64_t instK = sm90a::wgmmaK(1);
-      Value partial = LLVM::PoisonOp::create(b, loc, fragment);
-      for (int64_t kk = 0; kk < kBlockRows / instK; ++kk) {
-        auto descriptor = [&](Value address) {
-          return swizzledDescriptor(
-              b, loc,
-              LLVM::AddOp::create(b, loc, address, k.constI64(kk * instK)));
-        };
-        partial = wgmmaKMajor(b, loc, fragment, partial, descriptor(aAddress),
-                              descriptor(bAddress), l.tileN, instK,
-                              NVVM::WGMMATypes::e4m3, /*accumulate=*/kk > 0);
-      }
+      Value partial = stages.multiply(slot, g, fragment);
       NVVM::WgmmaGroupSyncAlignedOp::create(b, loc);
       namedBarrierArrive(b, loc, otherTurn, kConsumers);
       NVVM::WgmmaWaitGroupSyncOp::create(b, loc, 0);
       partial = fenceFragment(b, loc, partial);
-      // acc += partial x (row scale x column scale): fragment element i
-      // is row fragmentRow + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (l % 4)
-      // + i % 2.
-      Value rowScales[2];
-      for (int64_t h = 0; h < 2; ++h)
-        rowScales[h] = memref::LoadOp::create(
-            b, loc, scaleTile,
-            ValueRange{slot, e.iadd(fragmentRow, e.index(8 * h))});
-      for (int64_t j = 0; j < l.tileN / 8; ++j) {
-        Value columns = vector::LoadOp::create(
-            b, loc, pairType, scaleTile,
-            ValueRange{slot, e.iadd(pairColumn, e.index(l.tileM + 8 * j))});
-        for (int64_t i = 4 * j; i < 4 * j + 4; ++i) {
-          Value scale =
-              e.mul(rowScales[(i / 2) % 2],
-                    vector::ExtractOp::create(b, loc, columns, i % 2));
-          Value pi = LLVM::ExtractValueOp::create(b, loc, partial,
-                                                  ArrayRef<int64_t>{i});
-          Value ai =
-              LLVM::ExtractValueOp::create(b, loc, acc, ArrayRef<int64_t>{i});
-          Value sum = math::FmaOp::create(b, loc, pi, scale, ai).getResult();
-          acc = LLVM::InsertValueOp::create(b, loc, acc, sum,
-                                            ArrayRef<int64_t>{i});
-        }
-      }
+      acc = stages.promote(acc, partial, slot, fragmentRow, pairColumn);
       acc = fenceFragment(b, loc, acc);
       mbarrierArrive(b, loc, empty, slot);
       scf::YieldOp::create(b, loc, acc);
