@@ -526,8 +526,14 @@ static Value firstBlockOf(Emitter &e, Value counts, Value expert) {
 static SmallVector<Value> decodeCodePair(Emitter &e, Value codes) {
   OpBuilder &b = e.b;
   Location loc = e.loc;
-  Value pair = inlinePtx(b, loc, b.getI32Type(), {codes},
-                         "cvt.rn.f16x2.e4m3x2 $0, $1;", "=r,h");
+  // Without side effects: LLVM may move loads across it, and CSE it.
+  Value pair =
+      LLVM::InlineAsmOp::create(
+          b, loc, b.getI32Type(), ValueRange{codes},
+          "cvt.rn.f16x2.e4m3x2 $0, $1;", "=r,h", /*has_side_effects=*/false,
+          /*is_align_stack=*/false, LLVM::tailcallkind::TailCallKind::None,
+          LLVM::AsmDialectAttr(), ArrayAttr())
+          .getResult(0);
   Value f16s = vector::BitCastOp::create(
       b, loc, VectorType::get({2}, b.getF16Type()),
       vector::BroadcastOp::create(b, loc, VectorType::get({1}, b.getI32Type()),
@@ -642,48 +648,63 @@ static LogicalResult buildRowBlockQuantize(LayerKernels &layer,
             e.iadd(e.imul(chunk, e.index(chunkColumns)), columnInChunk);
         // values[i][j]: row firstRow + i, column col0 + j; zero past the
         // expert's rows and the columns.
-        SmallVector<SmallVector<Value>> values(rows);
-        SmallVector<Value> amax(width, e.f32(0.0));
+        // Every row's loads first, so they are in flight together.
+        SmallVector<Value> raws(rows), rowScales(rows), rowValid(rows);
+        SmallVector<SmallVector<Value>> scalar(rows);
         for (int64_t i = 0; i < rows; ++i) {
           Value r = e.iadd(firstRow, e.index(i));
           Value row = e.minUI(e.iadd(rowStart, r), lastRow);
-          Value rowValid = e.ult(r, valid);
-          SmallVector<Value> row8;
+          rowValid[i] = e.ult(r, valid);
           if (vectors) {
             Value at = e.minUI(col0, e.index(columns - width));
-            if (inScales) {
-              Value raw = vector::BitCastOp::create(
-                  b, loc, VectorType::get({width / 2}, b.getI16Type()),
-                  vector::LoadOp::create(b, loc, VectorType::get({width}, i8),
-                                         in, ValueRange{row, at}));
-              for (int64_t q = 0; q < width / 2; ++q)
-                llvm::append_range(
-                    row8,
-                    decodeCodePair(
-                        e,
-                        vector::ExtractOp::create(b, loc, raw, q).getResult()));
-            } else {
-              Value wide = loadF32Vector(e, in, {row, at}, width);
-              for (int64_t j = 0; j < width; ++j)
-                row8.push_back(vector::ExtractOp::create(b, loc, wide, j));
-            }
+            raws[i] =
+                inScales
+                    ? vector::BitCastOp::create(
+                          b, loc, VectorType::get({width / 2}, b.getI16Type()),
+                          vector::LoadOp::create(b, loc,
+                                                 VectorType::get({width}, i8),
+                                                 in, ValueRange{row, at}))
+                          .getResult()
+                    : loadF32Vector(e, in, {row, at}, width);
           } else {
             for (int64_t j = 0; j < width; ++j) {
               Value c = e.minUI(e.iadd(col0, e.index(j)), e.index(columns - 1));
-              row8.push_back(inScales ? decodeE4M3(e, e.loadRaw(in, {row, c}))
-                                      : e.load(in, {row, c}));
+              scalar[i].push_back(e.loadRaw(in, {row, c}));
             }
           }
-          Value rowScale =
-              inScales ? common::loadScale(
-                             e, inScales,
-                             {row, e.divUI(e.minUI(col0, e.index(columns - 1)),
-                                           e.index(kBlockRows))})
-                       : Value();
+          if (inScales)
+            rowScales[i] = common::loadScale(
+                e, inScales,
+                {row, e.divUI(e.minUI(col0, e.index(columns - 1)),
+                              e.index(kBlockRows))});
+        }
+        // values[i][j]: row firstRow + i, column col0 + j; zero past the
+        // expert's rows and the columns.
+        SmallVector<SmallVector<Value>> values(rows);
+        SmallVector<Value> amax(width, e.f32(0.0));
+        for (int64_t i = 0; i < rows; ++i) {
+          SmallVector<Value> row8;
+          if (!vectors) {
+            for (Value v : scalar[i])
+              row8.push_back(
+                  inScales ? decodeE4M3(e, v)
+                           : arith::ExtFOp::create(b, loc, f32, v).getResult());
+          } else if (inScales) {
+            for (int64_t q = 0; q < width / 2; ++q)
+              llvm::append_range(
+                  row8, decodeCodePair(
+                            e, vector::ExtractOp::create(b, loc, raws[i], q)
+                                   .getResult()));
+          } else {
+            for (int64_t j = 0; j < width; ++j)
+              row8.push_back(vector::ExtractOp::create(b, loc, raws[i], j));
+          }
+          Value rowScale = inScales ? rowScales[i] : Value();
+          Value rowOk = rowValid[i];
           for (int64_t j = 0; j < width; ++j) {
             Value v = rowScale ? e.mul(row8[j], rowScale) : row8[j];
             Value ok = arith::AndIOp::create(
-                b, loc, rowValid,
+                b, loc, rowOk,
                 e.ult(e.iadd(col0, e.index(j)), e.index(columns)));
             v = e.select(ok, v, e.f32(0.0));
             Value special;
