@@ -661,9 +661,11 @@ static LogicalResult buildRowBlockQuantize(LayerKernels &layer,
                 inScales
                     ? vector::BitCastOp::create(
                           b, loc, VectorType::get({width / 2}, b.getI16Type()),
+                          // Aligned: one 8-byte load, not eight of a byte.
                           vector::LoadOp::create(b, loc,
                                                  VectorType::get({width}, i8),
-                                                 in, ValueRange{row, at}))
+                                                 in, ValueRange{row, at}, false,
+                                                 vectorAlign(width, i8)))
                           .getResult()
                     : loadF32Vector(e, in, {row, at}, width);
           } else {
