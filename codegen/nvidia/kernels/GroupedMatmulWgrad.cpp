@@ -546,6 +546,43 @@ static SmallVector<Value> decodeCodePair(Emitter &e, Value codes) {
   return values;
 }
 
+/// Block `block`'s rows, [first, first + count): with groups, blocks are
+/// numbered expert by expert, ceil(count / 128) an expert; a block past the
+/// last has no rows.
+static std::pair<Value, Value> blockRows(Kernel &k, Value block, Value counts,
+                                         Value offsets, int64_t experts,
+                                         TokenLinear rowCount) {
+  Emitter &e = k.e;
+  OpBuilder &b = k.b;
+  Location loc = e.loc;
+  if (!counts) {
+    Value rows = k.linear(rowCount);
+    Value first = e.imul(block, e.index(kBlockRows));
+    Value inside = e.ult(first, rows);
+    return {first,
+            e.select(inside, e.minUI(e.isub(rows, first), e.index(kBlockRows)),
+                     e.index(0))};
+  }
+  auto found = e.reduce(
+      e.index(0), e.index(experts), {e.index(0), e.index(0), e.index(0)},
+      [&](Value x, ValueRange acc) -> SmallVector<Value> {
+        Value c = e.toIndex(e.loadRaw(counts, {x}));
+        Value n =
+            e.divUI(e.iadd(c, e.index(kBlockRows - 1)), e.index(kBlockRows));
+        Value j = e.isub(block, acc[0]);
+        Value inside = arith::AndIOp::create(
+            b, loc, e.icmp(arith::CmpIPredicate::uge, block, acc[0]),
+            e.ult(block, e.iadd(acc[0], n)));
+        Value first = e.iadd(e.toIndex(e.loadRaw(offsets, {x})),
+                             e.imul(j, e.index(kBlockRows)));
+        Value rowsLeft = e.minUI(e.isub(c, e.imul(j, e.index(kBlockRows))),
+                                 e.index(kBlockRows));
+        return {e.iadd(acc[0], n), e.select(inside, first, acc[1]),
+                e.select(inside, rowsLeft, acc[2])};
+      });
+  return {found[1], found[2]};
+}
+
 /// Quantizes `source` ([R, columns] bf16, or E4M3 codes with
 /// `sourceScales` [R, ceil(columns / 128)]) into `blocks`, a block of rows
 /// a CTA, 128 columns at a time. Warp w takes 32 of the columns (w % 4)
@@ -598,34 +635,8 @@ static LogicalResult buildRowBlockQuantize(LayerKernels &layer,
 
   // The block's rows: [rowStart, rowStart + valid).
   Value rowStart, valid;
-  if (!grouped) {
-    Value rows = k.linear(src.rowCount());
-    rowStart = e.imul(block, e.index(kBlockRows));
-    Value inside = e.ult(rowStart, rows);
-    valid =
-        e.select(inside, e.minUI(e.isub(rows, rowStart), e.index(kBlockRows)),
-                 e.index(0));
-  } else {
-    auto found = e.reduce(
-        e.index(0), e.index(experts), {e.index(0), e.index(0), e.index(0)},
-        [&](Value x, ValueRange acc) -> SmallVector<Value> {
-          Value c = e.toIndex(e.loadRaw(counts, {x}));
-          Value n =
-              e.divUI(e.iadd(c, e.index(kBlockRows - 1)), e.index(kBlockRows));
-          Value j = e.isub(block, acc[0]);
-          Value inside = arith::AndIOp::create(
-              b, loc, e.icmp(arith::CmpIPredicate::uge, block, acc[0]),
-              e.ult(block, e.iadd(acc[0], n)));
-          Value first = e.iadd(e.toIndex(e.loadRaw(offsets, {x})),
-                               e.imul(j, e.index(kBlockRows)));
-          Value rowsLeft = e.minUI(e.isub(c, e.imul(j, e.index(kBlockRows))),
-                                   e.index(kBlockRows));
-          return {e.iadd(acc[0], n), e.select(inside, first, acc[1]),
-                  e.select(inside, rowsLeft, acc[2])};
-        });
-    rowStart = found[1];
-    valid = found[2];
-  }
+  std::tie(rowStart, valid) =
+      blockRows(k, block, counts, offsets, experts, src.rowCount());
   k.onlyIf(e.ult(e.index(0), valid));
 
   constexpr int64_t width = 8, chunkColumns = 128;
