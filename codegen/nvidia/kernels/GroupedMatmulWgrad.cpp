@@ -29,6 +29,8 @@
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 
+#include <functional>
+
 using namespace mlir;
 using namespace mlir::moe;
 using namespace mlir::moe::nvidia;
@@ -71,9 +73,57 @@ static LogicalResult checkWgrad(GroupedMatmulWgradOp op) {
 }
 
 /// Where a block's tile lies: its expert's rows and its place in the
-/// expert's gradient.
+/// expert's gradient. The expert's rows start at `firstRow` of the bf16
+/// operands, or at `firstBlock` of the E4M3 codes' 128-row blocks; a kernel
+/// sets the one it reads.
 struct WgradTile {
-  Value expert, mTile, nTile, rowStart, rowCount, slabs;
+  Value expert, mTile, nTile, firstRow, firstBlock, rowCount, slabs;
+};
+
+/// A block's walk over the persistent grid's tiles. Tile t is an expert's
+/// (its rows stay in L2), and within it the tiles that share one tile of
+/// the operand with more columns lie next to each other, so that the other,
+/// smaller one is what L2 must hold (Mixtral's down wgrad: lhs 4096 x
+/// 14336, the gradient 4096 x 4096 an expert; swept the other way, the lhs
+/// came from DRAM 32 times).
+struct WgradTiles {
+  Kernel &k;
+  int64_t mTiles, nTiles, tiles, slabRows;
+  bool sweepRows;
+  /// Sets the tile's start and row count from its expert.
+  std::function<void(WgradTile &)> expertRows;
+
+  WgradTile at(Value t) const {
+    Emitter &e = k.e;
+    WgradTile at;
+    at.expert = e.divUI(t, e.index(mTiles * nTiles));
+    Value within = e.remUI(t, e.index(mTiles * nTiles));
+    at.mTile = sweepRows ? e.remUI(within, e.index(mTiles))
+                         : e.divUI(within, e.index(nTiles));
+    at.nTile = sweepRows ? e.divUI(within, e.index(mTiles))
+                         : e.remUI(within, e.index(nTiles));
+    expertRows(at);
+    at.slabs =
+        e.divUI(e.iadd(at.rowCount, e.index(slabRows - 1)), e.index(slabRows));
+    return at;
+  }
+
+  /// The producer and the consumers walk the same tiles from ring stage 0,
+  /// so their stages agree: `body` gets the tile and its first stage.
+  void walk(function_ref<void(const WgradTile &, Value)> body) const {
+    OpBuilder &b = k.b;
+    Location loc = k.e.loc;
+    auto loop = scf::ForOp::create(
+        b, loc, k.blockId(gpu::Dimension::x), k.e.index(tiles),
+        gpu::GridDimOp::create(b, loc, gpu::Dimension::x),
+        ValueRange{k.e.index(0)});
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    WgradTile tile = at(loop.getInductionVar());
+    Value first = loop.getRegionIterArgs()[0];
+    body(tile, first);
+    scf::YieldOp::create(b, loc, k.e.iadd(first, tile.slabs));
+  }
 };
 
 /// Each consumer warpgroup's epilogue: its 64 rows of the tile's f32 sums,
@@ -346,46 +396,21 @@ LogicalResult nvidia::buildGroupedMatmulWgrad(LayerKernels &layer,
   Value descB = k.tensorMap(bufferIndices.size() + 1, mapType);
   Value tid = k.threadId();
 
-  // Tile t: an expert's (its rows stay in L2), and within it the tiles
-  // that share one tile of the operand with more columns next to each
-  // other, so that the other, smaller one is what L2 must hold (Mixtral's
-  // down wgrad: lhs 4096 x 14336, the gradient 4096 x 4096 an expert;
-  // swept the other way, the lhs came from DRAM 32 times).
-  bool sweepRows = kDim > n;
-  auto tileAt = [&](Value t) {
-    WgradTile at;
-    at.expert = e.divUI(t, e.index(mTiles * nTiles));
-    Value within = e.remUI(t, e.index(mTiles * nTiles));
-    at.mTile = sweepRows ? e.remUI(within, e.index(mTiles))
-                         : e.divUI(within, e.index(nTiles));
-    at.nTile = sweepRows ? e.divUI(within, e.index(mTiles))
-                         : e.remUI(within, e.index(nTiles));
-    at.rowStart = e.index(0);
-    at.rowCount = k.linear(grad.rowCount());
-    if (grouped) {
-      at.rowStart = e.toIndex(e.loadRaw(offsets, {at.expert}));
-      at.rowCount = e.toIndex(e.loadRaw(counts, {at.expert}));
-    }
-    at.slabs = e.divUI(e.iadd(at.rowCount, e.index(Layout::kSlabRows - 1)),
-                       e.index(Layout::kSlabRows));
-    return at;
-  };
-  // The producer and the consumers walk the same tiles from ring stage 0,
-  // so their stages agree: `body` gets the tile and its first stage and
-  // returns the stage after it.
-  auto walkTiles = [&](function_ref<void(const WgradTile &, Value)> body) {
-    auto loop =
-        scf::ForOp::create(b, loc, k.blockId(gpu::Dimension::x), e.index(tiles),
-                           gpu::GridDimOp::create(b, loc, gpu::Dimension::x),
-                           ValueRange{e.index(0)});
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(loop.getBody());
-    WgradTile at = tileAt(loop.getInductionVar());
-    Value first = loop.getRegionIterArgs()[0];
-    body(at, first);
-    scf::YieldOp::create(b, loc, e.iadd(first, at.slabs));
-  };
-
+  WgradTiles walker{k,
+                    mTiles,
+                    nTiles,
+                    tiles,
+                    Layout::kSlabRows,
+                    kDim > n,
+                    [&](WgradTile &at) {
+                      at.firstRow = e.index(0);
+                      at.rowCount = k.linear(grad.rowCount());
+                      if (grouped) {
+                        at.firstRow =
+                            e.toIndex(e.loadRaw(offsets, {at.expert}));
+                        at.rowCount = e.toIndex(e.loadRaw(counts, {at.expert}));
+                      }
+                    }};
   AlignedShared shared(e);
   Ring ring{shared, l.stages, l.stageBytes()};
   Value full = createBarriers(e, l.stages);
@@ -403,13 +428,13 @@ LogicalResult nvidia::buildGroupedMatmulWgrad(LayerKernels &layer,
   b.setInsertionPointToStart(&roles.getElseRegion().front());
   producerRegisters(e, sm90a::kProducerRegisters);
   e.ifThen(e.eq(tid, e.index(kConsumers)), [&] {
-    walkTiles([&](const WgradTile &at, Value first) {
+    walker.walk([&](const WgradTile &at, Value first) {
       e.forEach(e.index(0), at.slabs, [&](Value s) {
         Value stage = e.iadd(first, s);
         Value slot = ring.slot(stage);
         ring.waitReleased(empty, stage, slot);
         stages.load(slot, full, descA, descB,
-                    e.iadd(at.rowStart, e.imul(s, Layout::kSlabRows)),
+                    e.iadd(at.firstRow, e.imul(s, Layout::kSlabRows)),
                     e.imul(at.mTile, l.tileM), e.imul(at.nTile, l.tileN));
       });
     });
@@ -424,7 +449,7 @@ LogicalResult nvidia::buildGroupedMatmulWgrad(LayerKernels &layer,
   WgradEpilogue epilogue{e, shared, l, Value(), tid, g, outElement, grouped};
   epilogue.desc = k.tensorMap(bufferIndices.size() + 2,
                               matmulMapType(ctx, outElement, epilogue.box()));
-  walkTiles([&](const WgradTile &at, Value first) {
+  walker.walk([&](const WgradTile &at, Value first) {
     auto loop = scf::ForOp::create(b, loc, e.index(0), at.slabs, e.index(1),
                                    ValueRange{zeroFragment(b, loc, fragment)});
     {
@@ -815,7 +840,7 @@ struct QuantizedWgradStage {
     Type i8 = b.getI8Type();
     auto tileType = sharedType({l.tileM, kBlockRows}, i8);
     auto bTileType = sharedType({l.tileN, kBlockRows}, i8);
-    Value blk = e.iadd(at.rowStart, s);
+    Value blk = e.iadd(at.firstBlock, s);
     // Thread p stages the tile's columns p, p + 128, ... of an operand.
     auto stageScale = [&](Value scales, int64_t columns, Value tile,
                           int64_t count, int64_t place) {
@@ -980,36 +1005,13 @@ static LogicalResult buildQuantizedWgrad(LayerKernels &layer,
                             matmulMapType(ctx, i8, l.tileN, kBlockRows));
   Value tid = k.threadId();
 
-  bool sweepRows = kDim > n;
-  auto tileAt = [&](Value t) {
-    WgradTile at;
-    at.expert = e.divUI(t, e.index(mTiles * nTiles));
-    Value within = e.remUI(t, e.index(mTiles * nTiles));
-    at.mTile = sweepRows ? e.remUI(within, e.index(mTiles))
-                         : e.divUI(within, e.index(nTiles));
-    at.nTile = sweepRows ? e.divUI(within, e.index(mTiles))
-                         : e.remUI(within, e.index(nTiles));
-    // rowStart: the expert's first block.
-    at.rowStart = grouped ? firstBlockOf(e, counts, at.expert) : e.index(0);
-    at.rowCount =
-        grouped ? e.toIndex(e.loadRaw(counts, {at.expert})) : k.linear(rows);
-    at.slabs = e.divUI(e.iadd(at.rowCount, e.index(kBlockRows - 1)),
-                       e.index(kBlockRows));
-    return at;
-  };
-  auto walkTiles = [&](function_ref<void(const WgradTile &, Value)> body) {
-    auto loop =
-        scf::ForOp::create(b, loc, k.blockId(gpu::Dimension::x), e.index(tiles),
-                           gpu::GridDimOp::create(b, loc, gpu::Dimension::x),
-                           ValueRange{e.index(0)});
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(loop.getBody());
-    WgradTile at = tileAt(loop.getInductionVar());
-    Value first = loop.getRegionIterArgs()[0];
-    body(at, first);
-    scf::YieldOp::create(b, loc, e.iadd(first, at.slabs));
-  };
-
+  WgradTiles walker{
+      k, mTiles, nTiles, tiles, kBlockRows, kDim > n, [&](WgradTile &at) {
+        at.firstBlock =
+            grouped ? firstBlockOf(e, counts, at.expert) : e.index(0);
+        at.rowCount = grouped ? e.toIndex(e.loadRaw(counts, {at.expert}))
+                              : k.linear(rows);
+      }};
   AlignedShared shared(e);
   Ring ring{shared, l.stages, l.stageBytes()};
   Value scaleTile = shared.view(sharedType({l.stages, l.tileM + l.tileN}, f32),
@@ -1033,7 +1035,7 @@ static LogicalResult buildQuantizedWgrad(LayerKernels &layer,
   b.setInsertionPointToStart(&roles.getElseRegion().front());
   producerRegisters(e, sm90a::kProducerRegisters);
   Value p = e.isub(tid, e.index(kConsumers));
-  walkTiles([&](const WgradTile &at, Value first) {
+  walker.walk([&](const WgradTile &at, Value first) {
     e.forEach(e.index(0), at.slabs, [&](Value s) {
       Value stage = e.iadd(first, s);
       Value slot = ring.slot(stage);
@@ -1063,7 +1065,7 @@ static LogicalResult buildQuantizedWgrad(LayerKernels &layer,
   WgradEpilogue epilogue{e, shared, l, Value(), tid, g, outElement, grouped};
   epilogue.desc = k.tensorMap(bufferIndices.size() + 2,
                               matmulMapType(ctx, outElement, epilogue.box()));
-  walkTiles([&](const WgradTile &at, Value first) {
+  walker.walk([&](const WgradTile &at, Value first) {
     auto loop = scf::ForOp::create(b, loc, e.index(0), at.slabs, e.index(1),
                                    ValueRange{zeroFragment(b, loc, fragment)});
     {
