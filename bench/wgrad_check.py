@@ -3,7 +3,7 @@ GPU: dW[e] = dY_e^T X_e summed over each expert's rows, checked against
 float64 and timed beside torch._grouped_mm's K-grouped form on the same
 operands.
 
-  python3 -m bench.wgrad_check prepare DIR
+  python3 -m bench.wgrad_check prepare DIR [--quant]
         on the build machine: one function per shape holding one bf16
         moe.grouped_matmul_wgrad (dY [R, N], X [R, K], f32 [E, N, K]),
         compiled for sm_90a (no token buckets: a backward runs once a step),
@@ -31,6 +31,17 @@ choices outside the experts) bit for bit.
 Each shape is timed with an f32 result (what an optimizer's master weights
 take) and a bf16 one (what training with bf16 gradients writes, and what
 torch._grouped_mm writes).
+
+With `--quant` (prepare) the functions are FP8 block-128 wgrads (quant =
+fp8_block128): each with a bf16 lhs and with an E4M3 lhs and its 1 x 128
+scales (as the forward saves the dispatched rows), f32 results; and one
+shape whose columns are no multiple of 8 (which only the FP8 form takes:
+its operands reach TMA as blocks of codes). `run`
+checks them against float64 products of the codes the recipe gives (each
+expert's rows in blocks of 128, each column scaled by amax / 448, codes
+rounded to nearest even by torch's float8_e4m3fn), so a wrong code or scale
+shows where the sums' rounding alone would not; and times them beside the
+bf16 wgrad of the same build and torch._grouped_mm.
 """
 import json
 import os
@@ -57,7 +68,10 @@ SHAPES = {
     "odd": (3, -1, 72, 40),
     "uneven": (8, -2, 1032, 520),
 }
-UNEVEN = {-1: [50, 0, 77], -2: [1000, 37, 0, 513, 64, 65, 2048, 7]}
+UNEVEN = {-1: [50, 0, 77], -2: [1000, 37, 0, 513, 64, 65, 2048, 7],
+          -3: [130, 0, 257]}
+# FP8 only: rows no whole number of 16 bytes.
+QUANT_SHAPES = {"odd_unaligned": (3, -3, 70, 44)}
 
 
 def function(name, e, n, k, out_type="f32"):
@@ -71,6 +85,55 @@ def function(name, e, n, k, out_type="f32"):
             f"  %0 = moe.grouped_matmul_wgrad %dy lhs %x groups(%c, %o)\n"
             f"      : ({dy}, {x}, {c}, {o}) -> {out}\n"
             f"  return %0 : {out}\n}}\n")
+
+
+def quant_function(name, e, n, k, lhs_codes):
+    dy, c, o = f"tensor<?x{n}xbf16>", f"tensor<{e}xi32>", \
+        f"tensor<{e + 1}xi32>"
+    out = f"tensor<{e}x{n}x{k}xf32>"
+    quant = "{quant = #moe.quant<kind = fp8_block128>}"
+    if lhs_codes:
+        x, sx = f"tensor<?x{k}xf8E4M3FN>", f"tensor<?x{-(-k // 128)}xf32>"
+        args = (f"%x: {x} {{moe.name = \"lhs\"}}, "
+                f"%sx: {sx} {{moe.name = \"lhs_scale\"}}, ")
+        op = (f"  %0 = moe.grouped_matmul_wgrad %dy lhs %x groups(%c, %o) "
+              f"scale %sx {quant}\n      : ({dy}, {x}, {c}, {o}, {sx}) -> "
+              f"{out}\n")
+    else:
+        x = f"tensor<?x{k}xbf16>"
+        args = f"%x: {x} {{moe.name = \"lhs\"}}, "
+        op = (f"  %0 = moe.grouped_matmul_wgrad %dy lhs %x groups(%c, %o) "
+              f"{quant}\n      : ({dy}, {x}, {c}, {o}) -> {out}\n")
+    return (f"func.func @{name}(%dy: {dy} {{moe.name = \"out_grad\"}}, "
+            f"{args}%c: {c} {{moe.name = \"counts\"}}, "
+            f"%o: {o} {{moe.name = \"offsets\"}}) -> {out} {{\n"
+            f"{op}  return %0 : {out}\n}}\n")
+
+
+def ieee_scale(amax):
+    """max(amax, 1e-4) / 448 in f32, divided as the kernels divide: a
+    tensor's division (torch takes a scalar divisor's reciprocal on the
+    GPU, which moves some codes at a rounding tie)."""
+    import torch
+    return amax.clamp_min(1e-4) / torch.full_like(amax, 448.0)
+
+
+def row_block_values(t, offsets, e):
+    """`t` ([R, C] f32) as the FP8 wgrad reads it: each expert's rows in
+    blocks of 128 from its first, each block's columns quantized to E4M3 by
+    amax / 448 (at least 1e-4 / 448), the codes times their scales, in
+    float64."""
+    import torch
+    out = torch.zeros_like(t, dtype=torch.float64)
+    for xi in range(e):
+        lo, hi = int(offsets[xi]), int(offsets[xi + 1])
+        for b in range(lo, hi, 128):
+            block = t[b:min(b + 128, hi)]
+            scale = ieee_scale(block.abs().amax(0))
+            q = (block * torch.reciprocal(scale)).clamp(-448, 448).to(
+                torch.float8_e4m3fn)
+            out[b:b + block.shape[0]] = q.double() * scale.double()
+    return out
 
 
 # tokens, top-k, experts, hidden. One choice a token: a function's
@@ -87,15 +150,19 @@ def scatter_function(t, topk, e, h):
             f"      : ({g}, {r}, {o}, {w}) -> {g}\n  return %0 : {g}\n}}\n")
 
 
-def prepare(out_dir):
+def prepare(out_dir, quant=False):
     compile_ = os.path.join(ROOT, "build", "bin", "moe-compile")
     os.makedirs(out_dir, exist_ok=True)
-    for shape, (e, m, n, k) in SHAPES.items():
-        for out_type in ("f32", "bf16"):
+    shapes = dict(SHAPES, **(QUANT_SHAPES if quant else {}))
+    for shape, (e, m, n, k) in shapes.items():
+        plain = () if shape in QUANT_SHAPES else ("f32", "bf16")
+        for out_type in plain + (("fp8", "fp8_codes") if quant else ()):
             name = f"wgrad_{shape}_{out_type}"
             src = os.path.join(out_dir, name + ".mlir")
             with open(src, "w") as f:
-                f.write(function(name, e, n, k, out_type))
+                f.write(function(name, e, n, k, out_type)
+                        if not out_type.startswith("fp8") else
+                        quant_function(name, e, n, k, out_type == "fp8_codes"))
             subprocess.run([compile_, src, "--target=sm_90a",
                             "--token-buckets=none", "-o",
                             os.path.join(out_dir, f"lib{name}.so")],
@@ -106,7 +173,7 @@ def prepare(out_dir):
     subprocess.run([compile_, src, "--target=sm_90a", "--token-buckets=none",
                     "-o", os.path.join(out_dir, "libscatter.so")], check=True)
     with open(os.path.join(out_dir, "shapes.json"), "w") as f:
-        json.dump(SHAPES, f)
+        json.dump({"shapes": shapes, "quant": quant}, f)
 
 
 def check_scatter(lib_dir, dev, gen):
@@ -141,12 +208,119 @@ def check_scatter(lib_dir, dev, gen):
     return ok
 
 
+def probe_codes(layer, dy, lhs_args, variant, counts, offsets, a, b):
+    """Each expert's first rows' values as the kernels quantized them,
+    exactly: a one-hot lhs (row t of an expert 1 in column t) makes the
+    result's column t the gradient's row t as its codes stand for it
+    (times 448 x 1/448), and a one-hot gradient the lhs's likewise."""
+    import torch
+    e, rows, n, k = counts.numel(), dy.shape[0], dy.shape[1], \
+        lhs_args[0].shape[1]
+    ok = True
+    for side in ("out_grad", "lhs"):
+        width = k if side == "out_grad" else n
+        onehot = torch.zeros(rows, width, device=dy.device)
+        for xi in range(e):
+            lo = int(offsets[xi])
+            for t in range(min(int(counts[xi]), width)):
+                onehot[lo + t, t] = 1.0
+        if side == "out_grad":
+            lhs = onehot.bfloat16() if variant == "fp8" else None
+            if lhs is None:
+                # E4M3 codes of 1.0 with scale 1: the one-hot itself.
+                lhs = [onehot.to(torch.float8_e4m3fn),
+                       torch.ones_like(lhs_args[1])]
+            args = [dy, *(lhs if isinstance(lhs, list) else [lhs])]
+            want = a
+        else:
+            args = [onehot.bfloat16(), *lhs_args]
+            want = b
+        out = torch.full((e, n, k), float("nan"), device=dy.device)
+        layer.forward(*args, counts, offsets, out)
+        torch.cuda.synchronize()
+        bad = 0
+        for xi in range(e):
+            lo, m = int(offsets[xi]), min(int(counts[xi]), width)
+            got = (out[xi][:, :m].t() if side == "out_grad" else
+                   out[xi][:m]).double()
+            ref = want[lo:lo + m]
+            bad += int(((got - ref).abs() > 1e-6 * ref.abs()).sum())
+        emit(what="check", probe=f"{variant} {side} codes", wrong=bad,
+             ok=bad == 0)
+        ok &= bad == 0
+    return ok
+
+
+def check_quant(lib_dirs, shape, e, m, dy, x, counts, offsets, iters,
+                flops):
+    """The FP8 wgrads of `shape` (a bf16 lhs, and E4M3 codes with 1 x 128
+    scales) against float64 sums of the codes the recipe gives."""
+    import torch
+    from moe_compiler import Layer
+    rows, k = x.shape
+    # The E4M3 lhs: x quantized 1 x 128 along its columns, as the forward's
+    # dispatch saves it.
+    blocks = -(-k // 128)
+    padded = torch.nn.functional.pad(x.float(), (0, blocks * 128 - k))
+    sx = ieee_scale(padded.view(rows, blocks, 128).abs().amax(2))
+    codes = (padded.view(rows, blocks, 128) *
+             torch.reciprocal(sx)[..., None]).clamp(-448, 448).to(
+                 torch.float8_e4m3fn).view(rows, -1)[:, :k].contiguous()
+    a = row_block_values(dy.float(), offsets, e)
+    ok = True
+    for variant, lhs_args, lhs in (
+            ("fp8", [x], x.float()),
+            ("fp8_codes", [codes, sx],
+             (codes.float().view(rows, -1) *
+              sx.repeat_interleave(128, 1)[:, :k]))):
+        b = row_block_values(lhs, offsets, e)
+        for lib_dir in lib_dirs:
+            layer = Layer(os.path.join(lib_dir,
+                                       f"libwgrad_{shape}_{variant}.so"))
+            out = torch.full((e, dy.shape[1], k), float("nan"),
+                             dtype=torch.float32, device=dy.device)
+            args = [dy, *lhs_args, counts, offsets, out]
+            layer.forward(*args)
+            torch.cuda.synchronize()
+            worst, finite = 0.0, bool(torch.isfinite(out).all())
+            for xi in range(e):
+                lo, hi = int(offsets[xi]), int(offsets[xi + 1])
+                got = out[xi].double()
+                if hi == lo:
+                    err = float(got.abs().max())
+                else:
+                    ref = a[lo:hi].t() @ b[lo:hi]
+                    err = ((got - ref).norm() / ref.norm()).item()
+                worst = max(worst, err)
+            # Exact products, but the FP8 tensor cores keep about 14 bits
+            # of each wgmma's sums (DeepSeek-V3's report measured the
+            # same): 1.3e-4 on every shape. A code one step off in one
+            # place in a thousand gave 2e-3 to 5e-3.
+            good = finite and worst <= 5e-4
+            if m < 0:
+                good &= probe_codes(layer, dy, lhs_args, variant, counts,
+                                    offsets, a, b)
+            ok &= good
+            emit(what="check", lib=lib_dir, shape=shape, out=variant,
+                 rel_error=worst, finite=finite, ok=good)
+            if m >= 0:
+                us = bench(lambda: layer.forward(*args), iters)
+                emit(what="time", lib=lib_dir, shape=shape,
+                     kernel=f"wgrad {variant} (f32 out)", us=us,
+                     tflops=flops / us / 1e6)
+            del out, args
+        del b
+        torch.cuda.empty_cache()
+    return ok
+
+
 def run(lib_dirs, only=None):
     import torch
     from moe_compiler import Layer
 
     lib_dirs = lib_dirs.split(",")
-    shapes = json.load(open(os.path.join(lib_dirs[0], "shapes.json")))
+    built = json.load(open(os.path.join(lib_dirs[0], "shapes.json")))
+    shapes, quant = built["shapes"], built["quant"]
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     failed = False
@@ -165,7 +339,7 @@ def run(lib_dirs, only=None):
         x = torch.randn(rows, k, generator=gen, device=dev).bfloat16()
         flops = 2.0 * rows * n * k
         iters = 10 if flops > 1e12 else 20
-        for lib_dir in lib_dirs:
+        for lib_dir in lib_dirs if shape not in QUANT_SHAPES else []:
             for out_type, dtype, bound in (("f32", torch.float32, 1e-5),
                                            ("bf16", torch.bfloat16, 4e-3)):
                 layer = Layer(os.path.join(
@@ -201,7 +375,10 @@ def run(lib_dirs, only=None):
                          tflops=flops / us / 1e6)
                 del out, args
                 torch.cuda.empty_cache()
-        if m < 0:
+        if quant:
+            failed |= not check_quant(lib_dirs, shape, e, m, dy, x, counts,
+                                      offsets, iters, flops)
+        if m < 0 or shape in QUANT_SHAPES:
             continue
         ends = offsets[1:]
         us_p = bench(lambda: torch._grouped_mm(dy.t(), x, offs=ends), iters)
@@ -215,6 +392,6 @@ if __name__ == "__main__":
     if len(sys.argv) < 3 or sys.argv[1] not in ("prepare", "run"):
         sys.exit(__doc__)
     if sys.argv[1] == "prepare":
-        prepare(sys.argv[2])
+        prepare(sys.argv[2], "--quant" in sys.argv[3:])
     else:
         sys.exit(run(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None))

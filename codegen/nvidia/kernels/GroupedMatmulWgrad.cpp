@@ -29,6 +29,7 @@
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 
+#include <array>
 #include <functional>
 
 using namespace mlir;
@@ -546,30 +547,240 @@ static Value firstBlockOf(Emitter &e, Value counts, Value expert) {
                   })[0];
 }
 
-/// Two E4M3 codes (an i16, the first in the low byte) as f32, by the
-/// sm_89+ conversion to an f16 pair (every E4M3 value is an f16).
-static SmallVector<Value> decodeCodePair(Emitter &e, Value codes) {
+/// Pure inline PTX of one 32-bit result from 32-bit operands: LLVM may CSE
+/// and move it.
+static Value pureAsm32(Emitter &e, StringRef asmText, StringRef constraints,
+                       ValueRange operands) {
+  return LLVM::InlineAsmOp::create(
+             e.b, e.loc, e.b.getI32Type(), operands, asmText, constraints,
+             /*has_side_effects=*/false, /*is_align_stack=*/false,
+             LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
+             ArrayAttr())
+      .getResult(0);
+}
+
+/// The two f32 values of a 32-bit word of two bf16 (low half first).
+static std::array<Value, 2> unpackBf16Pair(Emitter &e, Value word) {
   OpBuilder &b = e.b;
   Location loc = e.loc;
-  // Without side effects: LLVM may move loads across it, and CSE it.
-  Value pair =
-      LLVM::InlineAsmOp::create(
-          b, loc, b.getI32Type(), ValueRange{codes},
-          "cvt.rn.f16x2.e4m3x2 $0, $1;", "=r,h", /*has_side_effects=*/false,
-          /*is_align_stack=*/false, LLVM::tailcallkind::TailCallKind::None,
-          LLVM::AsmDialectAttr(), ArrayAttr())
-          .getResult(0);
+  Type f32 = b.getF32Type();
+  Value lo = arith::ShLIOp::create(b, loc, word, e.i32(16));
+  Value hi = arith::AndIOp::create(
+      b, loc, word,
+      arith::ConstantIntOp::create(b, loc, b.getI32Type(), 0xFFFF0000));
+  return {arith::BitcastOp::create(b, loc, f32, lo).getResult(),
+          arith::BitcastOp::create(b, loc, f32, hi).getResult()};
+}
+
+/// The two f32 values of a 32-bit word of two f16 (low half first).
+static std::array<Value, 2> unpackF16Pair(Emitter &e, Value word) {
+  OpBuilder &b = e.b;
+  Location loc = e.loc;
   Value f16s = vector::BitCastOp::create(
       b, loc, VectorType::get({2}, b.getF16Type()),
       vector::BroadcastOp::create(b, loc, VectorType::get({1}, b.getI32Type()),
-                                  pair));
-  SmallVector<Value> values;
+                                  word));
+  std::array<Value, 2> out;
   for (int64_t i = 0; i < 2; ++i)
-    values.push_back(arith::ExtFOp::create(
+    out[i] = arith::ExtFOp::create(
         b, loc, b.getF32Type(),
-        vector::ExtractOp::create(b, loc, f16s, i).getResult()));
-  return values;
+        vector::ExtractOp::create(b, loc, f16s, i).getResult());
+  return out;
 }
+
+/// The E4M3 codes of `lo` and `hi` as one 16-bit pair (lo's the low byte),
+/// as encodeE4M3 gives each: one conversion of both, and encodeE4M3's own
+/// path where either is NaN (its sign kept).
+static Value encodeE4M3Pair(Emitter &e, Value lo, Value hi) {
+  OpBuilder &b = e.b;
+  Location loc = e.loc;
+  Type i16 = b.getI16Type();
+  Value anyNan =
+      arith::CmpFOp::create(b, loc, arith::CmpFPredicate::UNO, lo, hi);
+  auto branch = scf::IfOp::create(b, loc, TypeRange{i16}, anyNan,
+                                  /*withElse=*/true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(&branch.getThenRegion().front());
+    Value l = arith::ExtUIOp::create(b, loc, i16, encodeE4M3(e, lo));
+    Value h = arith::ExtUIOp::create(b, loc, i16, encodeE4M3(e, hi));
+    Value pair = arith::OrIOp::create(
+        b, loc, l,
+        arith::ShLIOp::create(b, loc, h,
+                              arith::ConstantIntOp::create(b, loc, i16, 8)));
+    scf::YieldOp::create(b, loc, pair);
+    b.setInsertionPointToStart(&branch.getElseRegion().front());
+    Value both = NVVM::ConvertF32x2ToF8x2Op::create(
+        b, loc, i16, hi, lo, NVVM::FPRoundingMode::RN,
+        NVVM::SaturationMode::SATFINITE, false, b.getType<Float8E4M3FNType>());
+    scf::YieldOp::create(b, loc, both);
+  }
+  return branch.getResult(0);
+}
+
+/// One 128-column chunk of a block whose rows are whole 16-byte (bf16) or
+/// 8-byte (E4M3) vectors. A thread keeps its rows packed (two values a
+/// register: bf16 as loaded, E4M3 decoded to f16 pairs, each row's scale
+/// zero past the expert's rows), so four blocks fit a multiprocessor rather
+/// than one: the unpacked f32 values took 144 registers.
+struct RowBlockChunk {
+  Kernel &k;
+  QuantAttr quant;
+  Value in, inScales, codes, scales, partials;
+  int64_t columns, rows, rowWarps;
+  Value block, rowStart, valid, lastRow, firstRow, columnInChunk, rowWarp;
+
+  static constexpr int64_t kWidth = 8;
+
+  /// A row's pair of values, zero past the expert's rows.
+  Value maskedPair(Value rowOk, Value word) const {
+    return k.e.select(rowOk, word, k.e.i32(0));
+  }
+
+  void emit(Value chunk) const {
+    Emitter &e = k.e;
+    OpBuilder &b = k.b;
+    Location loc = e.loc;
+    Type i8 = b.getI8Type(), i32 = b.getI32Type();
+    Value col0 = e.iadd(e.imul(chunk, e.index(128)), columnInChunk);
+    Value at = e.minUI(col0, e.index(columns - kWidth));
+    // words[i][q]: row firstRow + i, columns col0 + 2q and 2q + 1.
+    SmallVector<SmallVector<Value>> words(rows);
+    SmallVector<Value> rowScales(rows);
+    for (int64_t i = 0; i < rows; ++i) {
+      Value r = e.iadd(firstRow, e.index(i));
+      Value row = e.minUI(e.iadd(rowStart, r), lastRow);
+      Value rowOk = e.ult(r, valid);
+      if (inScales) {
+        // Aligned: one 8-byte load, not eight of a byte.
+        Value raw = vector::BitCastOp::create(
+            b, loc, VectorType::get({2}, i32),
+            vector::LoadOp::create(b, loc, VectorType::get({kWidth}, i8), in,
+                                   ValueRange{row, at}, false,
+                                   vectorAlign(kWidth, i8)));
+        Value scale =
+            common::loadScale(e, inScales,
+                              {row, e.divUI(e.minUI(col0, e.index(columns - 1)),
+                                            e.index(kBlockRows))});
+        rowScales[i] = e.select(rowOk, scale, e.f32(0.0));
+        for (int64_t q = 0; q < 2; ++q) {
+          Value four = vector::ExtractOp::create(b, loc, raw, q);
+          for (int64_t h = 0; h < 2; ++h)
+            words[i].push_back(maskedPair(
+                rowOk,
+                pureAsm32(e,
+                          h == 0 ? "{ .reg .b16 l, u; mov.b32 {l, u}, $1; "
+                                   "cvt.rn.f16x2.e4m3x2 $0, l; }"
+                                 : "{ .reg .b16 l, u; mov.b32 {l, u}, $1; "
+                                   "cvt.rn.f16x2.e4m3x2 $0, u; }",
+                          "=r,r", {four})));
+        }
+      } else {
+        Value raw = vector::BitCastOp::create(
+            b, loc, VectorType::get({kWidth / 2}, i32),
+            vector::LoadOp::create(b, loc,
+                                   VectorType::get({kWidth}, b.getBF16Type()),
+                                   in, ValueRange{row, at}, false,
+                                   vectorAlign(kWidth, b.getBF16Type())));
+        for (int64_t q = 0; q < kWidth / 2; ++q)
+          words[i].push_back(
+              maskedPair(rowOk, vector::ExtractOp::create(b, loc, raw, q)));
+      }
+    }
+    // Each column's largest magnitude over the thread's rows: bf16 pairs
+    // compared packed (their signs cleared); E4M3 rows scaled first.
+    SmallVector<Value> amax(kWidth, e.f32(0.0));
+    if (inScales) {
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t q = 0; q < kWidth / 2; ++q) {
+          std::array<Value, 2> v = unpackF16Pair(e, words[i][q]);
+          for (int64_t h = 0; h < 2; ++h)
+            amax[2 * q + h] = arith::MaxNumFOp::create(
+                b, loc, amax[2 * q + h],
+                math::AbsFOp::create(b, loc, e.mul(v[h], rowScales[i])));
+        }
+    } else {
+      for (int64_t q = 0; q < kWidth / 2; ++q) {
+        Value m = e.i32(0);
+        for (int64_t i = 0; i < rows; ++i)
+          m = pureAsm32(e,
+                        "{ .reg .b32 a; and.b32 a, $2, 0x7FFF7FFF; "
+                        "max.bf16x2 $0, $1, a; }",
+                        "=r,r,r", {m, words[i][q]});
+        std::array<Value, 2> v = unpackBf16Pair(e, m);
+        amax[2 * q] = v[0];
+        amax[2 * q + 1] = v[1];
+      }
+    }
+    // The warp's rows, then every warp's.
+    Value parity = e.remUI(chunk, e.index(2));
+    for (int64_t j = 0; j < kWidth; ++j) {
+      // Lanes l, l ^ 4, l ^ 8, ... hold the column's other rows.
+      for (int64_t offset = 4; offset < 32; offset *= 2)
+        amax[j] = arith::MaxNumFOp::create(
+            b, loc, amax[j],
+            gpu::ShuffleOp::create(b, loc, amax[j], offset, 32,
+                                   gpu::ShuffleMode::XOR)
+                .getShuffleResult());
+      memref::StoreOp::create(
+          b, loc, amax[j], partials,
+          ValueRange{parity, rowWarp, e.iadd(columnInChunk, e.index(j))});
+    }
+    gpu::BarrierOp::create(b, loc);
+    SmallVector<Value> inverse(kWidth);
+    for (int64_t j = 0; j < kWidth; ++j) {
+      Value c = e.iadd(columnInChunk, e.index(j));
+      Value both = amax[j];
+      for (int64_t q = 0; q < rowWarps; ++q)
+        both = arith::MaxNumFOp::create(
+            b, loc, both,
+            memref::LoadOp::create(b, loc, partials,
+                                   ValueRange{parity, e.index(q), c}));
+      common::BlockScale scale = common::blockScale(e, quant, both, e.f32(0.0));
+      inverse[j] = e.div(e.f32(1.0), scale.stored);
+      Value col = e.iadd(col0, e.index(j));
+      e.ifThen(arith::AndIOp::create(b, loc, e.ult(col, e.index(columns)),
+                                     e.eq(firstRow, e.index(0))),
+               [&] {
+                 e.storeRaw(scale.stored, scales,
+                            {e.iadd(e.imul(block, e.index(columns)), col)});
+               });
+    }
+    // Column j's codes of the thread's rows: one 8-byte store, each value
+    // unpacked where it is encoded.
+    for (int64_t j = 0; j < kWidth; ++j) {
+      Value col = e.iadd(col0, e.index(j));
+      e.ifThen(e.ult(col, e.index(columns)), [&] {
+        SmallVector<Value> pairs;
+        auto value = [&](int64_t i) {
+          if (!inScales)
+            return e.mul(unpackBf16Pair(e, words[i][j / 2])[j % 2], inverse[j]);
+          // Not the amax pass's conversion, which LLVM would reuse, keeping
+          // every row's f32 values live across the barrier.
+          Value half = arith::BitcastOp::create(
+              b, loc, b.getF32Type(),
+              pureAsm32(e,
+                        j % 2 ? "{ .reg .b16 l, u; mov.b32 {l, u}, $1; "
+                                "cvt.f32.f16 $0, u; }"
+                              : "{ .reg .b16 l, u; mov.b32 {l, u}, $1; "
+                                "cvt.f32.f16 $0, l; }",
+                        "=r,r", {words[i][j / 2]}));
+          return e.mul(e.mul(half, rowScales[i]), inverse[j]);
+        };
+        for (int64_t i = 0; i < rows; i += 2)
+          pairs.push_back(encodeE4M3Pair(e, value(i), value(i + 1)));
+        Value bytes = vector::BitCastOp::create(
+            b, loc, VectorType::get({rows}, i8),
+            vector::FromElementsOp::create(
+                b, loc, VectorType::get({rows / 2}, b.getI16Type()), pairs));
+        vector::StoreOp::create(
+            b, loc, bytes, codes,
+            ValueRange{e.iadd(e.imul(block, e.index(columns)), col), firstRow},
+            false, vectorAlign(rows, i8));
+      });
+    }
+  }
+};
 
 /// Block `block`'s rows, [first, first + count): with groups, blocks are
 /// numbered expert by expert, ceil(count / 128) an expert; a block past the
@@ -674,125 +885,103 @@ static LogicalResult buildRowBlockQuantize(LayerKernels &layer,
              e.imul(e.remUI(lane, e.index(4)), e.index(width)));
   // [chunk parity][row warp][column]: each warp's largest magnitudes.
   Value partials = k.workgroupBuffer({2, rowWarps, chunkColumns}, f32);
-  // Whole 16-byte rows of a thread's columns when every row is aligned.
-  bool vectors = columns % width == 0;
   Value lastRow = e.iadd(rowStart, e.isub(valid, e.index(1)));
-  e.forEach(
-      e.index(0), e.index(llvm::divideCeil(columns, chunkColumns)),
-      [&](Value chunk) {
-        Value col0 =
-            e.iadd(e.imul(chunk, e.index(chunkColumns)), columnInChunk);
-        // values[i][j]: row firstRow + i, column col0 + j; zero past the
-        // expert's rows and the columns.
-        // Every row's loads first, so they are in flight together.
-        SmallVector<Value> raws(rows), rowScales(rows), rowValid(rows);
-        SmallVector<SmallVector<Value>> scalar(rows);
-        for (int64_t i = 0; i < rows; ++i) {
-          Value r = e.iadd(firstRow, e.index(i));
-          Value row = e.minUI(e.iadd(rowStart, r), lastRow);
-          rowValid[i] = e.ult(r, valid);
-          if (vectors) {
-            Value at = e.minUI(col0, e.index(columns - width));
-            raws[i] =
-                inScales
-                    ? vector::BitCastOp::create(
-                          b, loc, VectorType::get({width / 2}, b.getI16Type()),
-                          // Aligned: one 8-byte load, not eight of a byte.
-                          vector::LoadOp::create(b, loc,
-                                                 VectorType::get({width}, i8),
-                                                 in, ValueRange{row, at}, false,
-                                                 vectorAlign(width, i8)))
-                          .getResult()
-                    : loadF32Vector(e, in, {row, at}, width);
-          } else {
-            for (int64_t j = 0; j < width; ++j) {
-              Value c = e.minUI(e.iadd(col0, e.index(j)), e.index(columns - 1));
-              scalar[i].push_back(e.loadRaw(in, {row, c}));
-            }
-          }
-          if (inScales)
-            rowScales[i] = common::loadScale(
-                e, inScales,
-                {row, e.divUI(e.minUI(col0, e.index(columns - 1)),
-                              e.index(kBlockRows))});
-        }
-        // values[i][j]: row firstRow + i, column col0 + j; zero past the
-        // expert's rows and the columns.
-        SmallVector<SmallVector<Value>> values(rows);
-        SmallVector<Value> amax(width, e.f32(0.0));
-        for (int64_t i = 0; i < rows; ++i) {
-          SmallVector<Value> row8;
-          if (!vectors) {
-            for (Value v : scalar[i])
-              row8.push_back(
-                  inScales ? decodeE4M3(e, v)
+  Value chunks = e.index(llvm::divideCeil(columns, chunkColumns));
+  // Whole 16-byte rows of a thread's columns when every row is aligned.
+  if (columns % width == 0) {
+    RowBlockChunk chunk{
+        k,        op.getQuantAttr(), in,       inScales,      codes,  scales,
+        partials, columns,           rows,     rowWarps,      block,  rowStart,
+        valid,    lastRow,           firstRow, columnInChunk, rowWarp};
+    e.forEach(e.index(0), chunks, [&](Value c) { chunk.emit(c); });
+    return k.finish(op);
+  }
+  e.forEach(e.index(0), chunks, [&](Value chunk) {
+    Value col0 = e.iadd(e.imul(chunk, e.index(chunkColumns)), columnInChunk);
+    // values[i][j]: row firstRow + i, column col0 + j; zero past the
+    // expert's rows and the columns.
+    // Every row's loads first, so they are in flight together.
+    SmallVector<Value> rowScales(rows), rowValid(rows);
+    SmallVector<SmallVector<Value>> scalar(rows);
+    for (int64_t i = 0; i < rows; ++i) {
+      Value r = e.iadd(firstRow, e.index(i));
+      Value row = e.minUI(e.iadd(rowStart, r), lastRow);
+      rowValid[i] = e.ult(r, valid);
+      for (int64_t j = 0; j < width; ++j) {
+        Value c = e.minUI(e.iadd(col0, e.index(j)), e.index(columns - 1));
+        scalar[i].push_back(e.loadRaw(in, {row, c}));
+      }
+      if (inScales)
+        rowScales[i] =
+            common::loadScale(e, inScales,
+                              {row, e.divUI(e.minUI(col0, e.index(columns - 1)),
+                                            e.index(kBlockRows))});
+    }
+    // values[i][j]: row firstRow + i, column col0 + j; zero past the
+    // expert's rows and the columns.
+    SmallVector<SmallVector<Value>> values(rows);
+    SmallVector<Value> amax(width, e.f32(0.0));
+    for (int64_t i = 0; i < rows; ++i) {
+      SmallVector<Value> row8;
+      for (Value v : scalar[i])
+        row8.push_back(inScales
+                           ? decodeE4M3(e, v)
                            : arith::ExtFOp::create(b, loc, f32, v).getResult());
-          } else if (inScales) {
-            for (int64_t q = 0; q < width / 2; ++q)
-              llvm::append_range(
-                  row8, decodeCodePair(
-                            e, vector::ExtractOp::create(b, loc, raws[i], q)
-                                   .getResult()));
-          } else {
-            for (int64_t j = 0; j < width; ++j)
-              row8.push_back(vector::ExtractOp::create(b, loc, raws[i], j));
-          }
-          Value rowScale = inScales ? rowScales[i] : Value();
-          Value rowOk = rowValid[i];
-          for (int64_t j = 0; j < width; ++j) {
-            Value v = rowScale ? e.mul(row8[j], rowScale) : row8[j];
-            Value ok = arith::AndIOp::create(
-                b, loc, rowOk,
-                e.ult(e.iadd(col0, e.index(j)), e.index(columns)));
-            v = e.select(ok, v, e.f32(0.0));
-            Value special;
-            amax[j] = arith::MaxNumFOp::create(
-                b, loc, amax[j], common::blockStats(e, v, special));
-            values[i].push_back(v);
-          }
-        }
-        // The warp's rows, then every warp's.
-        Value parity = e.remUI(chunk, e.index(2));
-        for (int64_t j = 0; j < width; ++j) {
-          // Lanes l, l ^ 4, l ^ 8, ... hold the column's other rows.
-          for (int64_t offset = 4; offset < 32; offset *= 2)
-            amax[j] = arith::MaxNumFOp::create(
-                b, loc, amax[j],
-                gpu::ShuffleOp::create(b, loc, amax[j], offset, 32,
-                                       gpu::ShuffleMode::XOR)
-                    .getShuffleResult());
-          Value c = e.iadd(columnInChunk, e.index(j));
-          memref::StoreOp::create(b, loc, amax[j], partials,
-                                  ValueRange{parity, rowWarp, c});
-        }
-        gpu::BarrierOp::create(b, loc);
-        for (int64_t j = 0; j < width; ++j) {
-          Value c = e.iadd(columnInChunk, e.index(j));
-          Value col = e.iadd(col0, e.index(j));
-          Value both = amax[j];
-          for (int64_t q = 0; q < rowWarps; ++q)
-            both = arith::MaxNumFOp::create(
-                b, loc, both,
-                memref::LoadOp::create(b, loc, partials,
-                                       ValueRange{parity, e.index(q), c}));
-          common::BlockScale scale =
-              common::blockScale(e, op.getQuantAttr(), both, e.f32(0.0));
-          Value inverse = e.div(e.f32(1.0), scale.stored);
-          e.ifThen(e.ult(col, e.index(columns)), [&] {
-            SmallVector<Value> bytes;
-            for (int64_t i = 0; i < rows; ++i)
-              bytes.push_back(encodeE4M3(e, e.mul(values[i][j], inverse)));
-            Value at = e.iadd(e.imul(block, e.index(columns)), col);
-            vector::StoreOp::create(
-                b, loc,
-                vector::FromElementsOp::create(
-                    b, loc, VectorType::get({rows}, i8), bytes),
-                codes, ValueRange{at, firstRow}, false, vectorAlign(rows, i8));
-            e.ifThen(e.eq(firstRow, e.index(0)),
-                     [&] { e.storeRaw(scale.stored, scales, {at}); });
-          });
-        }
+      Value rowScale = inScales ? rowScales[i] : Value();
+      Value rowOk = rowValid[i];
+      for (int64_t j = 0; j < width; ++j) {
+        Value v = rowScale ? e.mul(row8[j], rowScale) : row8[j];
+        Value ok = arith::AndIOp::create(
+            b, loc, rowOk, e.ult(e.iadd(col0, e.index(j)), e.index(columns)));
+        v = e.select(ok, v, e.f32(0.0));
+        Value special;
+        amax[j] = arith::MaxNumFOp::create(b, loc, amax[j],
+                                           common::blockStats(e, v, special));
+        values[i].push_back(v);
+      }
+    }
+    // The warp's rows, then every warp's.
+    Value parity = e.remUI(chunk, e.index(2));
+    for (int64_t j = 0; j < width; ++j) {
+      // Lanes l, l ^ 4, l ^ 8, ... hold the column's other rows.
+      for (int64_t offset = 4; offset < 32; offset *= 2)
+        amax[j] = arith::MaxNumFOp::create(
+            b, loc, amax[j],
+            gpu::ShuffleOp::create(b, loc, amax[j], offset, 32,
+                                   gpu::ShuffleMode::XOR)
+                .getShuffleResult());
+      Value c = e.iadd(columnInChunk, e.index(j));
+      memref::StoreOp::create(b, loc, amax[j], partials,
+                              ValueRange{parity, rowWarp, c});
+    }
+    gpu::BarrierOp::create(b, loc);
+    for (int64_t j = 0; j < width; ++j) {
+      Value c = e.iadd(columnInChunk, e.index(j));
+      Value col = e.iadd(col0, e.index(j));
+      Value both = amax[j];
+      for (int64_t q = 0; q < rowWarps; ++q)
+        both = arith::MaxNumFOp::create(
+            b, loc, both,
+            memref::LoadOp::create(b, loc, partials,
+                                   ValueRange{parity, e.index(q), c}));
+      common::BlockScale scale =
+          common::blockScale(e, op.getQuantAttr(), both, e.f32(0.0));
+      Value inverse = e.div(e.f32(1.0), scale.stored);
+      e.ifThen(e.ult(col, e.index(columns)), [&] {
+        SmallVector<Value> bytes;
+        for (int64_t i = 0; i < rows; ++i)
+          bytes.push_back(encodeE4M3(e, e.mul(values[i][j], inverse)));
+        Value at = e.iadd(e.imul(block, e.index(columns)), col);
+        vector::StoreOp::create(b, loc,
+                                vector::FromElementsOp::create(
+                                    b, loc, VectorType::get({rows}, i8), bytes),
+                                codes, ValueRange{at, firstRow}, false,
+                                vectorAlign(rows, i8));
+        e.ifThen(e.eq(firstRow, e.index(0)),
+                 [&] { e.storeRaw(scale.stored, scales, {at}); });
       });
+    }
+  });
   return k.finish(op);
 }
 
