@@ -849,8 +849,8 @@ static void splitActivations(func::FuncOp func) {
         op.getRhsScale(), op.getBias(), ActivationAttr(), QuantAttr(),
         ArrayAttr(), false, Value(), Value(), Value());
     auto activation =
-        ActivationOp::create(b, op.getLoc(), outType, matmul.getOut(), Value(),
-                             op.getActivationAttr());
+        ActivationOp::create(b, op.getLoc(), outType, Type(), matmul.getOut(),
+                             Value(), op.getActivationAttr(), QuantAttr());
     op.getOut().replaceAllUsesWith(activation.getOut());
     op.erase();
   }

@@ -1,7 +1,8 @@
 //===- FuseQuantization.cpp - quantize where activations are produced ----===//
 //
 // Moves each activation quantize into the op that produces its input (the
-// dispatch's scatter, a matmul's epilogue) and each dequantize into the
+// dispatch's scatter, a matmul's epilogue, a training forward's activation)
+// and each dequantize into the
 // matmul that reads it, so no activation makes an extra trip through memory
 // to change its encoding.
 //
@@ -138,6 +139,30 @@ struct IntoMatmulEpilogue : OpRewritePattern<QuantizeOp> {
   }
 };
 
+/// quantize(activation(h)) -> activation(h) {quant}: a training forward's
+/// activation (kept apart from the gate/up matmul so the matmul's output
+/// can be saved) quantizes what it computes for the down matmul.
+struct IntoActivation : OpRewritePattern<QuantizeOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  LogicalResult matchAndRewrite(QuantizeOp op,
+                                PatternRewriter &rewriter) const override {
+    auto activation = op.getInput().getDefiningOp<ActivationOp>();
+    if (!activation || activation.getQuant() || activation.getRowWeights() ||
+        op.getTranspose() || !op.getTransposed().empty() ||
+        !quantizesRowsOf(op, activation.getOut()))
+      return failure();
+    rewriter.setInsertionPoint(activation);
+    auto fused = ActivationOp::create(
+        rewriter, activation.getLoc(), op.getData().getType(),
+        op.getScales().getType(), activation.getInput(), Value(),
+        activation.getActivationAttr(), op.getScheme());
+    rewriter.replaceOp(op, {fused.getOut(), fused.getScales()});
+    rewriter.eraseOp(activation);
+    return success();
+  }
+};
+
 /// grouped_matmul(dequantize(a), dequantize(b)) -> grouped_matmul(a, b)
 /// scales(...), when both use one scheme and the activations' scales are
 /// per row.
@@ -170,7 +195,7 @@ struct FuseQuantizationPass
   void runOnOperation() override {
     RewritePatternSet patterns(&getContext());
     patterns.add<IntoDispatch, IntoDispatchTokens, IntoMatmulEpilogue,
-                 DequantizeIntoMatmul>(&getContext());
+                 IntoActivation, DequantizeIntoMatmul>(&getContext());
     if (failed(applyPatternsGreedily(getOperation(), std::move(patterns))))
       signalPassFailure();
   }

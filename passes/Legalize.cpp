@@ -106,8 +106,10 @@ static bool fuseActivationGrad(const DgradProduct &product,
   }
   OpBuilder b(grads);
   ActivationAttr activation = grads.getActivationAttr();
-  Value weighted = ActivationOp::create(b, loc, grads.getWeighted().getType(),
-                                        h, rowWeights, activation);
+  Value weighted =
+      ActivationOp::create(b, loc, grads.getWeighted().getType(), Type(), h,
+                           rowWeights, activation, QuantAttr())
+          .getOut();
   int64_t n = cast<RankedTensorType>(product.out.getType()).getDimSize(1);
   SmallVector<Type> rowDots;
   if (rowWeights)

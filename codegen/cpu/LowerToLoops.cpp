@@ -822,7 +822,12 @@ LogicalResult FunctionLowering::lowerActivation(ActivationOp op) {
   Value input = buffer(op.getInput());
   int64_t outN = cast<MemRefType>(input.getType()).getDimSize(1) / 2;
   Value rows = e.dim(input, 0);
-  Value out = resultBuffer(op.getOut(), {rows});
+  QuantAttr scheme = op.getQuantAttr();
+  // Quantized: the bf16 values first, then quantized as moe.quantize does.
+  Value out = scheme ? e.alloc(MemRefType::get({ShapedType::kDynamic, outN},
+                                               e.b.getBF16Type()),
+                               {rows})
+                     : resultBuffer(op.getOut(), {rows});
   Value weights = op.getRowWeights() ? buffer(op.getRowWeights()) : Value();
   e.forEach(e.index(0), rows, [&](Value r) {
     e.forEach(e.index(0), e.index(outN), [&](Value c) {
@@ -835,6 +840,16 @@ LogicalResult FunctionLowering::lowerActivation(ActivationOp op) {
       e.store(a, out, {r, c});
     });
   });
+  if (!scheme)
+    return success();
+  Value data = resultBuffer(op.getOut(), {rows});
+  Value scales = resultBuffer(op.getScales(), {rows});
+  forEachBlock(out, /*rowsPerBlock=*/1, scheme.getBlockSize(),
+               [&](ArrayRef<Value> prefix, Value rb, Value kb, Value firstRow,
+                   Value lastRow, Value firstCol, Value lastCol) {
+                 quantizeBlock(e, scheme, out, data, scales, prefix, rb, kb,
+                               firstRow, lastRow, firstCol, lastCol);
+               });
   return success();
 }
 

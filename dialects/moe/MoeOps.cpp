@@ -885,8 +885,14 @@ LogicalResult ActivationOp::verify() {
       failed(checkShape(op, "row_weights", getRowWeights(),
                         {count(shapeOf(getInput())[0], "rows")})))
     return failure();
-  return checkRows(op, "result", getOut(), shapeOf(getInput())[0], n / 2,
-                   "N / 2");
+  if (getQuant() && getRowWeights())
+    return emitOpError() << "quantizes a weighted activation, which only a "
+                            "backward's bf16 weight gradient reads";
+  if (failed(checkRows(op, "result", getOut(), shapeOf(getInput())[0], n / 2,
+                       "N / 2")))
+    return failure();
+  return verifyQuantizedResult(op, "out", getOut(), getScales(),
+                               getQuantAttr());
 }
 
 LogicalResult ActivationGradOp::verify() {

@@ -453,11 +453,17 @@ def Moe_ActivationOp : Moe_Op<"activation", [Pure]> {
     output (the activation's input) for the backward. With `row_weights`
     [R] (f32), row r is that rounded value times row_weights[r], rounded
     again: the weighted activation a backward's weight gradient reads.
+
+    With `quant`, `out` is those bf16 values quantized along each row as
+    `moe.quantize` quantizes them, and `scales` their scales: the
+    activation and the down matmul's quantize in one pass, the bf16 values
+    never stored.
   }];
   let arguments = (ins Moe_Activations:$input,
                        Optional<Moe_F32Tensor>:$row_weights,
-                       Moe_ActivationAttr:$activation);
-  let results = (outs Moe_Activations:$out);
+                       Moe_ActivationAttr:$activation,
+                       OptionalAttr<Moe_QuantAttr>:$quant);
+  let results = (outs Moe_MatmulInput:$out, Optional<Moe_Scales>:$scales);
   let assemblyFormat = [{
     $input (`row_weights` $row_weights^)? attr-dict `:`
     functional-type(operands, results)

@@ -729,6 +729,38 @@ func.func @f(%h: tensor<?x15xbf16>) {
 
 // -----
 
+func.func @f(%h: tensor<?x512xbf16>) {
+  // expected-error @+1 {{out is f8E4M3FN, which needs a quant scheme}}
+  %a = moe.activation %h {activation = #moe.activation<kind = swiglu>} : (tensor<?x512xbf16>) -> tensor<?x256xf8E4M3FN>
+  return
+}
+
+// -----
+
+func.func @f(%h: tensor<?x512xbf16>) {
+  // expected-error @+1 {{quantizes out, but has no result for its scales}}
+  %a = moe.activation %h {activation = #moe.activation<kind = swiglu>, quant = #moe.quant<kind = fp8_block128>} : (tensor<?x512xbf16>) -> tensor<?x256xf8E4M3FN>
+  return
+}
+
+// -----
+
+func.func @f(%h: tensor<?x512xbf16>) {
+  // expected-error @+1 {{out scales must have shape [?, 2] for fp8_block128 blocks of 128 along the last dimension of [?, 256], but has [?, 3]}}
+  %a, %s = moe.activation %h {activation = #moe.activation<kind = swiglu>, quant = #moe.quant<kind = fp8_block128>} : (tensor<?x512xbf16>) -> (tensor<?x256xf8E4M3FN>, tensor<?x3xf32>)
+  return
+}
+
+// -----
+
+func.func @f(%h: tensor<?x512xbf16>, %w: tensor<?xf32>) {
+  // expected-error @+1 {{quantizes a weighted activation, which only a backward's bf16 weight gradient reads}}
+  %a, %s = moe.activation %h row_weights %w {activation = #moe.activation<kind = swiglu>, quant = #moe.quant<kind = fp8_block128>} : (tensor<?x512xbf16>, tensor<?xf32>) -> (tensor<?x256xf8E4M3FN>, tensor<?x2xf32>)
+  return
+}
+
+// -----
+
 func.func @f(%h: tensor<7x16xbf16>, %w: tensor<6xf32>) {
   // expected-error @+1 {{row_weights dimension 0 (rows) must be 7, but is 6}}
   %a = moe.activation %h row_weights %w {activation = #moe.activation<kind = swiglu>} : (tensor<7x16xbf16>, tensor<6xf32>) -> tensor<7x8xbf16>

@@ -253,3 +253,12 @@ func.func @training_ops(%h: tensor<?x16xbf16>, %g: tensor<?x8xbf16>,
       : (tensor<?x16xbf16>, tensor<?x16xbf16>, tensor<?x2xi32>) -> tensor<?x2xf32>
   return
 }
+
+// -----
+
+// CHECK-LABEL: func.func @quantized_activation
+// CHECK: moe.activation %arg0 {activation = #moe.activation<kind = swiglu>, quant = #moe.quant<kind = mxfp8>} : (tensor<?x128xbf16>) -> (tensor<?x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>)
+func.func @quantized_activation(%h: tensor<?x128xbf16>) -> (tensor<?x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>) {
+  %a, %s = moe.activation %h {activation = #moe.activation<kind = swiglu>, quant = #moe.quant<kind = mxfp8>} : (tensor<?x128xbf16>) -> (tensor<?x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>)
+  return %a, %s : tensor<?x64xf8E4M3FN>, tensor<?x2xf8E8M0FNU>
+}

@@ -12,7 +12,7 @@
 // CHECK: moe.dispatch %arg0, %expert_ids {ordered}
 // CHECK: %[[H:.*]] = moe.grouped_matmul %dispatched, %arg2 groups(%tokens_per_expert, %expert_offsets) : {{.*}} -> tensor<?x16xbf16>
 // CHECK-NEXT: %[[A:.*]] = moe.activation %[[H]] {activation = #moe.activation<kind = swiglu>} : (tensor<?x16xbf16>) -> tensor<?x8xbf16>
-// CHECK: return %{{.*}}, %rows, %expert_offsets, %weights, %out_3, %out_1, %tokens_per_expert, %out, %dispatched, %logits, %expert_ids :
+// CHECK: return %{{.*}}, %rows, %expert_offsets, %weights, %out_5, %out_2, %tokens_per_expert, %out, %dispatched, %logits, %expert_ids :
 
 // The backward: every argument has a gradient (the tokens' in bf16, the
 // weights' in f32).

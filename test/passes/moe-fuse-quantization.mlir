@@ -95,3 +95,29 @@ func.func @bad_fused(%x: tensor<?x64xbf16>, %ids: tensor<?x2xi32>) {
       -> (tensor<?x64xf8E4M3FN>, tensor<4xi32>, tensor<5xi32>, tensor<?x2xi32>)
   return
 }
+
+// -----
+
+// A training forward's activation (apart from the gate/up matmul, whose
+// output is saved) quantizes for the down matmul itself; a weighted one (a
+// backward's) or one read by something else too stays bf16.
+// CHECK-LABEL: func.func @train_activation
+// CHECK: %[[A:[^,]+]], %[[S:[^ ]+]] = moe.activation %arg0 {activation = #moe.activation<kind = swiglu>, quant = #moe.quant<kind = fp8_block128>} : (tensor<?x512xbf16>) -> (tensor<?x256xf8E4M3FN>, tensor<?x2xf32>)
+// CHECK: moe.activation %arg0 row_weights %arg1 {{.*}} -> tensor<?x256xbf16>
+// CHECK: moe.quantize
+// CHECK: return %[[A]], %[[S]]
+func.func @train_activation(%h: tensor<?x512xbf16>, %w: tensor<?xf32>)
+    -> (tensor<?x256xf8E4M3FN>, tensor<?x2xf32>, tensor<?x256xf8E4M3FN>,
+        tensor<?x2xf32>) {
+  %a = moe.activation %h {activation = #moe.activation<kind = swiglu>}
+      : (tensor<?x512xbf16>) -> tensor<?x256xbf16>
+  %aq, %as = moe.quantize %a {scheme = #moe.quant<kind = fp8_block128>}
+      : (tensor<?x256xbf16>) -> (tensor<?x256xf8E4M3FN>, tensor<?x2xf32>)
+  %b = moe.activation %h row_weights %w
+      {activation = #moe.activation<kind = swiglu>}
+      : (tensor<?x512xbf16>, tensor<?xf32>) -> tensor<?x256xbf16>
+  %bq, %bs = moe.quantize %b {scheme = #moe.quant<kind = fp8_block128>}
+      : (tensor<?x256xbf16>) -> (tensor<?x256xf8E4M3FN>, tensor<?x2xf32>)
+  return %aq, %as, %bq, %bs : tensor<?x256xf8E4M3FN>, tensor<?x2xf32>,
+      tensor<?x256xf8E4M3FN>, tensor<?x2xf32>
+}

@@ -1,7 +1,8 @@
 //===- Activation.cpp - the training forward's and backward's activations -===//
 //
 // moe.activation (a gated matmul's epilogue as a step of its own, so the
-// training forward keeps its input) and moe.activation_grad (its backward
+// training forward keeps its input; quantized for the down matmul, with
+// moe.quantize's arithmetic) and moe.activation_grad (its backward
 // with the row's routing weight) as elementwise kernels, with the CPU
 // backend's arithmetic (common::activate, common::activationGrad) so both
 // backends round alike. The forward: a block per row. The backward: a warp
@@ -22,11 +23,114 @@ using namespace mlir::moe::nvidia;
 
 static constexpr int64_t kThreads = 128, kWarps = kThreads / 32;
 
+/// Row `r`'s activations quantized as moe.quantize quantizes the bf16 ones:
+/// each thread 8 columns of a 1024-column stride (every thread takes every
+/// stride, so a block's lanes can combine its largest magnitude by
+/// shuffles: 16 lanes a 128-column block, 4 a 32-column MX block); or, when
+/// the columns split into no 16-byte pieces, a thread a block.
+static void quantizedActivations(Kernel &k, ActivationOp op, Value input,
+                                 Value out, Value scales, Value r,
+                                 int64_t outN) {
+  Emitter &e = k.e;
+  OpBuilder &b = k.b;
+  Location loc = e.loc;
+  QuantAttr quant = op.getQuantAttr();
+  int64_t blockColumns = quant.getBlockSize();
+  Value tid = k.threadId();
+  // The activation as the bf16 result would hold it.
+  auto activation = [&](Value gate, Value up) {
+    return common::roundedToBF16(
+        e, common::activate(e, op.getActivation(), gate, up));
+  };
+  auto stats = [&](Value x, Value &amax, Value &special) {
+    Value s;
+    amax = arith::MaxNumFOp::create(b, loc, amax, common::blockStats(e, x, s));
+    special = arith::MaximumFOp::create(b, loc, special, s);
+  };
+  if (outN % 8 != 0) {
+    int64_t blocks = llvm::divideCeil(outN, blockColumns);
+    e.forEach(
+        tid, e.index(blocks),
+        [&](Value blk) {
+          Value first = e.imul(blk, e.index(blockColumns));
+          Value last =
+              e.minUI(e.iadd(first, e.index(blockColumns)), e.index(outN));
+          auto value = [&](Value c) {
+            return activation(e.load(input, {r, c}),
+                              e.load(input, {r, e.iadd(c, e.index(outN))}));
+          };
+          auto found =
+              e.reduce(first, last, {e.f32(0.0), e.f32(0.0)},
+                       [&](Value c, ValueRange acc) -> SmallVector<Value> {
+                         Value amax = acc[0], special = acc[1];
+                         stats(value(c), amax, special);
+                         return {amax, special};
+                       });
+          common::BlockScale scale =
+              common::blockScale(e, quant, found[0], found[1]);
+          e.forEach(first, last, [&](Value c) {
+            e.storeRaw(scale.encode(e, value(c)), out, {r, c});
+          });
+          e.storeRaw(scale.stored, scales, {r, blk});
+        },
+        e.index(kThreads));
+    return;
+  }
+  constexpr int64_t width = 8;
+  int64_t lanes = blockColumns / width;
+  int64_t strides = llvm::divideCeil(outN, kThreads * width);
+  Type i8 = b.getI8Type();
+  e.forEach(e.index(0), e.index(strides), [&](Value stride) {
+    Value c = e.iadd(e.imul(stride, e.index(kThreads * width)),
+                     e.imul(tid, e.index(width)));
+    Value inside = e.ult(c, e.index(outN));
+    // Past the row: its last piece again, left out of the block's stats.
+    Value at = e.minUI(c, e.index(outN - width));
+    Value gates = loadF32Vector(e, input, {r, at}, width);
+    Value ups = loadF32Vector(e, input, {r, e.iadd(at, e.index(outN))}, width);
+    SmallVector<Value> xs;
+    Value amax = e.f32(0.0), special = e.f32(0.0);
+    for (int64_t j = 0; j < width; ++j) {
+      xs.push_back(activation(vector::ExtractOp::create(b, loc, gates, j),
+                              vector::ExtractOp::create(b, loc, ups, j)));
+      stats(e.select(inside, xs.back(), e.f32(0.0)), amax, special);
+    }
+    for (int64_t offset = 1; offset < lanes; offset *= 2) {
+      auto partner = [&](Value v) {
+        return gpu::ShuffleOp::create(b, loc, v, offset, 32,
+                                      gpu::ShuffleMode::XOR)
+            .getShuffleResult();
+      };
+      amax = arith::MaxNumFOp::create(b, loc, amax, partner(amax));
+      special = arith::MaximumFOp::create(b, loc, special, partner(special));
+    }
+    common::BlockScale scale = common::blockScale(e, quant, amax, special);
+    e.ifThen(inside, [&] {
+      SmallVector<Value> codes;
+      for (Value x : xs)
+        codes.push_back(scale.encode(e, x));
+      vector::StoreOp::create(b, loc,
+                              vector::FromElementsOp::create(
+                                  b, loc, VectorType::get({width}, i8), codes),
+                              out, ValueRange{r, c}, false,
+                              vectorAlign(width, i8));
+      e.ifThen(e.eq(e.remUI(tid, e.index(lanes)), e.index(0)), [&] {
+        e.storeRaw(scale.stored, scales,
+                   {r, e.divUI(c, e.index(blockColumns))});
+      });
+    });
+  });
+}
+
 LogicalResult nvidia::buildActivation(LayerKernels &layer, ActivationOp op) {
   TokenLinear rows = layer.info(op.getInput()).rows;
   int64_t outN = cast<RankedTensorType>(op.getOut().getType()).getDimSize(1);
   layer.define(op.getOut(), rows);
   SmallVector<Value> buffers = {op.getInput(), op.getOut()};
+  if (op.getScales()) {
+    layer.define(op.getScales(), rows);
+    buffers.push_back(op.getScales());
+  }
   if (op.getRowWeights())
     buffers.push_back(op.getRowWeights());
   Kernel k = layer.kernel(op, "activation", buffers);
@@ -37,6 +141,11 @@ LogicalResult nvidia::buildActivation(LayerKernels &layer, ActivationOp op) {
   Value out = k.view(1, layer.info(op.getOut()));
   Value r = k.blockId(gpu::Dimension::x);
   k.onlyIf(e.ult(r, k.linear(rows)));
+  if (op.getScales()) {
+    quantizedActivations(k, op, input, out,
+                         k.view(2, layer.info(op.getScales())), r, outN);
+    return k.finish(op);
+  }
   Value w = op.getRowWeights()
                 ? e.load(k.view(2, layer.info(op.getRowWeights())), {r})
                 : Value();
