@@ -14,7 +14,12 @@ eager PyTorch.
 One choice a token (top-k 1): a function's dynamic rows are its tokens', so
 the routed rows fit its arguments. The functions: SwiGLU and GPT-OSS's
 clamped SwiGLU forward; the backward with routing weights (a row's choice
-and weight), with a shared-expert gate, and with neither.
+and weight), with a shared-expert gate, and with neither; and the forward
+quantized for the down matmul (fp8_block128: its codes and its scales, each
+a function), at 776 columns (whole 16-byte pieces, a last block of 8) and
+100 (none: a thread a block). Its codes come from bf16 activations whose
+last place may differ from the CPU's (exp), so they are compared as the
+values they stand for, and most must be the CPU's own.
 """
 import json
 import os
@@ -24,6 +29,7 @@ import sys
 from bench.common import ROOT, bench, emit
 
 INTER = 776  # not a multiple of the warp's 32 lanes
+QUANT_UNALIGNED = 100  # no whole 16-byte pieces
 ACTIVATIONS = {
     "swiglu": "#moe.activation<kind = swiglu>",
     "clamped": "#moe.activation<kind = clamped_swiglu, alpha = 1.702, "
@@ -43,6 +49,17 @@ def functions(i):
             f"func.func @act_{name}(%h: {h}) -> {a} {{\n"
             f"  %0 = moe.activation %h {{activation = {attr}}} : ({h}) -> {a}\n"
             f"  return %0 : {a}\n}}\n")
+    for cols in (i, QUANT_UNALIGNED):
+        hq, codes = f"tensor<?x{2 * cols}xbf16>", f"tensor<?x{cols}xf8E4M3FN>"
+        scales = f"tensor<?x{-(-cols // 128)}xf32>"
+        for n, which in enumerate(["codes", "scales"]):
+            name = f"actq_{cols}_{which}"
+            out[name] = (
+                f"func.func @{name}(%h: {hq}) -> {(codes, scales)[n]} {{\n"
+                f"  %0, %1 = moe.activation %h {{activation = "
+                f"{ACTIVATIONS['swiglu']}, quant = #moe.quant<kind = "
+                f"fp8_block128>}} : ({hq}) -> ({codes}, {scales})\n"
+                f"  return %{n} : {(codes, scales)[n]}\n}}\n")
     # name: (parameters, the op's operands after %g, %h, their types,
     # activation, whether a weight's gradient comes out)
     variants = {
@@ -87,11 +104,17 @@ def prepare(out_dir):
         json.dump({"inter": INTER, "names": names}, f)
 
 
+def columns(name, i):
+    """The activation's columns of function `name`."""
+    return int(name.split("_")[1]) if name.startswith("actq_") else i
+
+
 def inputs(name, t, i, dev, gen):
     import torch
+    i = columns(name, i)
     g = torch.randn(t, i, generator=gen, device=dev).bfloat16()
     h = (3 * torch.randn(t, 2 * i, generator=gen, device=dev)).bfloat16()
-    if name.startswith("act_"):
+    if name.startswith("act"):
         return [h]
     if name.startswith("grad_rows"):
         # Tokens whose choice is outside the experts (-1) have no row.
@@ -106,10 +129,51 @@ def inputs(name, t, i, dev, gen):
 
 def output(name, t, i, dev, fill):
     import torch
+    i = columns(name, i)
+    if name.endswith("_codes"):
+        return torch.full((t, i), fill, device=dev).to(torch.float8_e4m3fn)
+    if name.endswith("_scales"):
+        return torch.full((t, -(-i // 128)), fill, dtype=torch.float32,
+                          device=dev)
     if name.endswith("_dw"):
         return torch.full((t, 1), fill, dtype=torch.float32, device=dev)
     cols = 2 * i if name.endswith("_dh") else i
     return torch.full((t, cols), fill, dtype=torch.bfloat16, device=dev)
+
+
+def codes_of(lib_dir, name, args, target="sm_90a"):
+    """The codes (as f32) of the quantized activation whose scales
+    function is `name`, on `target`."""
+    import torch
+    from moe_compiler import Layer
+    codes = name.replace("_scales", "_codes")
+    out = output(codes, args[0].shape[0], 0, args[0].device, float("nan"))
+    Layer(os.path.join(lib_dir, f"lib{codes}_{target}.so")).forward(*args,
+                                                                   out)
+    if target != "cpu":
+        torch.cuda.synchronize()
+    return out.cpu().float()
+
+
+def check_quantized(name, gpu_codes, cpu_codes, got, want):
+    """The values the codes stand for (code x its block's scale) against
+    the CPU's: within one E4M3 step of the block's largest (1/16), most
+    codes and scales the CPU's own."""
+    import torch
+    cols = gpu_codes.shape[1]
+    blocks = torch.arange(cols) // 128
+    a = gpu_codes.double() * got.double()[:, blocks]
+    b = cpu_codes.double() * want.double()[:, blocks]
+    finite = bool(torch.isfinite(a).all())
+    err = ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+    same_codes = (gpu_codes == cpu_codes).double().mean().item()
+    same_scales = (got == want).double().mean().item()
+    ok = finite and err <= 1 / 16 and same_codes >= 0.99 and \
+        same_scales >= 0.99
+    emit(what="check", function=name.replace("_scales", ""),
+         max_rel_error=err, same_codes=same_codes, same_scales=same_scales,
+         ok=ok)
+    return ok
 
 
 def run(lib_dir):
@@ -132,6 +196,14 @@ def run(lib_dir):
         want = output(name, t, i, torch.device("cpu"), 0.0)
         cpu.forward(*[x.cpu() for x in args], want)
         got = got.cpu()
+        if name.startswith("actq_"):
+            if name.endswith("_codes"):
+                continue
+            failed |= not check_quantized(name, gpu_codes=codes_of(
+                lib_dir, name, args), cpu_codes=codes_of(
+                lib_dir, name, [x.cpu() for x in args], "cpu"),
+                got=got, want=want)
+            continue
         if name.startswith("grad_rows") and not name.endswith("_dw"):
             # Rows no choice names are the CPU's zeros and no kernel's.
             keep = args[2][:, 0].cpu() >= 0
