@@ -65,6 +65,9 @@ SHAPES = {
     "kgrouped_8x4096_7168x4096": (8, 4096, 7168, 4096),
     "kgrouped_4x8192_2048x7168": (4, 8192, 2048, 7168),
     "kgrouped_8x4096_2048x7168": (8, 4096, 2048, 7168),
+    # K of at most 128: the FP8 kernel's [128, 128] tiles, its ring
+    # wrapping many times.
+    "narrow_k": (4, 4096, 256, 96),
     "odd": (3, -1, 72, 40),
     "uneven": (8, -2, 1032, 520),
 }
