@@ -228,6 +228,10 @@ public:
   /// one that rounds as encodeE4M3 does (ties to even, magnitudes
   /// saturated to 448); encodeE4M3 keeps NaN's code itself.
   std::function<Value(Emitter &, Value)> nativeE4M3;
+  /// The target's correctly rounded f32 x / y for y a block's scale
+  /// (positive: normal or infinite), where it has a quicker one than its
+  /// division.
+  std::function<Value(Emitter &, Value, Value)> scaleQuotient;
 };
 
 } // namespace mlir::moe::common

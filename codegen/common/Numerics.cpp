@@ -419,7 +419,10 @@ common::BlockScale common::blockScale(Emitter &e, QuantAttr scheme, Value amax,
 
 Value common::BlockScale::encode(Emitter &e, Value x) const {
   // MXFP8 multiplies by 2^-e (exact); FP8 block-128 divides in f32.
-  return encodeE4M3(e, mx ? e.mul(x, factor) : e.div(x, factor));
+  if (mx)
+    return encodeE4M3(e, e.mul(x, factor));
+  return encodeE4M3(e, e.scaleQuotient ? e.scaleQuotient(e, x, factor)
+                                       : e.div(x, factor));
 }
 
 Value common::blockStats(Emitter &e, Value x, Value &special) {
