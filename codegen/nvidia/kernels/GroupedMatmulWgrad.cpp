@@ -823,7 +823,8 @@ static std::pair<Value, Value> blockRows(Kernel &k, Value block, Value counts,
 /// `sourceScales` [R, ceil(columns / 128)]) into `blocks`, a block of rows
 /// a CTA, 128 columns at a time. Warp w takes 32 of the columns (w % 4)
 /// and 8 x `rows` of the rows (w / 4); lane l of it 8 columns (l % 4) by
-/// `rows` rows (l / 4), read 16 (or 8) bytes a row: a column's largest
+/// `rows` rows (l / 4), read 16 (or 8) bytes a row and kept packed
+/// (RowBlockChunk) where the rows split into such pieces: a column's largest
 /// magnitude is the warp's (three shuffles) and then every warp's (through
 /// shared memory), and its rows' codes are one store.
 static LogicalResult buildRowBlockQuantize(LayerKernels &layer,
