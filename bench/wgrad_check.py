@@ -211,6 +211,31 @@ def check_scatter(lib_dir, dev, gen):
     return ok
 
 
+def worst_error(out, offsets, reference):
+    """The largest relative error of an expert's result (`out` [E, N, K])
+    against reference(lo, hi), the float64 product of its rows [lo, hi);
+    an expert without rows must be zero."""
+    worst = 0.0
+    for xi in range(out.shape[0]):
+        lo, hi = int(offsets[xi]), int(offsets[xi + 1])
+        got = out[xi].double()
+        if hi == lo:
+            err = float(got.abs().max())
+        else:
+            ref = reference(lo, hi)
+            err = ((got - ref).norm() / ref.norm()).item()
+            del ref
+        worst = max(worst, err)
+        del got
+    return worst
+
+
+def report_time(layer, args, lib_dir, shape, kernel, iters, flops):
+    us = bench(lambda: layer.forward(*args), iters)
+    emit(what="time", lib=lib_dir, shape=shape, kernel=kernel, us=us,
+         tflops=flops / us / 1e6)
+
+
 def probe_codes(layer, dy, lhs_args, variant, counts, offsets, a, b):
     """Each expert's first rows' values as the kernels quantized them,
     exactly: a one-hot lhs (row t of an expert 1 in column t) makes the
@@ -285,16 +310,9 @@ def check_quant(lib_dirs, shape, e, m, dy, x, counts, offsets, iters,
             args = [dy, *lhs_args, counts, offsets, out]
             layer.forward(*args)
             torch.cuda.synchronize()
-            worst, finite = 0.0, bool(torch.isfinite(out).all())
-            for xi in range(e):
-                lo, hi = int(offsets[xi]), int(offsets[xi + 1])
-                got = out[xi].double()
-                if hi == lo:
-                    err = float(got.abs().max())
-                else:
-                    ref = a[lo:hi].t() @ b[lo:hi]
-                    err = ((got - ref).norm() / ref.norm()).item()
-                worst = max(worst, err)
+            finite = bool(torch.isfinite(out).all())
+            worst = worst_error(out, offsets,
+                                lambda lo, hi: a[lo:hi].t() @ b[lo:hi])
             # Exact products, but the FP8 tensor cores keep about 14 bits
             # of each wgmma's sums (DeepSeek-V3's report measured the
             # same): 1.3e-4 on every shape. A code one step off in one
@@ -307,10 +325,8 @@ def check_quant(lib_dirs, shape, e, m, dy, x, counts, offsets, iters,
             emit(what="check", lib=lib_dir, shape=shape, out=variant,
                  rel_error=worst, finite=finite, ok=good)
             if m >= 0:
-                us = bench(lambda: layer.forward(*args), iters)
-                emit(what="time", lib=lib_dir, shape=shape,
-                     kernel=f"wgrad {variant} (f32 out)", us=us,
-                     tflops=flops / us / 1e6)
+                report_time(layer, args, lib_dir, shape,
+                            f"wgrad {variant} (f32 out)", iters, flops)
             del out, args
         del b
         torch.cuda.empty_cache()
@@ -354,28 +370,17 @@ def run(lib_dirs, only=None):
                 torch.cuda.synchronize()
                 # Expert by expert, in float64: the operands are exact, so
                 # only the f32 sums' rounding (and bf16's) separates them.
-                worst = 0.0
                 finite = bool(torch.isfinite(out).all())
-                for xi in range(e):
-                    lo, hi = int(offsets[xi]), int(offsets[xi + 1])
-                    got = out[xi].double()
-                    if hi == lo:
-                        err = float(got.abs().max())
-                    else:
-                        ref = dy[lo:hi].double().t() @ x[lo:hi].double()
-                        err = ((got - ref).norm() / ref.norm()).item()
-                        del ref
-                    worst = max(worst, err)
-                    del got
+                worst = worst_error(
+                    out, offsets,
+                    lambda lo, hi: dy[lo:hi].double().t() @ x[lo:hi].double())
                 ok = finite and worst <= bound
                 failed |= not ok
                 emit(what="check", lib=lib_dir, shape=shape, out=out_type,
                      rel_error=worst, finite=finite, ok=ok)
                 if m >= 0:
-                    us = bench(lambda: layer.forward(*args), iters)
-                    emit(what="time", lib=lib_dir, shape=shape,
-                         kernel=f"wgrad ({out_type} out)", us=us,
-                         tflops=flops / us / 1e6)
+                    report_time(layer, args, lib_dir, shape,
+                                f"wgrad ({out_type} out)", iters, flops)
                 del out, args
                 torch.cuda.empty_cache()
         if quant:

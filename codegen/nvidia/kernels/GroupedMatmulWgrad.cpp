@@ -618,6 +618,43 @@ static Value encodeE4M3Pair(Emitter &e, Value lo, Value hi) {
   return branch.getResult(0);
 }
 
+/// The scales of a chunk's columns from each thread's largest magnitudes
+/// (`amax`, one a column of the thread's): the warp's rows by shuffles
+/// (lanes l, l ^ 4, l ^ 8, ... hold a column's other rows), then every
+/// warp's through shared memory (`partials`, [chunk parity][row warp]
+/// [column], so a chunk's writes never meet the last one's reads).
+static SmallVector<common::BlockScale>
+columnScales(Emitter &e, QuantAttr quant, SmallVector<Value> amax, Value chunk,
+             Value partials, Value rowWarp, Value columnInChunk,
+             int64_t rowWarps) {
+  OpBuilder &b = e.b;
+  Location loc = e.loc;
+  Value parity = e.remUI(chunk, e.index(2));
+  for (size_t j = 0; j < amax.size(); ++j) {
+    for (int64_t offset = 4; offset < 32; offset *= 2)
+      amax[j] = arith::MaxNumFOp::create(
+          b, loc, amax[j],
+          gpu::ShuffleOp::create(b, loc, amax[j], offset, 32,
+                                 gpu::ShuffleMode::XOR)
+              .getShuffleResult());
+    memref::StoreOp::create(
+        b, loc, amax[j], partials,
+        ValueRange{parity, rowWarp, e.iadd(columnInChunk, e.index(j))});
+  }
+  gpu::BarrierOp::create(b, loc);
+  SmallVector<common::BlockScale> scales;
+  for (size_t j = 0; j < amax.size(); ++j) {
+    Value c = e.iadd(columnInChunk, e.index(j)), both = amax[j];
+    for (int64_t q = 0; q < rowWarps; ++q)
+      both = arith::MaxNumFOp::create(
+          b, loc, both,
+          memref::LoadOp::create(b, loc, partials,
+                                 ValueRange{parity, e.index(q), c}));
+    scales.push_back(common::blockScale(e, quant, both, e.f32(0.0)));
+  }
+  return scales;
+}
+
 /// One 128-column chunk of a block whose rows are whole 16-byte (bf16) or
 /// 8-byte (E4M3) vectors. A thread keeps its rows packed (two values a
 /// register: bf16 as loaded, E4M3 decoded to f16 pairs, each row's scale
@@ -712,31 +749,11 @@ struct RowBlockChunk {
         amax[2 * q + 1] = v[1];
       }
     }
-    // The warp's rows, then every warp's.
-    Value parity = e.remUI(chunk, e.index(2));
-    for (int64_t j = 0; j < kWidth; ++j) {
-      // Lanes l, l ^ 4, l ^ 8, ... hold the column's other rows.
-      for (int64_t offset = 4; offset < 32; offset *= 2)
-        amax[j] = arith::MaxNumFOp::create(
-            b, loc, amax[j],
-            gpu::ShuffleOp::create(b, loc, amax[j], offset, 32,
-                                   gpu::ShuffleMode::XOR)
-                .getShuffleResult());
-      memref::StoreOp::create(
-          b, loc, amax[j], partials,
-          ValueRange{parity, rowWarp, e.iadd(columnInChunk, e.index(j))});
-    }
-    gpu::BarrierOp::create(b, loc);
+    SmallVector<common::BlockScale> chunkScales = columnScales(
+        e, quant, amax, chunk, partials, rowWarp, columnInChunk, rowWarps);
     SmallVector<Value> inverse(kWidth);
     for (int64_t j = 0; j < kWidth; ++j) {
-      Value c = e.iadd(columnInChunk, e.index(j));
-      Value both = amax[j];
-      for (int64_t q = 0; q < rowWarps; ++q)
-        both = arith::MaxNumFOp::create(
-            b, loc, both,
-            memref::LoadOp::create(b, loc, partials,
-                                   ValueRange{parity, e.index(q), c}));
-      common::BlockScale scale = common::blockScale(e, quant, both, e.f32(0.0));
+      const common::BlockScale &scale = chunkScales[j];
       inverse[j] = e.div(e.f32(1.0), scale.stored);
       Value col = e.iadd(col0, e.index(j));
       e.ifThen(arith::AndIOp::create(b, loc, e.ult(col, e.index(columns)),
@@ -941,32 +958,12 @@ static LogicalResult buildRowBlockQuantize(LayerKernels &layer,
         values[i].push_back(v);
       }
     }
-    // The warp's rows, then every warp's.
-    Value parity = e.remUI(chunk, e.index(2));
+    SmallVector<common::BlockScale> chunkScales =
+        columnScales(e, op.getQuantAttr(), amax, chunk, partials, rowWarp,
+                     columnInChunk, rowWarps);
     for (int64_t j = 0; j < width; ++j) {
-      // Lanes l, l ^ 4, l ^ 8, ... hold the column's other rows.
-      for (int64_t offset = 4; offset < 32; offset *= 2)
-        amax[j] = arith::MaxNumFOp::create(
-            b, loc, amax[j],
-            gpu::ShuffleOp::create(b, loc, amax[j], offset, 32,
-                                   gpu::ShuffleMode::XOR)
-                .getShuffleResult());
-      Value c = e.iadd(columnInChunk, e.index(j));
-      memref::StoreOp::create(b, loc, amax[j], partials,
-                              ValueRange{parity, rowWarp, c});
-    }
-    gpu::BarrierOp::create(b, loc);
-    for (int64_t j = 0; j < width; ++j) {
-      Value c = e.iadd(columnInChunk, e.index(j));
       Value col = e.iadd(col0, e.index(j));
-      Value both = amax[j];
-      for (int64_t q = 0; q < rowWarps; ++q)
-        both = arith::MaxNumFOp::create(
-            b, loc, both,
-            memref::LoadOp::create(b, loc, partials,
-                                   ValueRange{parity, e.index(q), c}));
-      common::BlockScale scale =
-          common::blockScale(e, op.getQuantAttr(), both, e.f32(0.0));
+      const common::BlockScale &scale = chunkScales[j];
       Value inverse = e.div(e.f32(1.0), scale.stored);
       e.ifThen(e.ult(col, e.index(columns)), [&] {
         SmallVector<Value> bytes;
