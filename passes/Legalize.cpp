@@ -75,7 +75,12 @@ struct DgradProduct {
 /// as its epilogue; false where they do not fit that form.
 static bool fuseActivationGrad(const DgradProduct &product,
                                ActivationGradOp grads) {
-  if (grads.getGate() || grads.getOutGrad() != product.out)
+  // A gate fits only as an expert-parallel backward's: each row's routing
+  // weight, linear ([R, 1]), which the epilogue takes as the row's weight.
+  bool rowGate =
+      grads.getGate() && grads.getLinearGate() && !grads.getRows() &&
+      cast<RankedTensorType>(grads.getGate().getType()).getElementType().isF32();
+  if ((grads.getGate() && !rowGate) || grads.getOutGrad() != product.out)
     return false;
   ScatterOp scatter;
   if (grads.getRows()) {
@@ -86,7 +91,7 @@ static bool fuseActivationGrad(const DgradProduct &product,
       return false;
   }
   Location loc = product.op->getLoc();
-  Value lhs = product.lhs, rowWeights;
+  Value lhs = product.lhs, rowWeights = rowGate ? grads.getGate() : Value();
   Value h = grads.getInput();
   int64_t rows = cast<RankedTensorType>(h.getType()).getDimSize(0);
   Type f32 = Float32Type::get(product.op->getContext());
@@ -123,6 +128,7 @@ static bool fuseActivationGrad(const DgradProduct &product,
       rowWeights, grads.getBiasTerm());
   grads.getInputGrad().replaceAllUsesWith(fused.getOut());
   grads.getWeighted().replaceAllUsesWith(weighted);
+  // Each choice's (or, gated, each row's) sum of its row's partials.
   if (Value weightGrad = grads.getWeightGrad())
     weightGrad.replaceAllUsesWith(
         GatherDotOp::create(b, loc, weightGrad.getType(), fused.getRowDots(),

@@ -30,6 +30,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -345,25 +346,37 @@ void *moe_ep_cuda_state(void) {
 int32_t moe_ep_cuda_status(void) {
   if (!group.state)
     return fail("the expert-parallel group is not initialized");
-  uint32_t words[2] = {0, 0};
+  // The control words from kError to kErrorOwn.
+  constexpr size_t first = EpDeviceLayout::kError;
+  uint32_t words[(EpDeviceLayout::kErrorOwn - first) / 4 + 1] = {};
+  auto word = [&](size_t offset) { return words[(offset - first) / 4]; };
   std::string error;
   if (group.proxy) {
-    words[0] = read32(group.hostState + EpDeviceLayout::kError);
-    words[1] = read32(group.hostState + EpDeviceLayout::kErrorPeer);
-  } else if (!check(
-                 group.driver->cuMemcpyDtoH(
-                     words, group.state + EpDeviceLayout::kError, sizeof words),
-                 "cuMemcpyDtoH", error)) {
+    for (size_t i = 0; i < std::size(words); ++i)
+      words[i] = read32(group.hostState + first + 4 * i);
+  } else if (!check(group.driver->cuMemcpyDtoH(words, group.state + first,
+                                               sizeof words),
+                    "cuMemcpyDtoH", error)) {
     return fail(error);
   }
   if (!words[0])
     return 0;
+  if (word(EpDeviceLayout::kError) == EpDeviceLayout::kUnevenStep)
+    return fail("rank " + std::to_string(group.rank) + " passed " +
+                std::to_string(word(EpDeviceLayout::kErrorOwn)) +
+                " tokens to a training step, rank " +
+                std::to_string(word(EpDeviceLayout::kErrorPeer)) + " " +
+                std::to_string(word(EpDeviceLayout::kErrorTokens)) +
+                ": an expert-parallel training step takes the same count "
+                "on every rank (its saved rows are sized for it). Results "
+                "since are not valid, a backward writes no gradient, and "
+                "the group must be started again");
   if (!group.proxyError.empty())
     return fail("rank " + std::to_string(group.rank) +
                 "'s proxy could not send: " + group.proxyError);
   return fail("rank " + std::to_string(group.rank) + " waited " +
               std::to_string(group.timeoutMs) + " ms for rank " +
-              std::to_string(words[1]) +
+              std::to_string(word(EpDeviceLayout::kErrorPeer)) +
               ", which never arrived (it died or did not run the same "
               "forward); results since are not valid");
 }

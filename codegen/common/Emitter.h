@@ -135,6 +135,12 @@ public:
       value = arith::ExtFOp::create(b, loc, b.getF32Type(), value);
     return value;
   }
+  /// load() of element `r` of a column: a [R] or [R, 1] buffer.
+  Value loadColumn(Value buffer, Value r) {
+    if (cast<MemRefType>(buffer.getType()).getRank() == 2)
+      return load(buffer, {r, index(0)});
+    return load(buffer, {r});
+  }
   /// Stores an f32, rounded to nearest even if the buffer is narrower.
   void store(Value value, Value buffer, ValueRange indices) {
     Type element = cast<MemRefType>(buffer.getType()).getElementType();

@@ -836,7 +836,7 @@ LogicalResult FunctionLowering::lowerActivation(ActivationOp op) {
       Value a = activate(e, op.getActivation(), gate, up);
       // The weighted form scales the activation as the forward rounded it.
       if (weights)
-        a = e.mul(e.load(weights, {r}), common::roundedToBF16(e, a));
+        a = e.mul(e.loadColumn(weights, r), common::roundedToBF16(e, a));
       e.store(a, out, {r, c});
     });
   });
@@ -1158,8 +1158,21 @@ LogicalResult FunctionLowering::lowerRouteGrad(RouteGradOp op) {
 LogicalResult FunctionLowering::lowerGatherDot(GatherDotOp op) {
   Value values = buffer(op.getRowValues());
   Value tokens = op.getTokens() ? buffer(op.getTokens()) : Value();
-  Value rows = buffer(op.getRows());
   int64_t h = cast<MemRefType>(values.getType()).getDimSize(1);
+  if (!op.getRows()) {
+    // Each row's own sum.
+    Value count = e.dim(values, 0);
+    Value out = resultBuffer(op.getOut(), {count});
+    e.forEach(e.index(0), count, [&](Value r) {
+      e.storeRaw(e.reduce(e.index(0), e.index(h), {e.f32(0.0)},
+                          [&](Value c, ValueRange acc) -> SmallVector<Value> {
+                            return {e.add(acc[0], e.load(values, {r, c}))};
+                          })[0],
+                 out, {r, e.index(0)});
+    });
+    return success();
+  }
+  Value rows = buffer(op.getRows());
   int64_t topK = cast<MemRefType>(rows.getType()).getDimSize(1);
   Value count = e.dim(rows, 0);
   Value out = resultBuffer(op.getOut(), {count});

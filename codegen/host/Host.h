@@ -62,7 +62,8 @@ LogicalResult addLaunchEntryPoints(ModuleOp host, ModuleOp module,
 
 /// Adds the proxy routine of an expert-parallel GPU layer (an internal
 /// function whose address init hands the runtime).
-LLVM::LLVMFuncOp addProxyTurn(ModuleOp module, ExpertParallelAttr ep);
+LLVM::LLVMFuncOp addProxyTurn(ModuleOp module, ExpertParallelAttr ep,
+                              bool combineValues);
 
 /// Translates `module` to LLVM IR, optimizes it for the host CPU, and links
 /// it into the shared library `path` with the system's C++ compiler driver,

@@ -539,6 +539,9 @@ static void beginTrainingCall(HostBuilder &h, const GpuLayer &layer,
                               std::string kinds, Value argv, Value tokens,
                               Value saved, Value stream, Value ws) {
   int64_t limit = std::min(maxTokens(plan), maxTokens(layer.plan));
+  // An expert-parallel step's exchange holds at most its capacity.
+  if (ExpertParallelAttr ep = layer.interface.getExpertParallel())
+    limit = std::min(limit, ep.getMaxTokens());
   kinds.push_back('\0');
   Value kindsText = LLVM::createGlobalString(h.loc, h.b, kindsName, kinds,
                                              LLVM::Linkage::Internal);

@@ -42,7 +42,10 @@ static void ifThen(HostBuilder &h, Value cond, function_ref<void()> then) {
 /// holds six counters per peer between passes. Returns 0 when there was
 /// nothing to do, 1 when it did something, 2 when a write failed. The
 /// runtime's proxy thread (runtime/EpCudaGroup.cpp) calls it in a loop.
-LLVM::LLVMFuncOp host::addProxyTurn(ModuleOp module, ExpertParallelAttr ep) {
+/// With `combineValues` (a layer that trains), a combine also moves the
+/// value beside each row (EpLayout::combineValuesOffset): two writes.
+LLVM::LLVMFuncOp host::addProxyTurn(ModuleOp module, ExpertParallelAttr ep,
+                                    bool combineValues) {
   using ::moe::rt::EpDeviceLayout;
   EpDeviceLayout layout{::moe::rt::EpLayout{ep.getHidden(), ep.getTopK(),
                                             ep.getExperts(), ep.getRanks(),
@@ -70,6 +73,9 @@ LLVM::LLVMFuncOp host::addProxyTurn(ModuleOp module, ExpertParallelAttr ep) {
   int64_t slots = EpDeviceLayout::kRecv;
   int64_t regions = EpDeviceLayout::kRecv + int64_t(l.dispatchOffset());
   int64_t rows = EpDeviceLayout::kRecv + int64_t(l.combineOffset());
+  int64_t values = EpDeviceLayout::kRecv + int64_t(l.combineValuesOffset());
+  // Payload writes of a combine that moves rows.
+  int64_t combineWrites = combineValues ? 2 : 1;
   int64_t flags = int64_t(layout.combineFlags());
   int64_t stride = int64_t(l.maxRecordBytes()), rowBytes = l.outRowBytes();
   const int64_t dispatchPayload = ::moe::rt::kCounterDispatchPayload,
@@ -157,6 +163,11 @@ LLVM::LLVMFuncOp host::addProxyTurn(ModuleOp module, ExpertParallelAttr ep) {
         ifThen(h, cmp(LLVM::ICmpPredicate::ne, owed, h.c64(0)), [&] {
           write(q, add(h.c64(q * stateBytes), at), mul(owed, rowBytes), at,
                 combinePayload);
+          if (combineValues) {
+            Value from = add(h.c64(values), mul(base, 4));
+            write(q, add(h.c64(q * stateBytes), from), mul(owed, 4), from,
+                  combinePayload);
+          }
         });
         Value countAt = add(myFlag, h.c64(4));
         store32(LLVM::TruncOp::create(b, loc, i32, owed), stage, countAt);
@@ -168,7 +179,7 @@ LLVM::LLVMFuncOp host::addProxyTurn(ModuleOp module, ExpertParallelAttr ep) {
       // Receive: raise q's flags once its writes are all in.
       auto raise = [&](int64_t countId, int64_t payloadId, int64_t got,
                        int64_t gotPayload, int64_t countOffset,
-                       int64_t flagOffset) {
+                       int64_t flagOffset, int64_t writes) {
         Value seen = LLVM::LoadOp::create(b, loc, i64, counter(got, q), 8);
         ifThen(
             h, cmp(LLVM::ICmpPredicate::ugt, arrivals(q, countId), seen), [&] {
@@ -176,8 +187,9 @@ LLVM::LLVMFuncOp host::addProxyTurn(ModuleOp module, ExpertParallelAttr ep) {
               Value any = cmp(LLVM::ICmpPredicate::ne, n, h.c32(0));
               Value payloads =
                   LLVM::LoadOp::create(b, loc, i64, counter(gotPayload, q), 8);
-              Value arrived = cmp(LLVM::ICmpPredicate::ugt,
-                                  arrivals(q, payloadId), payloads);
+              Value arrived =
+                  cmp(LLVM::ICmpPredicate::uge, arrivals(q, payloadId),
+                      add(payloads, h.c64(writes)));
               Value complete = LLVM::OrOp::create(
                   b, loc,
                   LLVM::XOrOp::create(
@@ -187,7 +199,8 @@ LLVM::LLVMFuncOp host::addProxyTurn(ModuleOp module, ExpertParallelAttr ep) {
               ifThen(h, complete, [&] {
                 LLVM::StoreOp::create(
                     b, loc,
-                    add(payloads, LLVM::ZExtOp::create(b, loc, i64, any)),
+                    add(payloads,
+                        mul(LLVM::ZExtOp::create(b, loc, i64, any), writes)),
                     counter(gotPayload, q), 8);
                 Value next = add(seen, h.c64(1));
                 LLVM::StoreOp::create(b, loc, next, counter(got, q), 8);
@@ -199,9 +212,9 @@ LLVM::LLVMFuncOp host::addProxyTurn(ModuleOp module, ExpertParallelAttr ep) {
             });
       };
       raise(dispatchCount, dispatchPayload, 2, 3, slots + 16 * q,
-            slots + 16 * q + 12);
+            slots + 16 * q + 12, 1);
       raise(combineCount, combinePayload, 4, 5, flags + 16 * q + 4,
-            flags + 16 * q);
+            flags + 16 * q, combineWrites);
     });
   }
   LLVM::ReturnOp::create(b, loc,

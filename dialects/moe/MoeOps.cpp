@@ -85,6 +85,16 @@ static LogicalResult checkShape(Operation *op, StringRef name, Value value,
   return success();
 }
 
+/// Checks a value a row: [rows], or [rows, 1] (a backward's routing
+/// weights as an expert-parallel receive lays them out).
+static LogicalResult checkColumn(Operation *op, StringRef name, Value value,
+                                 int64_t rows) {
+  if (cast<RankedTensorType>(value.getType()).getRank() == 2)
+    return checkShape(op, name, value,
+                      {count(rows, "rows"), size(1, "one value")});
+  return checkShape(op, name, value, {count(rows, "rows")});
+}
+
 static ArrayRef<int64_t> shapeOf(Value value) {
   return cast<RankedTensorType>(value.getType()).getShape();
 }
@@ -787,8 +797,7 @@ LogicalResult GroupedMatmulOp::verify() {
     if (failed(checkShape(op, "activation_input", getActivationInput(),
                           {count(rows, "rows"), size(outN, "2 N")})) ||
         (getRowWeights() &&
-         failed(checkShape(op, "row_weights", getRowWeights(),
-                           {count(rows, "rows")}))) ||
+         failed(checkColumn(op, "row_weights", getRowWeights(), rows))) ||
         (getRowDots() &&
          failed(checkShape(op, "row_dots", getRowDots(),
                            {count(rows, "rows"),
@@ -881,9 +890,8 @@ LogicalResult ActivationOp::verify() {
     return emitOpError() << "a gated activation needs an even N (gate "
                             "columns, then up columns), but N is "
                          << n;
-  if (getRowWeights() &&
-      failed(checkShape(op, "row_weights", getRowWeights(),
-                        {count(shapeOf(getInput())[0], "rows")})))
+  if (getRowWeights() && failed(checkColumn(op, "row_weights", getRowWeights(),
+                                            shapeOf(getInput())[0])))
     return failure();
   if (getQuant() && getRowWeights())
     return emitOpError() << "quantizes a weighted activation, which only a "
@@ -1136,6 +1144,17 @@ LogicalResult ScatterOp::verify() {
 
 LogicalResult GatherDotOp::verify() {
   Operation *op = getOperation();
+  if (!getRows()) {
+    if (getTokens())
+      return emitOpError() << "dots rows with tokens, which needs `rows` to "
+                              "say which token each choice's row is";
+    if (failed(checkShape(op, "row_values", getRowValues(),
+                          {count(kAny, "rows"), size(kAny, "partials")})))
+      return failure();
+    return checkShape(op, "result", getOut(),
+                      {count(shapeOf(getRowValues())[0], "rows"),
+                       size(1, "one sum")});
+  }
   if (failed(checkShape(op, "rows", getRows(),
                         {count(kAny, "tokens"), size(kAny, "top-k")})))
     return failure();

@@ -629,7 +629,7 @@ def Moe_ScatterOp : Moe_Op<"scatter", [Pure, AttrSizedOperandSegments]> {
   let hasVerifier = 1;
 }
 
-def Moe_GatherDotOp : Moe_Op<"gather_dot", [Pure]> {
+def Moe_GatherDotOp : Moe_Op<"gather_dot", [Pure, AttrSizedOperandSegments]> {
   let summary = "each choice's row dotted with its token";
   let description = [{
     `out`[t, j] = the dot product of `row_values`[rows[t, j]] ([R, H]) and
@@ -637,14 +637,16 @@ def Moe_GatherDotOp : Moe_Op<"gather_dot", [Pure]> {
     routing weight that scaled a token into its row (the Llama-4 router),
     from the row's gradient. Without `tokens`, `out`[t, j] is the sum of
     row_values[rows[t, j]] ([R, P]): a row's partial sums (moe.grouped_matmul's
-    `row_dots`) gathered into its choice.
+    `row_dots`) gathered into its choice. Without `rows` either, `out` [R, 1]
+    holds each row's own sum (an expert-parallel backward's rows, whose
+    weights' gradients go home with them).
   }];
   let arguments = (ins Moe_RealTensor:$row_values,
                        Optional<Moe_RealTensor>:$tokens,
-                       Moe_IndexTensor:$rows);
+                       Optional<Moe_IndexTensor>:$rows);
   let results = (outs Moe_F32Tensor:$out);
   let assemblyFormat = [{
-    $row_values (`,` $tokens^)? `rows` $rows attr-dict `:`
+    $row_values (`,` $tokens^)? (`rows` $rows^)? attr-dict `:`
     functional-type(operands, results)
   }];
   let hasVerifier = 1;

@@ -118,9 +118,6 @@ def compile_layer(config, target="sm_90a", cache_dir=None, compiler=None,
         if router_logits:
             raise LayerError("training takes layers without router logits "
                              "(they are not differentiated yet)")
-        if ep_size != 1 and target != "cpu":
-            raise LayerError(f"expert-parallel training runs on the CPU "
-                             f"backend so far, not {target}")
         options.append("--train")
         if bf16_grads:
             options.append("--train-bf16-grads")

@@ -873,6 +873,30 @@ func.func @f(%v: tensor<?x4xf32>, %rows: tensor<?x2xi32>) {
 
 // -----
 
+func.func @f(%v: tensor<?x16xbf16>, %x: tensor<?x16xbf16>) {
+  // expected-error @+1 {{dots rows with tokens, which needs `rows` to say which token each choice's row is}}
+  %d = moe.gather_dot %v, %x : (tensor<?x16xbf16>, tensor<?x16xbf16>) -> tensor<?x1xf32>
+  return
+}
+
+// -----
+
+func.func @f(%v: tensor<?x4xf32>) {
+  // expected-error @+1 {{result dimension 1 (one sum) must be 1, but is 2}}
+  %d = moe.gather_dot %v : (tensor<?x4xf32>) -> tensor<?x2xf32>
+  return
+}
+
+// -----
+
+func.func @f(%h: tensor<?x512xbf16>, %w: tensor<?x2xf32>) {
+  // expected-error @+1 {{row_weights dimension 1 (one value) must be 1, but is 2}}
+  %a = moe.activation %h row_weights %w {activation = #moe.activation<kind = swiglu>} : (tensor<?x512xbf16>, tensor<?x2xf32>) -> tensor<?x256xbf16>
+  return
+}
+
+// -----
+
 func.func @f(%x: tensor<?x16xbf16>, %wr: tensor<4x16xbf16>, %logits: tensor<?x8xf32>, %ids: tensor<?x2xi32>, %dw: tensor<?x2xf32>) {
   // expected-error @+1 {{logits dimension 1 (experts) must be 4, but is 8}}
   %d = moe.route_grad %x, %wr logits %logits choices(%ids, %dw) {router = #moe.router<kind = softmax_topk>} : (tensor<?x16xbf16>, tensor<4x16xbf16>, tensor<?x8xf32>, tensor<?x2xi32>, tensor<?x2xf32>) -> tensor<?x4xf32>

@@ -205,6 +205,7 @@ func.func @expert_parallel_backward(%dy: tensor<?x16xbf16>, %ids: tensor<?x2xi32
 // CHECK: moe.route_grad %{{[^ ]+}}, %{{[^ ]+}} bias %{{[^ ]+}} choices(%{{[^ ]+}}, %{{[^ ]+}}) {router = #moe.router<kind = topk_softmax>}
 // CHECK: moe.route_grad %{{[^ ]+}}, %{{[^ ]+}} logits %{{[^ ]+}} choices(%{{[^ ]+}}, %{{[^ ]+}}) {router = #moe.router<kind = softmax_topk>}
 // CHECK: moe.gather_dot %{{[^ ]+}}, %{{[^ ]+}} rows %{{[^ ]+}} : (tensor<?x16xbf16>, tensor<?x16xbf16>, tensor<?x2xi32>) -> tensor<?x2xf32>
+// CHECK: moe.gather_dot %{{[^ ]+}} : (tensor<?x2xf32>) -> tensor<?x1xf32>
 func.func @training_ops(%h: tensor<?x16xbf16>, %g: tensor<?x8xbf16>,
                         %rows: tensor<?x2xi32>, %w: tensor<?x2xf32>,
                         %bt: tensor<?x1xf32>, %gate: tensor<?x1xbf16>,
@@ -251,6 +252,7 @@ func.func @training_ops(%h: tensor<?x16xbf16>, %g: tensor<?x8xbf16>,
          tensor<?x2xf32>) -> tensor<?x4xf32>
   %gd = moe.gather_dot %dy, %x rows %ids
       : (tensor<?x16xbf16>, tensor<?x16xbf16>, tensor<?x2xi32>) -> tensor<?x2xf32>
+  %rs = moe.gather_dot %dw : (tensor<?x2xf32>) -> tensor<?x1xf32>
   return
 }
 

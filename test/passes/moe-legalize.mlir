@@ -135,6 +135,23 @@ func.func @dgrad_activation_grad_shared(%dy: tensor<?x32xbf16>, %w2: tensor<32x6
 
 // -----
 
+// An expert-parallel backward's rows come with their routing weights, an
+// f32 linear gate [R, 1]: the same epilogue, which takes them as the rows'
+// weights, and each row's weight gradient is the sum of its own partials.
+// CHECK-LABEL: func @dgrad_activation_grad_row_gate
+// CHECK: %[[AW:.*]] = moe.activation %arg4 row_weights %arg5 {activation = #moe.activation<kind = swiglu>}
+// CHECK-NEXT: %[[DH:.*]], %[[DOTS:.*]] = moe.grouped_matmul %arg0, %arg1 groups(%arg2, %arg3) activation_input %arg4 row_weights %arg5 {activation = #moe.activation<kind = swiglu>, in_place, transpose_rhs}
+// CHECK-NEXT: %[[G:.*]] = moe.gather_dot %[[DOTS]] : (tensor<?x1xf32>) -> tensor<?x1xf32>
+// CHECK-NOT: moe.activation_grad
+// CHECK: return %[[DH]], %[[AW]], %[[G]]
+func.func @dgrad_activation_grad_row_gate(%dy: tensor<?x32xbf16>, %w2: tensor<4x32x64xbf16>, %counts: tensor<4xi32>, %offsets: tensor<5xi32>, %h: tensor<?x128xbf16>, %w: tensor<?x1xf32>) -> (tensor<?x128xbf16>, tensor<?x64xbf16>, tensor<?x1xf32>) {
+  %d = moe.grouped_matmul_dgrad %dy, %w2 groups(%counts, %offsets) : (tensor<?x32xbf16>, tensor<4x32x64xbf16>, tensor<4xi32>, tensor<5xi32>) -> tensor<?x64xbf16>
+  %dh, %aw, %dw = moe.activation_grad %d, %h gate %w {activation = #moe.activation<kind = swiglu>, linear_gate} : (tensor<?x64xbf16>, tensor<?x128xbf16>, tensor<?x1xf32>) -> (tensor<?x128xbf16>, tensor<?x64xbf16>, tensor<?x1xf32>)
+  return %dh, %aw, %dw : tensor<?x128xbf16>, tensor<?x64xbf16>, tensor<?x1xf32>
+}
+
+// -----
+
 // An FP8 dgrad (moe-differentiate's: quantized rows times the weights
 // transposed and quantized) takes the activation's backward as its
 // epilogue as the bf16 one does, reading its weights as they lie; the

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Trains one step of a layer compiled with ep_size N (moe-compile --train
---ep-size N, the CPU backend) on N processes and checks every result bit
-for bit against the same layer compiled with ep_size 1:
+--ep-size N, for the CPU or with --target sm_90a the GPU, where the ranks
+share the current device) on N processes and checks every result bit for
+bit against the same layer compiled with ep_size 1:
 
   * each rank's output and its tokens' gradient: the one-rank layer's on
     every rank's tokens together, that rank's rows;
@@ -14,12 +15,15 @@ for bit against the same layer compiled with ep_size 1:
 
 Prints one line per rank count. --uneven gives rank 0 one more token and
 checks that every rank refuses the step with the same message. --kill R
-kills rank R in its backward (after it sent the output's gradient): every
-other rank must name it and leave every gradient buffer as it was.
+kills rank R in its backward (after it sent the output's gradient; on the
+GPU, before its backward): every other rank must name it and leave every
+gradient buffer as it was. Libraries already in --workdir are taken as they
+are (built where MLIR is, run where the GPU is).
 """
 import argparse
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -34,11 +38,12 @@ from moe_compiler.layer import LayerError
 
 def compile_layer(opts, ranks):
     path = os.path.join(opts.workdir,
-                        f"lib{opts.tag}-train-ep{ranks}.so")
+                        f"lib{opts.tag}-{opts.target}-train-ep{ranks}.so")
     if not os.path.exists(path):
         subprocess.run([opts.moe_compile, "--from-hf-config", opts.config,
                         f"--quant={opts.quant}", "--name", "layer", "--train",
-                        "--ep-size", str(ranks), "-o", path], check=True)
+                        f"--target={opts.target}", "--ep-size", str(ranks),
+                        "-o", path], check=True)
     return path
 
 
@@ -50,17 +55,37 @@ def random_inputs(layer, tokens, seed):
     return inputs, dy.to(torch.bfloat16)
 
 
-def step(layer, inputs, dy, grads=None):
-    """forward_train and backward, every result poisoned first."""
+def device_of(layer):
+    return "cpu" if layer.target == "cpu" else "cuda"
+
+
+def finished(layer):
+    """A GPU layer's calls are done, and its group's waits all arrived."""
+    if device_of(layer) == "cuda":
+        torch.cuda.synchronize()
+        layer.ep_check()
+
+
+def step(layer, inputs, dy, grads=None, die_before_backward=False):
+    """forward_train and backward, every result poisoned first; the results
+    on the CPU."""
+    dev = device_of(layer)
+    inputs = [t.to(dev) for t in inputs]
     tokens = inputs[0].shape[0]
-    out = torch.full(inputs[0].shape, math.nan, dtype=torch.bfloat16)
-    saved = torch.full((layer.saved_size(tokens),), 255, dtype=torch.uint8)
+    out = torch.full(inputs[0].shape, math.nan, dtype=torch.bfloat16,
+                     device=dev)
+    saved = torch.full((layer.saved_size(tokens),), 255, dtype=torch.uint8,
+                       device=dev)
     layer.forward_train(*inputs, out, saved=saved)
+    finished(layer)
+    if die_before_backward:
+        os.kill(os.getpid(), signal.SIGKILL)
     if grads is None:
-        grads = [torch.full(shape, math.nan, dtype=dtype)
+        grads = [torch.full(shape, math.nan, dtype=dtype, device=dev)
                  for _, dtype, shape in layer.gradient_shapes(tokens)]
-    layer.backward(inputs, dy, saved, grads)
-    return [out] + grads
+    layer.backward(inputs, dy.to(dev), saved, grads)
+    finished(layer)
+    return [t.cpu() for t in [out] + grads]
 
 
 def sharded(layer1, layerN):
@@ -77,8 +102,10 @@ def worker(opts):
     r, n = opts.worker, data["ranks"]
     rendezvous = ep.Rendezvous(r, n, "127.0.0.1", data["port"],
                                data["fd"] if r == 0 else -1, True)
+    if device_of(layer) == "cuda":
+        torch.zeros(1, device="cuda")  # init takes the current context
     layer.ep_init(rendezvous, max_tokens=data["tokens"] + 1,
-                  timeout_ms=data["timeout_ms"])
+                  timeout_ms=data["timeout_ms"], proxy=data["proxy"])
     split = sharded(moe_compiler.Layer.open(data["lib1"]), layer)
     inputs = []
     for arg, t in zip([a for a in layer.args if not a["output"]],
@@ -92,12 +119,15 @@ def worker(opts):
     dy = data["dy"][data["starts"][r]:data["starts"][r + 1]].contiguous()
     # Gradients hold a known value: a refused backward must leave it.
     tokens = inputs[0].shape[0]
-    grads = [torch.full(shape, 7.0, dtype=dtype)
+    grads = [torch.full(shape, 7.0, dtype=dtype, device=device_of(layer))
              for _, dtype, shape in layer.gradient_shapes(tokens)]
     try:
-        results = step(layer, inputs, dy, grads)
+        results = step(layer, inputs, dy, grads,
+                       data["gpu_kill"] == r)
         torch.save({"results": results}, f"{opts.data}.rank{r}")
     except LayerError as e:
+        if device_of(layer) == "cuda":
+            torch.cuda.synchronize()
         untouched = all(bool((g == 7.0).all()) for g in grads)
         torch.save({"error": str(e), "untouched": untouched},
                    f"{opts.data}.rank{r}")
@@ -108,23 +138,28 @@ def run_ranks(opts, lib1, libN, n, inputs, dy, starts):
     sock = socket.create_server(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     fd = sock.detach()
-    data = os.path.join(opts.workdir, f"{opts.tag}-train-ep{n}.pt")
+    data = os.path.join(opts.workdir,
+                        f"{opts.tag}-{opts.target}-train-ep{n}.pt")
     env = dict(os.environ)
-    if opts.kill is not None:
+    if opts.kill is not None and opts.target == "cpu":
         # Its second dispatch: the backward's.
         env.update(MOE_EP_TEST_KILL_RANK=str(opts.kill),
                    MOE_EP_TEST_KILL_AFTER="1")
     torch.save({"lib": libN, "lib1": lib1, "ranks": n, "port": port,
                 "timeout_ms": 3000 if opts.kill is not None else 0,
+                "gpu_kill": opts.kill if opts.target != "cpu" else None,
+                "proxy": opts.proxy,
                 "fd": fd, "tokens": max(b - a for a, b in
                                         zip(starts, starts[1:])),
                 "inputs": inputs, "dy": dy, "starts": starts}, data)
     procs = []
     for r in range(n):
+        sanitizer = ["compute-sanitizer", "--tool", "memcheck",
+                     "--error-exitcode", "3"] if opts.sanitize else []
         procs.append(subprocess.Popen(
-            [sys.executable, __file__, opts.config, "--worker", str(r),
+            sanitizer + [sys.executable, __file__, opts.config, "--worker", str(r),
              "--data", data, "--compile", opts.moe_compile,
-             "--workdir", opts.workdir],
+             "--workdir", opts.workdir, "--target", opts.target],
             pass_fds=(fd,) if r == 0 else (), env=env))
     os.close(fd)
     results = []
@@ -147,6 +182,12 @@ def main():
     ap.add_argument("--tokens", type=int, default=9,
                     help="tokens a rank")
     ap.add_argument("--quant", default="auto")
+    ap.add_argument("--target", default="cpu")
+    ap.add_argument("--proxy", action="store_true",
+                    help="GPU ranks exchange through the proxy and host "
+                         "memory, as between hosts")
+    ap.add_argument("--sanitize", action="store_true",
+                    help="every rank under compute-sanitizer memcheck")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--uneven", action="store_true")
     ap.add_argument("--kill", type=int)
@@ -170,12 +211,15 @@ def main():
         inputs, dy = random_inputs(layer1, starts[-1], opts.seed)
         libN = compile_layer(opts, n)
         got = run_ranks(opts, lib1, libN, n, inputs, dy, starts)
-        label = f"{opts.tag}, {n} ranks x {opts.tokens} tokens"
+        label = f"{opts.tag}, {n} ranks x {opts.tokens} tokens" + \
+            (" (proxy)" if opts.proxy else "")
         if opts.uneven:
             errors = {g.get("error") for g in got}
-            ok = len(errors) == 1 and None not in errors
+            # A GPU rank's message names its own count and a peer's.
+            ok = None not in errors and (len(errors) == 1 or all(
+                "the same count on every rank" in e for e in errors))
             print(f"{label}, rank 0 one more: " +
-                  (f"refused by every rank alike ({errors.pop()})" if ok
+                  (f"refused by every rank alike ({min(errors)})" if ok
                    else f"NOT refused alike: {errors}"))
             status |= 0 if ok else 1
             continue

@@ -147,7 +147,7 @@ LogicalResult nvidia::buildActivation(LayerKernels &layer, ActivationOp op) {
     return k.finish(op);
   }
   Value w = op.getRowWeights()
-                ? e.load(k.view(2, layer.info(op.getRowWeights())), {r})
+                ? e.loadColumn(k.view(2, layer.info(op.getRowWeights())), r)
                 : Value();
   // 16-byte pieces of a row where its columns split into them.
   int64_t width = vectorWidth(outN);

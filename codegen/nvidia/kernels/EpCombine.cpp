@@ -27,11 +27,6 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
   auto outType = cast<RankedTensorType>(op.getExpertOut().getType());
   int64_t ranks = cast<RankedTensorType>(op.getSent().getType()).getDimSize(0);
   int64_t hidden = outType.getDimSize(1);
-  if (op.getValues())
-    return op.emitOpError() << "carries a value with each row (an "
-                               "expert-parallel backward); sm_90a exchanges "
-                               "do not yet: train expert-parallel layers on "
-                               "the CPU backend";
   if (failed(checkEpShape(op, hidden, outType.getElementType(), ranks)))
     return failure();
   auto recv = op.getOrigin().getDefiningOp<EpDispatchRecvOp>();
@@ -46,11 +41,13 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
   unsigned state = layer.epState();
   // Each row to its token's rank, blocks striding over the rows that
   // arrived; the last block done raises every rank's flag.
-  Kernel k = layer.kernelOn(op, "ep_combine_send",
-                            {layer.info(op.getExpertOut()).buffer,
-                             layer.info(op.getOrigin()).buffer,
-                             layer.info(recv.getExpertOffsets()).buffer,
-                             layer.info(op.getSent()).buffer, state});
+  SmallVector<unsigned> buffers = {layer.info(op.getExpertOut()).buffer,
+                                   layer.info(op.getOrigin()).buffer,
+                                   layer.info(recv.getExpertOffsets()).buffer,
+                                   layer.info(op.getSent()).buffer, state};
+  if (op.getValues())
+    buffers.push_back(layer.info(op.getValues()).buffer);
+  Kernel k = layer.kernelOn(op, "ep_combine_send", buffers);
   k.launch.work = {kStrideBlocks, 0};
   k.launch.block = kCopyThreads;
   Emitter &e = k.e;
@@ -60,6 +57,8 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
   Value offsets = k.view(2, layer.info(recv.getExpertOffsets()));
   Value sent = k.view(3, layer.info(op.getSent()));
   Value st = k.func.getArgument(4);
+  Value values =
+      op.getValues() ? k.view(5, layer.info(op.getValues())) : Value();
   Type i32 = e.b.getI32Type();
   Value tid = k.threadId();
   Value rows = e.toIndex(e.loadRaw(offsets, {e.index(send.getLocalExperts())}));
@@ -67,6 +66,8 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
       r, k.blockId(gpu::Dimension::x), rows, kLoadsInFlight,
       [&](ArrayRef<Value> items, ArrayRef<Value> in) {
         SmallVector<Value> dsts, sending;
+        int64_t valuesAt = int64_t(EpDeviceLayout::kRecv +
+                                   shape.recv().combineValuesOffset());
         for (auto [row, inRange] : llvm::zip_equal(items, in)) {
           Value q = e.loadRaw(origin, {row, e.index(0)});
           Value back = e.loadRaw(origin, {row, e.index(1)});
@@ -85,6 +86,13 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
               r.at(r.peer(st, qi), r.add(r.c64(shape.combineRows()),
                                          r.mul(r.to64(backi), 2 * hidden))));
           sending.push_back(inBounds);
+          // The row's value (its routing weight's gradient) beside it.
+          if (values)
+            e.ifThen(e.andi(inBounds, e.eq(tid, e.index(0))), [&] {
+              r.store(e.loadRaw(values, {row, e.index(0)}),
+                      r.at(r.peer(st, qi),
+                           r.add(r.c64(valuesAt), r.mul(r.to64(backi), 4))));
+            });
         }
         // Every row's loads first, then the stores.
         copyRow(
@@ -128,6 +136,45 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
   return k.finish(op);
 }
 
+/// The values that came with the rows (a backward's routing weights'
+/// gradients), laid out [T, k] by each choice's return row: a thread per
+/// choice, 0 for a choice no expert took.
+static LogicalResult buildCombineValues(LayerKernels &layer,
+                                        EpCombineRecvOp op,
+                                        const EpShape &shape) {
+  int64_t topK = shape.topK;
+  layer.define(op.getValues(), {0, 1});
+  unsigned arrived = layer.epState(
+      int64_t(EpDeviceLayout::kRecv + shape.recv().combineValuesOffset()));
+  Kernel k = layer.kernelOn(op, "ep_combine_values",
+                            {layer.info(op.getRows()).buffer,
+                             layer.info(op.getValues()).buffer, arrived});
+  k.launch.work = {0, topK};
+  k.launch.perBlock = kCopyThreads;
+  k.launch.block = kCopyThreads;
+  Emitter &e = k.e;
+  Raw r(k);
+  Value rows = k.view(0, layer.info(op.getRows()));
+  Value values = k.view(1, layer.info(op.getValues()));
+  Value from = k.func.getArgument(2);
+  Value n = e.iadd(e.imul(k.blockId(gpu::Dimension::x), e.index(kCopyThreads)),
+                   k.threadId());
+  e.ifThen(e.ult(n, e.imul(k.tokens, e.index(topK))), [&] {
+    Value t = e.divUI(n, topK), j = e.remUI(n, topK);
+    Value row = e.loadRaw(rows, {t, j});
+    // A return row past this rank's choices is never one (the plan gave
+    // them); the bound keeps a bad one inside the area all the same.
+    Value ok = e.andi(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)),
+                      e.icmp(arith::CmpIPredicate::slt, row,
+                             e.i32(shape.maxTokens * topK)));
+    Value v = r.loadIf(ok, e.b.getF32Type(),
+                       r.at(from, r.mul(r.to64(e.select(ok, row, e.i32(0))), 4)),
+                       4);
+    e.storeRaw(v, values, {t, j});
+  });
+  return k.finish(op);
+}
+
 LogicalResult nvidia::buildEpCombineRecv(LayerKernels &layer,
                                          EpCombineRecvOp op) {
   int64_t ranks = cast<RankedTensorType>(op.getSent().getType()).getDimSize(0);
@@ -152,5 +199,7 @@ LogicalResult nvidia::buildEpCombineRecv(LayerKernels &layer,
                                    r.mul(r.to64(q), 16)));
                },
                {});
-  return k.finish(op);
+  if (failed(k.finish(op)))
+    return failure();
+  return op.getValues() ? buildCombineValues(layer, op, shape) : success();
 }

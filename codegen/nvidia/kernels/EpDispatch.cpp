@@ -237,6 +237,9 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
   if (quantized)
     sendBuffers.append({layer.info(op.getQuantized()[0]).buffer,
                         layer.info(op.getQuantized()[1]).buffer});
+  bool weighted = static_cast<bool>(op.getScale());
+  if (weighted)
+    sendBuffers.push_back(layer.info(op.getScale()).buffer);
   Kernel k = layer.kernelOn(op, "ep_dispatch_send", sendBuffers);
   k.launch.work = tokens;
   k.launch.extraBlocks = 1;
@@ -252,6 +255,9 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
       quantized ? k.view(5, layer.info(op.getQuantized()[0])) : Value();
   Value codeScales =
       quantized ? k.view(6, layer.info(op.getQuantized()[1])) : Value();
+  Value weights = weighted ? k.view(sendBuffers.size() - 1,
+                                    layer.info(op.getScale()))
+                           : Value();
   Type i32 = e.b.getI32Type();
   Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
   Value self = r.load(i32, r.at(st, EpDeviceLayout::kRank));
@@ -287,6 +293,11 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
     Value position = e.valueIf(header, i32, [&] {
       return r.load(i32, shape.positionSlot(r, st, t, tid));
     });
+    Type f32 = e.b.getF32Type();
+    Value weight =
+        weighted ? e.valueIf(header, f32,
+                             [&] { return e.loadRaw(weights, {t, tid}); })
+                 : Value();
     e.ifThen(header, [&] { e.storeRaw(back, rows, {t, tid}); });
     for (int64_t q = 0; q < ranks; ++q) {
       Value index = r.load(i32, shape.recordIndexSlot(r, st, t, q));
@@ -302,6 +313,9 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
                   r.at(record, r.add(r.c64(l.returnOffset(0)), j4)));
           r.store(e.select(mineQ, position, e.i32(-1)),
                   r.at(record, r.add(r.c64(l.positionOffset(0)), j4)));
+          if (weighted)
+            r.store(e.select(mineQ, weight, e.f32(0)),
+                    r.at(record, r.add(r.c64(l.weightOffset(0)), j4)));
         });
         e.ifThen(e.eq(tid, e.index(0)), [&] { r.store(e.toI32(t), record); });
         Value payload = r.at(record, shape.header());
@@ -365,7 +379,7 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
               Value records = r.load(i32, count);
               r.store(records, slot);
               r.store(baseOf(q), r.at(slot, 4));
-              r.store(e.i32(0), r.at(slot, 8));
+              r.store(e.toI32(k.tokens), r.at(slot, 8));
               e.storeRaw(records, sent, {q});
               r.store(e.i32(0), count);
               r.store(e.i32(0),
@@ -393,9 +407,6 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
   int64_t topK = cast<RankedTensorType>(op.getRows().getType()).getDimSize(1);
   int64_t hidden = hiddenType.getDimSize(1);
   int64_t local = op.getLocalExperts();
-  if (op.getScale())
-    return op.emitOpError() << "sends weighted tokens (Llama-4); sm_90a "
-                               "layers exchange unweighted tokens so far";
   if (failed(checkEpShape(op, hidden, hiddenType.getElementType(), ranks)))
     return failure();
   EpShape shape(ranks, topK, hidden, local, layer.epMaxTokens);
@@ -426,12 +437,31 @@ static LogicalResult buildEpDispatchWait(LayerKernels &layer,
   Kernel k = layer.kernelOn(op, "ep_dispatch_wait", {state});
   Value st = k.func.getArgument(0);
   Emitter &e = k.e;
+  // A training step's saved rows are sized for every rank passing this
+  // rank's count: a rank that passed another one is refused by all alike
+  // (each sees every rank's count).
+  bool step = isTrainingStep(op);
   waitForRanks(
       k, st, shape.ranks,
       [&](Raw &r, Value q) { return r.at(shape.countSlot(r, st, q), 12); },
       [&](Raw &r, Value q, Value late) {
         Value n =
             e.select(late, e.i32(-1), r.load(r.i32, shape.countSlot(r, st, q)));
+        if (step) {
+          Value theirs = r.load(r.i32, r.at(shape.countSlot(r, st, q), 8));
+          Value ours = e.toI32(k.tokens);
+          Value uneven = e.andi(
+              e.xori(late, arith::ConstantOp::create(e.b, e.loc,
+                                                     e.b.getBoolAttr(true))),
+              e.icmp(arith::CmpIPredicate::ne, theirs, ours));
+          e.ifThen(uneven, [&] {
+            r.recordError(st, EpDeviceLayout::kUnevenStep, q, [&] {
+              r.store(theirs, r.at(st, EpDeviceLayout::kErrorTokens));
+              r.store(ours, r.at(st, EpDeviceLayout::kErrorOwn));
+            });
+          });
+          n = e.select(uneven, e.i32(-1), n);
+        }
         n = e.select(
             e.icmp(arith::CmpIPredicate::ugt, n, e.i32(shape.maxTokens)),
             e.i32(-1), n);
@@ -453,9 +483,14 @@ struct UnpackEmitter {
   const EpShape &shape;
   const EpLayout &l;
   int64_t ranks, topK, hidden, local, maxTokens;
-  bool quantized;
+  // Rows of E4M3 codes with their scales, or (the backward's) rows with
+  // their choice's weight.
+  bool quantized, weighted;
+  // A training step (its rows are saved).
+  bool step;
   Type i32;
-  Value counts, offsets, dispatched, origin, st, rowScales, tid, block;
+  Value counts, offsets, dispatched, origin, st, rowScales, rowWeights, tid,
+      block;
   // Shared: each rank's record count (-1: none) and choices claimed here,
   // its choices per expert, where they start, the experts' ends.
   Value arrived, claimed, chosen, bases, ends;
@@ -464,7 +499,9 @@ struct UnpackEmitter {
                 const EpShape &shape)
       : k(k), e(k.e), r(k), shape(shape), l(shape.recv()), ranks(shape.ranks),
         topK(shape.topK), hidden(shape.hidden), local(shape.localExperts),
-        maxTokens(shape.maxTokens), quantized(!op.getQuantized().empty()),
+        maxTokens(shape.maxTokens),
+        quantized(!op.getQuantized().empty() && !op.getWeights()),
+        weighted(op.getWeights()), step(isTrainingStep(op)),
         i32(k.b.getI32Type()) {
     counts = k.view(0, layer.info(op.getTokensPerExpert()));
     offsets = k.view(1, layer.info(op.getExpertOffsets()));
@@ -473,6 +510,8 @@ struct UnpackEmitter {
     st = k.func.getArgument(4);
     rowScales =
         quantized ? k.view(5, layer.info(op.getQuantized()[0])) : Value();
+    rowWeights =
+        weighted ? k.view(5, layer.info(op.getQuantized()[0])) : Value();
     tid = k.threadId();
     block = k.blockId(gpu::Dimension::x);
     arrived = k.workgroupBuffer({ranks}, i32);
@@ -627,7 +666,10 @@ std::tuple<Value, Value, Value> UnpackEmitter::recordOf(Value nth, Value mine) {
 /// A thread per record of the chunk and choice: the choice's row here
 /// (-1: none) into `rowsHere`, and where its output returns to `origin`.
 void UnpackEmitter::findRows(Value rowsHere, Value chunkStart, Value mine) {
-  int64_t capacity = ranks * maxTokens * topK;
+  // A training step's rows are its saved tensors', sized for every rank
+  // passing this rank's count.
+  Value capacity = step ? e.toI32(e.imul(k.tokens, e.index(ranks * topK)))
+                        : e.i32(ranks * maxTokens * topK);
   // A chunk is kCopyThreads / topK records: threads past its entries
   // (topK not dividing the block) find nothing.
   auto [q, record, came] =
@@ -648,7 +690,7 @@ void UnpackEmitter::findRows(Value rowsHere, Value chunkStart, Value mine) {
                   e.icmp(arith::CmpIPredicate::slt, pos, countOf(q, xi))));
   Value row =
       e.iadd(e.loadRaw(bases, {e.iadd(e.imul(q, e.index(local)), xi)}), pos);
-  ok = e.andi(ok, e.icmp(arith::CmpIPredicate::ult, row, e.i32(capacity)));
+  ok = e.andi(ok, e.icmp(arith::CmpIPredicate::ult, row, capacity));
   e.ifThen(inChunk,
            [&] { e.storeRaw(e.select(ok, row, e.i32(-1)), rowsHere, {tid}); });
   e.ifThen(ok, [&] {
@@ -656,6 +698,10 @@ void UnpackEmitter::findRows(Value rowsHere, Value chunkStart, Value mine) {
     e.storeRaw(e.toI32(q), origin, {at, e.index(0)});
     e.storeRaw(r.load(i32, r.at(record, r.add(r.c64(l.returnOffset(0)), j4))),
                origin, {at, e.index(1)});
+    if (weighted)
+      e.storeRaw(r.load(e.b.getF32Type(),
+                        r.at(record, r.add(r.c64(l.weightOffset(0)), j4))),
+                 rowWeights, {at, e.index(0)});
   });
 }
 
@@ -783,11 +829,6 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
   if (op.getScaled())
     return op.emitOpError() << "receives weighted tokens (Llama-4); sm_90a "
                                "layers exchange unweighted tokens so far";
-  if (op.getWeights())
-    return op.emitOpError() << "gives its rows' weights (an expert-parallel "
-                               "backward); sm_90a exchanges do not carry "
-                               "them yet: train expert-parallel layers on "
-                               "the CPU backend";
   bool quantized = !op.getQuantized().empty();
   if (failed(checkEpShape(op, hidden, dispatchedType.getElementType(), ranks)))
     return failure();
@@ -804,8 +845,11 @@ LogicalResult nvidia::buildEpDispatchRecv(LayerKernels &layer,
            << "has " << local << " experts a rank; sm_90a layers take at most "
            << kCopyThreads << " a rank";
   EpShape shape(ranks, topK, hidden, local, maxTokens);
-  // Every rank's tokens may choose this rank's experts.
-  TokenLinear capacity = {ranks * maxTokens * topK, 0};
+  // Every rank's tokens may choose this rank's experts. A training step's
+  // rows are saved for its backward: every rank passes the same count.
+  TokenLinear capacity = isTrainingStep(op)
+                             ? TokenLinear{0, ranks * topK}
+                             : TokenLinear{ranks * maxTokens * topK, 0};
   layer.define(op.getTokensPerExpert(), {});
   layer.define(op.getExpertOffsets(), {});
   layer.define(op.getDispatched(), capacity);

@@ -14,6 +14,8 @@
 #include "codegen/nvidia/support/KernelBuilder.h"
 #include "runtime/EpLayout.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+
 namespace mlir::moe::nvidia::ep {
 
 using ::moe::rt::EpDeviceLayout;
@@ -168,15 +170,25 @@ struct Raw {
                        load(i32, at(state, EpDeviceLayout::kError)), c32(0));
     return arith::SelectOp::create(b, loc, broken, c64(0), limit);
   }
-  /// Records that a wait for rank `q` ran out of time, unless one did
-  /// before (that one names the rank that failed first).
+  /// Records that a wait for rank `q` ran out of time, unless a failure
+  /// was recorded before (that one names the rank that failed first).
   void recordTimeout(Value state, Value q) {
-    Value first = cmp(arith::CmpIPredicate::eq,
-                      load(i32, at(state, EpDeviceLayout::kError)), c32(0));
+    recordError(state, EpDeviceLayout::kTimedOut, q);
+  }
+  /// Records failure `kind` concerning rank `q` unless one was recorded
+  /// before; `body` then adds its details.
+  void recordError(Value state, EpDeviceLayout::ErrorKind kind, Value q,
+                   function_ref<void()> body = {}) {
+    // The thread that claims the word writes the details.
+    auto claim = LLVM::AtomicCmpXchgOp::create(
+        b, loc, at(state, EpDeviceLayout::kError), c32(0), c32(kind),
+        LLVM::AtomicOrdering::acq_rel, LLVM::AtomicOrdering::monotonic);
+    Value first = LLVM::ExtractValueOp::create(b, loc, claim.getResult(), 1);
     e.ifThen(first, [&] {
-      store(c32(1), at(state, EpDeviceLayout::kError));
       store(arith::TruncIOp::create(b, loc, i32, to64(q)),
             at(state, EpDeviceLayout::kErrorPeer));
+      if (body)
+        body();
     });
   }
 };
@@ -264,6 +276,14 @@ inline void waitForRanks(Kernel &k, Value state, int64_t ranks,
     if (after)
       after(r, tid, late);
   });
+}
+
+/// A training step's function (moe-differentiate's forward or backward),
+/// whose ranks pass the same token count.
+inline bool isTrainingStep(Operation *op) {
+  auto func = op->getParentOfType<func::FuncOp>();
+  return func &&
+         (func->hasAttr("moe.saved") || func->hasAttr("moe.gradients"));
 }
 
 /// Refuses rows the exchange cannot move: other elements than bf16 or

@@ -14,22 +14,27 @@ using namespace mlir::moe::nvidia;
 
 LogicalResult nvidia::buildGatherDot(LayerKernels &layer, GatherDotOp op) {
   constexpr int64_t warps = 8;
-  TokenLinear tokens = layer.info(op.getRows()).rows;
+  // Without rows, a warp per row, summing its own partials.
+  Value units = op.getRows() ? op.getRows() : op.getRowValues();
+  TokenLinear tokens = layer.info(units).rows;
   int64_t h = cast<RankedTensorType>(op.getRowValues().getType()).getDimSize(1);
-  int64_t topK = cast<RankedTensorType>(op.getRows().getType()).getDimSize(1);
+  int64_t topK =
+      op.getRows()
+          ? cast<RankedTensorType>(op.getRows().getType()).getDimSize(1)
+          : 1;
   layer.define(op.getOut(), tokens);
-  // Without tokens, each row's partials summed: the rows stand in for them
-  // (never read).
-  Value xs = op.getTokens() ? op.getTokens() : op.getRows();
+  // Without tokens, each row's partials summed: the units stand in for
+  // them (never read).
+  Value xs = op.getTokens() ? op.getTokens() : units;
   Kernel k = layer.kernel(op, "gather_dot",
-                          {op.getRowValues(), xs, op.getRows(), op.getOut()});
+                          {op.getRowValues(), xs, units, op.getOut()});
   k.launch.work = tokens;
   k.launch.perBlock = warps;
   k.launch.block = warps * 32;
   Emitter &e = k.e;
   Value values = k.view(0, layer.info(op.getRowValues()));
   Value x = op.getTokens() ? k.view(1, layer.info(op.getTokens())) : Value();
-  Value rows = k.view(2, layer.info(op.getRows()));
+  Value rows = op.getRows() ? k.view(2, layer.info(op.getRows())) : Value();
   Value out = k.view(3, layer.info(op.getOut()));
   Value tid = k.threadId();
   Value lane = e.remUI(tid, e.index(32));
@@ -38,7 +43,7 @@ LogicalResult nvidia::buildGatherDot(LayerKernels &layer, GatherDotOp op) {
   // Warp-uniform: a whole warp has a token or none.
   e.ifThen(e.ult(t, k.linear(tokens)), [&] {
     e.forEach(e.index(0), e.index(topK), [&](Value j) {
-      Value r = e.loadRaw(rows, {t, j});
+      Value r = rows ? e.loadRaw(rows, {t, j}) : e.toI32(t);
       Value valid = e.icmp(arith::CmpIPredicate::sge, r, e.i32(0));
       Value ri = e.toIndex(e.select(valid, r, e.i32(0)));
       Value partial = e.reduce(

@@ -14,6 +14,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Verifier.h"
+#include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 namespace mlir::moe::nvidia {
@@ -114,9 +115,11 @@ buildPlan(func::FuncOp func, gpu::GPUModuleOp gpuModule,
              << "must return distinct values computed by moe ops";
     layer.bindOutput(value, type.getNumInputs() + i);
   }
+  bool backward = func->hasAttr("moe.gradients");
   for (Operation &op : body.without_terminator()) {
     if (failed(buildKernel(layer, &op)))
       return failure();
+    layer.skipAfterEpFailure |= backward && isa<EpDispatchRecvOp>(op);
     if (auto route = dyn_cast<RouteOp>(op);
         route && layer.fused && failed(buildExpertPrefetch(layer, route)))
       return failure();
@@ -127,6 +130,49 @@ buildPlan(func::FuncOp func, gpu::GPUModuleOp gpuModule,
     for (Value value : ret.getOperands())
       resultRows->push_back(layer.info(value).rows);
   return plan;
+}
+
+/// Moves what an expert-parallel backward's last exchange needs ahead of
+/// everything else (keeping order within each part), so every gradient is
+/// written after the step's last wait: a step that failed then writes none
+/// (LayerKernels::skipAfterEpFailure). Its peers also get their rows'
+/// gradients sooner.
+static void exchangeFirst(func::FuncOp func) {
+  Block &body = func.getBody().front();
+  Operation *last = nullptr;
+  for (Operation &op : body.without_terminator())
+    if (isa<EpCombineRecvOp>(op))
+      last = &op;
+  if (!last)
+    return;
+  llvm::SetVector<Operation *> needed;
+  SmallVector<Operation *> work = {last};
+  while (!work.empty()) {
+    Operation *op = work.pop_back_val();
+    if (!needed.insert(op))
+      continue;
+    for (Value v : op->getOperands())
+      if (Operation *def = v.getDefiningOp(); def && def->getBlock() == &body)
+        work.push_back(def);
+    // A product written over its activation input comes after that input's
+    // other readers.
+    if (auto matmul = dyn_cast<GroupedMatmulOp>(op); matmul &&
+                                                     matmul.getInPlace())
+      for (Operation *user : matmul.getActivationInput().getUsers())
+        if (user != op && user->getBlock() == &body &&
+            user->isBeforeInBlock(op))
+          work.push_back(user);
+  }
+  Operation *at = &body.front();
+  for (Operation &op : llvm::make_early_inc_range(body.without_terminator())) {
+    if (!needed.contains(&op))
+      continue;
+    if (&op == at) {
+      at = op.getNextNode();
+      continue;
+    }
+    op.moveBefore(at);
+  }
 }
 
 /// Adds what the plan decided to the function's interface (moe.interface,
@@ -251,15 +297,9 @@ struct BuildKernelsPass
     // forward's results tell them.
     llvm::StringMap<SmallVector<TokenLinear>> savedRows;
     for (func::FuncOp func : layers) {
-      if (func->hasAttr("moe.saved") &&
-          !func.getBody().getOps<EpDispatchSendOp>().empty()) {
-        func.emitOpError()
-            << "trains an expert-parallel layer, which sm_90a does not yet "
-               "(its exchanges carry no routing weights or their "
-               "gradients): build it for the CPU, or with ep_size 1";
-        return signalPassFailure();
-      }
       DenseMap<unsigned, TokenLinear> argRows;
+      if (func->hasAttr("moe.gradients"))
+        exchangeFirst(func);
       StringRef name = func.getName();
       if (func->hasAttr("moe.gradients") && name.consume_back("_backward")) {
         auto found = savedRows.find((name + "_train").str());

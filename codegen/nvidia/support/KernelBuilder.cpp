@@ -1,6 +1,7 @@
 //===- KernelBuilder.cpp - building a layer's sm_90a kernels --------------===//
 
 #include "codegen/nvidia/support/KernelBuilder.h"
+#include "runtime/EpLayout.h"
 #include "codegen/common/Numerics.h"
 
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
@@ -44,7 +45,7 @@ std::string nvidia::uniqueKernelName(llvm::StringSet<> &names, StringRef name) {
 }
 
 Kernel::Kernel(gpu::GPUModuleOp module, StringRef name, Launch &launch,
-               ArrayRef<KernelArg> args, Location loc)
+               ArrayRef<KernelArg> args, Location loc, int64_t skipWord)
     : b(module.getContext()), e(b, loc), launch(launch) {
   func = createKernelFunc(b, module, name, args, loc);
   b.setInsertionPointToStart(&func.getBody().front());
@@ -93,6 +94,16 @@ Kernel::Kernel(gpu::GPUModuleOp module, StringRef name, Launch &launch,
   Value t32 = LLVM::LoadOp::create(b, loc, b.getI32Type(),
                                    func.getArgument(args.size()), 4);
   tokens = arith::IndexCastUIOp::create(b, loc, b.getIndexType(), t32);
+  if (skipWord < 0)
+    return;
+  Type ptr = LLVM::LLVMPointerType::get(b.getContext());
+  Value at = LLVM::GEPOp::create(b, loc, ptr, b.getI8Type(),
+                                 func.getArgument(args.size() - 1),
+                                 ArrayRef<LLVM::GEPArg>{int32_t(skipWord)});
+  Value word = LLVM::LoadOp::create(b, loc, b.getI32Type(), at, 4);
+  onlyIf(arith::CmpIOp::create(
+      b, loc, arith::CmpIPredicate::eq, word,
+      arith::ConstantOp::create(b, loc, b.getI32IntegerAttr(0))));
 }
 
 Value Kernel::view(unsigned i, const TensorInfo &info) {
@@ -278,7 +289,14 @@ Kernel LayerKernels::kernelOn(Operation *op, StringRef family,
   if (auto step = dyn_cast<NameLoc>(op->getLoc()))
     if (!family.starts_with(step.getName().strref()))
       name += "_" + step.getName().str();
-  return Kernel(module, uniqueName(name), plan.addLaunch(), args, op->getLoc());
+  // The exchanges themselves run on: their peers wait for them.
+  bool skips = skipAfterEpFailure &&
+               !isa<EpDispatchSendOp, EpDispatchRecvOp, EpCombineSendOp,
+                    EpCombineRecvOp>(op);
+  if (skips)
+    args.push_back({KernelArgKind::Buffer, epState()});
+  return Kernel(module, uniqueName(name), plan.addLaunch(), args, op->getLoc(),
+                skips ? int64_t(::moe::rt::EpDeviceLayout::kError) : -1);
 }
 
 llvm::MaybeAlign nvidia::vectorAlign(int64_t width, Type element) {

@@ -55,8 +55,10 @@ std::string uniqueKernelName(llvm::StringSet<> &names, StringRef name);
 /// A gpu.func under construction and its launch.
 class Kernel {
 public:
+  /// With `skipWord` >= 0, the kernel runs only while the i32 that many
+  /// bytes past its last argument's address is 0.
   Kernel(gpu::GPUModuleOp module, StringRef name, Launch &launch,
-         ArrayRef<KernelArg> args, Location loc);
+         ArrayRef<KernelArg> args, Location loc, int64_t skipWord = -1);
 
   /// The memref view of parameter `i`, a buffer of `info`.
   Value view(unsigned i, const TensorInfo &info);
@@ -140,6 +142,10 @@ public:
   int64_t epMaxTokens = 4096;
   /// The layer exchanges tokens with other ranks.
   bool expertParallel = false;
+  /// Set once a backward's first exchange has waited: its kernels (but the
+  /// exchanges') then run only while the group's state records no failure,
+  /// so a failed step writes no gradient.
+  bool skipAfterEpFailure = false;
 
   LaunchPlan &plan;
   /// The bucket being built: the most tokens a call brings, 0 for any. A
