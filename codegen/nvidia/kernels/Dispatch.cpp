@@ -62,14 +62,134 @@ static void layOutFromCounts(Emitter &e, Value tid, int64_t experts,
   gpu::BarrierOp::create(e.b, e.loc);
 }
 
-/// The ordered plan (`ordered`: a training forward's), in one block. Each
-/// warp takes a run of consecutive choices, 32 at a time: it counts them
-/// per expert (atomics, to the expert's total and to the warp's own); one
-/// thread lays the experts out; each expert's rows are then shared out
-/// among the warps in warp order, and each warp walks its run again, giving
-/// its choices of an expert the next rows in choice order (lanes of one
-/// expert meet by match.any). The rows within an expert are in token order,
-/// the same on every call, so a weight gradient summed over them is too.
+OrderedChoices::OrderedChoices(Kernel &k, Value ids, Value choices,
+                               int64_t experts, int64_t topK, int64_t warps,
+                               Value table)
+    : k(k), e(k.e), ids(ids), experts(experts), topK(topK), warps(warps),
+      table(table) {
+  Value tid = k.threadId();
+  warp = e.divUI(tid, 32), lane = e.remUI(tid, 32);
+  // Warp w's run: [w * run, (w + 1) * run), whole batches of kBatch steps
+  // of 32, whose ids are loaded together.
+  run = e.imul(e.divUI(e.iadd(choices, e.index(warps * kBatchChoices - 1)),
+                       e.index(warps * kBatchChoices)),
+               e.index(kBatchChoices));
+  runStart = e.imul(warp, run);
+  runEnd = e.minUI(e.iadd(runStart, run), choices);
+}
+
+Value OrderedChoices::expertAt(Value p) {
+  Value inRun = e.ult(p, runEnd);
+  Value id = e.loadRaw(ids, at(e.select(inRun, p, e.index(0))));
+  Value local = e.andi(
+      inRun, e.andi(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
+                    e.icmp(arith::CmpIPredicate::slt, id, e.i32(experts))));
+  return e.select(local, id, e.i32(-1));
+}
+
+SmallVector<Value> OrderedChoices::at(Value p) {
+  return {e.divUI(p, topK), e.remUI(p, topK)};
+}
+
+void OrderedChoices::steps(function_ref<void(Value, Value)> body) {
+  OpBuilder &b = e.b;
+  // Every lane of a warp runs every step of its run (match.any needs the
+  // whole warp), in order; a batch's loads are in flight together.
+  auto loop = scf::ForOp::create(b, e.loc, runStart, e.iadd(runStart, run),
+                                 e.index(kBatchChoices));
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(loop.getBody());
+  SmallVector<Value> ps, idsAt;
+  for (int64_t j = 0; j < kBatch; ++j) {
+    ps.push_back(e.iadd(loop.getInductionVar(), e.iadd(lane, e.index(j * 32))));
+    idsAt.push_back(expertAt(ps.back()));
+  }
+  for (int64_t j = 0; j < kBatch; ++j)
+    body(ps[j], idsAt[j]);
+}
+
+void OrderedChoices::count(Value count) {
+  OpBuilder &b = e.b;
+  Value tid = k.threadId();
+  int64_t threads = warps * 32;
+  e.forEach(
+      tid, e.index(experts), [&](Value x) { e.storeRaw(e.i32(0), count, {x}); },
+      e.index(threads));
+  e.forEach(
+      tid, e.index(warps * experts),
+      [&](Value i) {
+        e.storeRaw(e.i32(0), table, {e.divUI(i, experts), e.remUI(i, experts)});
+      },
+      e.index(threads));
+  gpu::BarrierOp::create(b, e.loc);
+  // Counts are the same in any order: each lane adds its own.
+  steps([&](Value, Value id) {
+    e.ifThen(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)), [&] {
+      Value x = e.toIndex(id);
+      for (auto [buffer, index] :
+           {std::pair{count, SmallVector<Value>{x}},
+            std::pair{table, SmallVector<Value>{warp, x}}})
+        memref::AtomicRMWOp::create(b, e.loc, arith::AtomicRMWKind::addi,
+                                    e.i32(1), buffer, index);
+    });
+  });
+}
+
+void OrderedChoices::startWarps(function_ref<Value(Value)> first) {
+  OpBuilder &b = e.b;
+  e.forEach(
+      k.threadId(), e.index(experts),
+      [&](Value x) {
+        e.reduce(e.index(0), e.index(warps), {first(x)},
+                 [&](Value w, ValueRange next) -> SmallVector<Value> {
+                   Value n = e.loadRaw(table, {w, x});
+                   e.storeRaw(next[0], table, {w, x});
+                   return {arith::AddIOp::create(b, e.loc, next[0], n)};
+                 });
+      },
+      e.index(warps * 32));
+  gpu::BarrierOp::create(b, e.loc);
+}
+
+void OrderedChoices::place(function_ref<void(Value, Value)> store) {
+  OpBuilder &b = e.b;
+  Type i32 = b.getI32Type();
+  // The lanes of the warp's step that share `key`, and this lane's rank
+  // among them.
+  Value below = inlinePtx(b, e.loc, i32, {}, "mov.u32 $0, %lanemask_lt;", "=r");
+  auto peers = [&](Value key) -> std::pair<Value, Value> {
+    Value mask = inlinePtx(b, e.loc, i32, key,
+                           "match.any.sync.b32 $0, $1, 0xffffffff;", "=r,r");
+    auto popc = [&](Value v) {
+      return inlinePtx(b, e.loc, i32, v, "popc.b32 $0, $1;", "=r,r");
+    };
+    return {popc(mask), popc(arith::AndIOp::create(b, e.loc, mask, below))};
+  };
+  steps([&](Value p, Value id) {
+    auto [same, rank] = peers(id);
+    Value local = e.icmp(arith::CmpIPredicate::sge, id, e.i32(0));
+    Value x = e.toIndex(e.select(local, id, e.i32(0)));
+    Value next = e.loadRaw(table, {warp, x});
+    // Every lane of the step has read its expert's next number before the
+    // first lane moves it on.
+    NVVM::SyncWarpOp::create(b, e.loc, e.i32(-1));
+    e.ifThen(e.andi(local, e.eq(rank, e.i32(0))), [&] {
+      e.storeRaw(arith::AddIOp::create(b, e.loc, next, same), table, {warp, x});
+    });
+    e.ifThen(e.ult(p, runEnd), [&] {
+      store(p, e.select(local, arith::AddIOp::create(b, e.loc, next, rank),
+                        e.i32(-1)));
+    });
+    // The first lane's move is seen by the next step's reads.
+    NVVM::SyncWarpOp::create(b, e.loc, e.i32(-1));
+  });
+}
+
+/// The ordered plan (`ordered`: a training forward's), in one block
+/// (OrderedChoices): each expert's rows are shared out among the warps in
+/// warp order, and each warp gives its choices of an expert the next rows
+/// in choice order. The rows within an expert are in token order, the
+/// same on every call, so a weight gradient summed over them is too.
 static LogicalResult buildOrderedDispatchPlan(LayerKernels &layer,
                                               DispatchOp op,
                                               const DispatchConfig &cfg) {
@@ -92,7 +212,6 @@ static LogicalResult buildOrderedDispatchPlan(LayerKernels &layer,
   k.launch.work = {1, 0};
   k.launch.block = cfg.planThreads;
   Emitter &e = k.e;
-  OpBuilder &b = e.b;
   Value ids = k.view(0, layer.info(op.getExpertIds()));
   Value counts = k.view(1, layer.info(op.getTokensPerExpert()));
   Value offsets = k.view(2, layer.info(op.getExpertOffsets()));
@@ -100,113 +219,15 @@ static LogicalResult buildOrderedDispatchPlan(LayerKernels &layer,
   Value warpRows =
       sharedTable ? k.workgroupBuffer({warps, experts}, i32) : k.view(4, table);
   Value count = k.workgroupBuffer({experts}, i32);
-  Value tid = k.threadId();
-  Value warp = e.divUI(tid, 32), lane = e.remUI(tid, 32);
-  Value choices = e.imul(k.linear(cfg.tokens), topK);
-  // Warp w's run: [w * run, (w + 1) * run), whole batches of kBatch steps
-  // of 32, whose ids are loaded together.
-  constexpr int64_t kBatch = 4, kBatchChoices = kBatch * 32;
-  Value run =
-      e.imul(e.divUI(e.iadd(choices, e.index(warps * kBatchChoices - 1)),
-                     e.index(warps * kBatchChoices)),
-             e.index(kBatchChoices));
-  Value runStart = e.imul(warp, run);
-  Value runEnd = e.minUI(e.iadd(runStart, run), choices);
-  auto at = [&](Value p) -> SmallVector<Value> {
-    return {e.divUI(p, topK), e.remUI(p, topK)};
-  };
-  // Lane's choice at step `s` of its warp's run: its local expert, or -1.
-  auto expertAt = [&](Value p) {
-    Value inRun = e.ult(p, runEnd);
-    Value id = e.loadRaw(ids, at(e.select(inRun, p, e.index(0))));
-    Value local = e.andi(
-        inRun, e.andi(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)),
-                      e.icmp(arith::CmpIPredicate::slt, id, e.i32(experts))));
-    return e.select(local, id, e.i32(-1));
-  };
-  // The lanes of the warp's step that share `key`, and this lane's rank
-  // among them.
-  Value below = inlinePtx(b, e.loc, i32, {}, "mov.u32 $0, %lanemask_lt;", "=r");
-  auto peers = [&](Value key) -> std::pair<Value, Value> {
-    Value mask = inlinePtx(b, e.loc, i32, key,
-                           "match.any.sync.b32 $0, $1, 0xffffffff;", "=r,r");
-    auto popc = [&](Value v) {
-      return inlinePtx(b, e.loc, i32, v, "popc.b32 $0, $1;", "=r,r");
-    };
-    return {popc(mask), popc(arith::AndIOp::create(b, e.loc, mask, below))};
-  };
-  auto steps = [&](function_ref<void(Value, Value)> body) {
-    // Every lane of a warp runs every step of its run (match.any needs the
-    // whole warp), in order; a batch's loads are in flight together.
-    auto loop = scf::ForOp::create(b, e.loc, runStart, e.iadd(runStart, run),
-                                   e.index(kBatchChoices));
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(loop.getBody());
-    SmallVector<Value> ps, idsAt;
-    for (int64_t j = 0; j < kBatch; ++j) {
-      ps.push_back(
-          e.iadd(loop.getInductionVar(), e.iadd(lane, e.index(j * 32))));
-      idsAt.push_back(expertAt(ps.back()));
-    }
-    for (int64_t j = 0; j < kBatch; ++j)
-      body(ps[j], idsAt[j]);
-  };
-  e.forEach(
-      tid, e.index(experts), [&](Value x) { e.storeRaw(e.i32(0), count, {x}); },
-      e.index(cfg.planThreads));
-  e.forEach(
-      tid, e.index(warps * experts),
-      [&](Value i) {
-        e.storeRaw(e.i32(0), warpRows,
-                   {e.divUI(i, experts), e.remUI(i, experts)});
-      },
-      e.index(cfg.planThreads));
-  gpu::BarrierOp::create(b, e.loc);
-  // Counts are the same in any order: each lane adds its own.
-  steps([&](Value, Value id) {
-    e.ifThen(e.icmp(arith::CmpIPredicate::sge, id, e.i32(0)), [&] {
-      Value x = e.toIndex(id);
-      for (auto [buffer, index] :
-           {std::pair{count, SmallVector<Value>{x}},
-            std::pair{warpRows, SmallVector<Value>{warp, x}}})
-        memref::AtomicRMWOp::create(b, e.loc, arith::AtomicRMWKind::addi,
-                                    e.i32(1), buffer, index);
-    });
-  });
-  layOutFromCounts(e, tid, experts, cfg.align, count, offsets, counts, count);
+  OrderedChoices ordered(k, ids, e.imul(k.linear(cfg.tokens), topK), experts,
+                         topK, warps, warpRows);
+  ordered.count(count);
+  layOutFromCounts(e, k.threadId(), experts, cfg.align, count, offsets, counts,
+                   count);
   // Each expert's first row for each warp, in warp order.
-  e.forEach(
-      tid, e.index(experts),
-      [&](Value x) {
-        e.reduce(e.index(0), e.index(warps), {e.loadRaw(count, {x})},
-                 [&](Value w, ValueRange next) -> SmallVector<Value> {
-                   Value n = e.loadRaw(warpRows, {w, x});
-                   e.storeRaw(next[0], warpRows, {w, x});
-                   return {arith::AddIOp::create(b, e.loc, next[0], n)};
-                 });
-      },
-      e.index(cfg.planThreads));
-  gpu::BarrierOp::create(b, e.loc);
-  steps([&](Value p, Value id) {
-    auto [same, rank] = peers(id);
-    Value local = e.icmp(arith::CmpIPredicate::sge, id, e.i32(0));
-    Value x = e.toIndex(e.select(local, id, e.i32(0)));
-    Value next = e.loadRaw(warpRows, {warp, x});
-    // Every lane of the step has read its expert's next row before the
-    // first lane moves it on.
-    NVVM::SyncWarpOp::create(b, e.loc, e.i32(-1));
-    e.ifThen(e.andi(local, e.eq(rank, e.i32(0))), [&] {
-      e.storeRaw(arith::AddIOp::create(b, e.loc, next, same), warpRows,
-                 {warp, x});
-    });
-    e.ifThen(e.ult(p, runEnd), [&] {
-      e.storeRaw(e.select(local, arith::AddIOp::create(b, e.loc, next, rank),
-                          e.i32(-1)),
-                 rows, at(p));
-    });
-    // The first lane's move is seen by the next step's reads.
-    NVVM::SyncWarpOp::create(b, e.loc, e.i32(-1));
-  });
+  ordered.startWarps([&](Value x) { return e.loadRaw(count, {x}); });
+  ordered.place(
+      [&](Value p, Value row) { e.storeRaw(row, rows, ordered.at(p)); });
   return k.finish(op);
 }
 

@@ -218,6 +218,44 @@ static LogicalResult buildEpDispatchPlan(LayerKernels &layer,
   return k.finish(op);
 }
 
+/// A training step's places, in one block after the plan: each choice's
+/// place among this rank's choices of its expert in token order
+/// (OrderedChoices), as one rank's ordered dispatch numbers them. Its
+/// receiver then lays each expert's rows out in rank and token order, the
+/// same in the forward that saves them and the backward that reads them,
+/// and the weight gradients sum them in the one rank's order.
+static LogicalResult buildEpDispatchOrder(LayerKernels &layer,
+                                          EpDispatchSendOp op,
+                                          const EpShape &shape,
+                                          unsigned state) {
+  int64_t experts = shape.ranks * shape.localExperts, topK = shape.topK;
+  // As many warps as keep their table in 32 KiB of shared memory.
+  int64_t warps = std::clamp<int64_t>(8192 / experts, 1, 32);
+  if (warps * experts * 4 > 32 * 1024)
+    return op.emitOpError() << "has " << experts
+                            << " experts; an expert-parallel training step "
+                               "on sm_90a numbers at most 8192";
+  Kernel k = layer.kernelOn(op, "ep_dispatch_order",
+                            {layer.info(op.getExpertIds()).buffer, state});
+  k.launch.work = {1, 0};
+  k.launch.block = warps * 32;
+  Emitter &e = k.e;
+  Raw r(k);
+  Type i32 = e.b.getI32Type();
+  Value st = k.func.getArgument(1);
+  OrderedChoices ordered(k, k.view(0, layer.info(op.getExpertIds())),
+                         e.imul(k.tokens, e.index(topK)), experts, topK, warps,
+                         k.workgroupBuffer({warps, experts}, i32));
+  ordered.count(k.workgroupBuffer({experts}, i32));
+  gpu::BarrierOp::create(e.b, e.loc);
+  ordered.startWarps([&](Value) { return e.i32(0); });
+  ordered.place([&](Value p, Value number) {
+    SmallVector<Value> tj = ordered.at(p);
+    r.store(number, shape.positionSlot(r, st, tj[0], tj[1]));
+  });
+  return k.finish(op);
+}
+
 /// The send: a block per token writes its record into each rank that holds
 /// one of its experts; the last block to finish gives each rank its
 /// counts, then raises the flags.
@@ -421,7 +459,9 @@ LogicalResult nvidia::buildEpDispatchSend(LayerKernels &layer,
   layer.define(op.getRows(), tokens);
   layer.define(op.getSent(), {});
   unsigned state = layer.epState();
-  if (failed(buildEpDispatchPlan(layer, op, shape, state)))
+  if (failed(buildEpDispatchPlan(layer, op, shape, state)) ||
+      (isTrainingStep(op) &&
+       failed(buildEpDispatchOrder(layer, op, shape, state))))
     return failure();
   return buildEpDispatchRecords(layer, op, shape, state);
 }

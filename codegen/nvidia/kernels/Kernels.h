@@ -27,6 +27,41 @@ LogicalResult buildExpertPrefetch(LayerKernels &layer, RouteOp route);
 LogicalResult buildRoute(LayerKernels &layer, RouteOp op);
 LogicalResult buildRouteGrad(LayerKernels &layer, RouteGradOp op);
 LogicalResult buildDispatch(LayerKernels &layer, DispatchOp op);
+
+/// The choices of `ids` ([T, k] i32, `choices` of them) of experts
+/// [0, experts) numbered within their expert in choice order, by one block
+/// of `warps` warps (Dispatch.cpp): each warp takes a run of consecutive
+/// choices, 32 at a time, and counts them per expert; the numbers are
+/// shared out among the warps in warp order, and each warp numbers its
+/// choices of an expert in order (lanes of one expert meet by match.any).
+/// `table` [warps, experts] i32, shared or global, holds each warp's count,
+/// then its next number.
+class OrderedChoices {
+public:
+  OrderedChoices(Kernel &k, Value ids, Value choices, int64_t experts,
+                 int64_t topK, int64_t warps, Value table);
+  /// Counts each expert's choices into `count` ([experts] i32, shared) and
+  /// each warp's into the table; zeroes both first.
+  void count(Value count);
+  /// Each warp's first number of expert x: `first(x)`, plus the expert's
+  /// choices in the warps before it.
+  void startWarps(function_ref<Value(Value x)> first);
+  /// `store(p, number)` for each choice p, -1 for one of no expert.
+  void place(function_ref<void(Value p, Value number)> store);
+  /// Choice p's token and place among its token's choices.
+  SmallVector<Value> at(Value p);
+
+private:
+  static constexpr int64_t kBatch = 4, kBatchChoices = kBatch * 32;
+  Value expertAt(Value p);
+  void steps(function_ref<void(Value, Value)> body);
+
+  Kernel &k;
+  Emitter &e;
+  Value ids;
+  int64_t experts, topK, warps;
+  Value table, warp, lane, run, runStart, runEnd;
+};
 LogicalResult buildScatter(LayerKernels &layer, ScatterOp op);
 LogicalResult buildGroupedMatmul(LayerKernels &layer, GroupedMatmulOp op);
 LogicalResult buildActivation(LayerKernels &layer, ActivationOp op);
