@@ -77,9 +77,10 @@ static bool fuseActivationGrad(const DgradProduct &product,
                                ActivationGradOp grads) {
   // A gate fits only as an expert-parallel backward's: each row's routing
   // weight, linear ([R, 1]), which the epilogue takes as the row's weight.
-  bool rowGate =
-      grads.getGate() && grads.getLinearGate() && !grads.getRows() &&
-      cast<RankedTensorType>(grads.getGate().getType()).getElementType().isF32();
+  bool rowGate = grads.getGate() && grads.getLinearGate() && !grads.getRows() &&
+                 cast<RankedTensorType>(grads.getGate().getType())
+                     .getElementType()
+                     .isF32();
   if ((grads.getGate() && !rowGate) || grads.getOutGrad() != product.out)
     return false;
   ScatterOp scatter;

@@ -93,15 +93,15 @@ struct EpDeviceLayout {
   EpLayout recvLayout; // maxTokens: the compiled capacity
   static constexpr int64_t kMaxRanks = 64;
   // Control words (u32 unless said).
-  static constexpr size_t kSeq = 0;           // forwards run so far
-  static constexpr size_t kError = 4;         // nonzero: an ErrorKind
-  static constexpr size_t kErrorPeer = 8;     // the rank it waited for
-  static constexpr size_t kTicket = 12;       // blocks done sending tokens
-  static constexpr size_t kTicket2 = 16;      // blocks done sending outputs
-  static constexpr size_t kRank = 20;         // this rank
-  static constexpr size_t kTimeoutNs = 24;    // u64: how long a wait spins
-  static constexpr size_t kErrorTokens = 32;  // kUnevenStep: the peer's count
-  static constexpr size_t kErrorOwn = 36;     // and this rank's
+  static constexpr size_t kSeq = 0;          // forwards run so far
+  static constexpr size_t kError = 4;        // nonzero: an ErrorKind
+  static constexpr size_t kErrorPeer = 8;    // the rank it waited for
+  static constexpr size_t kTicket = 12;      // blocks done sending tokens
+  static constexpr size_t kTicket2 = 16;     // blocks done sending outputs
+  static constexpr size_t kRank = 20;        // this rank
+  static constexpr size_t kTimeoutNs = 24;   // u64: how long a wait spins
+  static constexpr size_t kErrorTokens = 32; // kUnevenStep: the peer's count
+  static constexpr size_t kErrorOwn = 36;    // and this rank's
   /// What kError holds once a forward failed; the first failure stays.
   enum ErrorKind : uint32_t {
     kTimedOut = 1,  // a wait for kErrorPeer ran out of time

@@ -329,9 +329,9 @@ static void addExpertParallelEntries(ModuleOp module, InterfaceAttr interface) {
   ExpertParallelAttr ep = interface.getExpertParallel();
   bool gpu = interface.getTarget() == Target::SM90a;
   Type ptr = LLVM::LLVMPointerType::get(module.getContext());
-  LLVM::LLVMFuncOp turn = gpu ? host::addProxyTurn(module, ep,
-                                 bool(interface.getTraining()))
-                        : nullptr;
+  LLVM::LLVMFuncOp turn =
+      gpu ? host::addProxyTurn(module, ep, bool(interface.getTraining()))
+          : nullptr;
   addForwarder(
       module, interface.getSymbol("ep_init"), {ptr},
       gpu ? RuntimeImport::moe_ep_cuda_init : RuntimeImport::moe_ep_init,

@@ -1151,9 +1151,9 @@ LogicalResult GatherDotOp::verify() {
     if (failed(checkShape(op, "row_values", getRowValues(),
                           {count(kAny, "rows"), size(kAny, "partials")})))
       return failure();
-    return checkShape(op, "result", getOut(),
-                      {count(shapeOf(getRowValues())[0], "rows"),
-                       size(1, "one sum")});
+    return checkShape(
+        op, "result", getOut(),
+        {count(shapeOf(getRowValues())[0], "rows"), size(1, "one sum")});
   }
   if (failed(checkShape(op, "rows", getRows(),
                         {count(kAny, "tokens"), size(kAny, "top-k")})))

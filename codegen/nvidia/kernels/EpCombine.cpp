@@ -66,8 +66,8 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
       r, k.blockId(gpu::Dimension::x), rows, kLoadsInFlight,
       [&](ArrayRef<Value> items, ArrayRef<Value> in) {
         SmallVector<Value> dsts, sending;
-        int64_t valuesAt = int64_t(EpDeviceLayout::kRecv +
-                                   shape.recv().combineValuesOffset());
+        int64_t valuesAt =
+            int64_t(EpDeviceLayout::kRecv + shape.recv().combineValuesOffset());
         for (auto [row, inRange] : llvm::zip_equal(items, in)) {
           Value q = e.loadRaw(origin, {row, e.index(0)});
           Value back = e.loadRaw(origin, {row, e.index(1)});
@@ -139,8 +139,7 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
 /// The values that came with the rows (a backward's routing weights'
 /// gradients), laid out [T, k] by each choice's return row: a thread per
 /// choice, 0 for a choice no expert took.
-static LogicalResult buildCombineValues(LayerKernels &layer,
-                                        EpCombineRecvOp op,
+static LogicalResult buildCombineValues(LayerKernels &layer, EpCombineRecvOp op,
                                         const EpShape &shape) {
   int64_t topK = shape.topK;
   layer.define(op.getValues(), {0, 1});
@@ -164,12 +163,12 @@ static LogicalResult buildCombineValues(LayerKernels &layer,
     Value row = e.loadRaw(rows, {t, j});
     // A return row past this rank's choices is never one (the plan gave
     // them); the bound keeps a bad one inside the area all the same.
-    Value ok = e.andi(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)),
-                      e.icmp(arith::CmpIPredicate::slt, row,
-                             e.i32(shape.maxTokens * topK)));
-    Value v = r.loadIf(ok, e.b.getF32Type(),
-                       r.at(from, r.mul(r.to64(e.select(ok, row, e.i32(0))), 4)),
-                       4);
+    Value ok = e.andi(
+        e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)),
+        e.icmp(arith::CmpIPredicate::slt, row, e.i32(shape.maxTokens * topK)));
+    Value v =
+        r.loadIf(ok, e.b.getF32Type(),
+                 r.at(from, r.mul(r.to64(e.select(ok, row, e.i32(0))), 4)), 4);
     e.storeRaw(v, values, {t, j});
   });
   return k.finish(op);

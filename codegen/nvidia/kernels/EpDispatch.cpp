@@ -293,9 +293,9 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
       quantized ? k.view(5, layer.info(op.getQuantized()[0])) : Value();
   Value codeScales =
       quantized ? k.view(6, layer.info(op.getQuantized()[1])) : Value();
-  Value weights = weighted ? k.view(sendBuffers.size() - 1,
-                                    layer.info(op.getScale()))
-                           : Value();
+  Value weights =
+      weighted ? k.view(sendBuffers.size() - 1, layer.info(op.getScale()))
+               : Value();
   Type i32 = e.b.getI32Type();
   Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
   Value self = r.load(i32, r.at(st, EpDeviceLayout::kRank));
@@ -332,10 +332,11 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
       return r.load(i32, shape.positionSlot(r, st, t, tid));
     });
     Type f32 = e.b.getF32Type();
-    Value weight =
-        weighted ? e.valueIf(header, f32,
-                             [&] { return e.loadRaw(weights, {t, tid}); })
-                 : Value();
+    Value weight = weighted ? e.valueIf(header, f32,
+                                        [&] {
+                                          return e.loadRaw(weights, {t, tid});
+                                        })
+                            : Value();
     e.ifThen(header, [&] { e.storeRaw(back, rows, {t, tid}); });
     for (int64_t q = 0; q < ranks; ++q) {
       Value index = r.load(i32, shape.recordIndexSlot(r, st, t, q));
@@ -490,10 +491,10 @@ static LogicalResult buildEpDispatchWait(LayerKernels &layer,
         if (step) {
           Value theirs = r.load(r.i32, r.at(shape.countSlot(r, st, q), 8));
           Value ours = e.toI32(k.tokens);
-          Value uneven = e.andi(
-              e.xori(late, arith::ConstantOp::create(e.b, e.loc,
-                                                     e.b.getBoolAttr(true))),
-              e.icmp(arith::CmpIPredicate::ne, theirs, ours));
+          Value uneven =
+              e.andi(e.xori(late, arith::ConstantOp::create(
+                                      e.b, e.loc, e.b.getBoolAttr(true))),
+                     e.icmp(arith::CmpIPredicate::ne, theirs, ours));
           e.ifThen(uneven, [&] {
             r.recordError(st, EpDeviceLayout::kUnevenStep, q, [&] {
               r.store(theirs, r.at(st, EpDeviceLayout::kErrorTokens));

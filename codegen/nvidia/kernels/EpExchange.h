@@ -282,8 +282,7 @@ inline void waitForRanks(Kernel &k, Value state, int64_t ranks,
 /// whose ranks pass the same token count.
 inline bool isTrainingStep(Operation *op) {
   auto func = op->getParentOfType<func::FuncOp>();
-  return func &&
-         (func->hasAttr("moe.saved") || func->hasAttr("moe.gradients"));
+  return func && (func->hasAttr("moe.saved") || func->hasAttr("moe.gradients"));
 }
 
 /// Refuses rows the exchange cannot move: other elements than bf16 or

@@ -1323,9 +1323,8 @@ void MatmulEmitter::emitActivationGradStore(ArrayRef<Value> finals) {
   for (int64_t rowHalf = 0; rowHalf < 2; ++rowHalf) {
     Value row = e.iadd(rowBase, e.index(rowHalf * 8));
     inRows[rowHalf] = e.ult(row, rowEndIdx);
-    w[rowHalf] =
-        rowWeights ? e.loadColumn(rowWeights, e.minUI(row, lastRow))
-                   : e.f32(1.0);
+    w[rowHalf] = rowWeights ? e.loadColumn(rowWeights, e.minUI(row, lastRow))
+                            : e.f32(1.0);
   }
   // The buffer's pieces, 8 a thread: plane, row, piece of 8 columns, and
   // where the piece lies in h (and `out`); loads stay in bounds.

@@ -156,8 +156,8 @@ static void exchangeFirst(func::FuncOp func) {
         work.push_back(def);
     // A product written over its activation input comes after that input's
     // other readers.
-    if (auto matmul = dyn_cast<GroupedMatmulOp>(op); matmul &&
-                                                     matmul.getInPlace())
+    if (auto matmul = dyn_cast<GroupedMatmulOp>(op);
+        matmul && matmul.getInPlace())
       for (Operation *user : matmul.getActivationInput().getUsers())
         if (user != op && user->getBlock() == &body &&
             user->isBeforeInBlock(op))

@@ -1,8 +1,8 @@
 //===- KernelBuilder.cpp - building a layer's sm_90a kernels --------------===//
 
 #include "codegen/nvidia/support/KernelBuilder.h"
-#include "runtime/EpLayout.h"
 #include "codegen/common/Numerics.h"
+#include "runtime/EpLayout.h"
 
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/Math/IR/Math.h"
@@ -290,9 +290,8 @@ Kernel LayerKernels::kernelOn(Operation *op, StringRef family,
     if (!family.starts_with(step.getName().strref()))
       name += "_" + step.getName().str();
   // The exchanges themselves run on: their peers wait for them.
-  bool skips = skipAfterEpFailure &&
-               !isa<EpDispatchSendOp, EpDispatchRecvOp, EpCombineSendOp,
-                    EpCombineRecvOp>(op);
+  bool skips = skipAfterEpFailure && !isa<EpDispatchSendOp, EpDispatchRecvOp,
+                                          EpCombineSendOp, EpCombineRecvOp>(op);
   if (skips)
     args.push_back({KernelArgKind::Buffer, epState()});
   return Kernel(module, uniqueName(name), plan.addLaunch(), args, op->getLoc(),
