@@ -216,12 +216,18 @@ def _run(layer, hidden_states, weights, *extra_outputs):
                                 dtype=torch.uint8, device=out.device)
     layer.forward(hidden_states.contiguous(), *weights, out, *extra_outputs,
                   workspace=workspace)
+    _check_peers(layer, out.device)
+    return out
+
+
+def _check_peers(layer, device):
+    """A GPU expert-parallel layer's peer that stalled or died (or, in a
+    training step, passed another token count) shows once the call's waits
+    end: raises then."""
     if layer.ep and layer.target != "cpu" and \
             not torch.cuda.is_current_stream_capturing():
-        # A peer that stalls or dies shows once the forward's waits end.
-        torch.cuda.current_stream(out.device).synchronize()
+        torch.cuda.current_stream(device).synchronize()
         layer.ep_check()
-    return out
 
 
 @moe_forward.register_fake
@@ -260,6 +266,7 @@ def moe_forward_train(hidden_states: torch.Tensor, weights: list[torch.Tensor],
     saved = torch.empty(layer.saved_size(x.shape[0]), dtype=torch.uint8,
                         device=x.device)
     layer.forward_train(x, *weights, out, saved=saved)
+    _check_peers(layer, x.device)
     return out, saved
 
 
@@ -285,6 +292,7 @@ def moe_backward(output_grad: torch.Tensor, hidden_states: torch.Tensor,
     grads = [torch.empty(shape, dtype=dtype, device=x.device)
              for _, dtype, shape in layer.gradient_shapes(x.shape[0])]
     layer.backward([x, *weights], output_grad.contiguous(), saved, grads)
+    _check_peers(layer, x.device)
     return grads
 
 

@@ -384,8 +384,8 @@ def prepare(model, target="sm_90a", quant=None, ep_size=1, cache_dir=None,
     path = compile_layer(config, target, cache_dir, compiler, quant, ep_size,
                          kind in RECORDS_LOGITS)
     if train:
-        compile_layer(config, target, cache_dir, compiler, quant, train=True,
-                      bf16_grads=_bf16_grads(target))
+        compile_layer(config, target, cache_dir, compiler, quant, ep_size,
+                      train=True, bf16_grads=_bf16_grads(target))
     return path
 
 
@@ -439,8 +439,7 @@ def patch(model, target="sm_90a", quant=None, ep_group=None, cache_dir=None,
     # rank. Quantized, a training forward runs the training library, which
     # quantizes them in each call; other forwards run the forward's library
     # on FP8 weights quantized from them once per change.
-    trainable = train and (ranks == 1 or target == "cpu") and \
-        not _fp8_block128(config)
+    trainable = train and not _fp8_block128(config)
     train_layer = []
 
     def train_library():

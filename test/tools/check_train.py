@@ -516,9 +516,10 @@ def prepare(args):
     names = args.models or list(json.load(open(MODELS)))
     for name in names:
         if not name.endswith(".json"):
-            moe_compiler.prepare(build(name), target=args.target,
-                                 cache_dir=args.cache, train=True,
-                                 quant=args.quant)
+            for ranks in {1, args.ranks if args.with_ep else 1}:
+                moe_compiler.prepare(build(name), target=args.target,
+                                     cache_dir=args.cache, train=True,
+                                     quant=args.quant, ep_size=ranks)
         if args.target != "cpu":
             for args.bf16_grads in (False, True):
                 libraries(name, args)
@@ -531,11 +532,13 @@ def ep_rank(rank, args, name, port, out):
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=args.ranks)
-    model = build(name)
-    moe_compiler.patch(model, target="cpu", cache_dir=args.cache,
+    if args.target != "cpu":
+        torch.cuda.set_device(0)  # the ranks share the device
+    model = build(name).to(device_of(args.target))
+    moe_compiler.patch(model, target=args.target, cache_dir=args.cache,
                        quant=args.quant, ep_group=dist.group.WORLD)
     ids = next(task(model, 1, batch=2 * args.ranks))
-    mine = ids.chunk(args.ranks)[rank]
+    mine = ids.chunk(args.ranks)[rank].to(device_of(args.target))
     loss = model(mine, labels=mine).loss
     loss.backward()
     for p in model.parameters():
@@ -544,7 +547,7 @@ def ep_rank(rank, args, name, port, out):
     dist.all_reduce(loss.detach())
     if rank == 0:
         torch.save({"loss": loss.item() / args.ranks, "grads": {
-            n: p.grad.clone() for n, p in model.named_parameters()}}, out)
+            n: p.grad.cpu() for n, p in model.named_parameters()}}, out)
     dist.destroy_process_group()
 
 
@@ -560,17 +563,18 @@ def check_ep(args):
         mp.spawn(ep_rank, args=(args, name, port, out), nprocs=args.ranks)
         got = torch.load(out)
         # One process, all the sequences: the mean of the ranks' losses.
-        model = build(name)
-        moe_compiler.patch(model, target="cpu", cache_dir=args.cache,
+        model = build(name).to(device_of(args.target))
+        moe_compiler.patch(model, target=args.target, cache_dir=args.cache,
                            quant=args.quant)
-        ids = next(task(model, 1, batch=2 * args.ranks))
+        ids = next(task(model, 1, batch=2 * args.ranks)).to(
+            device_of(args.target))
         loss = sum(model(part, labels=part).loss
                    for part in ids.chunk(args.ranks)) / args.ranks
         loss.backward()
         loss_error = abs(got["loss"] - loss.item()) / abs(loss.item())
         worst, where = 0.0, ""
         for n, p in model.named_parameters():
-            want = p.grad.double()
+            want = p.grad.double().cpu()
             delta = (got["grads"][n].double() - want).norm().item()
             error = delta / want.norm().item() if want.norm() > 0 else delta
             if error > worst:
@@ -599,6 +603,9 @@ def main():
                         help="grads, parity: patch(model, quant=...); "
                         "layers, prepare: libraries of that scheme")
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--with-ep", action="store_true",
+                        help="prepare: also the libraries of --ranks "
+                             "expert-parallel ranks (for ep)")
     parser.add_argument("--bf16-grads", action="store_true",
                         help="layers: both libraries write bf16 weight "
                         "gradients (--train-bf16-grads)")
