@@ -418,3 +418,51 @@ func.func @parts(%src: tensor<4x8xbf16>, %rows: tensor<4x2xi32>,
     EXPECT_EQ(sums[c], expected) << c;
   }
 }
+
+// The same parts for an expert-parallel backward's rows, whose weights come
+// a row ([R, 1]) from the exchange: the weighted activation equals the one
+// with the weights laid out [R], and each row's weight gradient is the sum
+// of its own partials.
+TEST(CpuTrainParts, RowGatePartsMatchTheScattersLayout) {
+  constexpr int64_t kRows = 5, kN = 8, kParts = 3;
+  auto engine = compile(R"(
+func.func @parts(%h: tensor<5x16xbf16>, %w: tensor<5x1xf32>,
+                 %w1: tensor<5xf32>, %dots: tensor<5x3xf32>)
+    -> (tensor<5x8xbf16>, tensor<5x8xbf16>, tensor<5x1xf32>)
+    attributes {llvm.emit_c_interface} {
+  %a = moe.activation %h row_weights %w
+      {activation = #moe.activation<kind = swiglu>}
+      : (tensor<5x16xbf16>, tensor<5x1xf32>) -> tensor<5x8xbf16>
+  %a1 = moe.activation %h row_weights %w1
+      {activation = #moe.activation<kind = swiglu>}
+      : (tensor<5x16xbf16>, tensor<5xf32>) -> tensor<5x8xbf16>
+  %sum = moe.gather_dot %dots : (tensor<5x3xf32>) -> tensor<5x1xf32>
+  return %a, %a1, %sum : tensor<5x8xbf16>, tensor<5x8xbf16>, tensor<5x1xf32>
+}
+)");
+  ASSERT_TRUE(engine);
+  std::mt19937 rng(11);
+  Input h = randomInput(rng, {kRows, 2 * kN}, 1.0);
+  Input w = randomInput(rng, {kRows, 1}, 1.0, /*isF32=*/true);
+  Input dots = randomInput(rng, {kRows, kParts}, 1.0, /*isF32=*/true);
+  std::vector<uint16_t> a(kRows * kN, 0xFFFF), a1(kRows * kN, 0xFFFF);
+  std::vector<float> sums(kRows, NAN);
+  ASSERT_TRUE(call(*engine, "parts",
+                   {{h.bf16.data(), {kRows, 2 * kN}},
+                    {w.f32.data(), {kRows, 1}},
+                    {w.f32.data(), {kRows}},
+                    {dots.f32.data(), {kRows, kParts}},
+                    {a.data(), {kRows, kN}},
+                    {a1.data(), {kRows, kN}},
+                    {sums.data(), {kRows, 1}}}));
+  for (int64_t i = 0; i < kRows * kN; ++i) {
+    EXPECT_EQ(a[i], a1[i]) << i;
+    EXPECT_NE(a[i], 0xFFFF) << i;
+  }
+  for (int64_t r = 0; r < kRows; ++r) {
+    float expected = 0.0f;
+    for (int64_t p = 0; p < kParts; ++p)
+      expected += dots.f32[r * kParts + p];
+    EXPECT_EQ(sums[r], expected) << r;
+  }
+}
