@@ -120,16 +120,25 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
       r.fenceSystem();
       Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
       Value self = r.load(i32, r.at(st, EpDeviceLayout::kRank));
+      // A backward whose rows were not computed (its step failed here)
+      // raises no flag: its peers then fail too, naming this rank, rather
+      // than take its rows.
+      Value raise =
+          arith::ConstantOp::create(e.b, e.loc, e.b.getBoolAttr(true));
+      if (layer.skipAfterEpFailure)
+        raise = e.eq(r.load(i32, r.at(st, EpDeviceLayout::kError)), e.i32(0));
       for (int64_t q = 0; q < ranks; ++q) {
         // The rows this rank returned to q (the unpack counted them).
         e.storeRaw(
             r.load(i32, EpShape::perRank(r, st, EpDeviceLayout::kReturnRows,
                                          r.c64(q))),
             sent, {e.index(q)});
-        r.storeVolatile(seq,
-                        r.at(r.peer(st, r.c64(q)),
-                             r.add(r.c64(int64_t(shape.layout.combineFlags())),
-                                   r.mul(r.to64(self), 16))));
+        e.ifThen(raise, [&] {
+          r.storeVolatile(
+              seq, r.at(r.peer(st, r.c64(q)),
+                        r.add(r.c64(int64_t(shape.layout.combineFlags())),
+                              r.mul(r.to64(self), 16))));
+        });
       }
     });
   });
