@@ -1243,6 +1243,10 @@ LogicalResult EpDispatchRecvOp::verify() {
                               "neither scaled nor quantized";
     if (getQuantized().size() != 1)
       return emitOpError() << "gives its rows' weights as a fifth result";
+    auto send = getSent().getDefiningOp<EpDispatchSendOp>();
+    if (send && !send.getScale())
+      return emitOpError() << "gives its rows' weights, which its send did "
+                              "not carry (it has no scale)";
     return checkShape(op, "weights", getQuantized()[0],
                       {count(rows, "rows"), size(1, "one weight")});
   }

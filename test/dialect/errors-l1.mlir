@@ -926,3 +926,12 @@ func.func @f(%w: tensor<4x256x128xbf16>) {
   %q, %s, %qt, %st = moe.quantize %w {scheme = #moe.quant<kind = fp8_block128>} : (tensor<4x256x128xbf16>) -> (tensor<4x256x128xf8E4M3FN>, tensor<4x256x1xf32>, tensor<4x128x256xf8E4M3FN>, tensor<4x128x2xf32>)
   return
 }
+
+// -----
+
+func.func @f(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) {
+  %sent, %rows = moe.ep_dispatch_send %x, %ids {local_experts = 2 : i64} : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<2xi32>, tensor<?x2xi32>)
+  // expected-error @+1 {{gives its rows' weights, which its send did not carry (it has no scale)}}
+  %d, %c, %o, %origin, %w = moe.ep_dispatch_recv %sent {weights} : (tensor<2xi32>) -> (tensor<?x8xbf16>, tensor<2xi32>, tensor<3xi32>, tensor<?x2xi32>, tensor<?x1xf32>)
+  return
+}

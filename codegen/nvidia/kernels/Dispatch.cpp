@@ -112,9 +112,10 @@ void OrderedChoices::count(Value count) {
   OpBuilder &b = e.b;
   Value tid = k.threadId();
   int64_t threads = warps * 32;
-  e.forEach(
-      tid, e.index(experts), [&](Value x) { e.storeRaw(e.i32(0), count, {x}); },
-      e.index(threads));
+  if (count)
+    e.forEach(
+        tid, e.index(experts),
+        [&](Value x) { e.storeRaw(e.i32(0), count, {x}); }, e.index(threads));
   e.forEach(
       tid, e.index(warps * experts),
       [&](Value i) {
@@ -129,8 +130,9 @@ void OrderedChoices::count(Value count) {
       for (auto [buffer, index] :
            {std::pair{count, SmallVector<Value>{x}},
             std::pair{table, SmallVector<Value>{warp, x}}})
-        memref::AtomicRMWOp::create(b, e.loc, arith::AtomicRMWKind::addi,
-                                    e.i32(1), buffer, index);
+        if (buffer)
+          memref::AtomicRMWOp::create(b, e.loc, arith::AtomicRMWKind::addi,
+                                      e.i32(1), buffer, index);
     });
   });
 }

@@ -170,11 +170,11 @@ static LogicalResult buildCombineValues(LayerKernels &layer, EpCombineRecvOp op,
   e.ifThen(e.ult(n, e.imul(k.tokens, e.index(topK))), [&] {
     Value t = e.divUI(n, topK), j = e.remUI(n, topK);
     Value row = e.loadRaw(rows, {t, j});
-    // A return row past this rank's choices is never one (the plan gave
-    // them); the bound keeps a bad one inside the area all the same.
-    Value ok = e.andi(
-        e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)),
-        e.icmp(arith::CmpIPredicate::slt, row, e.i32(shape.maxTokens * topK)));
+    // The plan gave return rows among this call's choices; the bound keeps
+    // a bad one inside them all the same.
+    Value ok = e.andi(e.icmp(arith::CmpIPredicate::sge, row, e.i32(0)),
+                      e.icmp(arith::CmpIPredicate::slt, row,
+                             e.toI32(e.imul(k.tokens, e.index(topK)))));
     Value v =
         r.loadIf(ok, e.b.getF32Type(),
                  r.at(from, r.mul(r.to64(e.select(ok, row, e.i32(0))), 4)), 4);

@@ -246,7 +246,7 @@ static LogicalResult buildEpDispatchOrder(LayerKernels &layer,
   OrderedChoices ordered(k, k.view(0, layer.info(op.getExpertIds())),
                          e.imul(k.tokens, e.index(topK)), experts, topK, warps,
                          k.workgroupBuffer({warps, experts}, i32));
-  ordered.count(k.workgroupBuffer({experts}, i32));
+  ordered.count(Value());
   gpu::BarrierOp::create(e.b, e.loc);
   ordered.startWarps([&](Value) { return e.i32(0); });
   ordered.place([&](Value p, Value number) {

@@ -212,7 +212,8 @@ struct EpShape {
     return r.at(state, r.add(r.c64(int64_t(offset)), r.mul(r.to64(q), 4)));
   }
   /// Source `src`'s count slot in the state of its receiver `base`:
-  /// records, first return row, 0, the forward's number once all is in.
+  /// records, first return row, the source's token count, the forward's
+  /// number once all is in.
   Value countSlot(Raw &r, Value base, Value src) const {
     return r.at(base,
                 r.add(r.c64(EpDeviceLayout::kRecv), r.mul(r.to64(src), 16)));

@@ -40,8 +40,8 @@ class OrderedChoices {
 public:
   OrderedChoices(Kernel &k, Value ids, Value choices, int64_t experts,
                  int64_t topK, int64_t warps, Value table);
-  /// Counts each expert's choices into `count` ([experts] i32, shared) and
-  /// each warp's into the table; zeroes both first.
+  /// Counts each expert's choices into `count` ([experts] i32, shared;
+  /// none where null) and each warp's into the table; zeroes both first.
   void count(Value count);
   /// Each warp's first number of expert x: `first(x)`, plus the expert's
   /// choices in the warps before it.
