@@ -50,7 +50,7 @@ def quantize(values, scale_dtype, rows_per_scale=128):
 
 
 def make_inputs(layer, tokens, gen, device):
-    """Random inputs in ABI order, output last (poisoned)."""
+    """Random inputs in ABI order, outputs poisoned."""
     import torch
     dtypes = {a["name"]: a["dtype"] for a in layer.args}
     made = {}
@@ -67,10 +67,13 @@ def make_inputs(layer, tokens, gen, device):
                 values, dtypes[name + "_scale"])
             continue
         made[name] = values.to(torch_dtype(arg["dtype"]))
-    res = layer.args[-1]
-    made["out"] = torch.full([tokens if d < 0 else d for d in res["shape"]],
-                             float("nan"), dtype=torch_dtype(res["dtype"]),
-                             device=device)
+    # Every output poisoned ("out", and "router_logits" where the layer
+    # returns them).
+    for res in layer.args:
+        if res["output"]:
+            made[res["name"]] = torch.full(
+                [tokens if d < 0 else d for d in res["shape"]], float("nan"),
+                dtype=torch_dtype(res["dtype"]), device=device)
     return [made[a["name"]] for a in layer.args]
 
 

@@ -172,10 +172,11 @@ void common::selectExperts(Emitter &e, RouterAttr router, int64_t experts,
       return e.icmp(arith::CmpIPredicate::eq, e.loadRaw(flags, {iv}), zero8);
     };
   };
-  single([&] {
-    e.forEach(e.index(0), e.index(experts),
-              [&](Value x) { e.storeRaw(zero8, scratch.taken, {x}); });
-  });
+  auto clear = [&](Value x) { e.storeRaw(zero8, scratch.taken, {x}); };
+  if (threads.forExperts)
+    threads.forExperts(clear);
+  else
+    single([&] { e.forEach(e.index(0), e.index(experts), clear); });
 
   if (kind == RouterKind::SoftmaxTopK && threads.softmax)
     threads.softmax();
@@ -252,34 +253,42 @@ void common::selectExperts(Emitter &e, RouterAttr router, int64_t experts,
       if (kind == RouterKind::SigmoidScaleInput)
         w = e.sigmoid(w);
       e.storeRaw(w, weights, {t, j});
+      if (scratch.chosen)
+        e.storeRaw(w, scratch.chosen, {j});
     });
   });
 
+  // The chosen weights, read back from the scratch where there is one.
+  auto chosen = [&](Value j) {
+    return scratch.chosen ? e.loadRaw(scratch.chosen, {j})
+                          : e.loadRaw(weights, {t, j});
+  };
+  auto setChosen = [&](Value w, Value j) {
+    e.storeRaw(w, scratch.chosen ? scratch.chosen : weights,
+               scratch.chosen ? ValueRange{j} : ValueRange{t, j});
+  };
   single([&] {
     // GPT-OSS: softmax over the k chosen logits.
     if (kind == RouterKind::TopKSoftmax) {
-      Value max =
-          e.reduce(e.index(0), e.index(topK), {e.f32(-INFINITY)},
-                   [&](Value j, ValueRange acc) -> SmallVector<Value> {
-                     return {e.maxf(acc[0], e.loadRaw(weights, {t, j}))};
-                   })[0];
-      e.forEach(e.index(0), e.index(topK), [&](Value j) {
-        e.storeRaw(e.exp(e.sub(e.loadRaw(weights, {t, j}), max)), weights,
-                   {t, j});
-      });
+      Value max = e.reduce(e.index(0), e.index(topK), {e.f32(-INFINITY)},
+                           [&](Value j, ValueRange acc) -> SmallVector<Value> {
+                             return {e.maxf(acc[0], chosen(j))};
+                           })[0];
+      e.forEach(e.index(0), e.index(topK),
+                [&](Value j) { setChosen(e.exp(e.sub(chosen(j), max)), j); });
     }
     bool normalize = router.getRenormalize() || kind == RouterKind::TopKSoftmax;
     double scaling = router.getScaling().convertToDouble();
     if (normalize || scaling != 1.0) {
       Value sum = e.reduce(e.index(0), e.index(topK), {e.f32(0.0)},
                            [&](Value j, ValueRange acc) -> SmallVector<Value> {
-                             return {e.add(acc[0], e.loadRaw(weights, {t, j}))};
+                             return {e.add(acc[0], chosen(j))};
                            })[0];
       // DeepSeek guards the sum against zero.
       if (kind == RouterKind::SigmoidGroupedTopK)
         sum = e.add(sum, e.f32(1e-20));
       e.forEach(e.index(0), e.index(topK), [&](Value j) {
-        Value w = e.loadRaw(weights, {t, j});
+        Value w = chosen(j);
         if (normalize)
           w = e.div(w, sum);
         if (scaling != 1.0)

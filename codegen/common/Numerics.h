@@ -34,6 +34,9 @@ std::pair<Value, Value> expertScore(Emitter &e, RouterKind kind, Value logit,
 /// when n_group > 1.
 struct RouteScratch {
   Value score, choice, taken, groupScore, groupTaken;
+  /// [topK] f32, optional: the chosen weights while they are normalized,
+  /// rather than read back from `weights` (a GPU's global memory).
+  Value chosen = {};
 };
 
 /// Emitter::argmax's contract: the index in [lb, ub) of the largest `key`
@@ -51,10 +54,13 @@ using ArgmaxFn =
 /// `softmax`, when given, replaces the softmax router's step (every thread
 /// runs it): score and choice of each expert become its softmax probability;
 /// it may sum in another order than one thread does.
+/// `forExperts`, when given, runs a body for every expert, split among the
+/// threads, and makes its writes visible to all (steps of one expert each).
 struct SelectThreads {
   ArgmaxFn argmax = nullptr;
   function_ref<void(function_ref<void()>)> single = nullptr;
   function_ref<void()> softmax = nullptr;
+  function_ref<void(function_ref<void(Value)>)> forExperts = nullptr;
 };
 
 /// Chooses token `t`'s top-k experts into ids[t, :] (i32) and their weights

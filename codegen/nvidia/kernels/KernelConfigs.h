@@ -189,17 +189,27 @@ struct DispatchConfig {
 /// The configuration of `op`'s kernels for `tokens` tokens.
 DispatchConfig configureDispatch(DispatchOp op, TokenLinear tokens);
 
-/// A route's kernels: one kernel of blocks of kTokens tokens, or for a
-/// bucket of at most kSplitTokens tokens (kSplitTokensEp for an
-/// expert-parallel layer, which mostly decodes) a logits kernel that spreads
-/// the experts over blocks and a kernel that chooses, `selectWarps` tokens
-/// a block.
+/// A route's kernels. A router of bf16 rows whose width is a multiple of 8
+/// takes its product on tensor cores (`tensorCores`): in `chunks` column
+/// ranges of kChunk, summed in order, whatever kernel computes them. For a
+/// bucket of at most kProductSplitTokens tokens each chunk of each 16
+/// experts' rows is a warp's on its own (the partial sums go through the
+/// workspace); otherwise a warp sums every chunk of 16 experts for 32
+/// tokens. A kernel of `selectWarps` warps a block then chooses, a token a
+/// warp.
+/// Other routers: one kernel of blocks of kTokens tokens, or for a bucket of
+/// at most kSplitTokens tokens (kSplitTokensEp for an expert-parallel layer)
+/// a logits kernel that spreads the experts over blocks, then the choosing
+/// kernel.
 struct RouteConfig {
   static constexpr int64_t kWarps = 8, kTokens = 4, kSplitTokens = 64,
-                           kSplitTokensEp = 512;
+                           kSplitTokensEp = 512, kProductSplitTokens = 512,
+                           kChunk = 256;
   int64_t experts = 0, hidden = 0, topK = 0;
   TokenLinear tokens;
   bool split = false;
+  bool tensorCores = false;
+  int64_t chunks = 1;
   /// Experts a warp takes per pass: two where the passes come out even
   /// (four would keep 128 f32 accumulators per thread and one block per
   /// SM).

@@ -1,23 +1,29 @@
 //===- Route.cpp - the routing kernels ------------------------------------===//
 //
-// moe.route: warps compute router logits (each load of a weight serves
-// every token of the block, each load of a token every expert of a pass)
-// and reduce them across lanes with shuffles; then a warp per token chooses
-// its experts with the selection code the CPU backend runs
+// moe.route. A router of bf16 rows takes its product on tensor cores, spread
+// over the GPU at any count: for a bucket of few tokens a warp a chunk of
+// columns of 16 experts' rows (the chunks' sums go through the workspace),
+// else a warp all of 16 experts' columns for 32 tokens, adding the same
+// chunk sums in the same order, so both choose the same experts with the
+// same weights, bit for bit, whatever the bucket or the rank. A warp a token
+// then scores and chooses with the selection code the CPU backend runs
 // (codegen/common/Numerics.h), its lanes splitting each search.
-// For many tokens one kernel does both, a block per kRouteTokens tokens.
-// A bucket of few tokens cannot fill the GPU that way (one block would read
-// the whole router), so its logits kernel spreads the experts over blocks
-// and writes the scores to the workspace, and a second kernel chooses.
-// Both compute each logit with the same lanes in the same order, so they
-// choose the same experts with the same weights, bit for bit.
+// Other routers compute their logits on CUDA cores (each load of a weight
+// serves every token of the block, each load of a token every expert of a
+// pass): for many tokens one kernel does both, a block per kRouteTokens
+// tokens; a bucket of few tokens spreads the experts over blocks and writes
+// the scores to the workspace for the choosing kernel. Both compute each
+// logit with the same lanes in the same order.
 //
 //===----------------------------------------------------------------------===//
 
 #include "codegen/common/Numerics.h"
 #include "codegen/nvidia/kernels/KernelConfigs.h"
 #include "codegen/nvidia/kernels/Kernels.h"
+#include "codegen/nvidia/support/Hopper.h"
+#include "codegen/nvidia/support/Ring.h"
 
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 
@@ -58,33 +64,25 @@ Value warpArgmax(Emitter &e, Value lane, Value lb, Value ub,
       },
       e.index(32));
   Value first = lanes[0], best = lanes[1], value = lanes[2];
-  auto shuffle = [&](Value v, int64_t offset) {
-    return gpu::ShuffleOp::create(b, loc, v, offset, 32, gpu::ShuffleMode::XOR)
-        .getShuffleResult();
+  // Across the lanes, three redux.sync instead of a shuffle tree: the
+  // lowest first index (-1 is the largest unsigned), the largest key as an
+  // order-preserving integer (-0 added to +0 first, so equal keys are equal
+  // integers; 0 is below every key), then the lowest index holding it.
+  auto redux = [&](Value v, NVVM::ReduxKind kind) {
+    return NVVM::ReduxOp::create(b, loc, v.getType(), v, kind, e.i32(-1))
+        .getResult();
   };
-  for (int64_t offset = 16; offset > 0; offset /= 2) {
-    Value otherFirst = shuffle(first, offset);
-    Value otherBest = shuffle(best, offset),
-          otherValue = shuffle(value, offset);
-    // The lowest first index (-1 is none).
-    Value takeFirst =
-        e.andi(e.icmp(arith::CmpIPredicate::sge, otherFirst, e.i32(0)),
-               e.ori(e.icmp(arith::CmpIPredicate::slt, first, e.i32(0)),
-                     e.icmp(arith::CmpIPredicate::slt, otherFirst, first)));
-    first = e.select(takeFirst, otherFirst, first);
-    // The larger key, the lower index on a tie.
-    Value otherHas = e.icmp(arith::CmpIPredicate::sge, otherBest, e.i32(0));
-    Value mineNone = e.icmp(arith::CmpIPredicate::slt, best, e.i32(0));
-    Value equal = arith::CmpFOp::create(b, loc, arith::CmpFPredicate::OEQ,
-                                        otherValue, value);
-    Value takeBest = e.andi(
-        otherHas,
-        e.ori(mineNone, e.ori(e.fgt(otherValue, value),
-                              e.andi(equal, e.icmp(arith::CmpIPredicate::slt,
-                                                   otherBest, best)))));
-    best = e.select(takeBest, otherBest, best);
-    value = e.select(takeBest, otherValue, value);
-  }
+  first = redux(first, NVVM::ReduxKind::UMIN);
+  Type i32 = b.getI32Type();
+  Value bits = arith::BitcastOp::create(b, loc, i32, e.add(value, e.f32(0.0)));
+  Value sign = arith::ShRSIOp::create(b, loc, bits, e.i32(31));
+  Value order =
+      e.xori(bits, e.ori(sign, e.i32(static_cast<int32_t>(0x80000000u))));
+  Value has = e.icmp(arith::CmpIPredicate::sge, best, e.i32(0));
+  order = e.select(has, order, e.i32(0));
+  Value top = redux(order, NVVM::ReduxKind::UMAX);
+  best = redux(e.select(e.andi(has, e.eq(order, top)), best, none),
+               NVVM::ReduxKind::UMIN);
   // A sequential search keeps a NaN it met first; otherwise it ends on the
   // first of the largest keys.
   Value anyFirst = e.icmp(arith::CmpIPredicate::sge, first, e.i32(0));
@@ -219,8 +217,12 @@ struct Router {
           e.index(32));
       NVVM::SyncWarpOp::create(e.b, e.loc, e.i32(-1));
     };
+    auto forExperts = [&](function_ref<void(Value)> body) {
+      e.forEach(lane, e.index(experts), body, e.index(32));
+      NVVM::SyncWarpOp::create(e.b, e.loc, e.i32(-1));
+    };
     common::selectExperts(e, router, experts, topK, scratch, ids, weights, t,
-                          {argmax, single, softmax});
+                          {argmax, single, softmax, forExperts});
   }
 
   /// What a block of kRouteTokens tokens (blocks along x) works on.
@@ -263,7 +265,7 @@ Value rowOf(Emitter &e, Value buffer, Value r) {
 
 /// Shared scratch for `tokens` tokens' selections.
 common::RouteScratch scratchFor(Kernel &k, RouterAttr router, int64_t tokens,
-                                int64_t experts) {
+                                int64_t experts, int64_t topK) {
   Type f32 = k.b.getF32Type(), i8 = k.b.getI8Type();
   common::RouteScratch all;
   all.score = k.workgroupBuffer({tokens, experts}, f32);
@@ -273,15 +275,260 @@ common::RouteScratch scratchFor(Kernel &k, RouterAttr router, int64_t tokens,
     all.groupScore = k.workgroupBuffer({tokens, router.getNGroup()}, f32);
     all.groupTaken = k.workgroupBuffer({tokens, router.getNGroup()}, i8);
   }
+  all.chosen = k.workgroupBuffer({tokens, topK}, f32);
   return all;
 }
 
 common::RouteScratch rowsOf(Emitter &e, const common::RouteScratch &all,
                             Value r) {
-  return {rowOf(e, all.score, r), rowOf(e, all.choice, r),
-          rowOf(e, all.taken, r), rowOf(e, all.groupScore, r),
-          rowOf(e, all.groupTaken, r)};
+  return {rowOf(e, all.score, r),      rowOf(e, all.choice, r),
+          rowOf(e, all.taken, r),      rowOf(e, all.groupScore, r),
+          rowOf(e, all.groupTaken, r), rowOf(e, all.chosen, r)};
 }
+
+/// The router product on tensor cores (mma.sync m16n8k16, bf16 operands,
+/// f32 sums): a warp multiplies 16 router rows (A, experts) by 8-token
+/// tiles (B) over one chunk of kChunk columns, 32 columns a step. Each lane
+/// copies 16 contiguous bytes of a row a step, so the columns a step's two
+/// instructions see are a permutation of the step's 32, the same for A and
+/// B (a dot product is the same sum in any column order fed the same way).
+/// The copies are cp.async into the lane's own slots of a ring `stages`
+/// steps deep (loads into registers would be issued just before their
+/// products, each step waiting out the memory's latency in turn); a lane
+/// reads back only what it copied, so no warp or block waits for another.
+struct RouterProduct {
+  Emitter &e;
+  int64_t experts, h;
+  Value tokenCount;
+  /// Lane (group g = lane / 4, t = lane % 4).
+  Value lane, g, t;
+  /// The kernel's pointers to the hidden states and the router weights.
+  Value hiddenBase, weightBase;
+  AlignedShared &shared;
+  /// Where the warp's ring starts in the shared memory, and its depth.
+  Value ringOffset;
+  int64_t stages;
+
+  /// Ring bytes of a warp taking `tiles` token tiles `stages` deep.
+  static int64_t ringBytes(int64_t tiles, int64_t stages) {
+    return stages * (2 + tiles) * 32 * 16;
+  }
+
+  /// The shared byte offset of row r's slot of step i.
+  Value slot(int64_t i, int64_t r, int64_t rows) {
+    return e.iadd(ringOffset, e.iadd(e.index(((i % stages) * rows + r) * 512),
+                                     e.imul(lane, 16)));
+  }
+
+  /// One 16-byte copy of `row` of the buffer at `base` from column k to
+  /// shared byte `to`; columns past the row's end are zero (a copy of no
+  /// source bytes from a clamped address).
+  void copy(Value to, Value base, Value row, Value k) {
+    bool ragged = h % RouteConfig::kChunk != 0;
+    Value at = ragged ? e.minUI(k, e.index(h - 8)) : k;
+    Value size = ragged ? e.select(e.ult(k, e.index(h)), e.i32(16), e.i32(0))
+                        : e.i32(16);
+    Value offset = arith::IndexCastOp::create(
+        e.b, e.loc, e.b.getI64Type(), e.imul(e.iadd(e.imul(row, h), at), 2));
+    Value from = LLVM::GEPOp::create(e.b, e.loc, base.getType(),
+                                     e.b.getI8Type(), base, ValueRange{offset});
+    inlinePtx(e.b, e.loc, {}, {shared.address(to), from, size},
+              "cp.async.cg.shared.global [$0], [$1], 16, $2;", "l,l,r");
+  }
+  void commit() { inlinePtx(e.b, e.loc, {}, {}, "cp.async.commit_group;", ""); }
+  void waitFor(int64_t later) {
+    inlinePtx(e.b, e.loc, {}, {},
+              "cp.async.wait_group " + std::to_string(later) + ";", "");
+  }
+  /// The four words at shared byte `offset`.
+  SmallVector<Value> read(Value offset) {
+    Type i32 = e.b.getI32Type();
+    Value v = vector::LoadOp::create(e.b, e.loc, VectorType::get({4}, i32),
+                                     shared.view(sharedType({4}, i32), offset),
+                                     {e.index(0)});
+    SmallVector<Value> words;
+    for (int64_t j = 0; j < 4; ++j)
+      words.push_back(vector::ExtractOp::create(e.b, e.loc, v, j));
+    return words;
+  }
+
+  /// Step i of a chain of `chunks` chunks: the products of its words `w`
+  /// (A's two rows, then each token tile's) into the tiles' fragments,
+  /// started from zero at a chunk's first step, and at its last the
+  /// chunk's sums added to `sums` in order.
+  void step(int64_t i, ArrayRef<SmallVector<Value>> w,
+            SmallVector<Value> &frags, SmallVector<Value> &sums) {
+    MLIRContext *ctx = e.b.getContext();
+    Type f32 = e.b.getF32Type();
+    auto fragment = LLVM::LLVMStructType::getLiteral(ctx, {f32, f32, f32, f32});
+    std::array<NVVM::MMATypes, 2> types = {NVVM::MMATypes::bf16,
+                                           NVVM::MMATypes::bf16};
+    std::array<NVVM::MMALayout, 2> layouts = {NVVM::MMALayout::row,
+                                              NVVM::MMALayout::col};
+    int64_t steps = RouteConfig::kChunk / 32;
+    int64_t tiles = frags.size();
+    if (i % steps == 0)
+      for (int64_t n = 0; n < tiles; ++n)
+        frags[n] = zeroFragment(e.b, e.loc, fragment);
+    for (int64_t half = 0; half < 2; ++half) {
+      SmallVector<Value> a = {w[0][2 * half], w[1][2 * half],
+                              w[0][2 * half + 1], w[1][2 * half + 1]};
+      for (int64_t n = 0; n < tiles; ++n) {
+        SmallVector<Value> b = {w[2 + n][2 * half], w[2 + n][2 * half + 1]};
+        SmallVector<Value> c;
+        for (int64_t j = 0; j < 4; ++j)
+          c.push_back(LLVM::ExtractValueOp::create(e.b, e.loc, frags[n],
+                                                   ArrayRef<int64_t>{j}));
+        frags[n] =
+            NVVM::MmaOp::create(e.b, e.loc, fragment, a, b, c, {16, 8, 16},
+                                std::nullopt, std::nullopt, types, layouts);
+      }
+    }
+    if (i % steps != steps - 1)
+      return;
+    for (int64_t n = 0; n < tiles; ++n)
+      for (int64_t j = 0; j < 4; ++j) {
+        Value v = LLVM::ExtractValueOp::create(e.b, e.loc, frags[n],
+                                               ArrayRef<int64_t>{j});
+        if (i < steps)
+          sums.push_back(v);
+        else
+          sums[n * 4 + j] = e.add(sums[n * 4 + j], v);
+      }
+  }
+
+  /// The column of step i's 16 bytes for a lane of group position t.
+  Value stepColumn(Value chunk, int64_t i, Value t) {
+    int64_t steps = RouteConfig::kChunk / 32;
+    return e.iadd(e.imul(chunk, RouteConfig::kChunk),
+                  e.iadd(e.imul(t, 8), e.index(i % steps * 32)));
+  }
+
+  /// The sums of experts [expert0, expert0 + 16) and `tiles` tiles of 8
+  /// tokens from token0 (4 f32 a tile, its C fragment) over chunk `s`, the
+  /// warp copying its own rows into its own ring.
+  SmallVector<Value> warpProduct(Value s, Value expert0, Value token0,
+                                 int64_t tiles) {
+    Value lastExpert = e.index(experts - 1);
+    Value lastToken = e.isub(tokenCount, e.index(1));
+    // Row r of a step: A's two rows (experts g and g + 8), then each token
+    // tile's (token g of it); rows past the end clamped to the last.
+    SmallVector<std::pair<Value, Value>> rows = {
+        {weightBase, e.minUI(e.iadd(expert0, g), lastExpert)},
+        {weightBase,
+         e.minUI(e.iadd(expert0, e.iadd(g, e.index(8))), lastExpert)}};
+    for (int64_t n = 0; n < tiles; ++n)
+      rows.push_back(
+          {hiddenBase,
+           e.minUI(e.iadd(token0, e.iadd(g, e.index(8 * n))), lastToken)});
+    int64_t rowCount = rows.size();
+    int64_t total = RouteConfig::kChunk / 32;
+    auto issue = [&](int64_t i) {
+      for (auto [r, row] : llvm::enumerate(rows))
+        copy(slot(i, r, rowCount), row.first, row.second, stepColumn(s, i, t));
+      commit();
+    };
+    for (int64_t i = 0; i < std::min(stages, total); ++i)
+      issue(i);
+    SmallVector<Value> sums, frags(tiles);
+    for (int64_t i = 0; i < total; ++i) {
+      waitFor(std::min(stages - 1, total - 1 - i));
+      SmallVector<SmallVector<Value>> w;
+      for (int64_t r = 0; r < rowCount; ++r)
+        w.push_back(read(slot(i, r, rowCount)));
+      step(i, w, frags, sums);
+      // The slot is free once its words are in registers (the products
+      // above read them).
+      if (i + stages < total)
+        issue(i + stages);
+    }
+    return sums;
+  }
+
+  /// The block's product, every chunk in order: its 8 warps take
+  /// `expertWarps` tiles of 16 experts from expert0 by 256 / expertWarps
+  /// tokens from token0 (4 tiles of 8 a warp); each step's rows are copied
+  /// once for the block into a ring of `stages` shared by all, `tid` copying
+  /// its share. Returns the warp's sums (its experts and tokens below).
+  SmallVector<Value> blockProduct(int64_t chunks, Value expert0, Value token0,
+                                  int64_t expertWarps, Value warp, Value tid) {
+    int64_t tokenWarps = 8 / expertWarps, tiles = 4;
+    int64_t rowsA = expertWarps * 16, rowCount = rowsA + tokenWarps * 32;
+    int64_t stageBytes = rowCount * 64;
+    int64_t steps = RouteConfig::kChunk / 32, total = chunks * steps;
+    Value lastExpert = e.index(experts - 1);
+    Value lastToken = e.isub(tokenCount, e.index(1));
+    int64_t copies = rowCount * 4, perThread = llvm::divideCeil(copies, 256);
+    auto issue = [&](int64_t i) {
+      Value chunk = e.index(i / steps);
+      for (int64_t c = 0; c < perThread; ++c) {
+        Value item = e.iadd(tid, e.index(c * 256));
+        Value r = e.divUI(item, 4), seg = e.remUI(item, 4);
+        Value to =
+            e.iadd(ringOffset, e.iadd(e.index(i % stages * stageBytes),
+                                      e.iadd(e.imul(r, 64), e.imul(seg, 16))));
+        Value k = stepColumn(chunk, i, seg);
+        auto both = [&] {
+          Value isA = e.ult(r, e.index(rowsA));
+          e.ifThen(isA, [&] {
+            copy(to, weightBase, e.minUI(e.iadd(expert0, r), lastExpert), k);
+          });
+          e.ifThen(e.icmp(arith::CmpIPredicate::uge, r, e.index(rowsA)), [&] {
+            copy(to, hiddenBase,
+                 e.minUI(e.iadd(token0, e.isub(r, e.index(rowsA))), lastToken),
+                 k);
+          });
+        };
+        if ((c + 1) * 256 <= copies)
+          both();
+        else
+          e.ifThen(e.ult(item, e.index(copies)), both);
+      }
+      commit();
+    };
+    for (int64_t i = 0; i < std::min(stages - 1, total); ++i)
+      issue(i);
+    Value expertWarp = e.remUI(warp, expertWarps);
+    Value tokenWarp = e.divUI(warp, expertWarps);
+    SmallVector<Value> rows = {
+        e.iadd(e.imul(expertWarp, 16), g),
+        e.iadd(e.imul(expertWarp, 16), e.iadd(g, e.index(8)))};
+    for (int64_t n = 0; n < tiles; ++n)
+      rows.push_back(e.iadd(e.index(rowsA), e.iadd(e.imul(tokenWarp, 32),
+                                                   e.iadd(e.index(8 * n), g))));
+    SmallVector<Value> sums, frags(tiles);
+    for (int64_t i = 0; i < total; ++i) {
+      waitFor(std::min(stages - 2, total - 1 - i));
+      // Every copy of step i has landed, and every warp is done with the
+      // slot of step i - 1, which the next copies fill.
+      gpu::BarrierOp::create(e.b, e.loc);
+      if (i + stages - 1 < total)
+        issue(i + stages - 1);
+      SmallVector<SmallVector<Value>> w;
+      for (Value row : rows)
+        w.push_back(read(e.iadd(
+            ringOffset, e.iadd(e.index(i % stages * stageBytes),
+                               e.iadd(e.imul(row, 64), e.imul(t, 16))))));
+      step(i, w, frags, sums);
+    }
+    return sums;
+  }
+
+  /// Stores the C fragments `acc` of experts [expert0, +16) and `tiles`
+  /// token tiles from token0 with store(token, expert, value), skipping
+  /// those past the experts and the call's tokens.
+  void store(ArrayRef<Value> acc, Value expert0, Value token0, int64_t tiles,
+             function_ref<void(Value, Value, Value)> store) {
+    for (int64_t n = 0; n < tiles; ++n)
+      for (int64_t i = 0; i < 4; ++i) {
+        Value x = e.iadd(expert0, e.iadd(g, e.index(8 * (i / 2))));
+        Value tok =
+            e.iadd(token0, e.iadd(e.imul(t, 2), e.index(8 * n + i % 2)));
+        e.ifThen(e.andi(e.ult(x, e.index(experts)), e.ult(tok, tokenCount)),
+                 [&] { store(tok, x, acc[n * 4 + i]); });
+      }
+  }
+};
 } // namespace
 
 RouteConfig nvidia::configureRoute(RouteOp op, TokenLinear tokens,
@@ -300,9 +547,17 @@ RouteConfig nvidia::configureRoute(RouteOp op, TokenLinear tokens,
   int64_t splitTokens =
       expertParallel ? RouteConfig::kSplitTokensEp : RouteConfig::kSplitTokens;
   c.split = maxTokens > 0 ? maxTokens <= splitTokens : expertParallel;
+  auto hiddenType = cast<RankedTensorType>(op.getHiddenStates().getType());
+  c.tensorCores = weightType.getElementType().isBF16() &&
+                  hiddenType.getElementType().isBF16() && c.hidden % 8 == 0;
+  if (c.tensorCores) {
+    c.chunks = llvm::divideCeil(c.hidden, RouteConfig::kChunk);
+    c.split = maxTokens > 0 && maxTokens <= RouteConfig::kProductSplitTokens;
+  }
   c.unroll = c.experts % (kRouteWarps * 2) == 0 ? 2 : 1;
   c.logitBlocks = llvm::divideCeil(c.experts, kRouteWarps);
-  int64_t scratchBytes = c.experts * 9 + op.getRouter().getNGroup() * 5 + 64;
+  int64_t scratchBytes =
+      c.experts * 9 + op.getRouter().getNGroup() * 5 + c.topK * 4 + 64;
   c.selectWarps = std::clamp<int64_t>(sm90a::kSharedWithoutOptIn / scratchBytes,
                                       1, kRouteWarps);
   return c;
@@ -335,7 +590,8 @@ static LogicalResult buildFusedRoute(LayerKernels &layer, RouteOp op,
   Value ids = views[at], weights = views[at + 1];
   Value logitsView = op.getLogits() ? views[at + 2] : Value();
   Router route(k, op.getRouter(), cfg, cfg.unroll);
-  common::RouteScratch all = scratchFor(k, router, kRouteTokens, experts);
+  common::RouteScratch all =
+      scratchFor(k, router, kRouteTokens, experts, cfg.topK);
   Router::TokenBlock block = route.tokenBlock(cfg.tokens);
   Value count = block.count, firstToken = block.firstToken;
   Value warp = block.warp, lane = block.lane;
@@ -443,7 +699,8 @@ static LogicalResult buildRouteSelect(LayerKernels &layer, RouteOp op,
   Value scoreView = k.view(0, scores), choiceView = k.view(1, choices);
   Value ids = k.view(2, layer.info(op.getExpertIds()));
   Value weights = k.view(3, layer.info(op.getWeights()));
-  common::RouteScratch all = scratchFor(k, op.getRouter(), warps, cfg.experts);
+  common::RouteScratch all =
+      scratchFor(k, op.getRouter(), warps, cfg.experts, cfg.topK);
   Value tid = k.threadId();
   Value warp = e.divUI(tid, 32), lane = e.remUI(tid, 32);
   Value t = e.iadd(e.imul(k.blockId(gpu::Dimension::x), warps), warp);
@@ -463,6 +720,167 @@ static LogicalResult buildRouteSelect(LayerKernels &layer, RouteOp op,
   return k.finish(op);
 }
 
+/// The router product on tensor cores into `partials` ([T x parts, E] f32,
+/// token t's part p in row t * parts + p): with parts = chunks (the split
+/// form) a warp takes one chunk of 16 experts for 8 tokens, four chunks a
+/// block; with parts = 1 a warp sums every chunk of 16 experts for 32
+/// tokens, in order, as the choosing kernel sums the split form's parts.
+static LogicalResult buildRouteProduct(LayerKernels &layer, RouteOp op,
+                                       const RouteConfig &cfg,
+                                       const TensorInfo &partials) {
+  Kernel k = layer.kernelOn(op, "route_product",
+                            {layer.info(op.getHiddenStates()).buffer,
+                             layer.info(op.getRouterWeight()).buffer,
+                             partials.buffer});
+  Emitter &e = k.e;
+  int64_t experts = cfg.experts, chunks = cfg.chunks;
+  int64_t expertTiles = llvm::divideCeil(experts, 16);
+  k.launch.work = cfg.tokens;
+  if (cfg.split) {
+    k.launch.perBlock = 8;
+    k.launch.block = 128;
+    k.launch.gridY = expertTiles * llvm::divideCeil(chunks, 4);
+  } else {
+    int64_t expertWarps = std::min<int64_t>(4, llvm::PowerOf2Ceil(expertTiles));
+    k.launch.perBlock = 256 / expertWarps;
+    k.launch.block = 256;
+    k.launch.gridY = llvm::divideCeil(experts, expertWarps * 16);
+  }
+  Value count = k.linear(cfg.tokens);
+  Value tid = k.threadId();
+  Value warp = e.divUI(tid, 32), lane = e.remUI(tid, 32);
+  // A warp's ring in the split form holds its whole chunk; the block's
+  // ring in the other as many steps (a block of few copies a step needs
+  // seven in flight to cover the memory's latency).
+  int64_t expertWarps = std::min<int64_t>(4, llvm::PowerOf2Ceil(expertTiles));
+  int64_t stages = RouteConfig::kChunk / 32;
+  int64_t ring = cfg.split
+                     ? RouterProduct::ringBytes(1, stages)
+                     : stages * (expertWarps * 16 + 256 / expertWarps) * 64;
+  k.launch.sharedBytes =
+      (cfg.split ? k.launch.block / 32 * ring : ring) + sm90a::kSwizzleAlign;
+  AlignedShared shared(e);
+  RouterProduct product{e,
+                        experts,
+                        cfg.hidden,
+                        count,
+                        lane,
+                        e.divUI(lane, 4),
+                        e.remUI(lane, 4),
+                        k.func.getArgument(0),
+                        k.func.getArgument(1),
+                        shared,
+                        cfg.split ? e.imul(warp, ring) : e.index(0),
+                        stages};
+  Value out = k.view(2, partials);
+  Value bx = k.blockId(gpu::Dimension::x), by = k.blockId(gpu::Dimension::y);
+  if (cfg.split) {
+    Value token0 = e.imul(bx, 8);
+    Value expert0 = e.imul(e.remUI(by, expertTiles), 16);
+    Value s = e.iadd(e.imul(e.divUI(by, expertTiles), 4), warp);
+    e.ifThen(e.andi(e.ult(s, e.index(chunks)), e.ult(token0, count)), [&] {
+      SmallVector<Value> acc = product.warpProduct(s, expert0, token0, 1);
+      product.store(acc, expert0, token0, 1, [&](Value tok, Value x, Value v) {
+        e.storeRaw(v, out, {e.iadd(e.imul(tok, chunks), s), x});
+      });
+    });
+    return k.finish(op);
+  }
+  // A block of tokens past the call's exits whole (its warps meet at
+  // barriers).
+  int64_t blockTokens = 256 / expertWarps;
+  Value blockExpert0 = e.imul(by, expertWarps * 16);
+  Value blockToken0 = e.imul(bx, blockTokens);
+  k.onlyIf(e.ult(blockToken0, count));
+  SmallVector<Value> total = product.blockProduct(
+      chunks, blockExpert0, blockToken0, expertWarps, warp, tid);
+  Value expert0 = e.iadd(blockExpert0, e.imul(e.remUI(warp, expertWarps), 16));
+  Value token0 = e.iadd(blockToken0, e.imul(e.divUI(warp, expertWarps), 32));
+  product.store(total, expert0, token0, 4, [&](Value tok, Value x, Value v) {
+    e.storeRaw(v, out, {tok, x});
+  });
+  return k.finish(op);
+}
+
+/// Then a warp a token sums its parts in order, scores the experts and
+/// chooses.
+static LogicalResult buildRouteChoose(LayerKernels &layer, RouteOp op,
+                                      const RouteConfig &cfg,
+                                      const TensorInfo &partials,
+                                      int64_t parts) {
+  RouterAttr router = op.getRouter();
+  Value bias = op.getBias();
+  SmallVector<unsigned> buffers = {partials.buffer};
+  if (bias)
+    buffers.push_back(layer.info(bias).buffer);
+  buffers.append({layer.info(op.getExpertIds()).buffer,
+                  layer.info(op.getWeights()).buffer});
+  if (op.getLogits())
+    buffers.push_back(layer.info(op.getLogits()).buffer);
+  Kernel k = layer.kernelOn(op, "route_select", buffers);
+  int64_t warps = cfg.selectWarps;
+  k.launch.work = cfg.tokens;
+  k.launch.perBlock = warps;
+  k.launch.block = warps * 32;
+  Emitter &e = k.e;
+  Router route(k, router, cfg, 1);
+  Value partView = k.view(0, partials);
+  unsigned next = 1;
+  Value biasView = bias ? k.view(next++, layer.info(bias)) : Value();
+  Value ids = k.view(next++, layer.info(op.getExpertIds()));
+  Value weights = k.view(next++, layer.info(op.getWeights()));
+  Value logitsView =
+      op.getLogits() ? k.view(next, layer.info(op.getLogits())) : Value();
+  common::RouteScratch all =
+      scratchFor(k, router, warps, cfg.experts, cfg.topK);
+  Value tid = k.threadId();
+  Value warp = e.divUI(tid, 32), lane = e.remUI(tid, 32);
+  Value t = e.iadd(e.imul(k.blockId(gpu::Dimension::x), warps), warp);
+  // Warp-uniform: a whole warp has a token or none.
+  e.ifThen(e.ult(t, k.linear(cfg.tokens)), [&] {
+    common::RouteScratch mine = rowsOf(e, all, warp);
+    Value row = e.imul(t, parts);
+    // The lane's experts x = lane + 32 j, a group of them at a time with
+    // every part's load issued before any sum (a loop would wait out each
+    // expert's loads in turn; at most 64 loads in flight a lane), loads
+    // past the experts clamped to the last.
+    int64_t stripes = llvm::divideCeil(cfg.experts, 32);
+    int64_t group = std::max<int64_t>(1, 64 / parts);
+    for (int64_t first = 0; first < stripes; first += group) {
+      int64_t last = std::min(stripes, first + group);
+      SmallVector<SmallVector<Value>> loaded;
+      for (int64_t j = first; j < last; ++j) {
+        Value at =
+            e.minUI(e.iadd(lane, e.index(32 * j)), e.index(cfg.experts - 1));
+        loaded.emplace_back();
+        for (int64_t p = 0; p < parts; ++p)
+          loaded.back().push_back(
+              e.loadRaw(partView, {e.iadd(row, e.index(p)), at}));
+      }
+      for (int64_t j = first; j < last; ++j) {
+        Value x = e.iadd(lane, e.index(32 * j));
+        ArrayRef<Value> part = loaded[j - first];
+        e.ifThen(e.ult(x, e.index(cfg.experts)), [&] {
+          Value logit = part[0];
+          for (int64_t p = 1; p < parts; ++p)
+            logit = e.add(logit, part[p]);
+          Value b = biasView ? e.load(biasView, {x}) : Value();
+          auto [score, choice] =
+              common::expertScore(e, router.getKind(), logit, b);
+          e.storeRaw(score, mine.score, {x});
+          e.storeRaw(choice, mine.choice, {x});
+          if (logitsView)
+            e.storeRaw(common::routerLogit(e, router.getKind(), logit, b),
+                       logitsView, {t, x});
+        });
+      }
+    }
+    NVVM::SyncWarpOp::create(e.b, e.loc, e.i32(-1));
+    route.choose(mine, ids, weights, t, lane);
+  });
+  return k.finish(op);
+}
+
 LogicalResult nvidia::buildRoute(LayerKernels &layer, RouteOp op) {
   TokenLinear tokens = layer.info(op.getHiddenStates()).rows;
   RouteConfig cfg =
@@ -471,13 +889,22 @@ LogicalResult nvidia::buildRoute(LayerKernels &layer, RouteOp op) {
   layer.define(op.getWeights(), tokens);
   if (op.getLogits())
     layer.define(op.getLogits(), tokens);
+  auto f32 = Float32Type::get(op.getContext());
+  MemRefType scoreType =
+      MemRefType::get({ShapedType::kDynamic, cfg.experts}, f32);
+  if (cfg.tensorCores) {
+    int64_t parts = cfg.split ? cfg.chunks : 1;
+    TensorInfo partials{
+        layer.plan.addWorkspace(tokens * (parts * cfg.experts * 4)), scoreType,
+        tokens * parts};
+    if (failed(buildRouteProduct(layer, op, cfg, partials)))
+      return failure();
+    return buildRouteChoose(layer, op, cfg, partials, parts);
+  }
   if (!cfg.split)
     return buildFusedRoute(layer, op, cfg);
 
   // Few tokens: scores and choice keys go through the workspace.
-  auto f32 = Float32Type::get(op.getContext());
-  MemRefType scoreType =
-      MemRefType::get({ShapedType::kDynamic, cfg.experts}, f32);
   TensorInfo scores{layer.plan.addWorkspace(tokens * (cfg.experts * 4)),
                     scoreType, tokens};
   TensorInfo choices{layer.plan.addWorkspace(tokens * (cfg.experts * 4)),
