@@ -172,6 +172,50 @@ TEST_F(KernelConfigTest, DispatchPadsEachExpertsRows) {
   EXPECT_EQ(c.dispatchedRows.fixed, 10 * (c.align - 1));
 }
 
+TEST_F(KernelConfigTest, Bf16RouterTakesChunksOnTensorCores) {
+  // DeepSeek-V3's router: 7168 columns are 28 chunks of 256; a bucket of
+  // at most 512 tokens spreads the chunks over warps, a larger one (or any
+  // count) shares each step's rows a block.
+  auto op = parse<RouteOp>(R"(
+    func.func @f(%x: tensor<?x7168xbf16>, %w: tensor<256x7168xbf16>,
+                 %b: tensor<256xf32>) -> (tensor<?x8xi32>, tensor<?x8xf32>) {
+      %ids, %weights = moe.route %x, %w bias %b
+          {router = #moe.router<kind = sigmoid_grouped_topk, renormalize = true,
+                                n_group = 8, topk_group = 4, scaling = 2.5>}
+          : (tensor<?x7168xbf16>, tensor<256x7168xbf16>, tensor<256xf32>)
+          -> (tensor<?x8xi32>, tensor<?x8xf32>)
+      return %ids, %weights : tensor<?x8xi32>, tensor<?x8xf32>
+    })");
+  RouteConfig decode = configureRoute(op, TokenLinear{0, 1}, 128);
+  EXPECT_TRUE(decode.tensorCores);
+  EXPECT_EQ(decode.chunks, 28);
+  EXPECT_TRUE(decode.split);
+  EXPECT_FALSE(configureRoute(op, TokenLinear{0, 1}, 1024).split);
+  EXPECT_FALSE(configureRoute(op, TokenLinear{0, 1}, 0).split);
+  // Without buckets an expert-parallel layer shares the rows a block too.
+  EXPECT_FALSE(configureRoute(op, TokenLinear{0, 1}, 0, true).split);
+  // One warp's selection scratch a token: the experts' scores, choices and
+  // flags, the groups' and the chosen weights fit 8 warps a block.
+  EXPECT_EQ(decode.selectWarps, 8);
+}
+
+TEST_F(KernelConfigTest, RouterOfOddWidthStaysOnCudaCores) {
+  // 100 columns are not whole 16-byte copies: the logits on CUDA cores.
+  auto op = parse<RouteOp>(R"(
+    func.func @f(%x: tensor<?x100xbf16>, %w: tensor<8x100xbf16>)
+        -> (tensor<?x2xi32>, tensor<?x2xf32>) {
+      %ids, %weights = moe.route %x, %w
+          {router = #moe.router<kind = softmax_topk>}
+          : (tensor<?x100xbf16>, tensor<8x100xbf16>)
+          -> (tensor<?x2xi32>, tensor<?x2xf32>)
+      return %ids, %weights : tensor<?x2xi32>, tensor<?x2xf32>
+    })");
+  RouteConfig c = configureRoute(op, TokenLinear{0, 1}, 64);
+  EXPECT_FALSE(c.tensorCores);
+  EXPECT_TRUE(c.split);
+  EXPECT_FALSE(configureRoute(op, TokenLinear{0, 1}, 128).split);
+}
+
 namespace {
 /// Grouped matmuls of each encoding and epilogue the kernels have, at every
 /// plan a layer takes (any count, then decode and prefill buckets).

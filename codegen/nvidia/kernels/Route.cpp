@@ -446,14 +446,15 @@ struct RouterProduct {
   }
 
   /// The block's product, every chunk in order: its 8 warps take
-  /// `expertWarps` tiles of 16 experts from expert0 by 256 / expertWarps
-  /// tokens from token0 (4 tiles of 8 a warp); each step's rows are copied
+  /// `expertWarps` tiles of 16 experts from expert0 by `tiles` tiles of 8
+  /// tokens a warp from token0; each step's rows are copied
   /// once for the block into a ring of `stages` shared by all, `tid` copying
   /// its share. Returns the warp's sums (its experts and tokens below).
   SmallVector<Value> blockProduct(int64_t chunks, Value expert0, Value token0,
-                                  int64_t expertWarps, Value warp, Value tid) {
-    int64_t tokenWarps = 8 / expertWarps, tiles = 4;
-    int64_t rowsA = expertWarps * 16, rowCount = rowsA + tokenWarps * 32;
+                                  int64_t expertWarps, int64_t tiles,
+                                  Value warp, Value tid) {
+    int64_t tokenWarps = 8 / expertWarps;
+    int64_t rowsA = expertWarps * 16, rowCount = rowsA + tokenWarps * 8 * tiles;
     int64_t stageBytes = rowCount * 64;
     int64_t steps = RouteConfig::kChunk / 32, total = chunks * steps;
     Value lastExpert = e.index(experts - 1);
@@ -494,7 +495,7 @@ struct RouterProduct {
         e.iadd(e.imul(expertWarp, 16), g),
         e.iadd(e.imul(expertWarp, 16), e.iadd(g, e.index(8)))};
     for (int64_t n = 0; n < tiles; ++n)
-      rows.push_back(e.iadd(e.index(rowsA), e.iadd(e.imul(tokenWarp, 32),
+      rows.push_back(e.iadd(e.index(rowsA), e.iadd(e.imul(tokenWarp, 8 * tiles),
                                                    e.iadd(e.index(8 * n), g))));
     SmallVector<Value> sums, frags(tiles);
     for (int64_t i = 0; i < total; ++i) {
@@ -720,6 +721,15 @@ static LogicalResult buildRouteSelect(LayerKernels &layer, RouteOp op,
   return k.finish(op);
 }
 
+/// The block form's warps on experts and tiles of 8 tokens a warp: four
+/// warps of 16 experts where there are as many, each warp then on 32 tokens
+/// (a block of 64 x 64); fewer experts take a tile a warp, so that the
+/// blocks stay many (32 experts at 4096 tokens: 128 blocks, not 32).
+static std::pair<int64_t, int64_t> blockShape(int64_t expertTiles) {
+  int64_t expertWarps = std::min<int64_t>(4, llvm::PowerOf2Ceil(expertTiles));
+  return {expertWarps, expertWarps == 4 ? 4 : 1};
+}
+
 /// The router product on tensor cores into `partials` ([T x parts, E] f32,
 /// token t's part p in row t * parts + p): with parts = chunks (the split
 /// form) a warp takes one chunk of 16 experts for 8 tokens, four chunks a
@@ -741,8 +751,8 @@ static LogicalResult buildRouteProduct(LayerKernels &layer, RouteOp op,
     k.launch.block = 128;
     k.launch.gridY = expertTiles * llvm::divideCeil(chunks, 4);
   } else {
-    int64_t expertWarps = std::min<int64_t>(4, llvm::PowerOf2Ceil(expertTiles));
-    k.launch.perBlock = 256 / expertWarps;
+    auto [expertWarps, tiles] = blockShape(expertTiles);
+    k.launch.perBlock = 8 / expertWarps * 8 * tiles;
     k.launch.block = 256;
     k.launch.gridY = llvm::divideCeil(experts, expertWarps * 16);
   }
@@ -752,11 +762,11 @@ static LogicalResult buildRouteProduct(LayerKernels &layer, RouteOp op,
   // A warp's ring in the split form holds its whole chunk; the block's
   // ring in the other as many steps (a block of few copies a step needs
   // seven in flight to cover the memory's latency).
-  int64_t expertWarps = std::min<int64_t>(4, llvm::PowerOf2Ceil(expertTiles));
+  auto [expertWarps, tiles] = blockShape(expertTiles);
+  int64_t blockTokens = 8 / expertWarps * 8 * tiles;
   int64_t stages = RouteConfig::kChunk / 32;
-  int64_t ring = cfg.split
-                     ? RouterProduct::ringBytes(1, stages)
-                     : stages * (expertWarps * 16 + 256 / expertWarps) * 64;
+  int64_t ring = cfg.split ? RouterProduct::ringBytes(1, stages)
+                           : stages * (expertWarps * 16 + blockTokens) * 64;
   k.launch.sharedBytes =
       (cfg.split ? k.launch.block / 32 * ring : ring) + sm90a::kSwizzleAlign;
   AlignedShared shared(e);
@@ -788,17 +798,18 @@ static LogicalResult buildRouteProduct(LayerKernels &layer, RouteOp op,
   }
   // A block of tokens past the call's exits whole (its warps meet at
   // barriers).
-  int64_t blockTokens = 256 / expertWarps;
   Value blockExpert0 = e.imul(by, expertWarps * 16);
   Value blockToken0 = e.imul(bx, blockTokens);
   k.onlyIf(e.ult(blockToken0, count));
   SmallVector<Value> total = product.blockProduct(
-      chunks, blockExpert0, blockToken0, expertWarps, warp, tid);
+      chunks, blockExpert0, blockToken0, expertWarps, tiles, warp, tid);
   Value expert0 = e.iadd(blockExpert0, e.imul(e.remUI(warp, expertWarps), 16));
-  Value token0 = e.iadd(blockToken0, e.imul(e.divUI(warp, expertWarps), 32));
-  product.store(total, expert0, token0, 4, [&](Value tok, Value x, Value v) {
-    e.storeRaw(v, out, {tok, x});
-  });
+  Value token0 =
+      e.iadd(blockToken0, e.imul(e.divUI(warp, expertWarps), 8 * tiles));
+  product.store(total, expert0, token0, tiles,
+                [&](Value tok, Value x, Value v) {
+                  e.storeRaw(v, out, {tok, x});
+                });
   return k.finish(op);
 }
 
