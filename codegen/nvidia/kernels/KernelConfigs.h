@@ -194,9 +194,9 @@ DispatchConfig configureDispatch(DispatchOp op, TokenLinear tokens);
 /// ranges of kChunk, summed in order, whatever kernel computes them. For a
 /// bucket of at most kProductSplitTokens tokens each chunk of each 16
 /// experts' rows is a warp's on its own (the partial sums go through the
-/// workspace); otherwise a warp sums every chunk of 16 experts for 32
-/// tokens. A kernel of `selectWarps` warps a block then chooses, a token a
-/// warp.
+/// workspace); otherwise a block copies each step's rows once into a shared
+/// ring and each warp sums every chunk of 16 experts for its tokens. A
+/// kernel of `selectWarps` warps a block then chooses, a token a warp.
 /// Other routers: one kernel of blocks of kTokens tokens, or for a bucket of
 /// at most kSplitTokens tokens (kSplitTokensEp for an expert-parallel layer)
 /// a logits kernel that spreads the experts over blocks, then the choosing

@@ -3,9 +3,10 @@
 // moe.route. A router of bf16 rows takes its product on tensor cores, spread
 // over the GPU at any count: for a bucket of few tokens a warp a chunk of
 // columns of 16 experts' rows (the chunks' sums go through the workspace),
-// else a warp all of 16 experts' columns for 32 tokens, adding the same
-// chunk sums in the same order, so both choose the same experts with the
-// same weights, bit for bit, whatever the bucket or the rank. A warp a token
+// else a block sharing each step's rows, a warp all of 16 experts' columns
+// for its tokens, adding the same chunk sums in the same order, so both
+// choose the same experts with the same weights, bit for bit, whatever the
+// bucket or the rank. A warp a token
 // then scores and chooses with the selection code the CPU backend runs
 // (codegen/common/Numerics.h), its lanes splitting each search.
 // Other routers compute their logits on CUDA cores (each load of a weight
@@ -292,10 +293,10 @@ common::RouteScratch rowsOf(Emitter &e, const common::RouteScratch &all,
 /// copies 16 contiguous bytes of a row a step, so the columns a step's two
 /// instructions see are a permutation of the step's 32, the same for A and
 /// B (a dot product is the same sum in any column order fed the same way).
-/// The copies are cp.async into the lane's own slots of a ring `stages`
-/// steps deep (loads into registers would be issued just before their
-/// products, each step waiting out the memory's latency in turn); a lane
-/// reads back only what it copied, so no warp or block waits for another.
+/// The copies are cp.async into rings `stages` steps deep (loads into
+/// registers would be issued just before their products, each step waiting
+/// out the memory's latency in turn): a warp's own, where a lane reads back
+/// only what it copied, or a block's, shared behind a barrier a step.
 struct RouterProduct {
   Emitter &e;
   int64_t experts, h;
@@ -553,7 +554,13 @@ RouteConfig nvidia::configureRoute(RouteOp op, TokenLinear tokens,
                   hiddenType.getElementType().isBF16() && c.hidden % 8 == 0;
   if (c.tensorCores) {
     c.chunks = llvm::divideCeil(c.hidden, RouteConfig::kChunk);
-    c.split = maxTokens > 0 && maxTokens <= RouteConfig::kProductSplitTokens;
+    // The split form's partial sums (chunks x experts f32 a token) stay
+    // within 64 MiB of workspace and its grid within 65535 blocks on y.
+    int64_t gridY =
+        llvm::divideCeil(c.experts, 16) * llvm::divideCeil(c.chunks, 4);
+    c.split = maxTokens > 0 && maxTokens <= RouteConfig::kProductSplitTokens &&
+              maxTokens * c.chunks * c.experts * 4 <= (int64_t(64) << 20) &&
+              gridY <= 65535;
   }
   c.unroll = c.experts % (kRouteWarps * 2) == 0 ? 2 : 1;
   c.logitBlocks = llvm::divideCeil(c.experts, kRouteWarps);
@@ -733,8 +740,9 @@ static std::pair<int64_t, int64_t> blockShape(int64_t expertTiles) {
 /// The router product on tensor cores into `partials` ([T x parts, E] f32,
 /// token t's part p in row t * parts + p): with parts = chunks (the split
 /// form) a warp takes one chunk of 16 experts for 8 tokens, four chunks a
-/// block; with parts = 1 a warp sums every chunk of 16 experts for 32
-/// tokens, in order, as the choosing kernel sums the split form's parts.
+/// block; with parts = 1 a warp sums every chunk of 16 experts for its
+/// tokens (blockShape), in order, as the choosing kernel sums the split
+/// form's parts.
 static LogicalResult buildRouteProduct(LayerKernels &layer, RouteOp op,
                                        const RouteConfig &cfg,
                                        const TensorInfo &partials) {
@@ -852,29 +860,34 @@ static LogicalResult buildRouteChoose(LayerKernels &layer, RouteOp op,
     common::RouteScratch mine = rowsOf(e, all, warp);
     Value row = e.imul(t, parts);
     // The lane's experts x = lane + 32 j, a group of them at a time with
-    // every part's load issued before any sum (a loop would wait out each
-    // expert's loads in turn; at most 64 loads in flight a lane), loads
-    // past the experts clamped to the last.
+    // a batch of parts' loads issued before any sum (a loop would wait out
+    // each expert's loads in turn; at most 64 loads in flight a lane), the
+    // parts added in order; loads past the experts clamped to the last.
     int64_t stripes = llvm::divideCeil(cfg.experts, 32);
-    int64_t group = std::max<int64_t>(1, 64 / parts);
+    int64_t batch = std::min<int64_t>(parts, 64);
+    int64_t group = std::max<int64_t>(1, 64 / batch);
     for (int64_t first = 0; first < stripes; first += group) {
       int64_t last = std::min(stripes, first + group);
-      SmallVector<SmallVector<Value>> loaded;
-      for (int64_t j = first; j < last; ++j) {
-        Value at =
-            e.minUI(e.iadd(lane, e.index(32 * j)), e.index(cfg.experts - 1));
-        loaded.emplace_back();
-        for (int64_t p = 0; p < parts; ++p)
-          loaded.back().push_back(
-              e.loadRaw(partView, {e.iadd(row, e.index(p)), at}));
+      SmallVector<Value> sums(last - first);
+      for (int64_t from = 0; from < parts; from += batch) {
+        int64_t to = std::min(parts, from + batch);
+        SmallVector<SmallVector<Value>> loaded;
+        for (int64_t j = first; j < last; ++j) {
+          Value at =
+              e.minUI(e.iadd(lane, e.index(32 * j)), e.index(cfg.experts - 1));
+          loaded.emplace_back();
+          for (int64_t p = from; p < to; ++p)
+            loaded.back().push_back(
+                e.loadRaw(partView, {e.iadd(row, e.index(p)), at}));
+        }
+        for (int64_t j = first; j < last; ++j)
+          for (Value v : loaded[j - first])
+            sums[j - first] = sums[j - first] ? e.add(sums[j - first], v) : v;
       }
       for (int64_t j = first; j < last; ++j) {
         Value x = e.iadd(lane, e.index(32 * j));
-        ArrayRef<Value> part = loaded[j - first];
+        Value logit = sums[j - first];
         e.ifThen(e.ult(x, e.index(cfg.experts)), [&] {
-          Value logit = part[0];
-          for (int64_t p = 1; p < parts; ++p)
-            logit = e.add(logit, part[p]);
           Value b = biasView ? e.load(biasView, {x}) : Value();
           auto [score, choice] =
               common::expertScore(e, router.getKind(), logit, b);

@@ -8,24 +8,33 @@
 // CHECK-SAME: moe.launch_plan = #moe.launch_plan<buffers = [#moe.buffer<kind = argument>, #moe.buffer<kind = argument, index = 1>, #moe.buffer<kind = argument, index = 2>, #moe.buffer<kind = argument, index = 3>, #moe.buffer<kind = argument, index = 4>,
 // Slices whose launches do not overlap share bytes: the expert ids (live
 // through the dispatch plan), the dispatched rows (scatter to gate/up) and
-// the down matmul's output (down to combine) all start at 0.
-// CHECK-SAME: #moe.buffer<bytes = 8 * T>, #moe.buffer<bytes = 8 * T, offset = 256 * T>, #moe.buffer<bytes = 32, offset = 1024 * T>, #moe.buffer<bytes = 36, offset = 256 + 1024 * T>, #moe.buffer<bytes = 8 * T, offset = 512 * T>, #moe.buffer<bytes = 256 * T>, #moe.buffer<bytes = 128 * T, offset = 768 * T>, #moe.buffer<bytes = 256 * T>]
-// CHECK-SAME: tensor_maps = [#moe.tensor_map<buffer = 10, element_bytes = 2, rows = 2 * T, cols = 64, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 2, element_bytes = 2, rows = 512, cols = 64, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 11, element_bytes = 2, rows = 2 * T, cols = 32, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 3, element_bytes = 2, rows = 512, cols = 32, box_rows = 128, box_cols = 64>]
-// CHECK-SAME: launches = [#moe.launch<kernel = @moe_route, work = 1 * T, per_block = 4, block = 256, args = [buffer 0, buffer 1, buffer 5, buffer 6, tokens]>,
-// CHECK-SAME: #moe.launch<kernel = @moe_dispatch_plan, work = 1, block = 1024, args = [buffer 5, buffer 7, buffer 8, buffer 9, tokens]>,
-// CHECK-SAME: #moe.launch<kernel = @moe_dispatch_scatter, work = 1 * T, block = 128, args = [buffer 0, buffer 9, buffer 10, tokens]>,
-// CHECK-SAME: #moe.launch<kernel = @moe_grouped_matmul_gate_up, work = 2 * T, per_block = 128, extra_blocks = 8, block = 384, shared_bytes = 214016, args = [buffer 11, buffer 7, buffer 8, tensor_map 0, tensor_map 1, tokens]>,
-// CHECK-SAME: #moe.launch<kernel = @moe_grouped_matmul_down, work = 2 * T, per_block = 128, extra_blocks = 8, block = 384, shared_bytes = 214016, args = [buffer 12, buffer 7, buffer 8, tensor_map 2, tensor_map 3, tokens]>,
-// CHECK-SAME: #moe.launch<kernel = @moe_combine, work = 1 * T, block = 128, args = [buffer 12, buffer 9, buffer 4, buffer 6, tokens]>]>
+// the down matmul's output (down to combine) all start at 0; the route's
+// partial sums (product to select, 8 experts' f32 a token) and the
+// dispatch's rows (plan to combine) both at 512 * T.
+// CHECK-SAME: #moe.buffer<bytes = 8 * T>, #moe.buffer<bytes = 8 * T, offset = 256 * T>, #moe.buffer<bytes = 32 * T, offset = 512 * T>, #moe.buffer<bytes = 32, offset = 1024 * T>, #moe.buffer<bytes = 36, offset = 256 + 1024 * T>, #moe.buffer<bytes = 8 * T, offset = 512 * T>, #moe.buffer<bytes = 256 * T>, #moe.buffer<bytes = 128 * T, offset = 768 * T>, #moe.buffer<bytes = 256 * T>]
+// CHECK-SAME: tensor_maps = [#moe.tensor_map<buffer = 11, element_bytes = 2, rows = 2 * T, cols = 64, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 2, element_bytes = 2, rows = 512, cols = 64, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 12, element_bytes = 2, rows = 2 * T, cols = 32, box_rows = 128, box_cols = 64>, #moe.tensor_map<buffer = 3, element_bytes = 2, rows = 512, cols = 32, box_rows = 128, box_cols = 64>]
+// The route of bf16 rows is two kernels: the product on tensor cores into
+// the workspace, then a warp per token choosing.
+// CHECK-SAME: launches = [#moe.launch<kernel = @moe_route_product, work = 1 * T, per_block = 64, block = 256, shared_bytes = 41984, args = [buffer 0, buffer 1, buffer 7, tokens]>,
+// CHECK-SAME: #moe.launch<kernel = @moe_route_select, work = 1 * T, per_block = 8, block = 256, args = [buffer 7, buffer 5, buffer 6, tokens]>,
+// CHECK-SAME: #moe.launch<kernel = @moe_dispatch_plan, work = 1, block = 1024, args = [buffer 5, buffer 8, buffer 9, buffer 10, tokens]>,
+// CHECK-SAME: #moe.launch<kernel = @moe_dispatch_scatter, work = 1 * T, block = 128, args = [buffer 0, buffer 10, buffer 11, tokens]>,
+// CHECK-SAME: #moe.launch<kernel = @moe_grouped_matmul_gate_up, work = 2 * T, per_block = 128, extra_blocks = 8, block = 384, shared_bytes = 214016, args = [buffer 12, buffer 8, buffer 9, tensor_map 0, tensor_map 1, tokens]>,
+// CHECK-SAME: #moe.launch<kernel = @moe_grouped_matmul_down, work = 2 * T, per_block = 128, extra_blocks = 8, block = 384, shared_bytes = 214016, args = [buffer 13, buffer 8, buffer 9, tensor_map 2, tensor_map 3, tokens]>,
+// CHECK-SAME: #moe.launch<kernel = @moe_combine, work = 1 * T, block = 128, args = [buffer 13, buffer 10, buffer 4, buffer 6, tokens]>]>
 // The function itself is untouched: the host code reads only its plan.
 // CHECK: moe.route
 // CHECK: moe.combine
 // CHECK: gpu.module @layer_kernels
-// CHECK: gpu.func @moe_route(%{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr) workgroup({{.*}}llvm.align = 16
-// CHECK-SAME: kernel
 // Each kernel is launched as a programmatic dependent of the one before it:
 // it waits for that one before its first memory access (the token count),
 // and signals its own dependents only by exiting.
+// CHECK: gpu.func @moe_route_product(%{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr) kernel
+// CHECK-NEXT: nvvm.griddepcontrol wait
+// CHECK-NEXT: llvm.load
+// CHECK-NOT: launch_dependents
+// CHECK: gpu.func @moe_route_select(%{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr) workgroup({{.*}}llvm.align = 16
+// CHECK-SAME: kernel
 // CHECK-NEXT: nvvm.griddepcontrol wait
 // CHECK-NEXT: llvm.load
 // CHECK-NOT: launch_dependents
@@ -102,12 +111,39 @@ func.func @odd_k(%x: tensor<?x100xbf16>, %w: tensor<64x100xbf16>) -> tensor<?x64
 
 // -----
 
-// Four tokens' scores for every expert must fit in a block's shared memory.
-func.func @too_many_experts(%hidden: tensor<?x64xbf16>, %router: tensor<2048x64xbf16>)
+// A choosing warp keeps its token's scratch in shared memory: scores,
+// choice keys and taken flags (9 bytes an expert) and the chosen weights.
+// The select kernel takes as many warps a block as fit in 48 KiB, down to
+// one: 5456 experts fit (49120 bytes), one more does not.
+// CHECK-LABEL: func.func @most_experts
+// CHECK-SAME: #moe.launch<kernel = @moe_route_select, work = 1 * T, block = 32,
+// CHECK: gpu.func @moe_route_select({{.*}}) workgroup(%{{.*}} : memref<1x5456xf32, #gpu.address_space<workgroup>>
+func.func @most_experts(%hidden: tensor<?x64xbf16>, %router: tensor<5456x64xbf16>)
     -> (tensor<?x2xi32>, tensor<?x2xf32>) {
-  // expected-error @+1 {{needs 73728 bytes of shared memory in moe_route; a sm_90a kernel has at most 49152 without opting in}}
   %ids, %weights = moe.route %hidden, %router {router = #moe.router<kind = softmax_topk>}
-      : (tensor<?x64xbf16>, tensor<2048x64xbf16>) -> (tensor<?x2xi32>, tensor<?x2xf32>)
+      : (tensor<?x64xbf16>, tensor<5456x64xbf16>) -> (tensor<?x2xi32>, tensor<?x2xf32>)
+  return %ids, %weights : tensor<?x2xi32>, tensor<?x2xf32>
+}
+
+// -----
+
+func.func @too_many_experts(%hidden: tensor<?x64xbf16>, %router: tensor<5457x64xbf16>)
+    -> (tensor<?x2xi32>, tensor<?x2xf32>) {
+  // expected-error @+1 {{needs 49168 bytes of shared memory in moe_route_select; a sm_90a kernel has at most 49152 without opting in}}
+  %ids, %weights = moe.route %hidden, %router {router = #moe.router<kind = softmax_topk>}
+      : (tensor<?x64xbf16>, tensor<5457x64xbf16>) -> (tensor<?x2xi32>, tensor<?x2xf32>)
+  return %ids, %weights : tensor<?x2xi32>, tensor<?x2xf32>
+}
+
+// -----
+
+// A router of f32 rows routes on CUDA cores, a block per four tokens whose
+// scratch must all fit: 2048 experts need 4 x (9 x 2048 + 2 x 4) bytes.
+func.func @too_many_experts_f32(%hidden: tensor<?x64xbf16>, %router: tensor<2048x64xf32>)
+    -> (tensor<?x2xi32>, tensor<?x2xf32>) {
+  // expected-error @+1 {{needs 73760 bytes of shared memory in moe_route; a sm_90a kernel has at most 49152 without opting in}}
+  %ids, %weights = moe.route %hidden, %router {router = #moe.router<kind = softmax_topk>}
+      : (tensor<?x64xbf16>, tensor<2048x64xf32>) -> (tensor<?x2xi32>, tensor<?x2xf32>)
   return %ids, %weights : tensor<?x2xi32>, tensor<?x2xf32>
 }
 
@@ -170,33 +206,41 @@ func.func @two_blocks(%x: tensor<?x64xbf16>, %w: tensor<64x64xbf16>) -> tensor<?
 // -----
 
 // With token buckets, each bucket gets a plan of its own beside the plan for
-// any count. A bucket of few tokens routes in two kernels (logits spread
-// over blocks, then a warp per token choosing); a bucket's graph encodes
-// TMA descriptors for its size, so the caller's rows that a matmul reads
-// with TMA are first copied into the workspace; its matmuls take the
-// decode tile (operands swapped: a consumer warpgroup and a producer warp).
-// A bucket's kernel equal to one built before is launched from there, not
-// built again.
+// any count. A bucket of up to 512 tokens takes the router's product in
+// the split form (a warp per chunk of 256 columns of 16 experts for 8
+// tokens, 128 threads a block), the plan for any count in the block form
+// (a block sharing each step's rows, 64 tokens of 8 experts here); with
+// one chunk (hidden 64) both leave one part a token, so they share the
+// choosing kernel.
+// A bucket's graph encodes TMA descriptors for its size, so the caller's
+// rows that a matmul reads with TMA are first copied into the workspace;
+// its matmuls take the decode tile (operands swapped: a consumer warpgroup
+// and a producer warp). A bucket's kernel equal to one built before is
+// launched from there, not built again (bucket 128 routes with bucket 1's
+// kernels).
 // CHECK-LABEL: func.func @bucketed
 // CHECK-SAME: moe.bucket_plans = [#moe.launch_plan<
-// CHECK-SAME: #moe.launch<kernel = @moe_route_logits, work = 1 * T, per_block = 4, block = 256
-// CHECK-SAME: #moe.launch<kernel = @moe_route_select,
+// CHECK-SAME: #moe.launch<kernel = @moe_route_product_1, work = 1 * T, per_block = 8, block = 128, shared_bytes = 50176,
+// CHECK-SAME: #moe.launch<kernel = @moe_route_select, work = 1 * T, per_block = 8, block = 256,
 // CHECK-SAME: kernel = @moe_dispatch_plan,
 // CHECK-SAME: kernel = @moe_copy_rows_shared,
 // CHECK-SAME: #moe.launch<kernel = @moe_matmul_shared_1, work = 1, block = 160,
 // CHECK-SAME: max_tokens = 1>, #moe.launch_plan<
-// CHECK-SAME: #moe.launch<kernel = @moe_route, work = 1 * T, per_block = 4
+// CHECK-SAME: #moe.launch<kernel = @moe_route_product_1, work = 1 * T, per_block = 8, block = 128,
+// CHECK-SAME: #moe.launch<kernel = @moe_route_select,
 // CHECK-SAME: kernel = @moe_copy_rows_shared,
 // CHECK-SAME: max_tokens = 128>]
 // CHECK-SAME: moe.launch_plan = #moe.launch_plan<
 // CHECK-NOT: copy_rows
+// CHECK-SAME: #moe.launch<kernel = @moe_route_product, work = 1 * T, per_block = 64, block = 256, shared_bytes = 41984,
+// CHECK-SAME: #moe.launch<kernel = @moe_route_select,
 // CHECK-SAME: kernel = @moe_matmul_shared,
 // CHECK-NOT: max_tokens
 // CHECK-SAME: >
 // CHECK: gpu.module @bucketed_kernels
-// CHECK-COUNT-1: gpu.func @moe_route(
-// CHECK-COUNT-1: gpu.func @moe_route_logits(
+// CHECK-COUNT-1: gpu.func @moe_route_product(
 // CHECK-COUNT-1: gpu.func @moe_route_select(
+// CHECK-COUNT-1: gpu.func @moe_route_product_1(
 // CHECK-COUNT-1: gpu.func @moe_copy_rows_shared(
 // CHECK-COUNT-1: gpu.func @moe_matmul_shared_1(
 // CHECK-NOT: gpu.func
