@@ -156,9 +156,9 @@ def kernel_times(layer, tensors):
     return profiled_kernels(lambda: layer.forward(*tensors))
 
 
-def profiled_kernels(fn, repeats=3):
-    """Mean device time (us) of each of our kernels in one call of `fn`,
-    from torch.profiler."""
+def profiled_kernels(fn, repeats=3, keep=None):
+    """Mean device time (us) of each of our kernels (or of those whose names
+    `keep` accepts) in one call of `fn`, from torch.profiler."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     fn()
@@ -171,7 +171,45 @@ def profiled_kernels(fn, repeats=3):
     for ev in prof.key_averages():
         # Our kernels: moe_<family>[_<step>] (k<N>_<family> before they
         # had stable names).
-        if ev.key.startswith("moe_") or (ev.key.startswith("k") and "_" in ev.key):
+        ours = ev.key.startswith("moe_") or (ev.key.startswith("k")
+                                             and "_" in ev.key)
+        if keep(ev.key) if keep else ours:
             t = getattr(ev, "device_time", None) or ev.cuda_time
             times[ev.key] = times.get(ev.key, 0) + t * ev.count / repeats
     return times
+
+
+def route_reference(info, named, x):
+    """The layer's routing of tokens `x` in f32 PyTorch (docs/numerics.md):
+    (weights, expert ids), [T, k], the weights renormalized and scaled as
+    the config says; DeepSeek-V3's grouped sigmoid top-k follows HF (a
+    dropped group's choices become 0)."""
+    import torch
+    c = info["config"]
+    logits = x.float() @ named["router_weight"].float().t()
+    kind, k = c["router"], c["top_k"]
+    bias = named.get("router_bias")
+    if kind == "softmax_topk":
+        if bias is not None:
+            logits = logits + bias.float()
+        w, ids = logits.softmax(-1).topk(k, -1)
+        if c["renormalize"]:
+            w = w / w.sum(-1, keepdim=True)
+    elif kind == "sigmoid_grouped_topk":
+        s = logits.sigmoid()
+        choice = s + (bias.float() if bias is not None else 0)
+        g = c["n_group"]
+        if g > 1:
+            grouped = choice.view(x.shape[0], g, -1)
+            gscore = grouped.topk(2, -1).values.sum(-1)
+            keep = torch.zeros_like(gscore).scatter_(
+                1, gscore.topk(c["topk_group"], -1).indices, 1.0)
+            mask = keep[:, :, None].expand_as(grouped).reshape_as(choice)
+            choice = choice.masked_fill(mask == 0, 0.0)
+        ids = choice.topk(k, -1).indices
+        w = s.gather(1, ids)
+        if c["renormalize"]:
+            w = w / (w.sum(-1, keepdim=True) + 1e-20)
+    else:
+        raise NotImplementedError(f"reference for router {kind}")
+    return w * c["scaling"], ids

@@ -49,7 +49,7 @@ import os
 import torch
 
 from bench.common import ROOT, bench, dequantized, emit, make_inputs, \
-    profiled_kernels, torch_dtype
+    profiled_kernels, route_reference, torch_dtype
 from bench import vllm_peer
 
 
@@ -103,56 +103,17 @@ def kernels_named(fn, name, repeats=3):
     """Device us of the kernels whose names hold `name` in one call of `fn`
     (torch.profiler, the mean of `repeats`); None if the profiler saw
     none."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(repeats):
-            fn()
-        torch.cuda.synchronize()
-    total, seen = 0.0, False
-    for ev in prof.key_averages():
-        if name in ev.key:
-            t = getattr(ev, "device_time", None) or ev.cuda_time
-            total += t * ev.count / repeats
-            seen = True
-    return total if seen else None
+    times = profiled_kernels(fn, repeats, keep=lambda key: name in key)
+    return sum(times.values()) if times else None
 
 
 def route(info, named, x):
-    """Our layer's routing (docs/numerics.md) in f32 PyTorch: (weights f32,
-    expert ids int32), [T, k], the weights scaled by the config's scaling,
-    as vLLM's kernel multiplies them into the down output. Softmax top-k is
-    vLLM's topk_softmax; DeepSeek-V3's grouped sigmoid top-k follows HF (a
-    dropped group's choices become 0), as our layer does."""
-    c = info["config"]
+    """Our layer's routing (bench.common.route_reference) as vLLM's kernel
+    takes it: f32 weights (scaled, as the kernel multiplies them into the
+    down output) and int32 expert ids, [T, k], contiguous."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    logits = x.float() @ named["router_weight"].float().t()
-    bias = named.get("router_bias")
-    k = c["top_k"]
-    if c["router"] == "softmax_topk":
-        if bias is not None:
-            logits = logits + bias.float()
-        w, ids = vllm_peer.topk_softmax(logits, k, c["renormalize"])
-    elif c["router"] == "sigmoid_grouped_topk":
-        s = logits.sigmoid()
-        choice = s + (bias.float() if bias is not None else 0)
-        groups = c["n_group"]
-        if groups > 1:
-            grouped = choice.view(x.shape[0], groups, -1)
-            best = grouped.topk(2, -1).values.sum(-1)
-            keep = torch.zeros_like(best).scatter_(
-                1, best.topk(c["topk_group"], -1).indices, 1.0)
-            mask = keep[:, :, None].expand_as(grouped).reshape_as(choice)
-            choice = choice.masked_fill(mask == 0, 0.0)
-        ids = choice.topk(k, -1).indices
-        w = s.gather(1, ids)
-        if c["renormalize"]:
-            w = w / (w.sum(-1, keepdim=True) + 1e-20)
-        ids = ids.int()
-    else:
-        raise NotImplementedError(f"router {c['router']}: no vLLM peer")
-    return (w * c["scaling"]).contiguous(), ids.contiguous()
+    w, ids = route_reference(info, named, x)
+    return w.contiguous(), ids.int().contiguous()
 
 
 def shared_expert(named, x):

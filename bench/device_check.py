@@ -18,41 +18,15 @@ import sys
 import torch
 from moe_compiler import Layer
 
-from bench.common import bench, emit, kernel_times, make_inputs, peer_layer
+from bench.common import (bench, emit, kernel_times, make_inputs, peer_layer,
+                          route_reference)
 
 
 def reference(info, named):
     """The layer in float32 (no intermediate rounding) for bf16 layers."""
     c = info["config"]
     x = named["hidden_states"].float()
-    logits = x @ named["router_weight"].float().t()
-    kind, k = c["router"], c["top_k"]
-    bias = named.get("router_bias")
-    if kind == "softmax_topk":
-        if bias is not None:
-            logits = logits + bias.float()
-        probs = logits.softmax(-1)
-        w, ids = probs.topk(k, -1)
-        if c["renormalize"]:
-            w = w / w.sum(-1, keepdim=True)
-    elif kind == "sigmoid_grouped_topk":
-        s = logits.sigmoid()
-        choice = s + (bias.float() if bias is not None else 0)
-        g = c["n_group"]
-        if g > 1:
-            grouped = choice.view(x.shape[0], g, -1)
-            gscore = grouped.topk(2, -1).values.sum(-1)
-            keep = torch.zeros_like(gscore).scatter_(
-                1, gscore.topk(c["topk_group"], -1).indices, 1.0)
-            mask = keep[:, :, None].expand_as(grouped).reshape_as(choice)
-            choice = choice.masked_fill(mask == 0, 0.0)
-        ids = choice.topk(k, -1).indices
-        w = s.gather(1, ids)
-        if c["renormalize"]:
-            w = w / (w.sum(-1, keepdim=True) + 1e-20)
-        w = w * c["scaling"]
-    else:
-        raise NotImplementedError(f"reference for router {kind}")
+    w, ids = route_reference(info, named, x)
     if c["quant"] is not None or c["activation"] != "swiglu":
         raise NotImplementedError("float32 reference covers bf16 SwiGLU")
     def swiglu(h):
