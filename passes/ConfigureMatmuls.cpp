@@ -38,11 +38,23 @@ constexpr int64_t kAnyTokens = 4096;
 // Persistent kernels: up to this many K stages, or weights of at most this
 // many elements an expert.
 constexpr int64_t kPersistentKTiles = 32, kPersistentWeightElements = 32 << 20;
-// Decode tiles (swap_ab) serve buckets of at most this many tokens: the
+// Decode tiles (swap_ab) serve buckets of at most kSwapTokens tokens: the
 // weights are wgmma's 64-row fragments, an expert's rows (at most a
 // token each) its N. Two blocks share a multiprocessor, and a split
-// streams at least kSwapMinSplitTiles stages.
-constexpr int64_t kSwapTokens = 64, kSwapMinSplitTiles = 4;
+// streams at least kSwapMinSplitTiles stages. Up to kSwapMaxTokens they
+// serve a bucket where an expert has at most kSwapMeanRows rows on average
+// and its weight tiles take at most kSwapRereads row tiles each: the row
+// tiles of a weight tile run together and read it through L2, which
+// streams about twice HBM's bytes, and more rows an expert are the wide
+// tile's (H200: Qwen3-30B-A3B FP8 at 128 and 512 tokens, 170.8 and 232.8
+// us of matmuls against the wide tile's 241.5 and 251.0; DeepSeek-V3's
+// shard at 512, 128 rows an expert, 1,203 against 680 in FP8 and 1,372
+// against 1,010 in bf16). A dense matmul whose wide tiles leave the GPU
+// idle takes up to kSwapRereadsIdle row tiles (the shared expert at 128
+// tokens, 36.4 against 98.7 us; bench/RESULTS.md).
+constexpr int64_t kSwapTokens = 64, kSwapMaxTokens = 512,
+                  kSwapMinSplitTiles = 4, kSwapMeanRows = 32, kSwapRereads = 2,
+                  kSwapRereadsIdle = 8;
 
 /// Where `value`'s rows are made, followed back through the row-wise steps
 /// (quantize, pad, a matmul), which keep their input's: a moe.dispatch, a
@@ -165,6 +177,11 @@ struct Pins {
   std::optional<MatmulRaster> raster;
   std::optional<bool> swapAB, persistent;
   std::optional<MatmulEpilogue> epilogue;
+};
+
+/// A decode tile's rows (wgmma's N) and weight rows.
+struct DecodeTile {
+  int64_t tileM, tileN;
 };
 
 LogicalResult parseCount(StringRef key, StringRef text, int64_t &value,
@@ -326,38 +343,79 @@ struct ConfigureMatmulsPass
   MatmulConfigAttr chooseDecodeTile(GroupedMatmulOp op,
                                     const MatmulShape &shape, int64_t tokens,
                                     int64_t stamp) const;
+  /// The decode tile's shape for calls of `tokens`.
+  DecodeTile decodeTile(const MatmulShape &shape, int64_t tokens) const;
+  /// Whether a bucket of `tokens` takes the decode tile.
+  bool decodeServes(const MatmulShape &shape, int64_t tokens) const;
 
   Pins pins;
 };
 } // namespace
 
-MatmulConfigAttr
-ConfigureMatmulsPass::chooseDecodeTile(GroupedMatmulOp op,
-                                       const MatmulShape &shape, int64_t tokens,
-                                       int64_t stamp) const {
-  // An expert's rows in one tile: a token chooses an expert once (from
-  // each rank, when every rank brings as many).
+/// Rows of a call of `tokens` tokens: a token chooses an expert once (from
+/// each rank, when every rank brings as many).
+int64_t decodeRows(const MatmulShape &shape, int64_t tokens) {
   int64_t ranks = std::max<int64_t>(shape.received, 1);
-  int64_t rowCount = std::max<int64_t>(
-      shape.received ? tokens * ranks * shape.topK
-                     : shape.rows.fixed + shape.rows.perToken * tokens,
-      1);
+  return std::max<int64_t>(shape.received ? tokens * ranks * shape.topK
+                                          : shape.rows.fixed +
+                                                shape.rows.perToken * tokens,
+                           1);
+}
+
+DecodeTile ConfigureMatmulsPass::decodeTile(const MatmulShape &shape,
+                                            int64_t tokens) const {
+  // An expert's rows in one tile.
+  int64_t ranks = std::max<int64_t>(shape.received, 1);
+  int64_t rowCount = decodeRows(shape, tokens);
   int64_t expertRows =
       shape.grouped ? std::min(tokens * ranks, rowCount) : rowCount;
-  int64_t tileM = std::clamp<int64_t>(llvm::PowerOf2Ceil(expertRows), 8, 64);
+  DecodeTile tile;
+  tile.tileM = std::clamp<int64_t>(llvm::PowerOf2Ceil(expertRows), 8, 64);
   // 64-row fragments: two (ungated), or gate and up fragments for at
   // least 64 outputs and a whole output quantization block.
   int64_t outputs = shape.gated ? std::max<int64_t>(64, shape.outBlock) : 128;
-  int64_t tileN = pins.tileN.value_or(shape.gated ? 2 * outputs : outputs);
-  int64_t fragments = tileN / kSwapFragmentRows;
+  tile.tileN = pins.tileN.value_or(shape.gated ? 2 * outputs : outputs);
+  int64_t fragments = tile.tileN / kSwapFragmentRows;
   // Accumulators, FP8 partials and a stage's scales within the decode
   // tile's registers a thread (the kernel's rule).
   bool fp8 = shape.scaleK > 0;
   int64_t sub = fp8 ? shape.tileK() / shape.scaleK : 1;
-  while (tileM > 8 && sm90a::decodeRegisters(fragments, tileM, fp8, sub) >
-                          sm90a::kDecodeRegisters)
-    tileM /= 2;
-  tileM = pins.tileM.value_or(tileM);
+  while (tile.tileM > 8 &&
+         sm90a::decodeRegisters(fragments, tile.tileM, fp8, sub) >
+             sm90a::kDecodeRegisters)
+    tile.tileM /= 2;
+  tile.tileM = pins.tileM.value_or(tile.tileM);
+  return tile;
+}
+
+bool ConfigureMatmulsPass::decodeServes(const MatmulShape &shape,
+                                        int64_t tokens) const {
+  if (tokens <= 0 || tokens > kSwapMaxTokens)
+    return false;
+  if (tokens <= kSwapTokens)
+    return true;
+  // Row tiles a weight tile takes: an expert's mean rows (grouped) over
+  // tileM.
+  int64_t rowCount = decodeRows(shape, tokens);
+  int64_t rows =
+      shape.grouped
+          ? llvm::divideCeil(rowCount, std::min(shape.experts, rowCount))
+          : rowCount;
+  int64_t rereads = llvm::divideCeil(rows, decodeTile(shape, tokens).tileM);
+  // Whether the wide tiles of a dense matmul fill the multiprocessors.
+  int64_t wideTiles = llvm::divideCeil(rowCount, kTileM) * shape.colTiles();
+  bool idle = !shape.grouped && wideTiles < multiprocessors;
+  if (idle)
+    return rereads <= kSwapRereadsIdle;
+  return rows <= kSwapMeanRows && rereads <= kSwapRereads;
+}
+
+MatmulConfigAttr
+ConfigureMatmulsPass::chooseDecodeTile(GroupedMatmulOp op,
+                                       const MatmulShape &shape, int64_t tokens,
+                                       int64_t stamp) const {
+  int64_t rowCount = decodeRows(shape, tokens);
+  auto [tileM, tileN] = decodeTile(shape, tokens);
   int64_t tileK = pins.tileK.value_or(shape.tileK());
   int64_t kTiles = llvm::divideCeil(shape.k, tileK);
   // Two blocks a multiprocessor.
@@ -421,8 +479,7 @@ MatmulConfigAttr ConfigureMatmulsPass::chooseFor(GroupedMatmulOp op,
   // Weights read transposed take the wide tile of one block alone: pins
   // of the decode tile or of clusters are not theirs.
   bool transposed = op.getTransposeRhs();
-  if (!transposed &&
-      pins.swapAB.value_or(!wide && tokens > 0 && tokens <= kSwapTokens))
+  if (!transposed && pins.swapAB.value_or(!wide && decodeServes(shape, tokens)))
     return chooseDecodeTile(op, shape, tokens, stamp);
   int64_t tileM = pins.tileM.value_or(kTileM);
   int64_t tileN = pins.tileN.value_or(kTileN);

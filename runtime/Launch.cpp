@@ -20,7 +20,8 @@ using namespace moe::rt;
 
 namespace {
 // Values from cuda.h.
-constexpr int kMaxDynamicSharedBytes = 8, kProgrammaticStreamSerialization = 6;
+constexpr int kMaxDynamicSharedBytes = 8, kSharedCarveout = 9,
+              kProgrammaticStreamSerialization = 6;
 constexpr int kCooperative = 2;
 constexpr int kTensorMapBFloat16 = 9, kTensorMapFloat32 = 7,
               kTensorMapUInt8 = 0;
@@ -106,11 +107,16 @@ extern "C" int32_t moert_launch(void **module, const void *image,
       CHECK(driver->cuModuleGetFunction(&found, loaded->handle, kernel),
             "cuModuleGetFunction");
       // Beyond what a kernel gets without opting in, dynamic shared memory
-      // must be asked for.
-      if (sharedBytes > ::sm90a::kSharedWithoutOptIn)
+      // must be asked for; and all of it preferred over L1, or the driver
+      // may split a multiprocessor's memory for fewer blocks than its
+      // registers and shared memory allow (the decode tile's two).
+      if (sharedBytes > ::sm90a::kSharedWithoutOptIn) {
         CHECK(driver->cuFuncSetAttribute(found, kMaxDynamicSharedBytes,
                                          int(sharedBytes)),
               "cuFuncSetAttribute");
+        CHECK(driver->cuFuncSetAttribute(found, kSharedCarveout, 100),
+              "cuFuncSetAttribute");
+      }
       slot = found; // Cached only once ready to launch.
     }
     function = slot;

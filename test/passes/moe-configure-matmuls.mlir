@@ -21,13 +21,13 @@
 // epilogue's buffers, persistent (more tiles than multiprocessors). One
 // token takes the decode tile: 8 rows as wgmma's N, 128 weight rows, six
 // 17 KiB stages (two blocks a multiprocessor), and its 32 column tiles
-// split K five ways to fill 132 multiprocessors. 128 tokens fill the GPU
-// again, but with about 4 rows a tile: not persistent. Pinning the tile
-// keeps the wide one for every bucket.
+// split K five ways to fill 132 multiprocessors. 128 tokens give an expert
+// 4 rows on average: still the decode tile, 64 rows (one row tile an
+// expert), no split. Pinning the tile keeps the wide one for every bucket.
 // CHECK-LABEL: func.func @dsv3_up
 // CHECK: configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, persistent = true, epilogue = shared>,
 // CHECK-SAME: #moe.matmul_config<tokens = 1, tile_m = 8, tile_n = 128, tile_k = 64, stages = 6, warpgroups = 1, split_k = 5, swap_ab = true>,
-// CHECK-SAME: #moe.matmul_config<tokens = 128, tile_m = 128, tile_n = 256, tile_k = 64, stages = 4, epilogue = shared>]
+// CHECK-SAME: #moe.matmul_config<tokens = 128, tile_m = 64, tile_n = 128, tile_k = 64, stages = 4, warpgroups = 1, swap_ab = true>]
 // PIN-LABEL: func.func @dsv3_up
 // PIN: configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 64, stages = 3, raster = n, group = 4>,
 // PIN-SAME: #moe.matmul_config<tokens = 1, tile_m = 128, tile_n = 256, tile_k = 64, stages = 3, raster = n, group = 4, split_k = 3>,
@@ -115,13 +115,14 @@ func.func @epilogues(%a: tensor<?x128xbf16>, %b: tensor<4x512x128xbf16>,
 // blocks of 128: a tile holds a whole block, 128 gate and 128 up rows (four
 // fragments). At one token (a row, one expert) its 6 column tiles split K
 // four ways, each split 4 of K's 16 stages. At 64 tokens an expert may get
-// 64 rows, but four fragments'
-// accumulators, FP8 partials and scales fit 160 registers only at 32 rows
-// (144): two tiles take an expert's 64. Above 64 tokens the wide tile.
+// 64 rows, but four fragments' accumulators, FP8 partials, scale products
+// and scales fit 160 registers only at 16 rows (108): four tiles take an
+// expert's 64. 128 tokens give an expert one row on average (a row a token
+// here): the decode tile too.
 // CHECK-LABEL: func.func @fp8_decode
 // CHECK: #moe.matmul_config<tokens = 1, tile_m = 8, tile_n = 256, tile_k = 128, stages = 3, warpgroups = 1, split_k = 4, swap_ab = true>,
-// CHECK-SAME: #moe.matmul_config<tokens = 64, tile_m = 32, tile_n = 256, tile_k = 128, stages = 3, warpgroups = 1, swap_ab = true>,
-// CHECK-SAME: #moe.matmul_config<tokens = 128, tile_m = 128, tile_n = 256,
+// CHECK-SAME: #moe.matmul_config<tokens = 64, tile_m = 16, tile_n = 256, tile_k = 128, stages = 3, warpgroups = 1, swap_ab = true>,
+// CHECK-SAME: #moe.matmul_config<tokens = 128, tile_m = 16, tile_n = 256, tile_k = 128, stages = 3, warpgroups = 1, swap_ab = true>]
 func.func @fp8_decode(%x: tensor<?x2048xf8E4M3FN>, %sx: tensor<?x16xf32>,
                       %b: tensor<128x1536x2048xf8E4M3FN>,
                       %sb: tensor<128x12x16xf32>, %c: tensor<128xi32>,
@@ -156,4 +157,32 @@ func.func @received(%x: tensor<?x256xbf16>, %ids: tensor<?x2xi32>,
       : (tensor<?x256xbf16>, tensor<2x512x256xbf16>, tensor<2xi32>,
          tensor<3xi32>) -> tensor<?x512xbf16>
   return %y : tensor<?x512xbf16>
+}
+
+// -----
+
+// Above 64 tokens the decode tile serves a bucket while an expert has at
+// most 32 rows on average and a weight tile takes at most two row tiles:
+// 8 experts at 128 tokens (16 rows each, one tile of 64) take it, at 512
+// (64 rows each) the wide tile. A dense matmul whose wide tiles leave the
+// GPU idle takes it up to eight row tiles a weight tile: 512 bf16 rows
+// are eight tiles of 64 (16 column tiles of 256 are 16 wide tiles a row
+// tile); 1024 tokens are past the decode tile's reach.
+// CHECK-LABEL: func.func @decode_reach
+// CHECK: #moe.matmul_config<tokens = 128, tile_m = 64, tile_n = 128, tile_k = 64, stages = 4, warpgroups = 1, swap_ab = true>,
+// CHECK-SAME: #moe.matmul_config<tokens = 512, tile_m = 128, tile_n = 256,
+// CHECK: #moe.matmul_config<tokens = 128, tile_m = 64, tile_n = 128, tile_k = 64, stages = 4, warpgroups = 1, swap_ab = true>,
+// CHECK-SAME: #moe.matmul_config<tokens = 512, tile_m = 64, tile_n = 128, tile_k = 64, stages = 4, warpgroups = 1, swap_ab = true>,
+// CHECK-SAME: #moe.matmul_config<tokens = 1024, tile_m = 128, tile_n = 256,
+func.func @decode_reach(%x: tensor<?x1024xbf16>, %b: tensor<8x4096x1024xbf16>,
+                        %c: tensor<8xi32>, %o: tensor<9xi32>,
+                        %w: tensor<4096x1024xbf16>)
+    -> (tensor<?x4096xbf16>, tensor<?x4096xbf16>)
+    attributes {moe.token_buckets = array<i64: 128, 512, 1024>} {
+  %0 = moe.grouped_matmul %x, %b groups(%c, %o)
+      : (tensor<?x1024xbf16>, tensor<8x4096x1024xbf16>, tensor<8xi32>,
+         tensor<9xi32>) -> tensor<?x4096xbf16>
+  %1 = moe.grouped_matmul %x, %w
+      : (tensor<?x1024xbf16>, tensor<4096x1024xbf16>) -> tensor<?x4096xbf16>
+  return %0, %1 : tensor<?x4096xbf16>, tensor<?x4096xbf16>
 }

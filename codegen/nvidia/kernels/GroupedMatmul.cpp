@@ -126,13 +126,15 @@ static LogicalResult checkSwapConfig(GroupedMatmulOp op,
     return refuse("tile_n", c.tileN)
            << "a quantizing epilogue needs whole blocks of " << c.outBlock
            << " outputs in a tile, and it has " << c.outTile;
-  // Accumulators, FP8 partials and a stage's scales.
+  // Accumulators; FP8 partials, scale products and a stage's scales.
   int64_t registers = sm90a::decodeRegisters(c.swapFragments(), c.tileM,
                                              c.enc.fp8(), c.enc.subBlocks());
   if (registers > sm90a::kDecodeRegisters)
     return refuse("tile_m", c.tileM)
            << "its accumulators"
-           << (c.enc.fp8() ? ", FP8 partials and a stage's scales" : "")
+           << (c.enc.fp8()
+                   ? ", FP8 partials, scale products and a stage's scales"
+                   : "")
            << " would take " << registers << " registers a thread, more than "
            << sm90a::kDecodeRegisters;
   if (config.getTileK() != c.enc.tileK())
@@ -1731,9 +1733,11 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
           std::clamp<int64_t>(llvm::divideCeil(kDecodeBlocks, launch.gridY), 1,
                               std::max<int64_t>(c.rowTiles, 1)),
           0};
-    launch.block = 128 + 32;
+    launch.block = sm90a::kDecodeThreads;
     k.func.setKnownBlockSizeAttr(
         k.b.getDenseI32ArrayAttr({int32_t(launch.block), 1, 1}));
+    k.func->setAttr(NVVM::NVVMDialect::getMaxnregAttrName(),
+                    k.b.getI32IntegerAttr(sm90a::kDecodeMaxRegisters));
     launch.sharedBytes = c.sharedBytes();
     // A fragment's tileM / 2 a thread; FP8 keeps each scale block's
     // partials beside the totals.

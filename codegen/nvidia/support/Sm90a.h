@@ -47,6 +47,16 @@ inline constexpr int64_t kProducerRegisters = 24, kConsumerRegisters = 240;
 /// partials and a stage's scales, so that two blocks of 160 threads share
 /// a multiprocessor without spilling.
 inline constexpr int64_t kDecodeRegisters = 160;
+/// A decode-tile block: a consumer warpgroup and a producer warp. Its
+/// threads may hold at most kDecodeMaxRegisters each (ptxas's .maxnreg),
+/// so that two blocks always share a multiprocessor (one block alone
+/// leaves the weight stream half its parallelism): each of the four
+/// schedulers' quarters of the register file holds the 3 of their 10 warps
+/// that one of them gets.
+inline constexpr int64_t kDecodeThreads = 128 + 32;
+inline constexpr int64_t kDecodeMaxRegisters =
+    kRegisterFile / 4 / ((2 * kDecodeThreads / 32 + 3) / 4 * 32) / 8 * 8;
+static_assert(kDecodeMaxRegisters == 168);
 
 // wgmma.
 /// Rows of one wgmma (a warpgroup's fragment) and its K in bytes: 16 bf16
@@ -252,11 +262,12 @@ struct WgradLayout {
 };
 
 /// Registers a decode-tile consumer thread keeps: `fragments` m64 x `tileM`
-/// accumulators, as many FP8 partials, and for each of a stage's `sub`
-/// scale blocks its rows' and weight rows' scales.
+/// accumulators; FP8: as many partials and as many products of a row's and
+/// a weight row's scale (ptxas computes them while the wgmma run), and for
+/// each of a stage's `sub` scale blocks its rows' and weight rows' scales.
 constexpr int64_t decodeRegisters(int64_t fragments, int64_t tileM, bool fp8,
                                   int64_t sub) {
-  return fragments * tileM / 2 * (fp8 ? 2 : 1) +
+  return fragments * tileM / 2 * (fp8 ? 3 : 1) +
          (fp8 ? sub * (tileM / 4 + 2 * fragments) : 0);
 }
 

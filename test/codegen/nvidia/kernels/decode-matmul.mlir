@@ -11,8 +11,12 @@
 // (The bucket's kernels are named _1, after those for any count.)
 // CHECK-LABEL: func.func @gated_split
 // CHECK: #moe.launch<kernel = @moe_grouped_matmul_1, work = 4, grid_y = 4, block = 160, shared_bytes = 105472
+// Its threads hold at most 168 registers (.maxnreg): two blocks' ten warps
+// put three on one scheduler, whose quarter of the register file they
+// share.
 // CHECK: gpu.func @moe_grouped_matmul_1(
 // CHECK-SAME: known_block_size = array<i32: 160, 1, 1>
+// CHECK-SAME: nvvm.maxnreg = 168 : i32
 // Every block walks its row tiles a grid apart, the ring's position
 // carried from tile to tile.
 // CHECK: scf.for {{.*}} iter_args(%{{.*}} = %{{.*}}) -> (index)
@@ -24,7 +28,7 @@
 // the eight m64n8k16 of a stage (two fragments x four K steps) and release
 // the previous stage's slot once its wgmma are done.
 // PTX-LABEL: .visible .entry moe_grouped_matmul_1(
-// PTX: .maxntid 160, 1, 1
+// PTX: .maxntid 160, 1, 1{{\\0A}}.maxnreg 168
 // PTX-COUNT-12: mbarrier.init.shared.b64
 // PTX: fence.mbarrier_init.release.cluster;
 // PTX: mbarrier.try_wait.parity.shared.b64
