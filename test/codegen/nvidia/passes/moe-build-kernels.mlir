@@ -217,7 +217,8 @@ func.func @two_blocks(%x: tensor<?x64xbf16>, %w: tensor<64x64xbf16>) -> tensor<?
 // its matmuls take the decode tile (operands swapped: a consumer warpgroup
 // and a producer warp). A bucket's kernel equal to one built before is
 // launched from there, not built again (bucket 128 routes with bucket 1's
-// kernels).
+// kernels; its matmuls take decode tiles of 64 rows, 32 an expert on
+// average).
 // CHECK-LABEL: func.func @bucketed
 // CHECK-SAME: moe.bucket_plans = [#moe.launch_plan<
 // CHECK-SAME: #moe.launch<kernel = @moe_route_product_1, work = 1 * T, per_block = 8, block = 128, shared_bytes = 50176,
@@ -228,7 +229,9 @@ func.func @two_blocks(%x: tensor<?x64xbf16>, %w: tensor<64x64xbf16>) -> tensor<?
 // CHECK-SAME: max_tokens = 1>, #moe.launch_plan<
 // CHECK-SAME: #moe.launch<kernel = @moe_route_product_1, work = 1 * T, per_block = 8, block = 128,
 // CHECK-SAME: #moe.launch<kernel = @moe_route_select,
+// CHECK-SAME: kernel = @moe_grouped_matmul_gate_up_2,
 // CHECK-SAME: kernel = @moe_copy_rows_shared,
+// CHECK-SAME: kernel = @moe_matmul_shared_2,
 // CHECK-SAME: max_tokens = 128>]
 // CHECK-SAME: moe.launch_plan = #moe.launch_plan<
 // CHECK-NOT: copy_rows
@@ -243,6 +246,9 @@ func.func @two_blocks(%x: tensor<?x64xbf16>, %w: tensor<64x64xbf16>) -> tensor<?
 // CHECK-COUNT-1: gpu.func @moe_route_product_1(
 // CHECK-COUNT-1: gpu.func @moe_copy_rows_shared(
 // CHECK-COUNT-1: gpu.func @moe_matmul_shared_1(
+// CHECK-COUNT-1: gpu.func @moe_grouped_matmul_gate_up_2(
+// CHECK-COUNT-1: gpu.func @moe_grouped_matmul_down_2(
+// CHECK-COUNT-1: gpu.func @moe_matmul_shared_2(
 // CHECK-NOT: gpu.func
 func.func @bucketed(%hidden: tensor<?x64xbf16>, %router: tensor<8x64xbf16>,
                     %w13: tensor<8x64x64xbf16>, %w2: tensor<8x64x32xbf16>,
