@@ -59,9 +59,16 @@ constexpr int64_t kSwapTokens = 64, kSwapMaxTokens = 512,
 /// Where `value`'s rows are made, followed back through the row-wise steps
 /// (quantize, pad, a matmul), which keep their input's: a moe.dispatch, a
 /// moe.scatter (the backward's), an expert-parallel receive, or null (the
-/// tokens themselves).
+/// tokens themselves). A dispatch's second and third quantized results are
+/// the tokens quantized (a shared expert's rows), not dispatched rows.
 Operation *rowSource(Value value) {
   Operation *def = value.getDefiningOp();
+  if (auto dispatch = dyn_cast_or_null<DispatchOp>(def)) {
+    auto quantized = dispatch.getQuantized();
+    for (size_t i = 1; i < quantized.size(); ++i)
+      if (value == quantized[i])
+        return rowSource(dispatch.getHiddenStates());
+  }
   if (!def || isa<DispatchOp, ScatterOp, EpDispatchRecvOp>(def))
     return def;
   for (Value operand : def->getOperands()) {

@@ -186,3 +186,29 @@ func.func @decode_reach(%x: tensor<?x1024xbf16>, %b: tensor<8x4096x1024xbf16>,
       : (tensor<?x1024xbf16>, tensor<4096x1024xbf16>) -> tensor<?x4096xbf16>
   return %0, %1 : tensor<?x4096xbf16>, tensor<?x4096xbf16>
 }
+
+// -----
+
+// A shared expert's rows are the tokens themselves, quantized by the
+// dispatch beside the dispatched rows (its second and third quantized
+// results): 128 rows at 128 tokens, not 128 x 8. Four row tiles of 32 (FP8
+// accumulators, partials and scale products fit 160 registers at 32 rows)
+// read each weight tile, and the wide tiles (two columns) would leave the
+// GPU idle: the decode tile.
+// CHECK-LABEL: func.func @shared_rows
+// CHECK: #moe.matmul_config<tokens = 128, tile_m = 32, tile_n = 128, tile_k = 128, stages = 2, warpgroups = 1, swap_ab = true>]
+func.func @shared_rows(%x: tensor<?x256xbf16>, %ids: tensor<?x8xi32>,
+                       %w: tensor<512x256xf8E4M3FN>, %ws: tensor<4x2xf32>)
+    -> tensor<?x256xbf16> attributes {moe.token_buckets = array<i64: 128>} {
+  %d, %c, %o, %rows, %q:3 = moe.dispatch %x, %ids
+      {quant = #moe.quant<kind = fp8_block128>}
+      : (tensor<?x256xbf16>, tensor<?x8xi32>)
+      -> (tensor<?x256xf8E4M3FN>, tensor<16xi32>, tensor<17xi32>,
+          tensor<?x8xi32>, tensor<?x2xf32>, tensor<?x256xf8E4M3FN>,
+          tensor<?x2xf32>)
+  %s = moe.grouped_matmul %q#1, %w scales(%q#2, %ws)
+      {activation = #moe.activation<kind = swiglu>}
+      : (tensor<?x256xf8E4M3FN>, tensor<512x256xf8E4M3FN>, tensor<?x2xf32>,
+         tensor<4x2xf32>) -> tensor<?x256xbf16>
+  return %s : tensor<?x256xbf16>
+}

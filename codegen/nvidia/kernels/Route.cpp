@@ -822,7 +822,10 @@ static LogicalResult buildRouteProduct(LayerKernels &layer, RouteOp op,
 }
 
 /// Then a warp a token sums its parts in order, scores the experts and
-/// chooses.
+/// chooses. With several parts and more than a stripe of 32 experts a
+/// token takes a block of sumWarps warps, a stripe a warp (one warp's
+/// lane would have stripes x parts loads in turn: 224 for DeepSeek-V3's
+/// router, 12 us at one token), and its first warp chooses.
 static LogicalResult buildRouteChoose(LayerKernels &layer, RouteOp op,
                                       const RouteConfig &cfg,
                                       const TensorInfo &partials,
@@ -837,9 +840,14 @@ static LogicalResult buildRouteChoose(LayerKernels &layer, RouteOp op,
   if (op.getLogits())
     buffers.push_back(layer.info(op.getLogits()).buffer);
   Kernel k = layer.kernelOn(op, "route_select", buffers);
-  int64_t warps = cfg.selectWarps;
+  int64_t stripes = llvm::divideCeil(cfg.experts, 32);
+  int64_t sumWarps =
+      parts > 1 ? std::min<int64_t>(RouteConfig::kWarps, stripes) : 1;
+  // Warps a block and tokens a block.
+  int64_t warps = sumWarps > 1 ? sumWarps : cfg.selectWarps;
+  int64_t tokens = sumWarps > 1 ? 1 : warps;
   k.launch.work = cfg.tokens;
-  k.launch.perBlock = warps;
+  k.launch.perBlock = tokens;
   k.launch.block = warps * 32;
   Emitter &e = k.e;
   Router route(k, router, cfg, 1);
@@ -851,30 +859,36 @@ static LogicalResult buildRouteChoose(LayerKernels &layer, RouteOp op,
   Value logitsView =
       op.getLogits() ? k.view(next, layer.info(op.getLogits())) : Value();
   common::RouteScratch all =
-      scratchFor(k, router, warps, cfg.experts, cfg.topK);
+      scratchFor(k, router, tokens, cfg.experts, cfg.topK);
   Value tid = k.threadId();
   Value warp = e.divUI(tid, 32), lane = e.remUI(tid, 32);
-  Value t = e.iadd(e.imul(k.blockId(gpu::Dimension::x), warps), warp);
-  // Warp-uniform: a whole warp has a token or none.
+  Value slot = sumWarps > 1 ? e.index(0) : warp;
+  Value t = e.iadd(e.imul(k.blockId(gpu::Dimension::x), tokens), slot);
+  common::RouteScratch mine = rowsOf(e, all, slot);
+  // The lane's experts: stripes first + sumWarps j, x = lane + 32 stripe.
+  Value firstStripe = sumWarps > 1 ? warp : e.index(0);
+  int64_t ownStripes = llvm::divideCeil(stripes, sumWarps);
+  auto expertOf = [&](int64_t j) {
+    return e.iadd(lane, e.imul(e.iadd(firstStripe, e.index(sumWarps * j)), 32));
+  };
+  // Warp-uniform: a whole warp has a token or none (a block's warps share
+  // theirs).
   e.ifThen(e.ult(t, k.linear(cfg.tokens)), [&] {
-    common::RouteScratch mine = rowsOf(e, all, warp);
     Value row = e.imul(t, parts);
-    // The lane's experts x = lane + 32 j, a group of them at a time with
-    // a batch of parts' loads issued before any sum (a loop would wait out
-    // each expert's loads in turn; at most 64 loads in flight a lane), the
-    // parts added in order; loads past the experts clamped to the last.
-    int64_t stripes = llvm::divideCeil(cfg.experts, 32);
+    // A group of the lane's experts at a time with a batch of parts' loads
+    // issued before any sum (a loop would wait out each expert's loads in
+    // turn; at most 64 loads in flight a lane), the parts added in order;
+    // loads past the experts clamped to the last.
     int64_t batch = std::min<int64_t>(parts, 64);
     int64_t group = std::max<int64_t>(1, 64 / batch);
-    for (int64_t first = 0; first < stripes; first += group) {
-      int64_t last = std::min(stripes, first + group);
+    for (int64_t first = 0; first < ownStripes; first += group) {
+      int64_t last = std::min(ownStripes, first + group);
       SmallVector<Value> sums(last - first);
       for (int64_t from = 0; from < parts; from += batch) {
         int64_t to = std::min(parts, from + batch);
         SmallVector<SmallVector<Value>> loaded;
         for (int64_t j = first; j < last; ++j) {
-          Value at =
-              e.minUI(e.iadd(lane, e.index(32 * j)), e.index(cfg.experts - 1));
+          Value at = e.minUI(expertOf(j), e.index(cfg.experts - 1));
           loaded.emplace_back();
           for (int64_t p = from; p < to; ++p)
             loaded.back().push_back(
@@ -885,7 +899,7 @@ static LogicalResult buildRouteChoose(LayerKernels &layer, RouteOp op,
             sums[j - first] = sums[j - first] ? e.add(sums[j - first], v) : v;
       }
       for (int64_t j = first; j < last; ++j) {
-        Value x = e.iadd(lane, e.index(32 * j));
+        Value x = expertOf(j);
         Value logit = sums[j - first];
         e.ifThen(e.ult(x, e.index(cfg.experts)), [&] {
           Value b = biasView ? e.load(biasView, {x}) : Value();
@@ -899,9 +913,15 @@ static LogicalResult buildRouteChoose(LayerKernels &layer, RouteOp op,
         });
       }
     }
-    NVVM::SyncWarpOp::create(e.b, e.loc, e.i32(-1));
-    route.choose(mine, ids, weights, t, lane);
   });
+  if (sumWarps > 1)
+    gpu::BarrierOp::create(e.b, e.loc);
+  else
+    NVVM::SyncWarpOp::create(e.b, e.loc, e.i32(-1));
+  Value chooses = e.ult(t, k.linear(cfg.tokens));
+  if (sumWarps > 1)
+    chooses = e.andi(chooses, e.eq(warp, e.index(0)));
+  e.ifThen(chooses, [&] { route.choose(mine, ids, weights, t, lane); });
   return k.finish(op);
 }
 

@@ -64,14 +64,15 @@ func.func @route(%hidden: tensor<?x64xbf16>, %router: tensor<16x64xbf16>,
 // 4 warps x 8 steps x 3 rows x 512 bytes of ring. Each chunk is a part of
 // its own in the workspace (5 x 128 f32 a token); the select kernel adds the
 // parts in order, as the block form adds its chunks, so every bucket
-// chooses the same experts with the same weights. The kernels for any
+// chooses the same experts with the same weights (a stripe of 32 experts a
+// warp, four warps a token). The kernels for any
 // count are the block form (64 experts by 64 tokens a block, a warp 16
 // experts by 32 tokens; 2 blocks on y). Both forms' select kernels store
 // the router logits.
 // CHECK-LABEL: func.func @route_buckets(
 // CHECK-SAME: moe.bucket_plans = [#moe.launch_plan<
 // CHECK-SAME: #moe.buffer<bytes = 2560 * T>]
-// CHECK-SAME: launches = [#moe.launch<kernel = @moe_route_product_1, work = 1 * T, per_block = 8, grid_y = 16, block = 128, shared_bytes = 50176, args = [buffer 0, buffer 1, buffer 5, tokens]>, #moe.launch<kernel = @moe_route_select_1, work = 1 * T, per_block = 8, block = 256, args = [buffer 5, buffer 2, buffer 3, buffer 4, tokens]>], max_tokens = 8>]
+// CHECK-SAME: launches = [#moe.launch<kernel = @moe_route_product_1, work = 1 * T, per_block = 8, grid_y = 16, block = 128, shared_bytes = 50176, args = [buffer 0, buffer 1, buffer 5, tokens]>, #moe.launch<kernel = @moe_route_select_1, work = 1 * T, block = 128, args = [buffer 5, buffer 2, buffer 3, buffer 4, tokens]>], max_tokens = 8>]
 // CHECK-SAME: moe.launch_plan = #moe.launch_plan<
 // CHECK-SAME: #moe.buffer<bytes = 512 * T>]
 // CHECK-SAME: launches = [#moe.launch<kernel = @moe_route_product, work = 1 * T, per_block = 64, grid_y = 2, block = 256, shared_bytes = 66560, args = [buffer 0, buffer 1, buffer 5, tokens]>, #moe.launch<kernel = @moe_route_select, work = 1 * T, per_block = 8, block = 256, args = [buffer 5, buffer 2, buffer 3, buffer 4, tokens]>]>
@@ -91,12 +92,17 @@ func.func @route(%hidden: tensor<?x64xbf16>, %router: tensor<16x64xbf16>,
 // CHECK-COUNT-16: nvvm.mma.sync {{.*}}shape = #nvvm.shape<m = 16, n = 8, k = 16>
 // CHECK-NOT: nvvm.mma.sync
 // CHECK-NOT: gpu.barrier
-// CHECK: gpu.func @moe_route_select_1(
+// The split form's parts: a token takes a block of 4 warps, a stripe of
+// 32 experts a warp, adding its 5 parts in order; after a barrier the first
+// warp chooses from the block's one row of scratch.
+// CHECK: gpu.func @moe_route_select_1({{.*}}) workgroup(%{{.*}} : memref<1x128xf32, #gpu.address_space<workgroup>>
+// CHECK-SAME: known_block_size = array<i32: 128, 1, 1>
 // CHECK: %[[S1:.*]] = arith.addf %{{.*}}, %{{.*}} : f32
 // CHECK-NEXT: %[[S2:.*]] = arith.addf %[[S1]], %{{.*}} : f32
 // CHECK-NEXT: %[[S3:.*]] = arith.addf %[[S2]], %{{.*}} : f32
 // CHECK-NEXT: %[[LOGIT:.*]] = arith.addf %[[S3]], %{{.*}} : f32
 // CHECK: memref.store %[[LOGIT]], %{{.*}}[%{{.*}}, %{{.*}}] : memref<?x128xf32>
+// CHECK: gpu.barrier
 // CHECK: nvvm.redux.sync umax
 // CHECK-NOT: gpu.func
 // PTX: gpu.binary @route_buckets_kernels
