@@ -8,7 +8,9 @@
 // choose the same experts with the same weights, bit for bit, whatever the
 // bucket or the rank. A warp a token
 // then scores and chooses with the selection code the CPU backend runs
-// (codegen/common/Numerics.h), its lanes splitting each search.
+// (codegen/common/Numerics.h), its lanes splitting each search (where the
+// parts are several and the experts more than 32, a block of warps sums a
+// token's parts, a stripe of experts each, before its first warp chooses).
 // Other routers compute their logits on CUDA cores (each load of a weight
 // serves every token of the block, each load of a token every expert of a
 // pass): for many tokens one kernel does both, a block per kRouteTokens
