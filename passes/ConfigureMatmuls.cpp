@@ -361,7 +361,7 @@ struct ConfigureMatmulsPass
 
 /// Rows of a call of `tokens` tokens: a token chooses an expert once (from
 /// each rank, when every rank brings as many).
-int64_t decodeRows(const MatmulShape &shape, int64_t tokens) {
+static int64_t decodeRows(const MatmulShape &shape, int64_t tokens) {
   int64_t ranks = std::max<int64_t>(shape.received, 1);
   return std::max<int64_t>(shape.received ? tokens * ranks * shape.topK
                                           : shape.rows.fixed +
@@ -383,8 +383,8 @@ DecodeTile ConfigureMatmulsPass::decodeTile(const MatmulShape &shape,
   int64_t outputs = shape.gated ? std::max<int64_t>(64, shape.outBlock) : 128;
   tile.tileN = pins.tileN.value_or(shape.gated ? 2 * outputs : outputs);
   int64_t fragments = tile.tileN / kSwapFragmentRows;
-  // Accumulators, FP8 partials and a stage's scales within the decode
-  // tile's registers a thread (the kernel's rule).
+  // Accumulators, FP8 partials, scale products and a stage's scales within
+  // the decode tile's registers a thread (the kernel's rule).
   bool fp8 = shape.scaleK > 0;
   int64_t sub = fp8 ? shape.tileK() / shape.scaleK : 1;
   while (tile.tileM > 8 &&

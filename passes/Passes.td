@@ -200,7 +200,8 @@ def ConfigureMatmuls : Pass<"moe-configure-matmuls"> {
     the ring takes the stages that fit beside the epilogue's buffer; a
     bucket whose tiles would leave most multiprocessors idle splits K; the
     rest run persistent, one block per multiprocessor walking the tiles.
-    A bucket of at most 64 tokens takes the decode tile (`swap_ab`): the
+    A bucket of at most 64 tokens (up to 512 while an expert has few rows)
+    takes the decode tile (`swap_ab`): the
     weights are the MMA's wide side in 64-row fragments and an expert's
     rows (8 to 64, at most a token each) its narrow side, stages small
     enough for two blocks a multiprocessor, K split until the busy tiles

@@ -116,7 +116,7 @@ func.func @epilogues(%a: tensor<?x128xbf16>, %b: tensor<4x512x128xbf16>,
 // fragments). At one token (a row, one expert) its 6 column tiles split K
 // four ways, each split 4 of K's 16 stages. At 64 tokens an expert may get
 // 64 rows, but four fragments' accumulators, FP8 partials, scale products
-// and scales fit 160 registers only at 16 rows (108): four tiles take an
+// and scales fit 128 registers only at 16 rows (108): four tiles take an
 // expert's 64. 128 tokens give an expert one row on average (a row a token
 // here): the decode tile too.
 // CHECK-LABEL: func.func @fp8_decode
@@ -192,7 +192,7 @@ func.func @decode_reach(%x: tensor<?x1024xbf16>, %b: tensor<8x4096x1024xbf16>,
 // A shared expert's rows are the tokens themselves, quantized by the
 // dispatch beside the dispatched rows (its second and third quantized
 // results): 128 rows at 128 tokens, not 128 x 8. Four row tiles of 32 (FP8
-// accumulators, partials and scale products fit 160 registers at 32 rows)
+// accumulators, partials and scale products fit 128 registers at 32 rows)
 // read each weight tile, and the wide tiles (two columns) would leave the
 // GPU idle: the decode tile.
 // CHECK-LABEL: func.func @shared_rows

@@ -196,7 +196,9 @@ DispatchConfig configureDispatch(DispatchOp op, TokenLinear tokens);
 /// experts' rows is a warp's on its own (the partial sums go through the
 /// workspace); otherwise a block copies each step's rows once into a shared
 /// ring and each warp sums every chunk of 16 experts for its tokens. A
-/// kernel of `selectWarps` warps a block then chooses, a token a warp.
+/// kernel of `selectWarps` warps a block then chooses, a token a warp (a
+/// split form of more than 32 experts: a token a block, its warps summing
+/// a stripe of experts' parts each, the first choosing).
 /// Other routers: one kernel of blocks of kTokens tokens, or for a bucket of
 /// at most kSplitTokens tokens (kSplitTokensEp for an expert-parallel layer)
 /// a logits kernel that spreads the experts over blocks, then the choosing

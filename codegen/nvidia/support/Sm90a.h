@@ -44,9 +44,11 @@ inline constexpr int64_t kRegisterFile = 64 * 1024;
 /// (128 x 24 + 256 x 240 <= 64 Ki for two consumer warpgroups).
 inline constexpr int64_t kProducerRegisters = 24, kConsumerRegisters = 240;
 /// A decode-tile consumer thread's registers for its accumulators, FP8
-/// partials and a stage's scales, so that two blocks of 160 threads share
-/// a multiprocessor without spilling.
-inline constexpr int64_t kDecodeRegisters = 160;
+/// partials, scale products and a stage's scales (decodeRegisters), so
+/// that within kDecodeMaxRegisters the rest (addresses, loop state, the
+/// epilogue's) fits without spilling: MXFP8's four scale blocks a stage at
+/// 144 of these spilled 148 bytes under 168.
+inline constexpr int64_t kDecodeRegisters = 128;
 /// A decode-tile block: a consumer warpgroup and a producer warp. Its
 /// threads may hold at most kDecodeMaxRegisters each (ptxas's .maxnreg),
 /// so that two blocks always share a multiprocessor (one block alone

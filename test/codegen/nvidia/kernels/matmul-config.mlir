@@ -138,7 +138,7 @@ func.func @decode_fragments(%a: tensor<?x64xbf16>, %b: tensor<256x64xbf16>)
 func.func @decode_registers(%x: tensor<?x256xf8E4M3FN>, %sx: tensor<?x2xf32>,
                             %b: tensor<256x256xf8E4M3FN>, %sb: tensor<2x2xf32>)
     -> tensor<?x256xbf16> attributes {moe.token_buckets = array<i64: 64>} {
-  // expected-error @below {{has matmul_config tile_m = 64, which the sm_90a decode tile (swap_ab) cannot honour: its accumulators, FP8 partials, scale products and a stage's scales would take 408 registers a thread, more than 160}}
+  // expected-error @below {{has matmul_config tile_m = 64, which the sm_90a decode tile (swap_ab) cannot honour: its accumulators, FP8 partials, scale products and a stage's scales would take 408 registers a thread, more than 128}}
   %0 = moe.grouped_matmul %x, %b scales(%sx, %sb) {configs = [#moe.matmul_config<tile_m = 128, tile_n = 256, tile_k = 128, stages = 4>, #moe.matmul_config<tokens = 64, tile_m = 64, tile_n = 256, tile_k = 128, stages = 3, warpgroups = 1, swap_ab = true>]}
       : (tensor<?x256xf8E4M3FN>, tensor<256x256xf8E4M3FN>, tensor<?x2xf32>,
          tensor<2x2xf32>) -> tensor<?x256xbf16>
