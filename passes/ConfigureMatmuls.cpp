@@ -187,8 +187,9 @@ struct Pins {
 };
 
 /// A decode tile's rows (wgmma's N) and weight rows.
+/// The decode tile for a bucket: its rows (decodeRows) and shape.
 struct DecodeTile {
-  int64_t tileM, tileN;
+  int64_t rows, tileM, tileN;
 };
 
 LogicalResult parseCount(StringRef key, StringRef text, int64_t &value,
@@ -348,12 +349,14 @@ struct ConfigureMatmulsPass
   MatmulConfigAttr chooseFor(GroupedMatmulOp op, const MatmulShape &shape,
                              int64_t tokens, int64_t stamp) const;
   MatmulConfigAttr chooseDecodeTile(GroupedMatmulOp op,
-                                    const MatmulShape &shape, int64_t tokens,
+                                    const MatmulShape &shape,
+                                    const DecodeTile &tile,
                                     int64_t stamp) const;
-  /// The decode tile's shape for calls of `tokens`.
+  /// The decode tile's rows and shape for calls of `tokens`.
   DecodeTile decodeTile(const MatmulShape &shape, int64_t tokens) const;
-  /// Whether a bucket of `tokens` takes the decode tile.
-  bool decodeServes(const MatmulShape &shape, int64_t tokens) const;
+  /// Whether a bucket of `tokens` takes the decode `tile`.
+  bool decodeServes(const MatmulShape &shape, int64_t tokens,
+                    const DecodeTile &tile) const;
 
   Pins pins;
 };
@@ -377,6 +380,7 @@ DecodeTile ConfigureMatmulsPass::decodeTile(const MatmulShape &shape,
   int64_t expertRows =
       shape.grouped ? std::min(tokens * ranks, rowCount) : rowCount;
   DecodeTile tile;
+  tile.rows = rowCount;
   tile.tileM = std::clamp<int64_t>(llvm::PowerOf2Ceil(expertRows), 8, 64);
   // 64-row fragments: two (ungated), or gate and up fragments for at
   // least 64 outputs and a whole output quantization block.
@@ -396,19 +400,20 @@ DecodeTile ConfigureMatmulsPass::decodeTile(const MatmulShape &shape,
 }
 
 bool ConfigureMatmulsPass::decodeServes(const MatmulShape &shape,
-                                        int64_t tokens) const {
+                                        int64_t tokens,
+                                        const DecodeTile &tile) const {
   if (tokens <= 0 || tokens > kSwapMaxTokens)
     return false;
   if (tokens <= kSwapTokens)
     return true;
   // Row tiles a weight tile takes: an expert's mean rows (grouped) over
   // tileM.
-  int64_t rowCount = decodeRows(shape, tokens);
+  int64_t rowCount = tile.rows;
   int64_t rows =
       shape.grouped
           ? llvm::divideCeil(rowCount, std::min(shape.experts, rowCount))
           : rowCount;
-  int64_t rereads = llvm::divideCeil(rows, decodeTile(shape, tokens).tileM);
+  int64_t rereads = llvm::divideCeil(rows, tile.tileM);
   // Whether the wide tiles of a dense matmul fill the multiprocessors.
   int64_t wideTiles = llvm::divideCeil(rowCount, kTileM) * shape.colTiles();
   bool idle = !shape.grouped && wideTiles < multiprocessors;
@@ -417,12 +422,10 @@ bool ConfigureMatmulsPass::decodeServes(const MatmulShape &shape,
   return rows <= kSwapMeanRows && rereads <= kSwapRereads;
 }
 
-MatmulConfigAttr
-ConfigureMatmulsPass::chooseDecodeTile(GroupedMatmulOp op,
-                                       const MatmulShape &shape, int64_t tokens,
-                                       int64_t stamp) const {
-  int64_t rowCount = decodeRows(shape, tokens);
-  auto [tileM, tileN] = decodeTile(shape, tokens);
+MatmulConfigAttr ConfigureMatmulsPass::chooseDecodeTile(
+    GroupedMatmulOp op, const MatmulShape &shape, const DecodeTile &tile,
+    int64_t stamp) const {
+  auto [rowCount, tileM, tileN] = tile;
   int64_t tileK = pins.tileK.value_or(shape.tileK());
   int64_t kTiles = llvm::divideCeil(shape.k, tileK);
   // Two blocks a multiprocessor.
@@ -486,8 +489,10 @@ MatmulConfigAttr ConfigureMatmulsPass::chooseFor(GroupedMatmulOp op,
   // Weights read transposed take the wide tile of one block alone: pins
   // of the decode tile or of clusters are not theirs.
   bool transposed = op.getTransposeRhs();
-  if (!transposed && pins.swapAB.value_or(!wide && decodeServes(shape, tokens)))
-    return chooseDecodeTile(op, shape, tokens, stamp);
+  DecodeTile tile = decodeTile(shape, tokens);
+  if (!transposed &&
+      pins.swapAB.value_or(!wide && decodeServes(shape, tokens, tile)))
+    return chooseDecodeTile(op, shape, tile, stamp);
   int64_t tileM = pins.tileM.value_or(kTileM);
   int64_t tileN = pins.tileN.value_or(kTileN);
   int64_t tileK = pins.tileK.value_or(shape.wideTileK());

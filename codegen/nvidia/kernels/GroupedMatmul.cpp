@@ -1739,10 +1739,9 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
     k.func->setAttr(NVVM::NVVMDialect::getMaxnregAttrName(),
                     k.b.getI32IntegerAttr(sm90a::kDecodeMaxRegisters));
     launch.sharedBytes = c.sharedBytes();
-    // A fragment's tileM / 2 a thread; FP8 keeps each scale block's
-    // partials beside the totals.
-    launch.accumulators =
-        c.swapFragments() * c.tileM / 2 * (op.getScheme() ? 2 : 1);
+    // The same count the register rule checks.
+    launch.accumulators = sm90a::decodeRegisters(
+        c.swapFragments(), c.tileM, c.enc.fp8(), c.enc.subBlocks());
     return emitDecodeMatmul(layer, op, c, lhs, k, buffers, bufferIndices,
                             partials);
   }

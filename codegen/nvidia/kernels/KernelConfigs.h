@@ -221,6 +221,10 @@ struct RouteConfig {
   int64_t logitBlocks = 0;
   /// Warps (a token each) whose selection scratch shares a block.
   int64_t selectWarps = 0;
+  /// Warps a block of the choosing kernel that sum one token's parts, a
+  /// stripe of 32 experts each, where there are several parts and
+  /// stripes (1: a warp a token, selectWarps a block).
+  int64_t sumWarps = 1;
 };
 
 /// The configuration of `op`'s kernels for `tokens` tokens, built for

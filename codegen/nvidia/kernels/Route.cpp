@@ -570,6 +570,9 @@ RouteConfig nvidia::configureRoute(RouteOp op, TokenLinear tokens,
       c.experts * 9 + op.getRouter().getNGroup() * 5 + c.topK * 4 + 64;
   c.selectWarps = std::clamp<int64_t>(sm90a::kSharedWithoutOptIn / scratchBytes,
                                       1, kRouteWarps);
+  int64_t stripes = llvm::divideCeil(c.experts, 32);
+  if (c.tensorCores && c.split && c.chunks > 1)
+    c.sumWarps = std::min<int64_t>(RouteConfig::kWarps, stripes);
   return c;
 }
 
@@ -843,8 +846,7 @@ static LogicalResult buildRouteChoose(LayerKernels &layer, RouteOp op,
     buffers.push_back(layer.info(op.getLogits()).buffer);
   Kernel k = layer.kernelOn(op, "route_select", buffers);
   int64_t stripes = llvm::divideCeil(cfg.experts, 32);
-  int64_t sumWarps =
-      parts > 1 ? std::min<int64_t>(RouteConfig::kWarps, stripes) : 1;
+  int64_t sumWarps = cfg.sumWarps;
   // Warps a block and tokens a block.
   int64_t warps = sumWarps > 1 ? sumWarps : cfg.selectWarps;
   int64_t tokens = sumWarps > 1 ? 1 : warps;
@@ -875,7 +877,8 @@ static LogicalResult buildRouteChoose(LayerKernels &layer, RouteOp op,
   };
   // Warp-uniform: a whole warp has a token or none (a block's warps share
   // theirs).
-  e.ifThen(e.ult(t, k.linear(cfg.tokens)), [&] {
+  Value hasToken = e.ult(t, k.linear(cfg.tokens));
+  e.ifThen(hasToken, [&] {
     Value row = e.imul(t, parts);
     // A group of the lane's experts at a time with a batch of parts' loads
     // issued before any sum (a loop would wait out each expert's loads in
@@ -920,9 +923,8 @@ static LogicalResult buildRouteChoose(LayerKernels &layer, RouteOp op,
     gpu::BarrierOp::create(e.b, e.loc);
   else
     NVVM::SyncWarpOp::create(e.b, e.loc, e.i32(-1));
-  Value chooses = e.ult(t, k.linear(cfg.tokens));
-  if (sumWarps > 1)
-    chooses = e.andi(chooses, e.eq(warp, e.index(0)));
+  Value chooses =
+      sumWarps > 1 ? e.andi(hasToken, e.eq(warp, e.index(0))) : hasToken;
   e.ifThen(chooses, [&] { route.choose(mine, ids, weights, t, lane); });
   return k.finish(op);
 }

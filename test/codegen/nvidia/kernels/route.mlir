@@ -162,3 +162,35 @@ func.func @route_f32(%hidden: tensor<?x64xbf16>, %router: tensor<16x64xf32>,
       -> (tensor<?x4xi32>, tensor<?x4xf32>)
   return %ids, %weights : tensor<?x4xi32>, tensor<?x4xf32>
 }
+
+// -----
+
+// 300 experts are 10 stripes of 32, more than a block's 8 warps: a warp
+// sums two stripes' parts (experts lane + 32 (warp + 8 j), the last
+// stripe's loads clamped to expert 299 and its stores guarded), then after
+// the barrier the first warp chooses from the block's one row of 300.
+// CHECK-LABEL: func.func @route_wide(
+// CHECK-SAME: #moe.launch<kernel = @moe_route_select_1, work = 1 * T, block = 256, args = [buffer 4, buffer 2, buffer 3, tokens]>
+// CHECK: gpu.func @moe_route_select_1({{.*}}) workgroup(%{{.*}} : memref<1x300xf32, #gpu.address_space<workgroup>>
+// CHECK-SAME: known_block_size = array<i32: 256, 1, 1>
+// CHECK: %[[C299:.*]] = arith.constant 299 : index
+// CHECK: arith.minui %{{.*}}, %[[C299]] : index
+// CHECK: %[[C299B:.*]] = arith.constant 299 : index
+// CHECK: arith.minui %{{.*}}, %[[C299B]] : index
+// CHECK-NOT: arith.minui
+// CHECK: gpu.barrier
+// CHECK: nvvm.redux.sync umax
+// PTX: gpu.binary @route_wide_kernels
+// PTX-SAME: .visible .entry moe_route_select_1(
+// PTX-SAME: .maxntid 256, 1, 1
+// PTX-SAME: bar.sync
+// PTX-SAME: redux.sync.max.u32
+func.func @route_wide(%hidden: tensor<?x512xbf16>, %router: tensor<300x512xbf16>)
+    -> (tensor<?x8xi32>, tensor<?x8xf32>)
+    attributes {moe.token_buckets = array<i64: 8>} {
+  %ids, %weights = moe.route %hidden, %router
+      {router = #moe.router<kind = softmax_topk, renormalize = true>}
+      : (tensor<?x512xbf16>, tensor<300x512xbf16>)
+      -> (tensor<?x8xi32>, tensor<?x8xf32>)
+  return %ids, %weights : tensor<?x8xi32>, tensor<?x8xf32>
+}
