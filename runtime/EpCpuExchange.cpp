@@ -58,6 +58,9 @@ struct State {
   int timeoutMs = 30000;
   int killAfterSend = -1;  // test hook: this rank dies mid-forward
   int sendsBeforeKill = 0; // after this many dispatches (a step's backward)
+  // Test hook: the return base this rank gives its peers.
+  bool badReturnBase = false;
+  uint32_t testReturnBase = 0;
   uint8_t *send = nullptr, *recv = nullptr;
   // Cumulative arrivals expected from each peer, per counter.
   std::vector<uint64_t> countsExpected, payloadExpected, combineExpected;
@@ -191,6 +194,8 @@ int32_t moe_ep_init(int64_t hidden, int64_t topK, int64_t experts,
     state.killAfterSend = std::atoi(kill);
   if (const char *after = std::getenv("MOE_EP_TEST_KILL_AFTER"))
     state.sendsBeforeKill = std::atoi(after);
+  state.badReturnBase =
+      moe::rt::testReturnBase(state.rank, state.testReturnBase);
   return 0;
 }
 
@@ -328,6 +333,8 @@ void moe_ep_dispatch_send(int64_t data, int64_t dataRowBytes, int64_t scales,
     sentOut[q] = int32_t(records[q]);
     CountSlot slot{records[q], base[q], state.localFailure.empty() ? 0u : 1u,
                    uint32_t(tokens)};
+    if (state.badReturnBase && q != state.rank)
+      slot.returnBase = state.testReturnBase;
     size_t slotOffset = size_t(q) * sizeof(CountSlot);
     size_t regionSrc =
         s.sendDataOffset() + size_t(q) * s.regionBytes() + s.recordsOffset();
@@ -405,6 +412,7 @@ int64_t moe_ep_dispatch_wait(void) {
   for (int64_t q = 0; q < s.ranks; ++q) {
     const uint8_t *region = state.recv + s.dispatchOffset() +
                             size_t(q) * s.regionBytes() + s.recordsOffset();
+    int64_t fromQ = 0;
     for (uint32_t i = 0; i < state.arrived[q].tokens; ++i)
       for (int64_t j = 0; j < k; ++j) {
         int32_t localId;
@@ -417,8 +425,18 @@ int64_t moe_ep_dispatch_wait(void) {
               std::to_string(localId) + " of " + std::to_string(local);
           return 0;
         }
-        rows += localId >= 0;
+        fromQ += localId >= 0;
       }
+    // q's outputs go back at the base q gave: inside its combine area.
+    uint64_t base = state.arrived[q].returnBase;
+    if (base + uint64_t(fromQ) > uint64_t(s.maxTokens) * uint64_t(k)) {
+      state.broken = "rank " + std::to_string(q) + " gave return base " +
+                     std::to_string(base) + " for its " +
+                     std::to_string(fromQ) + " rows; a combine area holds " +
+                     std::to_string(s.maxTokens * k);
+      return 0;
+    }
+    rows += fromQ;
   }
   state.received = rows;
   return rows;

@@ -38,9 +38,6 @@
 using namespace moe::rt;
 
 namespace {
-// The proxy's counters.
-constexpr uint32_t kDispatchPayload = 6, kDispatchCount = 7;
-constexpr uint32_t kCombinePayload = 2, kCombineCount = 3;
 // cuMemHostAlloc flags: portable, mapped into the device's address space.
 constexpr unsigned kHostAllocPortableMapped = 0x1 | 0x2;
 // Peers' states are mapped with peer access enabled on first use.
@@ -61,6 +58,10 @@ struct GpuGroup {
   std::thread thread;
   std::atomic<bool> stop{false};
   std::string proxyError;
+  // Test hook (MOE_EP_TEST_RETURN_BASE): the return base this rank's count
+  // slots give its peers through the proxy.
+  bool badReturnBase = false;
+  uint32_t testReturnBase = 0;
   // The layer's generated proxy routine (internal moe_ep_proxy_turn).
   int32_t (*turn)(moe_transport_t *, uint8_t *, uint8_t *, int32_t, uint64_t *,
                   int32_t) = nullptr;
@@ -128,6 +129,12 @@ void proxyLoop() {
   std::vector<uint64_t> progress(6 * size_t(g.ranks), 0);
   while (true) {
     bool stopping = g.stop.load(std::memory_order_acquire);
+    if (g.badReturnBase)
+      for (int q = 0; q < g.ranks; ++q)
+        if (q != g.rank)
+          write32(g.staging + size_t(q) * g.stateBytes + EpDeviceLayout::kRecv +
+                      16 * size_t(g.rank) + 4,
+                  g.testReturnBase);
     int32_t did = g.turn(g.transport, g.hostState, g.staging, g.rank,
                          progress.data(), g.timeoutMs);
     if (did == 2) {
@@ -181,6 +188,9 @@ int32_t initProxy(int64_t stateBytes, int64_t capacity, int64_t hidden,
   // Mapped host memory has one address for host and device (UVA).
   g.state = reinterpret_cast<uintptr_t>(g.hostState);
   write32(g.hostState + EpDeviceLayout::kRank, uint32_t(config->rank));
+  write32(g.hostState + EpDeviceLayout::kTestExtraChoice,
+          uint32_t(testExtraChoices(config->rank)));
+  g.badReturnBase = testReturnBase(config->rank, g.testReturnBase);
   uint64_t timeoutNs = uint64_t(g.timeoutMs) * 1000000ull;
   std::memcpy(g.hostState + EpDeviceLayout::kTimeoutNs, &timeoutNs, 8);
   for (int q = 0; q < g.ranks; ++q) {
@@ -257,10 +267,14 @@ int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t hidden,
                 std::to_string(stateBytes) + " bytes): " + error);
   }
   uint32_t rank = uint32_t(config->rank);
+  uint32_t extra = uint32_t(testExtraChoices(config->rank));
   uint64_t timeoutNs = uint64_t(group.timeoutMs) * 1000000ull;
   CudaDevice::Driver::IpcHandle handle;
   if (!check(group.driver->cuMemcpyHtoD(group.state + EpDeviceLayout::kRank,
                                         &rank, 4),
+             "cuMemcpyHtoD", error) ||
+      !check(group.driver->cuMemcpyHtoD(
+                 group.state + EpDeviceLayout::kTestExtraChoice, &extra, 4),
              "cuMemcpyHtoD", error) ||
       !check(group.driver->cuMemcpyHtoD(
                  group.state + EpDeviceLayout::kTimeoutNs, &timeoutNs, 8),
@@ -371,9 +385,35 @@ int32_t moe_ep_cuda_status(void) {
                 "on every rank (its saved rows are sized for it). Results "
                 "since are not valid, a backward writes no gradient, and "
                 "the group must be started again");
+  std::string self = "rank " + std::to_string(group.rank);
+  std::string peer = "rank " + std::to_string(word(EpDeviceLayout::kErrorPeer));
+  std::string after = "; results since are not valid, a backward writes no "
+                      "gradient, and the group must be started again";
+  switch (word(EpDeviceLayout::kError)) {
+  case EpDeviceLayout::kRowsMismatch:
+    return fail(self + " received counts from " + peer + " claiming " +
+                std::to_string(word(EpDeviceLayout::kErrorTokens)) +
+                " expert rows, but its records filled " +
+                std::to_string(word(EpDeviceLayout::kErrorOwn)) +
+                " (or some of its choices found no row): its counts and "
+                "records disagree, and " +
+                self + " sent back none of the rows left unfilled" + after);
+  case EpDeviceLayout::kRowsRefused:
+    return fail(peer + " refused the rows " + self +
+                " sent it: their counts and records disagreed there" + after);
+  case EpDeviceLayout::kBadReturn:
+    return fail(peer + " gave " + self + " return base " +
+                std::to_string(word(EpDeviceLayout::kErrorTokens)) +
+                " for the " + std::to_string(word(EpDeviceLayout::kErrorOwn)) +
+                " rows owed it; a combine area holds " +
+                std::to_string(group.layout.recvLayout.maxTokens *
+                               group.layout.recvLayout.topK) +
+                ", so " + self + " sent it none" + after);
+  default:
+    break;
+  }
   if (!group.proxyError.empty())
-    return fail("rank " + std::to_string(group.rank) +
-                "'s proxy could not send: " + group.proxyError);
+    return fail(self + "'s proxy could not send: " + group.proxyError);
   return fail("rank " + std::to_string(group.rank) + " waited " +
               std::to_string(group.timeoutMs) + " ms for rank " +
               std::to_string(word(EpDeviceLayout::kErrorPeer)) +

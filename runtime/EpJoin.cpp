@@ -3,6 +3,7 @@
 #include "runtime/EpJoin.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <unistd.h>
 
 using namespace moe::rt;
@@ -70,4 +71,30 @@ moe_transport_t *moe::rt::joinEpGroup(const moe_ep_config_t *config,
         moe_transport_last_error();
   moe_transport_close(transport);
   return nullptr;
+}
+
+/// `name`'s value "r:n" when r is `rank`.
+static bool testHook(const char *name, int rank, uint64_t &value) {
+  const char *text = std::getenv(name);
+  if (!text)
+    return false;
+  char *end = nullptr;
+  long r = std::strtol(text, &end, 10);
+  if (r != rank || *end != ':')
+    return false;
+  value = std::strtoull(end + 1, nullptr, 10);
+  return true;
+}
+
+int64_t moe::rt::testExtraChoices(int rank) {
+  uint64_t n = 0;
+  return testHook("MOE_EP_TEST_EXTRA_CHOICE", rank, n) ? int64_t(n) : 0;
+}
+
+bool moe::rt::testReturnBase(int rank, uint32_t &base) {
+  uint64_t b = 0;
+  if (!testHook("MOE_EP_TEST_RETURN_BASE", rank, b))
+    return false;
+  base = uint32_t(b);
+  return true;
 }

@@ -13,6 +13,7 @@
 #include "runtime/moe_ep.h"
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace moe::rt {
@@ -52,6 +53,14 @@ moe_transport_t *joinEpGroup(const moe_ep_config_t *config,
                              ListenSocket &listenSocket, void *send,
                              size_t sendBytes, void *recv, size_t recvBytes,
                              std::string &why);
+
+/// Test hooks, read from the environment at init (0 and false unless a
+/// test sets them for `rank`):
+/// MOE_EP_TEST_EXTRA_CHOICE=r:n: rank r's dispatch claims n more choices of
+/// each peer's first expert than its records hold;
+/// MOE_EP_TEST_RETURN_BASE=r:b: rank r gives its peers return base b.
+int64_t testExtraChoices(int rank);
+bool testReturnBase(int rank, uint32_t &base);
 
 } // namespace moe::rt
 

@@ -102,10 +102,21 @@ struct EpDeviceLayout {
   static constexpr size_t kTimeoutNs = 24;   // u64: how long a wait spins
   static constexpr size_t kErrorTokens = 32; // kUnevenStep: the peer's count
   static constexpr size_t kErrorOwn = 36;    // and this rank's
+  /// Test hook (MOE_EP_TEST_EXTRA_CHOICE): choices the dispatch adds to
+  /// the count it sends each peer for the peer's first expert; 0 but in
+  /// tests.
+  static constexpr size_t kTestExtraChoice = 40;
   /// What kError holds once a forward failed; the first failure stays.
   enum ErrorKind : uint32_t {
-    kTimedOut = 1,  // a wait for kErrorPeer ran out of time
-    kUnevenStep = 2 // a training step's ranks passed different counts
+    kTimedOut = 1,     // a wait for kErrorPeer ran out of time
+    kUnevenStep = 2,   // a training step's ranks passed different counts
+    kRowsMismatch = 3, // kErrorPeer's counts claimed kErrorTokens rows
+                       // here, its records filled kErrorOwn (or fewer
+                       // when some of its choices found no row)
+    kRowsRefused = 4,  // kErrorPeer found this rank's counts and records
+                       // disagree (kRowsMismatch there)
+    kBadReturn = 5     // kErrorPeer gave a return base (kErrorTokens) that
+                       // leaves its kErrorOwn rows outside its combine area
   };
   static constexpr size_t kSentCounts = 64;   // u32 per rank: records sent
   static constexpr size_t kSentChoices = 320; // u32 per rank: choices sent
@@ -113,6 +124,9 @@ struct EpDeviceLayout {
   static constexpr size_t kReturnRows = 832;  // u32 per rank: rows owed it
   static constexpr size_t kPeers = 1536;      // u64 per rank: state address
   static constexpr size_t kRecv = 2048;
+  /// 16 bytes per source rank: the forward whose outputs it sent (its
+  /// flag), the rows it sent (through the proxy), and nonzero when it
+  /// refused this rank's rows (kRowsRefused).
   size_t combineFlags() const {
     return alignUp(kRecv + recvLayout.recvBytes(), 256);
   }
@@ -129,8 +143,22 @@ struct EpDeviceLayout {
                                           size_t(recvLayout.topK),
                    256);
   }
-  size_t bytes() const {
+  /// u32 per receive row: the forward that last wrote it (kSeq), so a
+  /// row that no record of this forward filled is never sent back.
+  size_t rowStamps() const {
     return alignUp(expertChoices() + 4 * size_t(recvLayout.experts), 256);
+  }
+  /// u32 [2, ranks]: per source rank, the rows its records filled this
+  /// forward, then its choices that found no row.
+  size_t rowChecks() const {
+    return alignUp(rowStamps() + 4 * receiveRows(), 256);
+  }
+  size_t receiveRows() const {
+    return size_t(recvLayout.ranks) * size_t(recvLayout.maxTokens) *
+           size_t(recvLayout.topK);
+  }
+  size_t bytes() const {
+    return alignUp(rowChecks() + 8 * size_t(recvLayout.ranks), 256);
   }
 };
 

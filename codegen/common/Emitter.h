@@ -189,6 +189,7 @@ public:
     return imul(arith::CeilDivUIOp::create(b, loc, x, multiple), multiple);
   }
   Value eq(Value x, Value y) { return icmp(arith::CmpIPredicate::eq, x, y); }
+  Value ne(Value x, Value y) { return icmp(arith::CmpIPredicate::ne, x, y); }
   Value ult(Value x, Value y) { return icmp(arith::CmpIPredicate::ult, x, y); }
   Value icmp(arith::CmpIPredicate p, Value x, Value y) {
     return arith::CmpIOp::create(b, loc, p, x, y);

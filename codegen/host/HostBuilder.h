@@ -25,6 +25,9 @@ struct HostBuilder {
   }
   Value c64(int64_t v) { return LLVM::ConstantOp::create(b, loc, i64, v); }
   Value c32(int64_t v) { return LLVM::ConstantOp::create(b, loc, i32, v); }
+  Value c1(bool v) {
+    return LLVM::ConstantOp::create(b, loc, b.getI1Type(), v);
+  }
   Value linear(TokenLinear l, Value tokens) {
     return LLVM::AddOp::create(
         b, loc, c64(l.fixed),

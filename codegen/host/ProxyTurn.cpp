@@ -159,20 +159,42 @@ LLVM::LLVMFuncOp host::addProxyTurn(ModuleOp module, ExpertParallelAttr ep,
             load32(state, h.c64(int64_t(EpDeviceLayout::kReturnRows) + 4 * q)));
         Value base = LLVM::ZExtOp::create(
             b, loc, i64, load32(state, h.c64(slots + 16 * q + 4)));
-        Value at = add(h.c64(rows), mul(base, rowBytes));
-        ifThen(h, cmp(LLVM::ICmpPredicate::ne, owed, h.c64(0)), [&] {
-          write(q, add(h.c64(q * stateBytes), at), mul(owed, rowBytes), at,
-                combinePayload);
-          if (combineValues) {
-            Value from = add(h.c64(values), mul(base, 4));
-            write(q, add(h.c64(q * stateBytes), from), mul(owed, 4), from,
-                  combinePayload);
-          }
+        // q's base is q's word: its rows must lie in its combine area. A
+        // base that does not fit fails this rank (naming q) and sends q
+        // nothing, so q's wait fails too rather than take stale rows.
+        Value fits = cmp(LLVM::ICmpPredicate::ule, add(base, owed),
+                         h.c64(l.maxTokens * l.topK));
+        ifThen(h, LLVM::XOrOp::create(b, loc, fits, h.c1(true)), [&] {
+          auto claim = LLVM::AtomicCmpXchgOp::create(
+              b, loc, h.offset(state, h.c64(EpDeviceLayout::kError)), h.c32(0),
+              h.c32(EpDeviceLayout::kBadReturn), LLVM::AtomicOrdering::acq_rel,
+              LLVM::AtomicOrdering::monotonic);
+          ifThen(h, LLVM::ExtractValueOp::create(b, loc, claim.getResult(), 1),
+                 [&] {
+                   store32(h.c32(q), state, h.c64(EpDeviceLayout::kErrorPeer));
+                   store32(LLVM::TruncOp::create(b, loc, i32, base), state,
+                           h.c64(EpDeviceLayout::kErrorTokens));
+                   store32(LLVM::TruncOp::create(b, loc, i32, owed), state,
+                           h.c64(EpDeviceLayout::kErrorOwn));
+                 });
         });
-        Value countAt = add(myFlag, h.c64(4));
-        store32(LLVM::TruncOp::create(b, loc, i32, owed), stage, countAt);
-        write(q, add(h.c64(q * stateBytes), countAt), h.c64(4), countAt,
-              combineCount);
+        ifThen(h, fits, [&] {
+          Value at = add(h.c64(rows), mul(base, rowBytes));
+          ifThen(h, cmp(LLVM::ICmpPredicate::ne, owed, h.c64(0)), [&] {
+            write(q, add(h.c64(q * stateBytes), at), mul(owed, rowBytes), at,
+                  combinePayload);
+            if (combineValues) {
+              Value from = add(h.c64(values), mul(base, 4));
+              write(q, add(h.c64(q * stateBytes), from), mul(owed, 4), from,
+                    combinePayload);
+            }
+          });
+          // The count, then the refused word the combine send staged.
+          Value countAt = add(myFlag, h.c64(4));
+          store32(LLVM::TruncOp::create(b, loc, i32, owed), stage, countAt);
+          write(q, add(h.c64(q * stateBytes), countAt), h.c64(8), countAt,
+                combineCount);
+        });
         LLVM::StoreOp::create(b, loc, done, counter(1, q), 8);
         markDone();
       });
@@ -191,10 +213,7 @@ LLVM::LLVMFuncOp host::addProxyTurn(ModuleOp module, ExpertParallelAttr ep,
                   cmp(LLVM::ICmpPredicate::uge, arrivals(q, payloadId),
                       add(payloads, h.c64(writes)));
               Value complete = LLVM::OrOp::create(
-                  b, loc,
-                  LLVM::XOrOp::create(
-                      b, loc, any,
-                      LLVM::ConstantOp::create(b, loc, b.getI1Type(), 1)),
+                  b, loc, LLVM::XOrOp::create(b, loc, any, h.c1(true)),
                   arrived);
               ifThen(h, complete, [&] {
                 LLVM::StoreOp::create(

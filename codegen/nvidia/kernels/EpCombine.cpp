@@ -61,6 +61,7 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
       op.getValues() ? k.view(5, layer.info(op.getValues())) : Value();
   Type i32 = e.b.getI32Type();
   Value tid = k.threadId();
+  Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
   Value rows = e.toIndex(e.loadRaw(offsets, {e.index(send.getLocalExperts())}));
   strideRows(
       r, k.blockId(gpu::Dimension::x), rows, kLoadsInFlight,
@@ -79,7 +80,10 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
                             e.i32(shape.maxTokens * topK))),
               e.andi(e.icmp(arith::CmpIPredicate::sge, q, e.i32(0)),
                      e.icmp(arith::CmpIPredicate::slt, q, e.i32(ranks))));
-          inBounds = e.andi(inRange, inBounds);
+          // A row no record of this forward filled (its source's counts
+          // claimed more than its records) has a stale origin: not sent.
+          Value fresh = e.eq(r.load(i32, shape.rowStamp(r, st, row)), seq);
+          inBounds = e.andi(e.andi(inRange, fresh), inBounds);
           Value qi = e.select(inBounds, q, e.i32(0));
           Value backi = e.select(inBounds, back, e.i32(0));
           dsts.push_back(
@@ -117,9 +121,31 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
     Value done = r.atomicAdd(r.at(st, EpDeviceLayout::kTicket2), e.i32(1));
     e.ifThen(e.eq(done, e.i32(kStrideBlocks - 1)), [&] {
       r.store(e.i32(0), r.at(st, EpDeviceLayout::kTicket2));
-      r.fenceSystem();
-      Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
       Value self = r.load(i32, r.at(st, EpDeviceLayout::kRank));
+      // Each rank's rows as its counts claimed them: every one filled once
+      // and none of its choices left without a row, else this rank refuses
+      // them (and fails) and tells it so beside its flag.
+      for (int64_t q = 0; q < ranks; ++q) {
+        Value claimed =
+            r.load(i32, EpShape::perRank(r, st, EpDeviceLayout::kReturnRows,
+                                         r.c64(q)));
+        Value filledAt = shape.rowCheck(r, st, 0, r.c64(q));
+        Value droppedAt = shape.rowCheck(r, st, 1, r.c64(q));
+        Value filled = r.load(i32, filledAt);
+        Value bad = e.ori(e.ne(filled, claimed),
+                          e.ne(r.load(i32, droppedAt), e.i32(0)));
+        e.ifThen(bad, [&] {
+          r.recordError(st, EpDeviceLayout::kRowsMismatch, r.c64(q), [&] {
+            r.store(claimed, r.at(st, EpDeviceLayout::kErrorTokens));
+            r.store(filled, r.at(st, EpDeviceLayout::kErrorOwn));
+          });
+        });
+        r.store(e.i32(0), filledAt);
+        r.store(e.i32(0), droppedAt);
+        r.store(arith::ExtUIOp::create(e.b, e.loc, i32, bad),
+                r.at(shape.combineFlag(r, r.peer(st, r.c64(q)), self), 8));
+      }
+      r.fenceSystem();
       // A backward whose rows were not computed (its step failed here)
       // raises no flag: its peers then fail too, naming this rank, rather
       // than take its rows.
@@ -134,10 +160,8 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
                                          r.c64(q))),
             sent, {e.index(q)});
         e.ifThen(raise, [&] {
-          r.storeVolatile(
-              seq, r.at(r.peer(st, r.c64(q)),
-                        r.add(r.c64(int64_t(shape.layout.combineFlags())),
-                              r.mul(r.to64(self), 16))));
+          r.storeVolatile(seq,
+                          shape.combineFlag(r, r.peer(st, r.c64(q)), self));
         });
       }
     });
@@ -200,13 +224,20 @@ LogicalResult nvidia::buildEpCombineRecv(LayerKernels &layer,
   unsigned state = layer.epState();
   Kernel k = layer.kernelOn(op, "ep_combine_wait", {state});
   Value st = k.func.getArgument(0);
-  waitForRanks(k, st, ranks,
-               [&](Raw &r, Value q) {
-                 return r.at(st,
-                             r.add(r.c64(int64_t(shape.layout.combineFlags())),
-                                   r.mul(r.to64(q), 16)));
-               },
-               {});
+  Emitter &e = k.e;
+  waitForRanks(
+      k, st, ranks,
+      [&](Raw &r, Value q) { return shape.combineFlag(r, st, q); },
+      [&](Raw &r, Value q, Value late) {
+        // A rank that refused this rank's rows (their counts and records
+        // disagreed there) says so beside its flag.
+        Value refused =
+            e.ne(r.load(r.i32, r.at(shape.combineFlag(r, st, q), 8)), e.i32(0));
+        e.ifThen(e.andi(refused,
+                        e.xori(late, arith::ConstantOp::create(
+                                         e.b, e.loc, e.b.getBoolAttr(true)))),
+                 [&] { r.recordError(st, EpDeviceLayout::kRowsRefused, q); });
+      });
   if (failed(k.finish(op)))
     return failure();
   return op.getValues() ? buildCombineValues(layer, op, shape) : success();

@@ -403,7 +403,13 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
             [&](Value x) {
               Value q = e.divUI(x, local), ql = e.remUI(x, local);
               Value counter = shape.expertChoices(r, st, x);
-              r.store(r.load(i32, counter),
+              // The test hook's extra choices go to each peer's first
+              // expert.
+              Value extra = e.select(
+                  e.andi(e.eq(ql, e.index(0)), e.ne(e.toI32(q), self)),
+                  r.load(i32, r.at(st, EpDeviceLayout::kTestExtraChoice)),
+                  e.i32(0));
+              r.store(e.iadd(r.load(i32, counter), extra),
                       r.at(shape.region(r, r.peer(st, q), self),
                            r.mul(r.to64(ql), 4)));
               r.store(e.i32(0), counter);
@@ -533,8 +539,11 @@ struct UnpackEmitter {
   Value counts, offsets, dispatched, origin, st, rowScales, rowWeights, tid,
       block;
   // Shared: each rank's record count (-1: none) and choices claimed here,
-  // its choices per expert, where they start, the experts' ends.
-  Value arrived, claimed, chosen, bases, ends;
+  // its choices per expert, where they start, the experts' ends; the rows
+  // its records filled and its choices that found none, in this block.
+  Value arrived, claimed, chosen, bases, ends, filled, dropped;
+  // This forward's number, which stamps each row filled.
+  Value seq;
 
   UnpackEmitter(Kernel &k, LayerKernels &layer, EpDispatchRecvOp op,
                 const EpShape &shape)
@@ -560,6 +569,8 @@ struct UnpackEmitter {
     chosen = k.workgroupBuffer({ranks * local}, i32);
     bases = k.workgroupBuffer({ranks * local}, i32);
     ends = k.workgroupBuffer({local}, i32);
+    filled = k.workgroupBuffer({ranks}, i32);
+    dropped = k.workgroupBuffer({ranks}, i32);
   }
 
   std::pair<Value, Value> splitSource(Value x) {
@@ -580,6 +591,7 @@ struct UnpackEmitter {
   std::tuple<Value, Value, Value> recordOf(Value nth, Value mine);
   void findRows(Value rowsHere, Value chunkStart, Value mine);
   void copyChunk(Value rowsHere, Value chunkStart, Value inChunk, Value mine);
+  void countFills();
   void emit();
 };
 } // namespace
@@ -593,6 +605,8 @@ void UnpackEmitter::loadCounts() {
         r.load(i32, EpShape::perRank(r, st, EpDeviceLayout::kRecvCounts, tid)),
         arrived, {tid});
     e.storeRaw(e.i32(0), claimed, {tid});
+    e.storeRaw(e.i32(0), filled, {tid});
+    e.storeRaw(e.i32(0), dropped, {tid});
   });
   gpu::BarrierOp::create(e.b, e.loc);
   e.forEach(
@@ -743,6 +757,31 @@ void UnpackEmitter::findRows(Value rowsHere, Value chunkStart, Value mine) {
       e.storeRaw(r.load(e.b.getF32Type(),
                         r.at(record, r.add(r.c64(l.weightOffset(0)), j4))),
                  rowWeights, {at, e.index(0)});
+    // A row counts once however many records name it.
+    Value before = r.exchangeRelaxed(shape.rowStamp(r, st, at), seq);
+    e.ifThen(e.ne(before, seq), [&] {
+      memref::AtomicRMWOp::create(e.b, e.loc, arith::AtomicRMWKind::addi,
+                                  e.i32(1), filled, ValueRange{q});
+    });
+  });
+  e.ifThen(e.andi(xOk, e.xori(ok, arith::ConstantOp::create(
+                                      e.b, e.loc, e.b.getBoolAttr(true)))),
+           [&] {
+             memref::AtomicRMWOp::create(e.b, e.loc, arith::AtomicRMWKind::addi,
+                                         e.i32(1), dropped, ValueRange{q});
+           });
+}
+
+/// The block's fills and drops into the state's per-rank totals, which
+/// the combine send checks against the rows each rank's counts claimed.
+void UnpackEmitter::countFills() {
+  e.ifThen(e.ult(tid, e.index(ranks)), [&] {
+    for (auto [which, counts] : {std::pair{0, filled}, std::pair{1, dropped}}) {
+      Value n = e.loadRaw(counts, {tid});
+      e.ifThen(e.ne(n, e.i32(0)), [&] {
+        r.atomicAddRelaxed(shape.rowCheck(r, st, which, tid), n);
+      });
+    }
   });
 }
 
@@ -824,6 +863,7 @@ void UnpackEmitter::copyChunk(Value rowsHere, Value chunkStart, Value inChunk,
 /// The block's records a chunk at a time: a thread per record and choice
 /// finds the rows (in shared memory), then the chunk is copied.
 void UnpackEmitter::emit() {
+  seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
   layOut();
   int64_t chunk = kCopyThreads / topK;
   Value rowsHere = k.workgroupBuffer({chunk * topK}, i32);
@@ -841,6 +881,7 @@ void UnpackEmitter::emit() {
         gpu::BarrierOp::create(e.b, e.loc);
       },
       e.index(chunk));
+  countFills();
 }
 
 static LogicalResult buildEpDispatchUnpack(LayerKernels &layer,

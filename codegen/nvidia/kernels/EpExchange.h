@@ -112,6 +112,12 @@ struct Raw {
                                      LLVM::AtomicOrdering::monotonic)
         .getResult();
   }
+  /// The old value at `p`, `v` now there; ordering as atomicAddRelaxed.
+  Value exchangeRelaxed(Value p, Value v) {
+    return LLVM::AtomicRMWOp::create(b, loc, LLVM::AtomicBinOp::xchg, p, v,
+                                     LLVM::AtomicOrdering::monotonic)
+        .getResult();
+  }
   /// The state of rank `q` (an i64 or index value), as this process maps it.
   Value peer(Value state, Value q) {
     Value slot = at(state, arith::AddIOp::create(
@@ -255,6 +261,23 @@ struct EpShape {
   }
   int64_t combineRows() const {
     return int64_t(EpDeviceLayout::kRecv + recv().combineOffset());
+  }
+  /// The forward that last wrote receive row `row` of `state`.
+  Value rowStamp(Raw &r, Value state, Value row) const {
+    return r.at(state, r.add(r.c64(int64_t(layout.rowStamps())),
+                             r.mul(r.to64(row), 4)));
+  }
+  /// Source `q`'s rows filled (`which` 0) or choices that found no row
+  /// (1) this forward, in `state`.
+  Value rowCheck(Raw &r, Value state, int64_t which, Value q) const {
+    return r.at(state,
+                r.add(r.c64(int64_t(layout.rowChecks()) + 4 * ranks * which),
+                      r.mul(r.to64(q), 4)));
+  }
+  /// Rank `src`'s combine flag (16 bytes) in the state `base`.
+  Value combineFlag(Raw &r, Value base, Value src) const {
+    return r.at(base, r.add(r.c64(int64_t(layout.combineFlags())),
+                            r.mul(r.to64(src), 16)));
   }
 };
 

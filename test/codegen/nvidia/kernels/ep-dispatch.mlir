@@ -27,11 +27,24 @@
 // PTX: st.v4.b32
 // PTX: fence.sc.sys
 // PTX: atom.global.add.u32
+// The last block's counts for each peer add the test hook's word (state
+// byte 40, 0 but in tests).
+// PTX: ld.global.b32 {{[^,]*}}, [{{[^]]*}}+40];
 // PTX: st.volatile.b32
 // PTX: .visible .entry moe_ep_dispatch_wait(
 // PTX: %globaltimer;
 // PTX: ld.volatile.global.b32
 // PTX: fence.acq_rel.sys
+// The unpack stamps each row it fills with the forward's number (rows at
+// state byte 887552; a row counts once), and each block adds the rows its
+// sources' records filled and their choices that found no row (bytes
+// 953088 and 953096, a word a rank) for the combine send to check.
+// PTX: .visible .entry moe_ep_dispatch_unpack(
+// PTX: atom.global.add.u32 {{[^,]*}}, [{{[^]]*}}+953088]
+// PTX: atom.global.add.u32 {{[^,]*}}, [{{[^]]*}}+953096]
+// PTX: atom.global.exch.b32 {{[^,]*}}, [{{[^]]*}}+887552]
+// PTX: atom.shared.add.u32
+// PTX: atom.shared.add.u32
 // PTX: .visible .entry moe_ep_combine_wait(
 func.func @exchange(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) -> tensor<?x8xbf16> {
   %sent, %rows = moe.ep_dispatch_send %x, %ids {local_experts = 2 : i64} : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<2xi32>, tensor<?x2xi32>)
