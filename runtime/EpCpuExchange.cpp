@@ -204,6 +204,9 @@ void moe_ep_finalize(void) {
   state = State();
 }
 
+// Finalize meets no one on the CPU: closing tells the peers' transports.
+void moe_ep_leave(void) { moe_ep_finalize(); }
+
 int32_t moe_ep_begin_training(int64_t tokens) {
   int32_t status = moe_ep_begin(tokens);
   state.training = status == 0;

@@ -57,6 +57,8 @@ struct GpuGroup {
   EpDeviceLayout layout{};
   std::thread thread;
   std::atomic<bool> stop{false};
+  // Stopping without forwarding what is staged or meeting the others.
+  std::atomic<bool> leaving{false};
   std::string proxyError;
   // Test hook (MOE_EP_TEST_RETURN_BASE): the return base this rank's count
   // slots give its peers through the proxy.
@@ -116,6 +118,7 @@ void release() {
   group.hostState = group.staging = nullptr;
   group.proxyError.clear();
   group.stop.store(false);
+  group.leaving.store(false);
 }
 
 /// The proxy thread: the layer's generated proxy routine (one pass over the
@@ -141,6 +144,8 @@ void proxyLoop() {
       g.proxyError = moe_transport_last_error();
       return;
     }
+    if (stopping && g.leaving.load(std::memory_order_acquire))
+      return;
     if (stopping && did == 0) {
       moe_transport_flush(g.transport, g.timeoutMs);
       moe_transport_barrier(g.transport, g.timeoutMs);
@@ -432,6 +437,20 @@ void moe_ep_cuda_finalize(void) {
   moert_kernel_times_report(label.c_str());
   if (!group.proxy)
     moe_transport_barrier(group.transport, -1);
+  release();
+}
+
+void moe_ep_cuda_leave(void) {
+  if (!group.state)
+    return;
+  // This rank's kernels are done (their waits are bounded); nobody is met.
+  group.driver->cuCtxSynchronize();
+  group.leaving.store(true, std::memory_order_release);
+  if (!group.proxy) {
+    // Peers that still run may write into this rank's state: it stays
+    // allocated (until exit), only the mappings of theirs are closed.
+    group.state = 0;
+  }
   release();
 }
 

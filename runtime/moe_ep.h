@@ -49,6 +49,9 @@ typedef struct moe_ep_config {
 int32_t moe_ep_init(int64_t hidden, int64_t top_k, int64_t experts,
                     int64_t ranks, const moe_ep_config_t *config);
 void moe_ep_finalize(void);
+/* Leaves the group without meeting the others (finalize is local on the
+ * CPU: the same). */
+void moe_ep_leave(void);
 const char *moe_ep_last_error(void);
 /* Around each forward: begin checks the call, end reports how it went. */
 int32_t moe_ep_begin(int64_t tokens);
@@ -93,6 +96,11 @@ int32_t moe_ep_cuda_init(int64_t state_bytes, int64_t capacity, int64_t hidden,
 void *moe_ep_cuda_state(void);
 int32_t moe_ep_cuda_status(void);
 void moe_ep_cuda_finalize(void);
+/* Leaves the group without meeting the others, for a rank whose peers may
+ * be gone: waits for the context, stops the proxy without forwarding what
+ * is staged, closes the transport and the peers' mappings, and keeps its
+ * own state allocated (a peer's kernels may still write into it). */
+void moe_ep_cuda_leave(void);
 
 #ifdef __cplusplus
 }

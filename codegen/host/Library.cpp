@@ -99,7 +99,8 @@ static llvm::json::Object expertParallelJson(InterfaceAttr interface) {
   llvm::json::Object object{{"ranks", ep.getRanks()},
                             {"local_experts", ep.getLocalExperts()},
                             {"init", interface.getSymbol("ep_init")},
-                            {"finalize", interface.getSymbol("ep_finalize")}};
+                            {"finalize", interface.getSymbol("ep_finalize")},
+                            {"leave", interface.getSymbol("ep_leave")}};
   if (interface.getTarget() == Target::SM90a) {
     // One device allocation per rank, for a compiled capacity.
     object["max_tokens"] = ep.getMaxTokens();
@@ -228,7 +229,11 @@ static void printExpertParallel(llvm::raw_ostream &os,
      << "struct moe_ep_config;\n"
      << "int32_t " << interface.getSymbol("ep_init")
      << "(const struct moe_ep_config *config);\n"
-     << "void " << interface.getSymbol("ep_finalize") << "(void);\n";
+     << "void " << interface.getSymbol("ep_finalize") << "(void);\n"
+     << "/* Leaves the group without meeting the others (a rank whose peers "
+        "may\n * be gone): this rank's exchanges stop, its memory stays "
+        "until exit. */\n"
+     << "void " << interface.getSymbol("ep_leave") << "(void);\n";
   if (StringRef status = interface.getSymbol("ep_status"); !status.empty())
     os << "/* Nonzero if a forward's wait for a peer ran out of time (call "
           "once\n * the forward's stream is done). */\n"
@@ -350,6 +355,10 @@ static void addExpertParallelEntries(ModuleOp module, InterfaceAttr interface) {
   addForwarder(module, interface.getSymbol("ep_finalize"), {},
                gpu ? RuntimeImport::moe_ep_cuda_finalize
                    : RuntimeImport::moe_ep_finalize,
+               none);
+  addForwarder(module, interface.getSymbol("ep_leave"), {},
+               gpu ? RuntimeImport::moe_ep_cuda_leave
+                   : RuntimeImport::moe_ep_leave,
                none);
   if (gpu)
     addForwarder(module, interface.getSymbol("ep_status"), {},

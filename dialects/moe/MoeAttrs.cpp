@@ -692,6 +692,7 @@ DictionaryAttr InterfaceAttr::exportedSymbols(MLIRContext *context,
   if (expertParallel) {
     own("ep_init");
     own("ep_finalize");
+    own("ep_leave");
     if (gpu)
       own("ep_status");
   }

@@ -599,7 +599,7 @@ def Moe_InterfaceAttr : Moe_Attr<"Interface", "interface"> {
   let extraClassDeclaration = [{
     ::llvm::SmallVector<ArgumentAttr> getArgList() const;
     /// The exported symbol of `role` (forward, layer_info, last_error,
-    /// workspace_size, set_graphs, warmup, ep_init, ep_finalize,
+    /// workspace_size, set_graphs, warmup, ep_init, ep_finalize, ep_leave,
     /// ep_status, forward_train, saved_size, backward), or empty if the
     /// library has none.
     ::llvm::StringRef getSymbol(::llvm::StringRef role) const;

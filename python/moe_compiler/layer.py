@@ -91,10 +91,31 @@ class Layer:
                              f"{tensors[0].device}")
 
     def ep_finalize(self):
-        """Leaves the group (every rank calls it); safe to call twice."""
+        """Leaves the group (every rank calls it: on the GPU it meets the
+        others); safe to call twice."""
         if self._ep_live:
             self._ep_live = False
             getattr(self.lib, self.ep["finalize"])()
+
+    close = ep_finalize
+
+    def ep_leave(self):
+        """Leaves the group without meeting the others, for a rank whose
+        peers may be gone: nothing waits for them. Safe to call twice."""
+        if self._ep_live:
+            self._ep_live = False
+            getattr(self.lib, self.ep["leave"])()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        # A failed block may have lost a peer: leave rather than meet.
+        if exc[0] is None:
+            self.ep_finalize()
+        else:
+            self.ep_leave()
+        return False
 
     def ep_check(self):
         """A GPU layer's forwards wait for peers on the device: raises if one
@@ -231,10 +252,20 @@ class Layer:
         return self  # one per library and process: copies share it
 
     def __del__(self):
-        try:
-            self.ep_finalize()
-        except Exception:
-            pass
+        # Collection happens at no moment the ranks share, and a peer may
+        # be gone: leave without meeting them (ep_finalize is the
+        # collective way out).
+        if getattr(self, "_ep_live", False):
+            import warnings
+            warnings.warn("an expert-parallel layer was collected while in "
+                          "its group: it left without meeting the other "
+                          "ranks; call ep_finalize() on every rank (or use "
+                          "the layer as a context manager)",
+                          ResourceWarning, stacklevel=2)
+            try:
+                self.ep_leave()
+            except Exception:
+                pass
 
     def forward(self, *tensors, stream=None, workspace=None):
         import torch

@@ -35,7 +35,7 @@ func.func @layer(%x: tensor<?x8xbf16>, %rw: tensor<4x8xbf16>,
 // finalize are exported. The GPU's capacity and state come with its plan.
 // CHECK-LABEL: func.func @ep(
 // CHECK-SAME: expert_parallel = <ranks = 2, local_experts = 2, experts = 4, top_k = 2, hidden = 8, send_bytes = 96 + 160 * T, recv_bytes = 112 + 200 * T>
-// CHECK-SAME: symbols = {ep_finalize = "moe_ep_ep_finalize", ep_init = "moe_ep_ep_init", forward = "moe_ep_forward", last_error = "moe_last_error", layer_info = "moe_layer_info"}>
+// CHECK-SAME: symbols = {ep_finalize = "moe_ep_ep_finalize", ep_init = "moe_ep_ep_init", ep_leave = "moe_ep_ep_leave", forward = "moe_ep_forward", last_error = "moe_last_error", layer_info = "moe_layer_info"}>
 // GPU-LABEL: func.func @ep(
 // GPU-SAME: expert_parallel = <ranks = 2, local_experts = 2, experts = 4, top_k = 2, hidden = 8>
 // GPU-SAME: ep_status = "moe_ep_ep_status"

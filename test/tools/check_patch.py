@@ -297,7 +297,11 @@ def check_ep(args):
         say(f"{name}, rank {rank} of {world} over {how}: {verdict} to one "
             f"rank")
         if group == "env":
-            del model  # every rank: the group's finalize meets them all
+            # Every rank leaves the group together (collection would leave
+            # it without meeting the others), then drops the model.
+            for _, block in blocks(model):
+                block.moe.layer.ep_finalize()
+            del model
             gc.collect()
             dist.barrier()
     # The layer over the world group finishes with the group.
