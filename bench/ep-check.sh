@@ -49,6 +49,13 @@ PY
   done
   small odd_h384_i320_fp8 "$root/test/tools/Inputs/odd/h384_i320.json" --quant=fp8-block128
   small qwen3_mxfp8 "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=mxfp8
+  # MXFP8's decode tile (FP8 tensor cores, a scale block's partials scaled)
+  # rounds otherwise than its wide tile (codes widened to bf16), which the
+  # one-rank reference takes with no buckets: the pair compared bit for bit
+  # takes the plan for any count on both sides (the decode tile is checked
+  # against the CPU backend by device_check).
+  "$compile" --from-hf-config "$root/test/tools/Inputs/tiny/qwen3_moe.json" --name layer --target=sm_90a \
+    --ep-size 2 --ep-max-tokens 64 --token-buckets=none --quant=mxfp8 -o "$dir/qwen3_mxfp8_ep2.so"
   # Router logits stored by both route forms (a 1-token call takes the
   # split form, 77 tokens the one-block form), on the odd shapes.
   for m in h200_i72_e10 i40 h384_i320; do
@@ -63,10 +70,15 @@ PY
   done
   small qwen3_fp8_block128 "$root/test/tools/Inputs/tiny/qwen3_moe.json" --quant=fp8-block128
   hf="$root/test/tools/Inputs/hf/deepseek_v3.json"
-  "$compile" --from-hf-config "$hf" --quant=none --name dsv3 --target=sm_90a --token-buckets=none -o "$dir/dsv3_ep1.so"
+  # The one-rank reference takes the same buckets: on N x T tokens its
+  # bucket's shared expert splits K as the ranks' bucket of T does at 1, 128
+  # and 4096 tokens a rank (at 64 a rank the ranks' shared expert splits K
+  # five ways and the reference's, at 128 tokens, does not: the values
+  # differ there, and only there, as the no-split pair below shows).
+  "$compile" --from-hf-config "$hf" --quant=none --name dsv3 --target=sm_90a -o "$dir/dsv3_ep1.so"
   "$compile" --from-hf-config "$hf" --quant=none --name dsv3 --target=sm_90a --ep-size 2 --ep-max-tokens 4096 -o "$dir/dsv3_ep2.so"
   # As DeepSeek-V3 ships: FP8 block-128 weights; tokens travel as E4M3.
-  "$compile" --from-hf-config "$hf" --name dsv3 --target=sm_90a --token-buckets=none -o "$dir/dsv3_fp8_ep1.so"
+  "$compile" --from-hf-config "$hf" --name dsv3 --target=sm_90a -o "$dir/dsv3_fp8_ep1.so"
   "$compile" --from-hf-config "$hf" --name dsv3 --target=sm_90a --ep-size 2 --ep-max-tokens 4096 -o "$dir/dsv3_fp8_ep2.so"
   # Both built with one K range a matmul (no split-K): split partials sum
   # in another order than one range, so a bucket whose shared expert splits
