@@ -542,6 +542,9 @@ struct UnpackEmitter {
   // its choices per expert, where they start, the experts' ends; the rows
   // its records filled and its choices that found none, in this block.
   Value arrived, claimed, chosen, bases, ends, filled, dropped;
+  // Shared: where each rank's records start among all arrived records, then
+  // their total; the last of them (0 with none).
+  Value firsts, lastRecord;
   // This forward's number, which stamps each row filled.
   Value seq;
 
@@ -571,6 +574,7 @@ struct UnpackEmitter {
     ends = k.workgroupBuffer({local}, i32);
     filled = k.workgroupBuffer({ranks}, i32);
     dropped = k.workgroupBuffer({ranks}, i32);
+    firsts = k.workgroupBuffer({ranks + 1}, i32);
   }
 
   std::pair<Value, Value> splitSource(Value x) {
@@ -588,6 +592,7 @@ struct UnpackEmitter {
 
   void loadCounts();
   void layOut();
+  Value countRecords();
   std::tuple<Value, Value, Value> recordOf(Value nth, Value mine);
   void findRows(Value rowsHere, Value chunkStart, Value mine);
   void copyChunk(Value rowsHere, Value chunkStart, Value inChunk, Value mine);
@@ -705,17 +710,47 @@ void UnpackEmitter::layOut() {
   gpu::BarrierOp::create(e.b, e.loc);
 }
 
-/// Record `nth` of the block's `mine` (block b takes slots b, b + grid, ...;
-/// slot p is source p / maxTokens's record p % maxTokens): its source, its
-/// address and whether it came.
+/// Where each rank's arrived records start among all of them (`firsts`),
+/// and their total: the blocks stride over those alone, not over every
+/// rank's capacity (a decode step's few records would leave most blocks
+/// walking empty slots).
+Value UnpackEmitter::countRecords() {
+  e.ifThen(e.eq(tid, e.index(0)), [&] {
+    Value running = e.i32(0);
+    for (int64_t q = 0; q < ranks; ++q) {
+      e.storeRaw(running, firsts, {e.index(q)});
+      Value n = e.loadRaw(arrived, {e.index(q)});
+      running = e.iadd(running,
+                       e.select(e.icmp(arith::CmpIPredicate::sgt, n, e.i32(0)),
+                                n, e.i32(0)));
+    }
+    e.storeRaw(running, firsts, {e.index(ranks)});
+  });
+  gpu::BarrierOp::create(e.b, e.loc);
+  Value total = e.toIndex(e.loadRaw(firsts, {e.index(ranks)}));
+  lastRecord =
+      e.select(e.eq(total, e.index(0)), total, e.isub(total, e.index(1)));
+  return total;
+}
+
+/// Record `nth` of the block's `mine` (block b takes arrived records b,
+/// b + grid, ...; record p is the rank's whose records start last at or
+/// before p): its source, its address and whether it is one.
 std::tuple<Value, Value, Value> UnpackEmitter::recordOf(Value nth, Value mine) {
-  Value p = e.minUI(e.iadd(block, e.imul(nth, e.index(kStrideBlocks))),
-                    e.index(ranks * maxTokens - 1));
-  Value q = e.divUI(p, maxTokens), i = e.remUI(p, maxTokens);
-  Value came =
-      e.andi(e.ult(nth, mine), e.icmp(arith::CmpIPredicate::slt, e.toI32(i),
-                                      e.loadRaw(arrived, {q})));
-  return {q, shape.record(r, st, q, i), came};
+  Value p = e.toI32(
+      e.minUI(e.iadd(block, e.imul(nth, e.index(kStrideBlocks))), lastRecord));
+  // The last rank whose records start at or before p (a rank with none
+  // starts where the next one does).
+  Value q = e.index(0);
+  for (int64_t step = llvm::PowerOf2Ceil(ranks) / 2; step >= 1; step /= 2) {
+    Value next = e.iadd(q, e.index(step));
+    Value in = e.ult(next, e.index(ranks));
+    Value start = e.loadRaw(firsts, {e.select(in, next, q)});
+    q = e.select(e.andi(in, e.icmp(arith::CmpIPredicate::sle, start, p)), next,
+                 q);
+  }
+  Value i = e.toIndex(e.isub(p, e.loadRaw(firsts, {q})));
+  return {q, shape.record(r, st, q, i), e.ult(nth, mine)};
 }
 
 /// A thread per record of the chunk and choice: the choice's row here
@@ -867,10 +902,13 @@ void UnpackEmitter::emit() {
   layOut();
   int64_t chunk = kCopyThreads / topK;
   Value rowsHere = k.workgroupBuffer({chunk * topK}, i32);
-  // This block's records: ceil((slots - block) / grid).
-  Value mine = e.divUI(e.iadd(e.isub(e.index(ranks * maxTokens), block),
-                              e.index(kStrideBlocks - 1)),
-                       e.index(kStrideBlocks));
+  // This block's records: ceil((arrived - block) / grid), none past them.
+  Value total = countRecords();
+  Value mine =
+      e.select(e.ult(block, total),
+               e.divUI(e.iadd(e.isub(total, block), e.index(kStrideBlocks - 1)),
+                       e.index(kStrideBlocks)),
+               e.index(0));
   e.forEach(
       e.index(0), mine,
       [&](Value chunkStart) {
