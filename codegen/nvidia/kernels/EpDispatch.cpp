@@ -279,8 +279,18 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
   if (weighted)
     sendBuffers.push_back(layer.info(op.getScale()).buffer);
   Kernel k = layer.kernelOn(op, "ep_dispatch_send", sendBuffers);
-  k.launch.work = tokens;
-  k.launch.extraBlocks = 1;
+  // A bucket of few tokens: a block a token and one more (the last block
+  // to finish raises the flags, tokens or not). More tokens: two blocks a
+  // multiprocessor, each walking tokens, so each block fences its writes
+  // once rather than once a token (H200, DeepSeek-V3 EP2 at 4096 tokens: a
+  // block a token spent twice its bytes' time on the link).
+  bool strided = layer.maxTokens <= 0 || layer.maxTokens > kStrideBlocks;
+  if (strided) {
+    k.launch.work = {kStrideBlocks, 0};
+  } else {
+    k.launch.work = tokens;
+    k.launch.extraBlocks = 1;
+  }
   k.launch.block = kCopyThreads;
   Emitter &e = k.e;
   Raw r(k);
@@ -297,7 +307,7 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
       weighted ? k.view(sendBuffers.size() - 1, layer.info(op.getScale()))
                : Value();
   Type i32 = e.b.getI32Type();
-  Value t = k.blockId(gpu::Dimension::x), tid = k.threadId();
+  Value block = k.blockId(gpu::Dimension::x), tid = k.threadId();
   Value self = r.load(i32, r.at(st, EpDeviceLayout::kRank));
   // Where each rank's return rows end, then start: the plan counted every
   // choice.
@@ -314,7 +324,8 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
   auto baseOf = [&](Value q) {
     return e.isub(e.loadRaw(ends, {q}), e.loadRaw(sentTo, {q}));
   };
-  e.ifThen(e.ult(t, k.tokens), [&] {
+  // Token t's records to the ranks holding its experts.
+  auto sendToken = [&](Value t) {
     // Thread j < topK: choice j's return row, made whole, and its place.
     Value header = e.ult(tid, e.index(topK));
     Value id = e.valueIf(header, i32, [&] { return e.loadRaw(ids, {t, tid}); });
@@ -378,7 +389,11 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
                 });
       });
     }
-  });
+  };
+  if (strided)
+    e.forEach(block, k.tokens, sendToken, e.index(kStrideBlocks));
+  else
+    e.ifThen(e.ult(block, k.tokens), [&] { sendToken(block); });
   r.fenceSystem();
   Value last = k.workgroupBuffer({1}, i32);
   gpu::BarrierOp::create(e.b, e.loc);

@@ -5,16 +5,16 @@
 // arg -2: device memory the library owns; the gathered outputs stay at its
 // combine area). Receive-side buffers are sized for every rank's capacity:
 // 2 ranks x 64 tokens x top-2 = 256 rows. The plan is a thread per token,
-// one block at least (it counts the forward); the send is a block per token
-// plus one, so the last block to finish raises the flags even with no
-// tokens; the waits are one block; unpack and combine send stride over 264
-// blocks.
+// one block at least (it counts the forward); the waits are one block; the
+// send (for any count: a bucket of at most 264 tokens takes a block a token
+// plus one), the unpack and the combine send stride over 264 blocks, and
+// the last block to finish raises the flags, even with no tokens.
 // CHECK: #moe.buffer<kind = ep_state>
 // An exchange's slices lie apart, in plan order (its peers reach them).
 // CHECK-SAME: #moe.buffer<bytes = 4096, offset = 768 + 256 * T>
 // CHECK-SAME: #moe.buffer<kind = ep_state, bytes = 12384>
 // CHECK: #moe.launch<kernel = @moe_ep_dispatch_plan, work = 1 + 1 * T, per_block = 256, block = 256
-// CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_send, work = 1 * T, extra_blocks = 1, block = 512
+// CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_send, work = 264, block = 512
 // CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_wait, work = 1, block = 64
 // CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_unpack, work = 264, block = 512
 // CHECK-SAME: #moe.launch<kernel = @moe_ep_combine_send, work = 264, block = 512
