@@ -156,16 +156,23 @@ if [[ $mode == run ]]; then
   # through the proxy.
   for how in "" --ep-proxy; do
     rm -f "$out/extra.safetensors"
-    if MOE_EP_TEST_EXTRA_CHOICE=1:1 timeout 120 "$dir/moe-exec" "$dir/mixtral_ep2.so" --ep-ranks 2 \
-        --ep-timeout-ms 2000 $how --inputs "$dir/in_mixtral.safetensors" --outputs "$out/extra.safetensors" ||
-        [[ -e $out/extra.safetensors ]]; then
+    log=$(MOE_EP_TEST_EXTRA_CHOICE=1:1 timeout 120 "$dir/moe-exec" "$dir/mixtral_ep2.so" --ep-ranks 2 \
+      --ep-timeout-ms 2000 $how --inputs "$dir/in_mixtral.safetensors" --outputs "$out/extra.safetensors" 2>&1) &&
       echo "UNEXPECTED: disagreeing counts ran ($how)"
+    echo "$log"
+    if [[ -e $out/extra.safetensors ]] || ! grep -q "rank 0 received counts from rank 1 claiming" <<<"$log" ||
+        ! grep -q "rank 0 refused the rows rank 1 sent it" <<<"$log"; then
+      echo "UNEXPECTED: disagreeing counts were not refused by rank 0 and named on rank 1 ($how)"
     fi
   done
-  if MOE_EP_TEST_RETURN_BASE=1:128 timeout 120 "$dir/moe-exec" "$dir/mixtral_ep2.so" --ep-ranks 2 \
-      --ep-timeout-ms 2000 --ep-proxy --inputs "$dir/in_mixtral.safetensors" --outputs "$out/base.safetensors"; then
+  log=$(MOE_EP_TEST_RETURN_BASE=1:128 timeout 120 "$dir/moe-exec" "$dir/mixtral_ep2.so" --ep-ranks 2 \
+    --ep-timeout-ms 2000 --ep-proxy --inputs "$dir/in_mixtral.safetensors" --outputs "$out/base.safetensors" 2>&1) &&
     echo "UNEXPECTED: a bad return base ran"
-  fi
+  echo "$log"
+  grep -q "rank 1 gave rank 0 return base 128" <<<"$log" || echo "UNEXPECTED: the bad return base was not named"
+  # A collected Layer leaves without meeting a peer that is gone.
+  python3 "$root/test/tools/check_ep_leave.py" "$dir/mixtral_ep2.so" --gpu ||
+    echo "UNEXPECTED: the collected layer did not leave at once"
   # DeepSeek-V3 pairs through bench/ep_bench.py: each variant in the list
   # (empty: none), how it runs, then ep_bench's options.
   big() {

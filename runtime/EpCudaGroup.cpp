@@ -57,13 +57,11 @@ struct GpuGroup {
   EpDeviceLayout layout{};
   std::thread thread;
   std::atomic<bool> stop{false};
+  // The context init ran in (the state's).
+  void *context = nullptr;
   // Stopping without forwarding what is staged or meeting the others.
   std::atomic<bool> leaving{false};
   std::string proxyError;
-  // Test hook (MOE_EP_TEST_RETURN_BASE): the return base this rank's count
-  // slots give its peers through the proxy.
-  bool badReturnBase = false;
-  uint32_t testReturnBase = 0;
   // The layer's generated proxy routine (internal moe_ep_proxy_turn).
   int32_t (*turn)(moe_transport_t *, uint8_t *, uint8_t *, int32_t, uint64_t *,
                   int32_t) = nullptr;
@@ -79,6 +77,12 @@ uint32_t read32(const uint8_t *p) {
 void write32(uint8_t *p, uint32_t v) {
   std::atomic_thread_fence(std::memory_order_release);
   *reinterpret_cast<volatile uint32_t *>(p) = v;
+}
+
+/// The state's kTestReturnBase word for `rank` (0: no hook).
+uint32_t testReturnBaseWord(int rank) {
+  uint32_t base = 0;
+  return testReturnBase(rank, base) ? base + 1 : 0;
 }
 
 int32_t fail(const std::string &message) {
@@ -117,6 +121,7 @@ void release() {
   group.proxy = false;
   group.hostState = group.staging = nullptr;
   group.proxyError.clear();
+  group.context = nullptr;
   group.stop.store(false);
   group.leaving.store(false);
 }
@@ -132,12 +137,6 @@ void proxyLoop() {
   std::vector<uint64_t> progress(6 * size_t(g.ranks), 0);
   while (true) {
     bool stopping = g.stop.load(std::memory_order_acquire);
-    if (g.badReturnBase)
-      for (int q = 0; q < g.ranks; ++q)
-        if (q != g.rank)
-          write32(g.staging + size_t(q) * g.stateBytes + EpDeviceLayout::kRecv +
-                      16 * size_t(g.rank) + 4,
-                  g.testReturnBase);
     int32_t did = g.turn(g.transport, g.hostState, g.staging, g.rank,
                          progress.data(), g.timeoutMs);
     if (did == 2) {
@@ -195,7 +194,8 @@ int32_t initProxy(int64_t stateBytes, int64_t capacity, int64_t hidden,
   write32(g.hostState + EpDeviceLayout::kRank, uint32_t(config->rank));
   write32(g.hostState + EpDeviceLayout::kTestExtraChoice,
           uint32_t(testExtraChoices(config->rank)));
-  g.badReturnBase = testReturnBase(config->rank, g.testReturnBase);
+  write32(g.hostState + EpDeviceLayout::kTestReturnBase,
+          testReturnBaseWord(config->rank));
   uint64_t timeoutNs = uint64_t(g.timeoutMs) * 1000000ull;
   std::memcpy(g.hostState + EpDeviceLayout::kTimeoutNs, &timeoutNs, 8);
   for (int q = 0; q < g.ranks; ++q) {
@@ -248,6 +248,7 @@ int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t hidden,
     return fail("init needs the rank's GPU context current on the calling "
                 "thread");
   }
+  group.context = context;
   group.rank = config->rank;
   group.ranks = int(ranks);
   group.timeoutMs = config->timeout_ms ? config->timeout_ms : 30000;
@@ -273,6 +274,7 @@ int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t hidden,
   }
   uint32_t rank = uint32_t(config->rank);
   uint32_t extra = uint32_t(testExtraChoices(config->rank));
+  uint32_t base = testReturnBaseWord(config->rank);
   uint64_t timeoutNs = uint64_t(group.timeoutMs) * 1000000ull;
   CudaDevice::Driver::IpcHandle handle;
   if (!check(group.driver->cuMemcpyHtoD(group.state + EpDeviceLayout::kRank,
@@ -280,6 +282,9 @@ int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t hidden,
              "cuMemcpyHtoD", error) ||
       !check(group.driver->cuMemcpyHtoD(
                  group.state + EpDeviceLayout::kTestExtraChoice, &extra, 4),
+             "cuMemcpyHtoD", error) ||
+      !check(group.driver->cuMemcpyHtoD(
+                 group.state + EpDeviceLayout::kTestReturnBase, &base, 4),
              "cuMemcpyHtoD", error) ||
       !check(group.driver->cuMemcpyHtoD(
                  group.state + EpDeviceLayout::kTimeoutNs, &timeoutNs, 8),
@@ -401,8 +406,8 @@ int32_t moe_ep_cuda_status(void) {
                 " expert rows, but its records filled " +
                 std::to_string(word(EpDeviceLayout::kErrorOwn)) +
                 " (or some of its choices found no row): its counts and "
-                "records disagree, and " +
-                self + " sent back none of the rows left unfilled" + after);
+                "records disagree" +
+                after);
   case EpDeviceLayout::kRowsRefused:
     return fail(peer + " refused the rows " + self +
                 " sent it: their counts and records disagreed there" + after);
@@ -444,14 +449,24 @@ void moe_ep_cuda_leave(void) {
   if (!group.state)
     return;
   // This rank's kernels are done (their waits are bounded); nobody is met.
-  group.driver->cuCtxSynchronize();
+  // Leave may run on any thread (a collection): the state's context.
+  CudaDevice::Driver *driver = group.driver;
+  void *context = group.context, *current = nullptr;
+  driver->cuCtxGetCurrent(&current);
+  if (current != context)
+    driver->cuCtxSetCurrent(context);
+  driver->cuCtxSynchronize();
   group.leaving.store(true, std::memory_order_release);
   if (!group.proxy) {
     // Peers that still run may write into this rank's state: it stays
     // allocated (until exit), only the mappings of theirs are closed.
+    // Through the proxy the transport is closed before its memory is
+    // freed, so no peer writes land there after.
     group.state = 0;
   }
   release();
+  if (current != context)
+    driver->cuCtxSetCurrent(current);
 }
 
 } // extern "C"

@@ -106,6 +106,9 @@ struct EpDeviceLayout {
   /// the count it sends each peer for the peer's first expert; 0 but in
   /// tests.
   static constexpr size_t kTestExtraChoice = 40;
+  /// Test hook (MOE_EP_TEST_RETURN_BASE): the return base + 1 the dispatch
+  /// gives its peers (0: its own).
+  static constexpr size_t kTestReturnBase = 44;
   /// What kError holds once a forward failed; the first failure stays.
   enum ErrorKind : uint32_t {
     kTimedOut = 1,     // a wait for kErrorPeer ran out of time

@@ -97,9 +97,11 @@ void *moe_ep_cuda_state(void);
 int32_t moe_ep_cuda_status(void);
 void moe_ep_cuda_finalize(void);
 /* Leaves the group without meeting the others, for a rank whose peers may
- * be gone: waits for the context, stops the proxy without forwarding what
- * is staged, closes the transport and the peers' mappings, and keeps its
- * own state allocated (a peer's kernels may still write into it). */
+ * be gone: waits for the state's context (from any thread), stops the proxy
+ * without forwarding what is staged, closes the transport and the peers'
+ * mappings. Over NVLink its own state stays allocated until exit (a peer's
+ * kernels may still write into it); through the proxy the transport is
+ * closed before its host memory is freed. */
 void moe_ep_cuda_leave(void);
 
 #ifdef __cplusplus

@@ -231,8 +231,8 @@ static void printExpertParallel(llvm::raw_ostream &os,
      << "(const struct moe_ep_config *config);\n"
      << "void " << interface.getSymbol("ep_finalize") << "(void);\n"
      << "/* Leaves the group without meeting the others (a rank whose peers "
-        "may\n * be gone): this rank's exchanges stop, its memory stays "
-        "until exit. */\n"
+        "may\n * be gone): this rank's exchanges stop; GPU memory that peers "
+        "map\n * stays until exit. */\n"
      << "void " << interface.getSymbol("ep_leave") << "(void);\n";
   if (StringRef status = interface.getSymbol("ep_status"); !status.empty())
     os << "/* Nonzero if a forward's wait for a peer ran out of time (call "

@@ -255,17 +255,24 @@ class Layer:
         # Collection happens at no moment the ranks share, and a peer may
         # be gone: leave without meeting them (ep_finalize is the
         # collective way out).
-        if getattr(self, "_ep_live", False):
+        if not getattr(self, "_ep_live", False):
+            return
+        try:
+            # A GPU group leaves from its own device's context.
+            if self.ep_device is not None:
+                import torch
+                with torch.cuda.device(self.ep_device):
+                    self.ep_leave()
+            else:
+                self.ep_leave()
             import warnings
             warnings.warn("an expert-parallel layer was collected while in "
                           "its group: it left without meeting the other "
                           "ranks; call ep_finalize() on every rank (or use "
                           "the layer as a context manager)",
                           ResourceWarning, stacklevel=2)
-            try:
-                self.ep_leave()
-            except Exception:
-                pass
+        except Exception:
+            pass
 
     def forward(self, *tensors, stream=None, workspace=None):
         import torch

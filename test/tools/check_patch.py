@@ -300,7 +300,8 @@ def check_ep(args):
             # Every rank leaves the group together (collection would leave
             # it without meeting the others), then drops the model.
             for _, block in blocks(model):
-                block.moe.layer.ep_finalize()
+                if hasattr(block, "moe"):
+                    block.moe.layer.ep_finalize()
             del model
             gc.collect()
             dist.barrier()

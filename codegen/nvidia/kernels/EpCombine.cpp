@@ -122,6 +122,14 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
     e.ifThen(e.eq(done, e.i32(kStrideBlocks - 1)), [&] {
       r.store(e.i32(0), r.at(st, EpDeviceLayout::kTicket2));
       Value self = r.load(i32, r.at(st, EpDeviceLayout::kRank));
+      // A backward whose rows were not computed (its step failed here)
+      // raises no flag: its peers then fail too, naming this rank, rather
+      // than take its rows. Decided before the checks below, whose
+      // refusal the peers find beside the flag.
+      Value raise =
+          arith::ConstantOp::create(e.b, e.loc, e.b.getBoolAttr(true));
+      if (layer.skipAfterEpFailure)
+        raise = e.eq(r.load(i32, r.at(st, EpDeviceLayout::kError)), e.i32(0));
       // Each rank's rows as its counts claimed them: every one filled once
       // and none of its choices left without a row, else this rank refuses
       // them (and fails) and tells it so beside its flag.
@@ -140,19 +148,10 @@ LogicalResult nvidia::buildEpCombineSend(LayerKernels &layer,
             r.store(filled, r.at(st, EpDeviceLayout::kErrorOwn));
           });
         });
-        r.store(e.i32(0), filledAt);
-        r.store(e.i32(0), droppedAt);
         r.store(arith::ExtUIOp::create(e.b, e.loc, i32, bad),
                 r.at(shape.combineFlag(r, r.peer(st, r.c64(q)), self), 8));
       }
       r.fenceSystem();
-      // A backward whose rows were not computed (its step failed here)
-      // raises no flag: its peers then fail too, naming this rank, rather
-      // than take its rows.
-      Value raise =
-          arith::ConstantOp::create(e.b, e.loc, e.b.getBoolAttr(true));
-      if (layer.skipAfterEpFailure)
-        raise = e.eq(r.load(i32, r.at(st, EpDeviceLayout::kError)), e.i32(0));
       for (int64_t q = 0; q < ranks; ++q) {
         // The rows this rank returned to q (the unpack counted them).
         e.storeRaw(

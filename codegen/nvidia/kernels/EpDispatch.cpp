@@ -111,6 +111,14 @@ static LogicalResult buildEpDispatchPlan(LayerKernels &layer,
     Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
     r.store(e.iadd(seq, e.i32(1)), r.at(st, EpDeviceLayout::kSeq));
   });
+  // The receive's per-rank fill and drop counts start each forward at 0
+  // (the last forward's combine send has checked them).
+  e.ifThen(e.eq(block, e.index(0)), [&] {
+    e.forEach(
+        tid, e.index(2 * ranks),
+        [&](Value x) { r.store(e.i32(0), shape.rowCheck(r, st, 0, x)); },
+        e.index(kPlanThreads));
+  });
   e.forEach(
       tid, e.index(ranks),
       [&](Value x) {
@@ -438,7 +446,13 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
               Value slot = shape.countSlot(r, r.peer(st, q), self);
               Value records = r.load(i32, count);
               r.store(records, slot);
-              r.store(baseOf(q), r.at(slot, 4));
+              // The test hook's return base (word + 1; 0: none) for peers.
+              Value hook =
+                  r.load(i32, r.at(st, EpDeviceLayout::kTestReturnBase));
+              r.store(
+                  e.select(e.andi(e.ne(hook, e.i32(0)), e.ne(e.toI32(q), self)),
+                           e.isub(hook, e.i32(1)), baseOf(q)),
+                  r.at(slot, 4));
               r.store(e.toI32(k.tokens), r.at(slot, 8));
               e.storeRaw(records, sent, {q});
               r.store(e.i32(0), count);
@@ -524,9 +538,17 @@ static LogicalResult buildEpDispatchWait(LayerKernels &layer,
           });
           n = e.select(uneven, e.i32(-1), n);
         }
-        n = e.select(
-            e.icmp(arith::CmpIPredicate::ugt, n, e.i32(shape.maxTokens)),
-            e.i32(-1), n);
+        // More records than the capacity: none is taken, and the rank is
+        // named (its counts and records cannot agree).
+        Value over =
+            e.icmp(arith::CmpIPredicate::sgt, n, e.i32(shape.maxTokens));
+        e.ifThen(over, [&] {
+          r.recordError(st, EpDeviceLayout::kRowsMismatch, q, [&] {
+            r.store(n, r.at(st, EpDeviceLayout::kErrorTokens));
+            r.store(e.i32(0), r.at(st, EpDeviceLayout::kErrorOwn));
+          });
+        });
+        n = e.select(over, e.i32(-1), n);
         r.store(n, EpShape::perRank(r, st, EpDeviceLayout::kRecvCounts, q));
       });
   return k.finish(op);
@@ -668,6 +690,10 @@ void UnpackEmitter::loadCounts() {
     e.ifThen(insane(tid), [&] {
       e.storeRaw(e.i32(-1), arrived, {tid});
       e.storeRaw(e.i32(0), claimed, {tid});
+      // Its records find no rows: the combine send fails it.
+      e.ifThen(e.eq(block, e.index(0)), [&] {
+        r.atomicAddRelaxed(shape.rowCheck(r, st, 1, tid), e.i32(1));
+      });
     });
   });
   gpu::BarrierOp::create(e.b, e.loc);

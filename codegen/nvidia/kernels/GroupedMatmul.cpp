@@ -1739,9 +1739,12 @@ LogicalResult nvidia::buildGroupedMatmul(LayerKernels &layer,
     k.func->setAttr(NVVM::NVVMDialect::getMaxnregAttrName(),
                     k.b.getI32IntegerAttr(sm90a::kDecodeMaxRegisters));
     launch.sharedBytes = c.sharedBytes();
-    // The same count the register rule checks.
-    launch.accumulators = sm90a::decodeRegisters(
-        c.swapFragments(), c.tileM, c.enc.fp8(), c.enc.subBlocks());
+    // A fragment's tileM / 2 a thread; FP8 keeps each scale block's
+    // partials beside the totals. (The fused kernel's pairing limit was
+    // measured against this count; sm90a::decodeRegisters adds the scales
+    // for the register rule.)
+    launch.accumulators =
+        c.swapFragments() * c.tileM / 2 * (c.enc.fp8() ? 2 : 1);
     return emitDecodeMatmul(layer, op, c, lhs, k, buffers, bufferIndices,
                             partials);
   }

@@ -42,9 +42,9 @@ struct Launch {
   /// The kernel only prefetches into L2 (writes nothing): in a fused
   /// kernel the next step need not wait for it.
   bool prefetchOnly = false;
-  /// The registers a thread of a matmul tile keeps for its accumulators
-  /// (FP8: and partials; a decode tile: and scales; 0 elsewhere): what
-  /// decides whether a fused kernel fits two tiles a block.
+  /// The f32 accumulators (FP8: and partials) a thread of a matmul tile
+  /// keeps (0 elsewhere): what decides whether a fused kernel fits two
+  /// tiles a block.
   int64_t accumulators = 0;
   SmallVector<KernelArg> args;
 };
