@@ -267,6 +267,88 @@ static LogicalResult buildEpDispatchOrder(LayerKernels &layer,
 /// The send: a block per token writes its record into each rank that holds
 /// one of its experts; the last block to finish gives each rank its
 /// counts, then raises the flags.
+/// The send's end: every block fences its writes and counts itself done;
+/// the last one writes, into each peer, this rank's choices per expert, its
+/// count slot (records, the return base `baseOf` gives, tokens) and, after
+/// another fence, the forward's number.
+static void finishDispatchSend(Kernel &k, Raw &r, const EpShape &shape,
+                               Value st, Value self, Value sent,
+                               function_ref<Value(Value)> baseOf) {
+  Emitter &e = k.e;
+  Type i32 = e.b.getI32Type();
+  Value tid = k.threadId();
+  int64_t ranks = shape.ranks, local = shape.localExperts;
+  r.fenceSystem();
+  Value last = k.workgroupBuffer({1}, i32);
+  gpu::BarrierOp::create(e.b, e.loc);
+  e.ifThen(e.eq(tid, e.index(0)), [&] {
+    Value done = r.atomicAdd(r.at(st, EpDeviceLayout::kTicket), e.i32(1));
+    // The last of the grid's blocks: a bucket's grid may hold more blocks
+    // than tokens.
+    Value lastBlock = e.isub(
+        gpu::GridDimOp::create(e.b, e.loc, gpu::Dimension::x), e.index(1));
+    e.storeRaw(arith::ExtUIOp::create(e.b, e.loc, i32,
+                                      e.eq(r.to64(done), r.to64(lastBlock))),
+               last, {e.index(0)});
+  });
+  gpu::BarrierOp::create(e.b, e.loc);
+  e.ifThen(
+      e.icmp(arith::CmpIPredicate::ne, e.loadRaw(last, {e.index(0)}), e.i32(0)),
+      [&] {
+        // Each rank's choices per expert, at the head of this rank's
+        // region there; the counters start the next forward at zero.
+        e.forEach(
+            tid, e.index(ranks * local),
+            [&](Value x) {
+              Value q = e.divUI(x, local), ql = e.remUI(x, local);
+              Value counter = shape.expertChoices(r, st, x);
+              // The test hook's extra choices go to each peer's first
+              // expert.
+              Value extra = e.select(
+                  e.andi(e.eq(ql, e.index(0)), e.ne(e.toI32(q), self)),
+                  r.load(i32, r.at(st, EpDeviceLayout::kTestExtraChoice)),
+                  e.i32(0));
+              r.store(e.iadd(r.load(i32, counter), extra),
+                      r.at(shape.region(r, r.peer(st, q), self),
+                           r.mul(r.to64(ql), 4)));
+              r.store(e.i32(0), counter);
+            },
+            e.index(kCopyThreads));
+        e.forEach(
+            tid, e.index(ranks),
+            [&](Value q) {
+              Value count =
+                  EpShape::perRank(r, st, EpDeviceLayout::kSentCounts, q);
+              Value slot = shape.countSlot(r, r.peer(st, q), self);
+              Value records = r.load(i32, count);
+              r.store(records, slot);
+              // The test hook's return base (word + 1; 0: none) for peers.
+              Value hook =
+                  r.load(i32, r.at(st, EpDeviceLayout::kTestReturnBase));
+              r.store(
+                  e.select(e.andi(e.ne(hook, e.i32(0)), e.ne(e.toI32(q), self)),
+                           e.isub(hook, e.i32(1)), baseOf(q)),
+                  r.at(slot, 4));
+              r.store(e.toI32(k.tokens), r.at(slot, 8));
+              e.storeRaw(records, sent, {q});
+              r.store(e.i32(0), count);
+              r.store(e.i32(0),
+                      EpShape::perRank(r, st, EpDeviceLayout::kSentChoices, q));
+            },
+            e.index(kCopyThreads));
+        r.fenceSystem();
+        gpu::BarrierOp::create(e.b, e.loc);
+        e.ifThen(e.eq(tid, e.index(0)), [&] {
+          r.store(e.i32(0), r.at(st, EpDeviceLayout::kTicket));
+          r.fenceSystem();
+          Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
+          for (int64_t q = 0; q < ranks; ++q)
+            r.storeVolatile(
+                seq, r.at(shape.countSlot(r, r.peer(st, r.c64(q)), self), 12));
+        });
+      });
+}
+
 static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
                                             EpDispatchSendOp op,
                                             const EpShape &shape,
@@ -402,75 +484,7 @@ static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
     e.forEach(block, k.tokens, sendToken, e.index(kStrideBlocks));
   else
     e.ifThen(e.ult(block, k.tokens), [&] { sendToken(block); });
-  r.fenceSystem();
-  Value last = k.workgroupBuffer({1}, i32);
-  gpu::BarrierOp::create(e.b, e.loc);
-  e.ifThen(e.eq(tid, e.index(0)), [&] {
-    Value done = r.atomicAdd(r.at(st, EpDeviceLayout::kTicket), e.i32(1));
-    // The last of the grid's blocks: a bucket's grid may hold more blocks
-    // than tokens.
-    Value lastBlock = e.isub(
-        gpu::GridDimOp::create(e.b, e.loc, gpu::Dimension::x), e.index(1));
-    e.storeRaw(arith::ExtUIOp::create(e.b, e.loc, i32,
-                                      e.eq(r.to64(done), r.to64(lastBlock))),
-               last, {e.index(0)});
-  });
-  gpu::BarrierOp::create(e.b, e.loc);
-  e.ifThen(
-      e.icmp(arith::CmpIPredicate::ne, e.loadRaw(last, {e.index(0)}), e.i32(0)),
-      [&] {
-        // Each rank's choices per expert, at the head of this rank's
-        // region there; the counters start the next forward at zero.
-        e.forEach(
-            tid, e.index(ranks * local),
-            [&](Value x) {
-              Value q = e.divUI(x, local), ql = e.remUI(x, local);
-              Value counter = shape.expertChoices(r, st, x);
-              // The test hook's extra choices go to each peer's first
-              // expert.
-              Value extra = e.select(
-                  e.andi(e.eq(ql, e.index(0)), e.ne(e.toI32(q), self)),
-                  r.load(i32, r.at(st, EpDeviceLayout::kTestExtraChoice)),
-                  e.i32(0));
-              r.store(e.iadd(r.load(i32, counter), extra),
-                      r.at(shape.region(r, r.peer(st, q), self),
-                           r.mul(r.to64(ql), 4)));
-              r.store(e.i32(0), counter);
-            },
-            e.index(kCopyThreads));
-        e.forEach(
-            tid, e.index(ranks),
-            [&](Value q) {
-              Value count =
-                  EpShape::perRank(r, st, EpDeviceLayout::kSentCounts, q);
-              Value slot = shape.countSlot(r, r.peer(st, q), self);
-              Value records = r.load(i32, count);
-              r.store(records, slot);
-              // The test hook's return base (word + 1; 0: none) for peers.
-              Value hook =
-                  r.load(i32, r.at(st, EpDeviceLayout::kTestReturnBase));
-              r.store(
-                  e.select(e.andi(e.ne(hook, e.i32(0)), e.ne(e.toI32(q), self)),
-                           e.isub(hook, e.i32(1)), baseOf(q)),
-                  r.at(slot, 4));
-              r.store(e.toI32(k.tokens), r.at(slot, 8));
-              e.storeRaw(records, sent, {q});
-              r.store(e.i32(0), count);
-              r.store(e.i32(0),
-                      EpShape::perRank(r, st, EpDeviceLayout::kSentChoices, q));
-            },
-            e.index(kCopyThreads));
-        r.fenceSystem();
-        gpu::BarrierOp::create(e.b, e.loc);
-        e.ifThen(e.eq(tid, e.index(0)), [&] {
-          r.store(e.i32(0), r.at(st, EpDeviceLayout::kTicket));
-          r.fenceSystem();
-          Value seq = r.load(i32, r.at(st, EpDeviceLayout::kSeq));
-          for (int64_t q = 0; q < ranks; ++q)
-            r.storeVolatile(
-                seq, r.at(shape.countSlot(r, r.peer(st, r.c64(q)), self), 12));
-        });
-      });
+  finishDispatchSend(k, r, shape, st, self, sent, baseOf);
   return k.finish(op);
 }
 
