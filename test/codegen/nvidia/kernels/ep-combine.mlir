@@ -65,3 +65,23 @@ func.func @rows_not_received(%d: tensor<?x8xbf16>, %origin: tensor<?x2xi32>) -> 
   %back = moe.ep_combine_send %d, %origin : (tensor<?x8xbf16>, tensor<?x2xi32>) -> tensor<2xi32>
   return %back : tensor<2xi32>
 }
+
+// -----
+
+// The send's two forms: a bucket of at most 264 tokens (8 here) takes a
+// block a token and one more; the plan for any count strides over 264
+// blocks, each walking tokens.
+// CHECK-LABEL: func.func @exchange_buckets
+// CHECK-SAME: moe.bucket_plans = [#moe.launch_plan<
+// CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_send_1, work = 1 * T, extra_blocks = 1, block = 512
+// CHECK-SAME: max_tokens = 8>]
+// CHECK-SAME: #moe.launch<kernel = @moe_ep_dispatch_send, work = 264, block = 512
+func.func @exchange_buckets(%x: tensor<?x8xbf16>, %ids: tensor<?x2xi32>) -> tensor<?x8xbf16>
+    attributes {moe.token_buckets = array<i64: 8>} {
+  %sent, %rows = moe.ep_dispatch_send %x, %ids {local_experts = 2 : i64} : (tensor<?x8xbf16>, tensor<?x2xi32>) -> (tensor<2xi32>, tensor<?x2xi32>)
+  %d, %c, %o, %origin = moe.ep_dispatch_recv %sent : (tensor<2xi32>) -> (tensor<?x8xbf16>, tensor<2xi32>, tensor<3xi32>, tensor<?x2xi32>)
+  %back = moe.ep_combine_send %d, %origin : (tensor<?x8xbf16>, tensor<?x2xi32>) -> tensor<2xi32>
+  %g = moe.ep_combine_recv %back, %rows : (tensor<2xi32>, tensor<?x2xi32>) -> tensor<?x8xbf16>
+  %out = moe.combine %g, %rows : (tensor<?x8xbf16>, tensor<?x2xi32>) -> tensor<?x8xbf16>
+  return %out : tensor<?x8xbf16>
+}
