@@ -160,7 +160,7 @@ if [[ $mode == run ]]; then
       --ep-timeout-ms 2000 $how --inputs "$dir/in_mixtral.safetensors" --outputs "$out/extra.safetensors" 2>&1) &&
       echo "UNEXPECTED: disagreeing counts ran ($how)"
     echo "$log"
-    if [[ -e $out/extra.safetensors ]] || ! grep -q "rank 0 received counts from rank 1 claiming" <<<"$log" ||
+    if [[ -e $out/extra.safetensors ]] || ! grep -q "rank 0 received counts and records from rank 1 that disagree" <<<"$log" ||
         ! grep -q "rank 0 refused the rows rank 1 sent it" <<<"$log"; then
       echo "UNEXPECTED: disagreeing counts were not refused by rank 0 and named on rank 1 ($how)"
     fi

@@ -186,8 +186,8 @@ struct Pins {
   std::optional<MatmulEpilogue> epilogue;
 };
 
-/// A decode tile's rows (wgmma's N) and weight rows.
-/// The decode tile for a bucket: its rows (decodeRows) and shape.
+/// The decode tile for a bucket: the call's rows (decodeRows), the tile's
+/// rows (wgmma's N) and weight rows.
 struct DecodeTile {
   int64_t rows, tileM, tileN;
 };

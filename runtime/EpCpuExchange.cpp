@@ -59,8 +59,7 @@ struct State {
   int killAfterSend = -1;  // test hook: this rank dies mid-forward
   int sendsBeforeKill = 0; // after this many dispatches (a step's backward)
   // Test hook: the return base this rank gives its peers.
-  bool badReturnBase = false;
-  uint32_t testReturnBase = 0;
+  std::optional<uint32_t> testReturnBase;
   uint8_t *send = nullptr, *recv = nullptr;
   // Cumulative arrivals expected from each peer, per counter.
   std::vector<uint64_t> countsExpected, payloadExpected, combineExpected;
@@ -194,8 +193,7 @@ int32_t moe_ep_init(int64_t hidden, int64_t topK, int64_t experts,
     state.killAfterSend = std::atoi(kill);
   if (const char *after = std::getenv("MOE_EP_TEST_KILL_AFTER"))
     state.sendsBeforeKill = std::atoi(after);
-  state.badReturnBase =
-      moe::rt::testReturnBase(state.rank, state.testReturnBase);
+  state.testReturnBase = moe::rt::testReturnBase(state.rank);
   return 0;
 }
 
@@ -336,8 +334,8 @@ void moe_ep_dispatch_send(int64_t data, int64_t dataRowBytes, int64_t scales,
     sentOut[q] = int32_t(records[q]);
     CountSlot slot{records[q], base[q], state.localFailure.empty() ? 0u : 1u,
                    uint32_t(tokens)};
-    if (state.badReturnBase && q != state.rank)
-      slot.returnBase = state.testReturnBase;
+    if (state.testReturnBase && q != state.rank)
+      slot.returnBase = *state.testReturnBase;
     size_t slotOffset = size_t(q) * sizeof(CountSlot);
     size_t regionSrc =
         s.sendDataOffset() + size_t(q) * s.regionBytes() + s.recordsOffset();

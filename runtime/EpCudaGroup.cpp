@@ -79,12 +79,6 @@ void write32(uint8_t *p, uint32_t v) {
   *reinterpret_cast<volatile uint32_t *>(p) = v;
 }
 
-/// The state's kTestReturnBase word for `rank` (0: no hook).
-uint32_t testReturnBaseWord(int rank) {
-  uint32_t base = 0;
-  return testReturnBase(rank, base) ? base + 1 : 0;
-}
-
 int32_t fail(const std::string &message) {
   moert_set_error(message.c_str());
   return 1;
@@ -192,10 +186,9 @@ int32_t initProxy(int64_t stateBytes, int64_t capacity, int64_t hidden,
   // Mapped host memory has one address for host and device (UVA).
   g.state = reinterpret_cast<uintptr_t>(g.hostState);
   write32(g.hostState + EpDeviceLayout::kRank, uint32_t(config->rank));
-  write32(g.hostState + EpDeviceLayout::kTestExtraChoice,
-          uint32_t(testExtraChoices(config->rank)));
-  write32(g.hostState + EpDeviceLayout::kTestReturnBase,
-          testReturnBaseWord(config->rank));
+  std::array<uint32_t, 2> hooks = testHookWords(config->rank);
+  std::memcpy(g.hostState + EpDeviceLayout::kTestExtraChoice, hooks.data(),
+              sizeof hooks);
   uint64_t timeoutNs = uint64_t(g.timeoutMs) * 1000000ull;
   std::memcpy(g.hostState + EpDeviceLayout::kTimeoutNs, &timeoutNs, 8);
   for (int q = 0; q < g.ranks; ++q) {
@@ -273,18 +266,15 @@ int32_t moe_ep_cuda_init(int64_t stateBytes, int64_t capacity, int64_t hidden,
                 std::to_string(stateBytes) + " bytes): " + error);
   }
   uint32_t rank = uint32_t(config->rank);
-  uint32_t extra = uint32_t(testExtraChoices(config->rank));
-  uint32_t base = testReturnBaseWord(config->rank);
+  std::array<uint32_t, 2> hooks = testHookWords(config->rank);
   uint64_t timeoutNs = uint64_t(group.timeoutMs) * 1000000ull;
   CudaDevice::Driver::IpcHandle handle;
   if (!check(group.driver->cuMemcpyHtoD(group.state + EpDeviceLayout::kRank,
                                         &rank, 4),
              "cuMemcpyHtoD", error) ||
-      !check(group.driver->cuMemcpyHtoD(
-                 group.state + EpDeviceLayout::kTestExtraChoice, &extra, 4),
-             "cuMemcpyHtoD", error) ||
-      !check(group.driver->cuMemcpyHtoD(
-                 group.state + EpDeviceLayout::kTestReturnBase, &base, 4),
+      !check(group.driver->cuMemcpyHtoD(group.state +
+                                            EpDeviceLayout::kTestExtraChoice,
+                                        hooks.data(), sizeof hooks),
              "cuMemcpyHtoD", error) ||
       !check(group.driver->cuMemcpyHtoD(
                  group.state + EpDeviceLayout::kTimeoutNs, &timeoutNs, 8),
@@ -401,13 +391,12 @@ int32_t moe_ep_cuda_status(void) {
                       "gradient, and the group must be started again";
   switch (word(EpDeviceLayout::kError)) {
   case EpDeviceLayout::kRowsMismatch:
-    return fail(self + " received counts from " + peer + " claiming " +
+    return fail(self + " received counts and records from " + peer +
+                " that disagree: " +
                 std::to_string(word(EpDeviceLayout::kErrorTokens)) +
-                " expert rows, but its records filled " +
+                " expert rows claimed (or records sent past the capacity), " +
                 std::to_string(word(EpDeviceLayout::kErrorOwn)) +
-                " (or some of its choices found no row): its counts and "
-                "records disagree" +
-                after);
+                " filled, or choices that found no row" + after);
   case EpDeviceLayout::kRowsRefused:
     return fail(peer + " refused the rows " + self +
                 " sent it: their counts and records disagreed there" + after);
@@ -424,8 +413,8 @@ int32_t moe_ep_cuda_status(void) {
   }
   if (!group.proxyError.empty())
     return fail(self + "'s proxy could not send: " + group.proxyError);
-  return fail("rank " + std::to_string(group.rank) + " waited " +
-              std::to_string(group.timeoutMs) + " ms for rank " +
+  return fail(self + " waited " + std::to_string(group.timeoutMs) +
+              " ms for rank " +
               std::to_string(word(EpDeviceLayout::kErrorPeer)) +
               ", which never arrived (it died or did not run the same "
               "forward); results since are not valid");

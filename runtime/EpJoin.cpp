@@ -91,10 +91,14 @@ int64_t moe::rt::testExtraChoices(int rank) {
   return testHook("MOE_EP_TEST_EXTRA_CHOICE", rank, n) ? int64_t(n) : 0;
 }
 
-bool moe::rt::testReturnBase(int rank, uint32_t &base) {
-  uint64_t b = 0;
-  if (!testHook("MOE_EP_TEST_RETURN_BASE", rank, b))
-    return false;
-  base = uint32_t(b);
-  return true;
+std::optional<uint32_t> moe::rt::testReturnBase(int rank) {
+  uint64_t base = 0;
+  if (!testHook("MOE_EP_TEST_RETURN_BASE", rank, base))
+    return std::nullopt;
+  return uint32_t(base);
+}
+
+std::array<uint32_t, 2> moe::rt::testHookWords(int rank) {
+  std::optional<uint32_t> base = testReturnBase(rank);
+  return {uint32_t(testExtraChoices(rank)), base ? *base + 1 : 0};
 }

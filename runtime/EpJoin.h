@@ -12,8 +12,10 @@
 #include "moe_transport.h"
 #include "runtime/moe_ep.h"
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace moe::rt {
@@ -60,7 +62,10 @@ moe_transport_t *joinEpGroup(const moe_ep_config_t *config,
 /// each peer's first expert than its records hold;
 /// MOE_EP_TEST_RETURN_BASE=r:b: rank r gives its peers return base b.
 int64_t testExtraChoices(int rank);
-bool testReturnBase(int rank, uint32_t &base);
+std::optional<uint32_t> testReturnBase(int rank);
+/// The GPU state's test-hook words for `rank` (kTestExtraChoice, then
+/// kTestReturnBase: the base + 1, 0 for none), which init writes.
+std::array<uint32_t, 2> testHookWords(int rank);
 
 } // namespace moe::rt
 

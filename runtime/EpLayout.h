@@ -109,6 +109,8 @@ struct EpDeviceLayout {
   /// Test hook (MOE_EP_TEST_RETURN_BASE): the return base + 1 the dispatch
   /// gives its peers (0: its own).
   static constexpr size_t kTestReturnBase = 44;
+  static_assert(kTestReturnBase == kTestExtraChoice + 4,
+                "init writes the test hooks' words together");
   /// What kError holds once a forward failed; the first failure stays.
   enum ErrorKind : uint32_t {
     kTimedOut = 1,     // a wait for kErrorPeer ran out of time

@@ -196,6 +196,10 @@ public:
   }
   Value andi(Value x, Value y) { return arith::AndIOp::create(b, loc, x, y); }
   Value xori(Value x, Value y) { return arith::XOrIOp::create(b, loc, x, y); }
+  /// The i1 `x` negated.
+  Value negate(Value x) {
+    return xori(x, arith::ConstantOp::create(b, loc, b.getBoolAttr(true)));
+  }
   Value ori(Value x, Value y) { return arith::OrIOp::create(b, loc, x, y); }
 
   /// Sum over k in [0, K) of lhs[lhsRow, k] * rhs[rhsIndex..., k], in f32.

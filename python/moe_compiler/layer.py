@@ -103,6 +103,9 @@ class Layer:
         """Leaves the group without meeting the others, for a rank whose
         peers may be gone: nothing waits for them. Safe to call twice."""
         if self._ep_live:
+            if "leave" not in self.ep:
+                raise LayerError("the library has no ep_leave (compiled by "
+                                 "an older moe-compile): call ep_finalize")
             self._ep_live = False
             getattr(self.lib, self.ep["leave"])()
 
@@ -265,6 +268,9 @@ class Layer:
                     self.ep_leave()
             else:
                 self.ep_leave()
+        except Exception:
+            pass
+        try:
             import warnings
             warnings.warn("an expert-parallel layer was collected while in "
                           "its group: it left without meeting the other "

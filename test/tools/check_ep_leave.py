@@ -69,6 +69,20 @@ def with_block(rank, path, gpu, ports, results):
     results.put((rank, layer._ep_live))
 
 
+def run_ranks(context, target, *args, answers=1):
+    """Two ranks running `target(rank, *args)`; their first `answers`
+    results, once both are done."""
+    results = args[-1]
+    procs = [context.Process(target=target, args=(r,) + args)
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=120) for _ in range(answers)]
+    for p in procs:
+        p.join(timeout=120)
+    return got
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("library")
@@ -77,14 +91,8 @@ def main():
     path = os.path.abspath(args.library)
     context = multiprocessing.get_context("spawn")
     gone, results, ports = context.Event(), context.Queue(), context.Queue()
-    procs = [context.Process(target=rank_main,
-                             args=(r, path, args.gpu, ports, gone, results))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    took, warned = results.get(timeout=120)
-    for p in procs:
-        p.join(timeout=120)
+    [(took, warned)] = run_ranks(context, rank_main, path, args.gpu, ports,
+                                 gone, results)
     if took is None:
         print(warned)
         return 1
@@ -93,15 +101,9 @@ def main():
           f"{'with' if warned else 'WITHOUT'} a ResourceWarning")
     status = 0 if took < 5 and warned else 1
 
-    procs = [context.Process(target=with_block,
-                             args=(r, path, args.gpu, ports, results))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    left = sorted(results.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=120)
-    for rank, live in left:
+    left = run_ranks(context, with_block, path, args.gpu, ports, results,
+                     answers=2)
+    for rank, live in sorted(left):
         print(f"rank {rank}: the with block "
               f"{'left the group in place' if live else 'finalized the group'}")
         status |= 1 if live else 0

@@ -232,9 +232,7 @@ LogicalResult nvidia::buildEpCombineRecv(LayerKernels &layer,
         // disagreed there) says so beside its flag.
         Value refused =
             e.ne(r.load(r.i32, r.at(shape.combineFlag(r, st, q), 8)), e.i32(0));
-        e.ifThen(e.andi(refused,
-                        e.xori(late, arith::ConstantOp::create(
-                                         e.b, e.loc, e.b.getBoolAttr(true)))),
+        e.ifThen(e.andi(refused, e.negate(late)),
                  [&] { r.recordError(st, EpDeviceLayout::kRowsRefused, q); });
       });
   if (failed(k.finish(op)))

@@ -264,9 +264,6 @@ static LogicalResult buildEpDispatchOrder(LayerKernels &layer,
   return k.finish(op);
 }
 
-/// The send: a block per token writes its record into each rank that holds
-/// one of its experts; the last block to finish gives each rank its
-/// counts, then raises the flags.
 /// The send's end: every block fences its writes and counts itself done;
 /// the last one writes, into each peer, this rank's choices per expert, its
 /// count slot (records, the return base `baseOf` gives, tokens) and, after
@@ -349,6 +346,10 @@ static void finishDispatchSend(Kernel &k, Raw &r, const EpShape &shape,
       });
 }
 
+/// The send: each token's record into each rank that holds one of its
+/// experts (a block a token in a small bucket, else blocks walking tokens);
+/// the last block to finish gives each rank its counts, then raises the
+/// flags.
 static LogicalResult buildEpDispatchRecords(LayerKernels &layer,
                                             EpDispatchSendOp op,
                                             const EpShape &shape,
@@ -540,10 +541,7 @@ static LogicalResult buildEpDispatchWait(LayerKernels &layer,
         if (step) {
           Value theirs = r.load(r.i32, r.at(shape.countSlot(r, st, q), 8));
           Value ours = e.toI32(k.tokens);
-          Value uneven =
-              e.andi(e.xori(late, arith::ConstantOp::create(
-                                      e.b, e.loc, e.b.getBoolAttr(true))),
-                     e.icmp(arith::CmpIPredicate::ne, theirs, ours));
+          Value uneven = e.andi(e.negate(late), e.ne(theirs, ours));
           e.ifThen(uneven, [&] {
             r.recordError(st, EpDeviceLayout::kUnevenStep, q, [&] {
               r.store(theirs, r.at(st, EpDeviceLayout::kErrorTokens));
@@ -854,12 +852,10 @@ void UnpackEmitter::findRows(Value rowsHere, Value chunkStart, Value mine) {
                                   e.i32(1), filled, ValueRange{q});
     });
   });
-  e.ifThen(e.andi(xOk, e.xori(ok, arith::ConstantOp::create(
-                                      e.b, e.loc, e.b.getBoolAttr(true)))),
-           [&] {
-             memref::AtomicRMWOp::create(e.b, e.loc, arith::AtomicRMWKind::addi,
-                                         e.i32(1), dropped, ValueRange{q});
-           });
+  e.ifThen(e.andi(xOk, e.negate(ok)), [&] {
+    memref::AtomicRMWOp::create(e.b, e.loc, arith::AtomicRMWKind::addi,
+                                e.i32(1), dropped, ValueRange{q});
+  });
 }
 
 /// The block's fills and drops into the state's per-rank totals, which
