@@ -97,6 +97,7 @@ if [[ $mode == run ]]; then
   mkdir -p "$out"
   nvidia-smi topo -m | head -4 || true
   # EP_SMALL= skips the small layers; EP_SKIP_KILL=1 the killed rank;
+  # EP_MPS=1 times the small layers two ranks to one GPU (below);
   # EP_SANITIZE=1 runs every small layer's two ranks under compute-sanitizer
   # (memcheck, both processes), over NVLink and through the proxy.
   small_layers="mixtral qwen2_moe qwen3_moe deepseek_v3 gpt_oss deepseek_v3_fp8 qwen3_mxfp8 qwen3_fp8_block128"
@@ -120,6 +121,29 @@ if [[ $mode == run ]]; then
           --inputs "$dir/in_$m.safetensors" --outputs "$out/${m}_san.safetensors" > "$log" 2>&1 || rc=$?
         echo "$m ${path:-nvlink}: compute-sanitizer exit $rc, $(grep -m1 'ERROR SUMMARY' "$log" || echo 'no summary')"
       done
+    done
+    exit 0
+  fi
+  # EP_MPS=1: both ranks of each small layer on one GPU (the first),
+  # sharing it under MPS, timed against the one-rank layer on the same 77
+  # tokens (as root: it starts and stops the MPS daemon).
+  if [[ -n ${EP_MPS:-} ]]; then
+    export CUDA_VISIBLE_DEVICES=0
+    export CUDA_MPS_PIPE_DIRECTORY=$out/mps-pipe CUDA_MPS_LOG_DIRECTORY=$out/mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d
+    trap 'echo quit | nvidia-cuda-mps-control' EXIT
+    per_run() { sed -n 's/.* \([0-9.]*\) us per run.*/\1/p'; }
+    for m in ${EP_SMALL-$small_layers}; do
+      one=$(timeout 120 "$dir/moe-exec" "$dir/${m}_ep1.so" --inputs "$dir/in_$m.safetensors" \
+        --outputs "$out/${m}_mps1.safetensors" --repeat 200 | per_run)
+      two=$(timeout 120 "$dir/moe-exec" "$dir/${m}_ep2.so" --ep-ranks 2 --ep-timeout-ms 5000 \
+        --inputs "$dir/in_$m.safetensors" --outputs "$out/${m}_mps2.safetensors" --repeat 200 | per_run)
+      same=DIFFERS
+      cmp -s "$out/${m}_mps1.safetensors" "$out/${m}_mps2.safetensors" && same=bit-identical
+      python3 -c "import sys; o, t = map(float, sys.argv[2:4]); \
+print(f'{sys.argv[1]}, 77 tokens: one rank {o:.1f} us, 2 ranks on one GPU (MPS) {t:.1f} us, {t / o:.2f}x, {sys.argv[4]}')" \
+        "$m" "${one:-nan}" "${two:-nan}" "$same"
     done
     exit 0
   fi
@@ -191,6 +215,8 @@ if [[ $mode == run ]]; then
   }
   repeat=${EP_REPEAT:-20}
   big "${EP_BIG-dsv3 dsv3_fp8}" "" --tokens "${EP_TOKENS:-1,128,4096}" --repeat "$repeat"
+  big "${EP_LOCKSTEP-dsv3_fp8 dsv3}" ", each forward started on both ranks together" --lockstep \
+    --tokens "${EP_TOKENS:-1,128,4096}" --repeat "$repeat"
   big "${EP_PLAIN-dsv3_fp8 dsv3}" ", the forward alone (no kernel events, graphs)" --plain \
     --tokens "${EP_PLAIN_TOKENS:-1,128}" --repeat "$repeat"
   big "${EP_SKEW-dsv3_fp8}" ", rank 1 bringing 4096 tokens to rank 0's 1 or 64" \

@@ -84,9 +84,12 @@ def full_inputs(info, ranks, total, seed):
     return out
 
 
-def run(lib, info, fwd, size, tensors, tokens, repeat=0):
+def run(lib, info, fwd, size, tensors, tokens, repeat=0, meet=None):
     """Runs the layer on `tensors` (name -> tensor); returns out and, with
-    `repeat`, the mean forward time in microseconds."""
+    `repeat`, the mean forward time in microseconds. With `meet`, each
+    timed forward starts once the device is idle and `meet()` (every rank
+    calls it) returns: no rank's forward starts while another's last one
+    still runs, so no exchange waits out a peer's longer forward."""
     import torch
     hidden = info["config"]["hidden"]
     out = torch.empty([tokens, hidden], device="cuda", dtype=torch.bfloat16)
@@ -106,7 +109,20 @@ def run(lib, info, fwd, size, tensors, tokens, repeat=0):
     once()
     torch.cuda.synchronize()
     us = None
-    if repeat:
+    if repeat and meet:
+        total = 0.0
+        for _ in range(repeat):
+            torch.cuda.synchronize()
+            meet()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            once()
+            end.record()
+            end.synchronize()
+            total += start.elapsed_time(end)
+        us = 1000.0 * total / repeat
+    elif repeat:
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
@@ -223,7 +239,8 @@ def rank_main(rank, ranks, args, port, nccl_port, results):
         if status() != 0:
             raise RuntimeError("status: " + libn.moe_last_error().decode())
         out, usn = run(libn, infon, fwdn, sizen, mine, mine_t,
-                       repeat=args.repeat)
+                       repeat=args.repeat,
+                       meet=dist.barrier if args.lockstep else None)
         if status() != 0:
             raise RuntimeError("status: " + libn.moe_last_error().decode())
         expected = ref[first:first + mine_t]
@@ -253,6 +270,7 @@ def rank_main(rank, ranks, args, port, nccl_port, results):
         lines.append({"rank": rank, "ranks": ranks, "tokens_per_rank": t,
                       "tokens_this_rank": mine_t,
                       "path": "proxy" if args.proxy else "nvlink",
+                      "lockstep": args.lockstep,
                       "bit_identical": same, "values_differing": differ,
                       "max_difference": worst,
                       "layer_us": usn, "one_rank_layer_us_all_tokens": us1,
@@ -335,6 +353,12 @@ def main():
                     help="time the forward alone, as a caller runs it: no "
                          "event around each kernel (no kernel times), "
                          "buckets' graphs replayed")
+    ap.add_argument("--lockstep", action="store_true",
+                    help="start each timed forward on every rank together "
+                         "(the device idle, then a barrier), as NCCL's "
+                         "exchanges are timed: a rank's exchange then does "
+                         "not count its wait for a peer's longer last "
+                         "forward (more rows to multiply)")
     ap.add_argument("--proxy", action="store_true",
                     help="move tokens through host memory and the "
                          "transport's proxy instead of NVLink")
