@@ -298,6 +298,10 @@ FailureOr<MatmulConfig> nvidia::configureMatmul(GroupedMatmulOp op,
         cast<RankedTensorType>(op.getRhsScale().getType()).getShape(),
         c.enc.scheme);
   c.columnScales = c.enc.fp8() && c.rhsScaleRows == 1;
+  if (c.enc.fp8() && !c.swapAb) {
+    c.producerRegisters = sm90a::kScaleProducerRegisters;
+    c.consumerRegisters = sm90a::kScaleConsumerRegisters;
+  }
   c.activationGrad = op.isActivationGrad();
   c.gated = static_cast<bool>(op.getActivationAttr()) && !c.activationGrad;
   c.outN = c.gated ? c.n / 2 : c.n;

@@ -43,6 +43,13 @@ inline constexpr int64_t kRegisterFile = 64 * 1024;
 /// setmaxnreg: a producer warpgroup gives registers up to the consumers
 /// (128 x 24 + 256 x 240 <= 64 Ki for two consumer warpgroups).
 inline constexpr int64_t kProducerRegisters = 24, kConsumerRegisters = 240;
+/// A producer warpgroup that also stages scales (FP8) keeps its loop state
+/// and scale addresses in registers: at 24 the FP8 tile spilled 340 bytes
+/// in its producer; at 40 (consumers 232) 24 bytes.
+inline constexpr int64_t kScaleProducerRegisters = 40,
+                         kScaleConsumerRegisters = 232;
+static_assert(128 * (kScaleProducerRegisters + 2 * kScaleConsumerRegisters) <=
+              kRegisterFile);
 /// A decode-tile consumer thread's registers for its accumulators, FP8
 /// partials, scale products and a stage's scales (decodeRegisters), so
 /// that within kDecodeMaxRegisters the rest (addresses, loop state, the
