@@ -463,8 +463,8 @@ struct RouterProduct {
     Value lastExpert = e.index(experts - 1);
     Value lastToken = e.isub(tokenCount, e.index(1));
     int64_t copies = rowCount * 4, perThread = llvm::divideCeil(copies, 256);
-    auto issue = [&](int64_t i) {
-      Value chunk = e.index(i / steps);
+    // Step `i` of chunk `chunk` into ring slot i mod stages.
+    auto issue = [&](Value chunk, int64_t i) {
       for (int64_t c = 0; c < perThread; ++c) {
         Value item = e.iadd(tid, e.index(c * 256));
         Value r = e.divUI(item, 4), seg = e.remUI(item, 4);
@@ -490,8 +490,9 @@ struct RouterProduct {
       }
       commit();
     };
+    assert(stages <= steps && "a step's copies run at most a chunk ahead");
     for (int64_t i = 0; i < std::min(stages - 1, total); ++i)
-      issue(i);
+      issue(e.index(i / steps), i % steps);
     Value expertWarp = e.remUI(warp, expertWarps);
     Value tokenWarp = e.divUI(warp, expertWarps);
     SmallVector<Value> rows = {
@@ -500,21 +501,47 @@ struct RouterProduct {
     for (int64_t n = 0; n < tiles; ++n)
       rows.push_back(e.iadd(e.index(rowsA), e.iadd(e.imul(tokenWarp, 8 * tiles),
                                                    e.iadd(e.index(8 * n), g))));
-    SmallVector<Value> sums, frags(tiles);
-    for (int64_t i = 0; i < total; ++i) {
-      waitFor(std::min(stages - 2, total - 1 - i));
-      // Every copy of step i has landed, and every warp is done with the
-      // slot of step i - 1, which the next copies fill.
-      gpu::BarrierOp::create(e.b, e.loc);
-      if (i + stages - 1 < total)
-        issue(i + stages - 1);
-      SmallVector<SmallVector<Value>> w;
-      for (Value row : rows)
-        w.push_back(read(e.iadd(
-            ringOffset, e.iadd(e.index(i % stages * stageBytes),
-                               e.iadd(e.imul(row, 64), e.imul(t, 16))))));
-      step(i, w, frags, sums);
+    // Chunk `chunk`'s steps (global steps chunk * steps + i): the first
+    // chunk starts the sums, a middle one (in a loop, so the kernel does
+    // not grow with K) adds to them, the last waits for fewer copies.
+    auto emitChunk = [&](Value chunk, int64_t first, bool middle,
+                         SmallVector<Value> &sums) {
+      SmallVector<Value> frags(tiles);
+      for (int64_t i = 0; i < steps; ++i) {
+        int64_t at = first + i;
+        // A middle chunk's steps are never among the last stages - 2.
+        int64_t later =
+            middle ? stages - 2 : std::min(stages - 2, total - 1 - at);
+        waitFor(later);
+        // Every copy of this step has landed, and every warp is done with
+        // the slot of the step before, which the next copies fill.
+        gpu::BarrierOp::create(e.b, e.loc);
+        int64_t ahead = i + stages - 1;
+        if (middle || at + stages - 1 < total)
+          issue(e.iadd(chunk, e.index(ahead / steps)), ahead % steps);
+        SmallVector<SmallVector<Value>> w;
+        for (Value row : rows)
+          w.push_back(read(e.iadd(
+              ringOffset, e.iadd(e.index(i % stages * stageBytes),
+                                 e.iadd(e.imul(row, 64), e.imul(t, 16))))));
+        step(first == 0 ? i : steps + i, w, frags, sums);
+      }
+    };
+    SmallVector<Value> sums;
+    emitChunk(e.index(0), 0, false, sums);
+    if (chunks > 2) {
+      auto loop = scf::ForOp::create(e.b, e.loc, e.index(1),
+                                     e.index(chunks - 1), e.index(1), sums);
+      OpBuilder::InsertionGuard guard(e.b);
+      e.b.setInsertionPointToStart(loop.getBody());
+      SmallVector<Value> carried(loop.getRegionIterArgs());
+      emitChunk(loop.getInductionVar(), steps, true, carried);
+      scf::YieldOp::create(e.b, e.loc, carried);
+      e.b.setInsertionPointAfter(loop);
+      sums.assign(loop.getResults().begin(), loop.getResults().end());
     }
+    if (chunks > 1)
+      emitChunk(e.index(chunks - 1), (chunks - 1) * steps, false, sums);
     return sums;
   }
 

@@ -76,10 +76,16 @@ func.func @route(%hidden: tensor<?x64xbf16>, %router: tensor<16x64xbf16>,
 // CHECK-SAME: moe.launch_plan = #moe.launch_plan<
 // CHECK-SAME: #moe.buffer<bytes = 512 * T>]
 // CHECK-SAME: launches = [#moe.launch<kernel = @moe_route_product, work = 1 * T, per_block = 64, grid_y = 2, block = 256, shared_bytes = 66560, args = [buffer 0, buffer 1, buffer 5, tokens]>, #moe.launch<kernel = @moe_route_select, work = 1 * T, per_block = 8, block = 256, args = [buffer 5, buffer 2, buffer 3, buffer 4, tokens]>]>
-// The block form's warp sums all 5 chunks: 5 x 8 steps x 2 halves x 4
-// token tiles.
+// The block form's warp sums all 5 chunks in order, each 8 steps x 2
+// halves x 4 token tiles: the first chunk starts the 16 sums, chunks 1 to
+// 3 are one loop carrying them (the kernel does not grow with K), and the
+// last waits for fewer copies as they run out.
 // CHECK: gpu.func @moe_route_product(
-// CHECK-COUNT-320: nvvm.mma.sync
+// CHECK-COUNT-64: nvvm.mma.sync
+// CHECK: scf.for {{.*}} iter_args({{.*}}) -> (f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32, f32)
+// CHECK-COUNT-64: nvvm.mma.sync
+// CHECK: scf.yield
+// CHECK-COUNT-64: nvvm.mma.sync
 // CHECK-NOT: nvvm.mma.sync
 // CHECK: gpu.func @moe_route_select(
 // CHECK-NOT: arith.addf
