@@ -373,16 +373,21 @@ void DecodeEmitter::emitSplitSum(SmallVector<Value> &finals) {
     }
   enterLastSplit(k, tid, counters, tileU, c.splits,
                  [&] { consumerBarrier(kTicketBarrier); });
+  SmallVector<Value> mine;
+  SmallVector<std::pair<Value, Value>> at;
   for (int64_t f = 0; f < fragments(); ++f)
     for (int64_t i = 0; i < c.tileM / 2; ++i) {
-      Value row = e.minUI(rowOf(i), e.isub(rowEndIdx, e.index(1)));
-      Value wr = e.minUI(weightRow(f, (i / 2) % 2), e.index(c.n - 1));
-      Value mine = element(finals[f], i);
-      Value total = sumSplits(k, partialView, lhs.rows, c.splits, splitIdx,
-                              mine, row, wr);
-      finals[f] = LLVM::InsertValueOp::create(b, e.loc, finals[f], total,
-                                              ArrayRef<int64_t>{i});
+      at.push_back({e.minUI(rowOf(i), e.isub(rowEndIdx, e.index(1))),
+                    e.minUI(weightRow(f, (i / 2) % 2), e.index(c.n - 1))});
+      mine.push_back(element(finals[f], i));
     }
+  SmallVector<Value> totals =
+      sumSplits(k, partialView, lhs.rows, c.splits, splitIdx, mine, at);
+  for (int64_t f = 0; f < fragments(); ++f)
+    for (int64_t i = 0; i < c.tileM / 2; ++i)
+      finals[f] = LLVM::InsertValueOp::create(b, e.loc, finals[f],
+                                              totals[f * (c.tileM / 2) + i],
+                                              ArrayRef<int64_t>{i});
 }
 
 Value DecodeEmitter::addBias(Value v, Value wr) {

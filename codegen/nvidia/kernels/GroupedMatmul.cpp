@@ -1233,19 +1233,24 @@ void MatmulEmitter::emitSplitSum(SmallVector<Value> &finals, Value counters) {
       b.setInsertionPointToStart(&summed.getElseRegion().front());
       scf::YieldOp::create(b, e.loc, finals);
       b.setInsertionPointToStart(&summed.getThenRegion().front());
-      SmallVector<Value> sums(finals);
+      SmallVector<std::pair<int64_t, int64_t>> elements;
+      SmallVector<Value> mine;
+      SmallVector<std::pair<Value, Value>> at;
       for (int64_t h = 0; h < enc.halves(); ++h)
         for (int64_t i = 0; i < enc.fragment(); ++i) {
           if ((i / 2) % 2 != rowHalf)
             continue;
-          Value wr = e.minUI(weightRow(h, i), e.index(c.n - 1));
-          Value mine = LLVM::ExtractValueOp::create(b, e.loc, finals[h],
-                                                    ArrayRef<int64_t>{i});
-          Value total = sumSplits(k, partialView, lhs.rows, c.splits, splitIdx,
-                                  mine, row, wr);
-          sums[h] = LLVM::InsertValueOp::create(b, e.loc, sums[h], total,
-                                                ArrayRef<int64_t>{i});
+          elements.push_back({h, i});
+          at.push_back({row, e.minUI(weightRow(h, i), e.index(c.n - 1))});
+          mine.push_back(LLVM::ExtractValueOp::create(b, e.loc, finals[h],
+                                                      ArrayRef<int64_t>{i}));
         }
+      SmallVector<Value> totals =
+          sumSplits(k, partialView, lhs.rows, c.splits, splitIdx, mine, at);
+      SmallVector<Value> sums(finals);
+      for (auto [n, hi] : llvm::enumerate(elements))
+        sums[hi.first] = LLVM::InsertValueOp::create(
+            b, e.loc, sums[hi.first], totals[n], ArrayRef<int64_t>{hi.second});
       scf::YieldOp::create(b, e.loc, sums);
     }
     finals.assign(summed.getResults().begin(), summed.getResults().end());

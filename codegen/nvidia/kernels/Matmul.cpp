@@ -195,16 +195,31 @@ void nvidia::enterLastSplit(Kernel &k, Value tid, Value counters, Value tile,
   fence();
 }
 
-Value nvidia::sumSplits(Kernel &k, Value partials, TokenLinear rows,
-                        int64_t splits, Value split, Value mine, Value row,
-                        Value wr) {
+SmallVector<Value> nvidia::sumSplits(Kernel &k, Value partials,
+                                     TokenLinear rows, int64_t splits,
+                                     Value split, ArrayRef<Value> mine,
+                                     ArrayRef<std::pair<Value, Value>> at) {
   Emitter &e = k.e;
-  Value total;
-  for (int64_t s = 0; s < splits; ++s) {
+  // Split s's term of element j: this block's own, or the stored partial.
+  auto term = [&](Value s, size_t j) {
     Value theirs = memref::LoadOp::create(
-        k.b, e.loc, partials, splitPartialAt(k, rows, e.index(s), row, wr));
-    Value term = e.select(e.eq(split, e.index(s)), mine, theirs);
-    total = s == 0 ? term : e.add(total, term);
-  }
-  return total;
+        k.b, e.loc, partials,
+        splitPartialAt(k, rows, s, at[j].first, at[j].second));
+    return e.select(e.eq(split, s), mine[j], theirs);
+  };
+  SmallVector<Value> totals;
+  for (size_t j = 0; j < mine.size(); ++j)
+    totals.push_back(term(e.index(0), j));
+  if (splits == 1)
+    return totals;
+  auto loop = scf::ForOp::create(k.b, e.loc, e.index(1), e.index(splits),
+                                 e.index(1), totals);
+  OpBuilder::InsertionGuard guard(k.b);
+  k.b.setInsertionPointToStart(loop.getBody());
+  SmallVector<Value> next;
+  for (size_t j = 0; j < mine.size(); ++j)
+    next.push_back(
+        e.add(loop.getRegionIterArgs()[j], term(loop.getInductionVar(), j)));
+  scf::YieldOp::create(k.b, e.loc, next);
+  return SmallVector<Value>(loop.getResults());
 }

@@ -62,10 +62,14 @@ SmallVector<Value> splitPartialAt(Kernel &k, TokenLinear rows, Value split,
 void enterLastSplit(Kernel &k, Value tid, Value counters, Value tile,
                     int64_t splits, function_ref<void()> consumerBarrier);
 
-/// The sum, in split order, of split partials at `row`, `wr` (the same sum
-/// whichever split is last), `mine` standing for this block's own split.
-Value sumSplits(Kernel &k, Value partials, TokenLinear rows, int64_t splits,
-                Value split, Value mine, Value row, Value wr);
+/// The sums, in split order, of split partials at each (row, wr) of `at`
+/// (the same sums whichever split is last), `mine[j]` standing for this
+/// block's own split's. A loop over the splits carries the sums: unrolled
+/// over splits and elements, a thread would hold every split's partials
+/// at once (a decode tile at 8 splits spilled 2832 bytes).
+SmallVector<Value> sumSplits(Kernel &k, Value partials, TokenLinear rows,
+                             int64_t splits, Value split, ArrayRef<Value> mine,
+                             ArrayRef<std::pair<Value, Value>> at);
 
 } // namespace mlir::moe::nvidia
 

@@ -20,6 +20,10 @@
 // Every block walks its row tiles a grid apart, the ring's position
 // carried from tile to tile.
 // CHECK: scf.for {{.*}} iter_args(%{{.*}} = %{{.*}}) -> (index)
+// The tile's last split adds the splits' partials a split at a time: a
+// loop carrying the tile's 8 sums in split order (unrolled, a thread held
+// every split's partials at once and spilled).
+// CHECK: scf.for {{.*}} iter_args({{.*}}) -> (f32, f32, f32, f32, f32, f32, f32, f32)
 // CHECK-NOT: nvvm.setmaxnreg
 // CHECK: gpu.return
 // The mbarriers initialized once (a full and an empty one a stage), then
